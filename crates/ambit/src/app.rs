@@ -1,0 +1,206 @@
+//! `ambit ztunnel`: wires configuration, state, certificates, listeners and the operator
+//! endpoints together, then runs until SIGTERM/SIGINT or `/quitquitquit`.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use ambit_identity::{CertManager, CertificateAuthority};
+use ambit_proxy::socket::DefaultSocketFactory;
+use ambit_proxy::{BoundProxy, ProxyInputs, SharedState};
+use ambit_state::ProxyState;
+
+use crate::admin::{admin_handler, metrics_handler, readiness_handler, AdminContext};
+use crate::config::{Config, LocalConfigSource, ProxyMode};
+use crate::logging::LogHandle;
+use crate::readiness::Ready;
+
+/// Reads and checks the local config: a bad file names the file, the position and field.
+pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<(ProxyState, serde_json::Value)> {
+    let (name, yaml) = match source {
+        LocalConfigSource::File(path) => (
+            path.display().to_string(),
+            std::fs::read_to_string(path)
+                .with_context(|| format!("LOCAL_XDS_PATH: cannot read {}", path.display()))?,
+        ),
+        LocalConfigSource::Inline(yaml) => ("LOCAL_XDS".to_string(), yaml.clone()),
+    };
+    let parsed = ambit_state::parse_local_config(&name, &yaml)?;
+    let static_config = serde_json::to_value(&parsed).unwrap_or_default();
+    let state = ProxyState::from_config(parsed).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    Ok((state, static_config))
+}
+
+fn certificate_authority(cfg: &Config) -> anyhow::Result<CertificateAuthority> {
+    match &cfg.local_ca_dir {
+        Some(dir) => CertificateAuthority::from_plugin_dir(dir)
+            .with_context(|| format!("LOCAL_CA_DIR={}", dir.display())),
+        None => {
+            tracing::warn!(
+                "LOCAL_CA_DIR is not set: created an ephemeral root CA for trust domain {}; \
+                 only peers that share this root can talk to this proxy (set LOCAL_CA_DIR to \
+                 a directory with ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem)",
+                cfg.trust_domain
+            );
+            Ok(CertificateAuthority::ephemeral(&cfg.trust_domain)?)
+        }
+    }
+}
+
+async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot bind the {what} endpoint on {addr}"))
+}
+
+pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
+    let cfg = Arc::new(cfg);
+    let ready = Ready::default();
+    let proxy_ready = ready.register("proxy");
+    let state_ready = ready.register("state manager");
+
+    let source = cfg
+        .local_config
+        .as_ref()
+        .context("no local configuration source")?;
+    let (state, static_config) = load_state(source)?;
+    let identity = match (cfg.proxy_mode, &cfg.workload) {
+        (ProxyMode::Dedicated, Some(w)) => w.clone(),
+        (ProxyMode::Shared, _) => bail!(
+            "PROXY_MODE=shared (in-pod) is not available in this build yet: \
+             run with PROXY_MODE=dedicated and PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>"
+        ),
+        (ProxyMode::Dedicated, None) => bail!("PROXY_WORKLOAD_INFO is required in dedicated mode"),
+    };
+    if state
+        .find_local_workload(
+            &identity.namespace,
+            &identity.name,
+            &identity.service_account,
+            cfg.node_name.as_deref(),
+        )
+        .is_none()
+    {
+        bail!(
+            "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload in the local config: add a workload \
+             with that namespace, name and serviceAccount",
+            identity.namespace,
+            identity.name,
+            identity.service_account
+        );
+    }
+    let state = SharedState::new(state);
+
+    let ca = Arc::new(certificate_authority(&cfg)?);
+    let certs = CertManager::new(ca, cfg.secret_ttl);
+
+    let mut registry = Registry::default();
+    let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    let registry = Arc::new(registry);
+
+    let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
+    let (trigger, watcher) = ambit_proxy::drain::new();
+
+    let pi = Arc::new(ProxyInputs {
+        cfg: Arc::new(cfg.proxy.clone()),
+        state: state.clone(),
+        certs: certs.clone(),
+        metrics,
+        sockets: Arc::new(DefaultSocketFactory {
+            mark: cfg.proxy.packet_mark,
+            reuse_port: false,
+        }),
+        local: identity,
+        node: cfg.node_name.clone(),
+        pool: ambit_hbone::pool::Pool::new(cfg.proxy.pool.clone()),
+        spoof_by_default: false,
+    });
+
+    // Bind everything before serving anything, so a conflict fails start-up cleanly.
+    let admin = bind(cfg.admin_addr, "admin").await?;
+    let stats = bind(cfg.stats_addr, "metrics").await?;
+    let readiness = bind(cfg.readiness_addr, "readiness").await?;
+    let proxy = BoundProxy::bind(pi.clone())?;
+    let addrs = proxy.addresses()?;
+    tracing::info!(
+        outbound = %addrs.outbound,
+        inbound = %addrs.inbound_hbone,
+        inbound_plaintext = %addrs.inbound_plaintext,
+        admin = %cfg.admin_addr,
+        stats = %cfg.stats_addr,
+        readiness = %cfg.readiness_addr,
+        "listeners bound"
+    );
+
+    let renewal = certs.spawn_renewal();
+    let admin_ctx = AdminContext {
+        config: cfg.clone(),
+        state,
+        certs,
+        logs,
+        shutdown: shutdown_tx,
+        static_config,
+    };
+    tokio::spawn(crate::http::serve(
+        admin,
+        admin_handler(admin_ctx),
+        watcher.clone(),
+    ));
+    tokio::spawn(crate::http::serve(
+        stats,
+        metrics_handler(registry),
+        watcher.clone(),
+    ));
+    // Readiness keeps answering during the drain, so it gets no watcher of its own.
+    let (_readiness_trigger, readiness_watcher) = ambit_proxy::drain::new();
+    tokio::spawn(crate::http::serve(
+        readiness,
+        readiness_handler(ready.clone()),
+        readiness_watcher,
+    ));
+    let proxy_task = tokio::spawn(proxy.run(watcher));
+    drop(state_ready);
+    drop(proxy_ready);
+    tracing::info!("ready");
+
+    wait_for_shutdown(&mut shutdown_rx).await;
+    tracing::info!(deadline = ?cfg.termination_deadline, "draining: no new connections, open ones may finish");
+    let clean = trigger.drain(cfg.termination_deadline).await;
+    if !clean {
+        tracing::warn!("drain deadline passed: closed the remaining connections");
+    }
+    renewal.abort();
+    let _ = proxy_task.await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let term_fut = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let int_fut = async {
+        match int.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term_fut => tracing::info!("received SIGTERM"),
+        _ = int_fut => tracing::info!("received SIGINT"),
+        _ = quit.recv() => tracing::info!("shutdown requested through /quitquitquit"),
+    }
+}

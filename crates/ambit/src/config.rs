@@ -1,0 +1,558 @@
+//! Node proxy configuration from the environment, with ztunnel's variable names,
+//! meanings and defaults. Every value is checked before anything is bound; a bad one is
+//! an error that names the variable and the form it accepts.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ambit_proxy::config::{Keepalive, OriginalSource, Ports, ProxyConfig};
+use ambit_proxy::LocalIdentity;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{var}={value:?} is not valid: expected {expected}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{var} is required when {because}")]
+    Missing {
+        var: &'static str,
+        because: &'static str,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProxyMode {
+    /// In-pod: listeners inside each pod's network namespace, pods announced over ZDS.
+    Shared,
+    /// One workload, listeners in the proxy's own network namespace.
+    Dedicated,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LocalConfigSource {
+    File(PathBuf),
+    Inline(String),
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    pub proxy_mode: ProxyMode,
+    pub workload: Option<LocalIdentity>,
+    pub local_config: Option<LocalConfigSource>,
+    pub xds_address: Option<String>,
+    pub trust_domain: String,
+    pub node_name: Option<String>,
+    pub istio_version: String,
+    /// ambit's local CA: a directory in Istio's plug-in CA layout (`LOCAL_CA_DIR`).
+    pub local_ca_dir: Option<PathBuf>,
+    #[serde(with = "secs")]
+    pub secret_ttl: Duration,
+    #[serde(with = "secs")]
+    pub termination_deadline: Duration,
+    pub inpod_uds: PathBuf,
+    pub admin_addr: SocketAddr,
+    pub stats_addr: SocketAddr,
+    pub readiness_addr: SocketAddr,
+    pub proxy: ProxyConfig,
+}
+
+mod secs {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs_f64()))
+    }
+}
+
+struct Env<'a>(&'a HashMap<String, String>);
+
+impl Env<'_> {
+    fn get(&self, var: &str) -> Option<&str> {
+        self.0.get(var).map(String::as_str)
+    }
+
+    fn parse<T: std::str::FromStr>(
+        &self,
+        var: &'static str,
+        expected: &'static str,
+    ) -> Result<Option<T>, ConfigError> {
+        match self.get(var) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| ConfigError::Invalid {
+                    var,
+                    value: v.to_string(),
+                    expected,
+                }),
+        }
+    }
+
+    fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+        Ok(self.parse::<bool>(var, "true or false")?.unwrap_or(default))
+    }
+
+    fn duration(&self, var: &'static str) -> Result<Option<Duration>, ConfigError> {
+        match self.get(var) {
+            None => Ok(None),
+            Some(v) => parse_duration(v).map(Some).ok_or(ConfigError::Invalid {
+                var,
+                value: v.to_string(),
+                expected: "a duration such as 500ms, 30s, 5m, 1h or 1h30m",
+            }),
+        }
+    }
+
+    fn u32_in(
+        &self,
+        var: &'static str,
+        default: u32,
+        range: std::ops::RangeInclusive<u32>,
+        expected: &'static str,
+    ) -> Result<u32, ConfigError> {
+        match self.parse::<u32>(var, expected)? {
+            None => Ok(default),
+            Some(v) if range.contains(&v) => Ok(v),
+            Some(v) => Err(ConfigError::Invalid {
+                var,
+                value: v.to_string(),
+                expected,
+            }),
+        }
+    }
+
+    fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
+        Ok(self
+            .parse::<SocketAddr>(var, "an address such as 127.0.0.1:15000 or [::]:15020")?
+            .unwrap_or_else(|| default.parse().expect("default address")))
+    }
+
+    fn port(&self, var: &'static str, default: u16) -> Result<u16, ConfigError> {
+        Ok(self
+            .parse::<u16>(var, "a TCP port number 0-65535")?
+            .unwrap_or(default))
+    }
+}
+
+/// Durations as ztunnel accepts them: a sequence of `<number><unit>`, unit one of
+/// `ns us ms s m h d`; a bare number means seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ns" => Duration::from_nanos(n),
+            "us" | "µs" => Duration::from_micros(n),
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.checked_mul(60)?),
+            "h" => Duration::from_secs(n.checked_mul(3600)?),
+            "d" => Duration::from_secs(n.checked_mul(86400)?),
+            _ => return None,
+        };
+        total = total.checked_add(unit)?;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
+}
+
+/// `TERMINATION_GRACE_PERIOD_SECONDS` to a drain deadline, as ztunnel derives it.
+fn deadline_from_grace(secs: u64) -> Duration {
+    let d = if secs > 10 {
+        secs - 5
+    } else {
+        secs.saturating_sub(1)
+    };
+    Duration::from_secs(d.max(1))
+}
+
+impl Config {
+    pub fn from_process_env() -> Result<Config, ConfigError> {
+        Config::from_env(&std::env::vars().collect())
+    }
+
+    pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let env = Env(vars);
+        let proxy_mode = match env.get("PROXY_MODE").unwrap_or("shared") {
+            "shared" => ProxyMode::Shared,
+            "dedicated" => ProxyMode::Dedicated,
+            other => {
+                return Err(ConfigError::Invalid {
+                    var: "PROXY_MODE",
+                    value: other.into(),
+                    expected: "shared or dedicated",
+                })
+            }
+        };
+        let workload = match env.get("PROXY_WORKLOAD_INFO") {
+            None => None,
+            Some(v) => {
+                let parts: Vec<&str> = v.split('/').collect();
+                match parts.as_slice() {
+                    [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => {
+                        Some(LocalIdentity {
+                            namespace: ns.to_string(),
+                            name: name.to_string(),
+                            service_account: sa.to_string(),
+                        })
+                    }
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            var: "PROXY_WORKLOAD_INFO",
+                            value: v.into(),
+                            expected: "namespace/name/service-account",
+                        })
+                    }
+                }
+            }
+        };
+        if proxy_mode == ProxyMode::Dedicated && workload.is_none() {
+            return Err(ConfigError::Missing {
+                var: "PROXY_WORKLOAD_INFO",
+                because: "PROXY_MODE=dedicated",
+            });
+        }
+        let local_config = match (env.get("LOCAL_XDS_PATH"), env.get("LOCAL_XDS")) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Conflict(
+                    "LOCAL_XDS_PATH and LOCAL_XDS are both set: use only one".into(),
+                ))
+            }
+            (Some(p), None) => Some(LocalConfigSource::File(PathBuf::from(p))),
+            (None, Some(y)) => Some(LocalConfigSource::Inline(y.to_string())),
+            (None, None) => None,
+        };
+        // ztunnel dials istiod by default; ambit has no xDS client yet, so only the
+        // explicit "none" forms are accepted and local config is then required.
+        let xds_address = match env.get("XDS_ADDRESS") {
+            Some("") | None => None,
+            Some(other) => Some(other.to_string()),
+        };
+        if let Some(addr) = &xds_address {
+            return Err(ConfigError::Invalid {
+                var: "XDS_ADDRESS",
+                value: addr.clone(),
+                expected: "empty: this build has no xDS client yet; configure the mesh with LOCAL_XDS_PATH or LOCAL_XDS",
+            });
+        }
+        if local_config.is_none() {
+            return Err(ConfigError::Missing {
+                var: "LOCAL_XDS_PATH (or LOCAL_XDS)",
+                because: "no xDS server is configured",
+            });
+        }
+        let packet_mark =
+            match env.parse::<u32>("PACKET_MARK", "a 32-bit unsigned integer such as 1337")? {
+                Some(m) => Some(m),
+                None if proxy_mode == ProxyMode::Shared => Some(1337),
+                None => None,
+            };
+        let stream_window = env.u32_in(
+            "HTTP2_STREAM_WINDOW_SIZE",
+            4 * 1024 * 1024,
+            1..=(i32::MAX as u32),
+            "a window size in bytes, 1 to 2147483647",
+        )?;
+        let connection_window = env.u32_in(
+            "HTTP2_CONNECTION_WINDOW_SIZE",
+            16 * 1024 * 1024,
+            1..=(i32::MAX as u32),
+            "a window size in bytes, 1 to 2147483647",
+        )?;
+        let frame_size = env.u32_in(
+            "HTTP2_FRAME_SIZE",
+            1024 * 1024,
+            16_384..=16_777_215,
+            "a frame size in bytes, 16384 to 16777215",
+        )?;
+        let max_streams = env.u32_in(
+            "POOL_MAX_STREAMS_PER_CONNECTION",
+            100,
+            1..=u16::MAX as u32,
+            "a stream count, 1 to 65535",
+        )?;
+        let idle = env
+            .duration("POOL_UNUSED_RELEASE_TIMEOUT")?
+            .unwrap_or(Duration::from_secs(300));
+        let original_source = match env.get("ENABLE_ORIG_SRC") {
+            None => OriginalSource::Auto,
+            Some(_) => {
+                if env.bool("ENABLE_ORIG_SRC", false)? {
+                    OriginalSource::Required
+                } else {
+                    OriginalSource::Off
+                }
+            }
+        };
+        let termination_deadline = match env.duration("CONNECTION_TERMINATION_DEADLINE")? {
+            Some(d) => d,
+            None => match env.parse::<u64>(
+                "TERMINATION_GRACE_PERIOD_SECONDS",
+                "a whole number of seconds",
+            )? {
+                Some(secs) => deadline_from_grace(secs),
+                None => Duration::from_secs(5),
+            },
+        };
+        let keepalive = Keepalive {
+            enabled: env.bool("KEEPALIVE_ENABLED", true)?,
+            time: env
+                .duration("KEEPALIVE_TIME")?
+                .unwrap_or(Duration::from_secs(180)),
+            interval: env
+                .duration("KEEPALIVE_INTERVAL")?
+                .unwrap_or(Duration::from_secs(180)),
+            retries: env
+                .parse("KEEPALIVE_RETRIES", "a whole number of probes")?
+                .unwrap_or(9),
+            user_timeout: env.bool("USER_TIMEOUT_ENABLED", false)?,
+        };
+        let ipv6_enabled = env.bool("IPV6_ENABLED", true)?;
+        let hbone_port = env.port("AMBIT_HBONE_PORT", 15008)?;
+        let ports = Ports {
+            outbound: env.port("AMBIT_OUTBOUND_PORT", 15001)?,
+            inbound_plaintext: env.port("AMBIT_INBOUND_PLAINTEXT_PORT", 15006)?,
+            inbound_hbone: hbone_port,
+            remote_hbone: env.port("AMBIT_REMOTE_HBONE_PORT", hbone_port)?,
+        };
+        let h2 = ambit_hbone::H2Settings {
+            stream_window,
+            connection_window,
+            frame_size,
+            ..Default::default()
+        };
+        let pool = ambit_hbone::ClientSettings {
+            h2: h2.clone(),
+            max_streams_per_connection: max_streams,
+            idle_timeout: idle,
+            ..Default::default()
+        };
+        let cluster_id = env
+            .get("ISTIO_META_CLUSTER_ID")
+            .or(env.get("CLUSTER_ID"))
+            .unwrap_or("Kubernetes")
+            .to_string();
+        let trust_domain = env
+            .get("TRUST_DOMAIN")
+            .unwrap_or("cluster.local")
+            .to_string();
+        if ambit_identity::SpiffeId::new(&trust_domain, "ns", "sa").is_err() {
+            return Err(ConfigError::Invalid {
+                var: "TRUST_DOMAIN",
+                value: trust_domain,
+                expected: "a SPIFFE trust domain: lowercase letters, digits, '.', '-' and '_'",
+            });
+        }
+        let admin_addr = env.addr("AMBIT_ADMIN_ADDR", "127.0.0.1:15000")?;
+        if !admin_addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                var: "AMBIT_ADMIN_ADDR",
+                value: admin_addr.to_string(),
+                expected: "a loopback address: the admin endpoint can shut the proxy down",
+            });
+        }
+        let wildcard = if ipv6_enabled { "[::]" } else { "0.0.0.0" };
+        Ok(Config {
+            proxy_mode,
+            workload,
+            local_config,
+            xds_address,
+            trust_domain,
+            node_name: env.get("NODE_NAME").map(str::to_string),
+            istio_version: env
+                .get("ISTIO_META_ISTIO_VERSION")
+                .unwrap_or("unknown")
+                .to_string(),
+            local_ca_dir: env.get("LOCAL_CA_DIR").map(PathBuf::from),
+            secret_ttl: env
+                .duration("SECRET_TTL")?
+                .unwrap_or(Duration::from_secs(86400)),
+            termination_deadline,
+            inpod_uds: env
+                .get("INPOD_UDS")
+                .unwrap_or("/var/run/ztunnel/ztunnel.sock")
+                .into(),
+            admin_addr,
+            stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:15020"))?,
+            readiness_addr: env.addr("AMBIT_READINESS_ADDR", &format!("{wildcard}:15021"))?,
+            proxy: ProxyConfig {
+                ports,
+                packet_mark,
+                network: env.get("NETWORK").unwrap_or("").to_string(),
+                cluster_id,
+                ipv6_enabled,
+                original_source,
+                keepalive,
+                h2,
+                pool,
+                response_baggage: env.bool("ENABLE_RESPONSE_BAGGAGE", true)?,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        m.entry("LOCAL_XDS".into()).or_insert_with(|| "{}".into());
+        m
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> String {
+        Config::from_env(&env(pairs)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_match_ztunnel() {
+        let c = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(c.proxy_mode, ProxyMode::Shared);
+        assert_eq!(c.proxy.packet_mark, Some(1337));
+        assert_eq!(c.trust_domain, "cluster.local");
+        assert_eq!(c.proxy.cluster_id, "Kubernetes");
+        assert_eq!(c.proxy.h2.stream_window, 4_194_304);
+        assert_eq!(c.proxy.h2.connection_window, 16_777_216);
+        assert_eq!(c.proxy.h2.frame_size, 1_048_576);
+        assert_eq!(c.proxy.pool.max_streams_per_connection, 100);
+        assert_eq!(c.proxy.pool.idle_timeout, Duration::from_secs(300));
+        assert_eq!(c.termination_deadline, Duration::from_secs(5));
+        assert_eq!(c.secret_ttl, Duration::from_secs(86400));
+        assert_eq!(c.admin_addr, "127.0.0.1:15000".parse().unwrap());
+        assert_eq!(c.proxy.ports.inbound_hbone, 15008);
+        assert_eq!(c.proxy.original_source, OriginalSource::Auto);
+    }
+
+    #[test]
+    fn dedicated_mode_needs_workload_info_and_has_no_default_mark() {
+        assert_eq!(
+            err(&[("PROXY_MODE", "dedicated")]),
+            "PROXY_WORKLOAD_INFO is required when PROXY_MODE=dedicated"
+        );
+        let c = Config::from_env(&env(&[
+            ("PROXY_MODE", "dedicated"),
+            ("PROXY_WORKLOAD_INFO", "default/client/sleep"),
+        ]))
+        .unwrap();
+        assert_eq!(c.proxy.packet_mark, None);
+        assert_eq!(c.workload.unwrap().service_account, "sleep");
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable_and_the_form() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("PROXY_MODE", "sidecar", "shared or dedicated"),
+            (
+                "PROXY_WORKLOAD_INFO",
+                "default/client",
+                "namespace/name/service-account",
+            ),
+            (
+                "PROXY_WORKLOAD_INFO",
+                "a//b",
+                "namespace/name/service-account",
+            ),
+            ("PACKET_MARK", "0x539", "32-bit unsigned integer"),
+            ("HTTP2_FRAME_SIZE", "100", "16384 to 16777215"),
+            ("HTTP2_STREAM_WINDOW_SIZE", "-1", "window size"),
+            ("HTTP2_CONNECTION_WINDOW_SIZE", "big", "window size"),
+            ("POOL_MAX_STREAMS_PER_CONNECTION", "0", "1 to 65535"),
+            ("POOL_UNUSED_RELEASE_TIMEOUT", "5 minutes", "duration"),
+            ("ENABLE_ORIG_SRC", "yes", "true or false"),
+            ("IPV6_ENABLED", "1", "true or false"),
+            (
+                "TERMINATION_GRACE_PERIOD_SECONDS",
+                "30s",
+                "whole number of seconds",
+            ),
+            ("CONNECTION_TERMINATION_DEADLINE", "soon", "duration"),
+            ("SECRET_TTL", "1y", "duration"),
+            ("TRUST_DOMAIN", "Cluster.Local", "trust domain"),
+            ("AMBIT_ADMIN_ADDR", "0.0.0.0:15000", "loopback"),
+            ("AMBIT_HBONE_PORT", "70000", "port number"),
+            ("XDS_ADDRESS", "https://istiod:15012", "no xDS client"),
+        ];
+        for (var, value, expected) in cases {
+            let msg = err(&[(var, value)]);
+            assert!(msg.starts_with(&format!("{var}=")), "{var}: {msg}");
+            assert!(msg.contains(expected), "{var}={value}: {msg}");
+        }
+    }
+
+    #[test]
+    fn local_config_sources_are_exclusive_and_required() {
+        let mut both = env(&[("LOCAL_XDS_PATH", "/x.yaml")]);
+        both.insert("LOCAL_XDS".into(), "{}".into());
+        assert!(Config::from_env(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("both set"));
+        let none: HashMap<String, String> = HashMap::new();
+        assert!(Config::from_env(&none)
+            .unwrap_err()
+            .to_string()
+            .contains("LOCAL_XDS_PATH"));
+    }
+
+    #[test]
+    fn termination_deadline_follows_grace_period() {
+        let d = |s: &str| {
+            Config::from_env(&env(&[("TERMINATION_GRACE_PERIOD_SECONDS", s)]))
+                .unwrap()
+                .termination_deadline
+        };
+        assert_eq!(d("30"), Duration::from_secs(25));
+        assert_eq!(d("10"), Duration::from_secs(9));
+        assert_eq!(d("1"), Duration::from_secs(1));
+        let explicit = Config::from_env(&env(&[
+            ("TERMINATION_GRACE_PERIOD_SECONDS", "30"),
+            ("CONNECTION_TERMINATION_DEADLINE", "2s"),
+        ]))
+        .unwrap();
+        assert_eq!(explicit.termination_deadline, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
+        for bad in ["", "m", "5x", "-5s", "1.5s", "99999999999999999999h"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! `ambit demo`: a two-node mesh in network namespaces on this machine, real traffic
+//! through two node proxies over HBONE, and a short report of what crossed the wire.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::lab::mesh::{
+    metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_PORT, SERVICE_VIP,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Leave the mesh running and print commands to try by hand; Ctrl-C removes it.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let ambit = std::env::current_exe().context("locating the ambit binary")?;
+    println!("building two nodes in network namespaces...");
+    let nodes = TwoNodes::start(&ambit, "demo", &[])?;
+    let cleanup = nodes.lab.cleanup_handle();
+    // Ctrl-C (or SIGTERM) removes everything before exiting.
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = runtime {
+            rt.block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                let (Ok(mut int), Ok(mut term)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    return;
+                };
+                tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+            });
+            eprintln!("\ninterrupted: removing the demo's namespaces");
+            cleanup.run();
+            std::process::exit(130);
+        }
+    });
+    let accepted = nodes.start_app_server(EchoMode::Double)?;
+    let capture = nodes.capture_link().ok();
+    if capture.is_none() {
+        println!("(tcpdump not found: the wire will not be inspected; apt-get install tcpdump)");
+    }
+
+    let secret = b"the quick brown fox: plaintext that must never cross the link".to_vec();
+    let mut rows = Vec::new();
+    for (what, dst) in [
+        ("pod IP", SocketAddr::from((SERVER_IP, APP_PORT))),
+        ("service VIP", SocketAddr::from((SERVICE_VIP, SERVICE_PORT))),
+    ] {
+        let mut conn = nodes.connect_from_client(dst)?;
+        conn.write_all(&secret)?;
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let mut back = Vec::new();
+        conn.read_to_end(&mut back)?;
+        if back.len() != secret.len() * 2 {
+            bail!(
+                "{what}: expected {} bytes back, got {}",
+                secret.len() * 2,
+                back.len()
+            );
+        }
+        let peer = accepted
+            .recv_timeout(Duration::from_secs(5))
+            .context("the server app saw no connection")?;
+        rows.push((what, dst, secret.len(), back.len(), peer));
+    }
+
+    let wire = match capture {
+        Some(c) => {
+            let cap = c.finish(&nodes.lab)?;
+            let ports: Vec<String> = cap.tcp_ports().iter().map(u16::to_string).collect();
+            let clear = cap.payload_contains(&secret[..20]);
+            Some((cap.tcp.len(), ports.join(","), clear))
+        }
+        None => None,
+    };
+    let client_metrics = nodes.metrics(&nodes.client_ns)?;
+    let server_metrics = nodes.metrics(&nodes.server_ns)?;
+
+    println!();
+    println!("  client: spiffe://cluster.local/ns/default/sa/client  at {CLIENT_IP} (node1)");
+    println!("  server: spiffe://cluster.local/ns/default/sa/server  at {SERVER_IP} (node2)");
+    println!();
+    println!(
+        "  {:<12} {:<18} {:>6} {:>9}  {}",
+        "dialed", "address", "sent", "received", "server app saw"
+    );
+    for (what, dst, sent, recv, peer) in &rows {
+        println!("  {what:<12} {dst:<18} {sent:>6} {recv:>9}  {peer}");
+    }
+    println!();
+    match wire {
+        Some((segments, ports, clear)) => println!(
+            "  wire (node1 eth0): {segments} TCP segments, ports seen: {ports}; plaintext seen: {}",
+            if clear { "YES (bad!)" } else { "no, only TLS" }
+        ),
+        None => println!("  wire: not inspected"),
+    }
+    for (side, text, reporter) in [
+        ("node1", &client_metrics, "source"),
+        ("node2", &server_metrics, "destination"),
+    ] {
+        let labels = [
+            ("reporter", reporter),
+            ("connection_security_policy", "mutual_tls"),
+        ];
+        println!(
+            "  {side} metrics (reporter={reporter}): opened {} closed {} received_bytes {} sent_bytes {}",
+            metric_sum(text, "istio_tcp_connections_opened_total", &labels),
+            metric_sum(text, "istio_tcp_connections_closed_total", &labels),
+            metric_sum(text, "istio_tcp_received_bytes_total", &labels),
+            metric_sum(text, "istio_tcp_sent_bytes_total", &labels),
+        );
+    }
+    println!();
+
+    if args.keep {
+        println!("The mesh keeps running. Try:");
+        println!(
+            "  ip netns exec {} curl -v http://{SERVER_IP}:{APP_PORT}/   # the app echoes twice",
+            nodes.client_ns
+        );
+        println!(
+            "  ip netns exec {} curl -s 127.0.0.1:15020/metrics | grep istio_tcp",
+            nodes.client_ns
+        );
+        println!(
+            "  ip netns exec {} curl -s 127.0.0.1:15000/config_dump",
+            nodes.server_ns
+        );
+        println!("  logs: {}", nodes.lab.dir.path().display());
+        println!("Press Ctrl-C to remove everything.");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    println!("removing the demo's namespaces");
+    Ok(())
+}

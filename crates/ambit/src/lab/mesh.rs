@@ -1,0 +1,318 @@
+//! Two "nodes" (network namespaces joined by a veth pair), each with a node proxy in
+//! dedicated mode, one shared root CA, the capture rule in the client node, and helpers
+//! to run an app server and an unmodified client there.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::{http_get, wait_until, Lab, Process};
+
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+pub const SERVICE_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub const SERVICE_HOST: &str = "echo.default.svc.cluster.local";
+pub const APP_PORT: u16 = 8080;
+pub const SERVICE_PORT: u16 = 80;
+pub const LINK_DEV: &str = "eth0";
+
+/// The mesh both nodes load: two HBONE workloads and a service in front of the server.
+pub fn mesh_yaml() -> String {
+    format!(
+        r#"workloads:
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["{CLIENT_IP}"]
+  protocol: HBONE
+  node: node1
+  canonicalName: client
+  canonicalRevision: v1
+- uid: cluster1//v1/Pod/default/server
+  name: server
+  namespace: default
+  serviceAccount: server
+  workloadIps: ["{SERVER_IP}"]
+  protocol: HBONE
+  node: node2
+  canonicalName: server
+  canonicalRevision: v1
+  services:
+    default/{SERVICE_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+services:
+- name: echo
+  namespace: default
+  hostname: {SERVICE_HOST}
+  vips: ["/{SERVICE_VIP}"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
+"#
+    )
+}
+
+pub struct TwoNodes {
+    pub lab: Lab,
+    pub client_ns: String,
+    pub server_ns: String,
+    pub client_proxy: Process,
+    pub server_proxy: Process,
+    pub config_path: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EchoMode {
+    /// Writes back what it reads.
+    Mirror,
+    /// Writes back every chunk twice, so the two directions carry different byte counts.
+    Double,
+}
+
+impl TwoNodes {
+    /// Builds the nodes and starts both proxies; returns once both report ready.
+    pub fn start(
+        ambit: &Path,
+        tag: &str,
+        extra_env: &[(&str, String)],
+    ) -> anyhow::Result<TwoNodes> {
+        let lab = Lab::new(tag)?;
+        super::require_tool("iptables", "iptables")?;
+        let client_ns = lab.netns("node1")?;
+        let server_ns = lab.netns("node2")?;
+        lab.link(
+            &client_ns,
+            &format!("{CLIENT_IP}/24"),
+            &server_ns,
+            &format!("{SERVER_IP}/24"),
+            LINK_DEV,
+        )?;
+        // Service VIPs are not on any link: route them out so connect() gets as far as the
+        // capture rule.
+        lab.exec(
+            &client_ns,
+            &["ip", "route", "add", "default", "dev", LINK_DEV],
+        )?;
+
+        let ca_dir = lab.dir.path().join("ca");
+        ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
+            .write_plugin_dir(&ca_dir)?;
+        let config_path = lab.dir.path().join("mesh.yaml");
+        std::fs::write(&config_path, mesh_yaml())?;
+
+        // The dedicated-mode capture rule: the client's outbound TCP goes to 15001,
+        // except what the proxy itself sends (marked 0x539).
+        lab.exec(
+            &client_ns,
+            &[
+                "iptables",
+                "-w",
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "!",
+                "-o",
+                "lo",
+                "-m",
+                "mark",
+                "!",
+                "--mark",
+                "0x539/0xfff",
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                "15001",
+            ],
+        )?;
+
+        let env = |workload: &str, node: &str| -> Vec<(&str, String)> {
+            let mut env = vec![
+                ("PROXY_MODE", "dedicated".to_string()),
+                (
+                    "PROXY_WORKLOAD_INFO",
+                    format!("default/{workload}/{workload}"),
+                ),
+                ("LOCAL_XDS_PATH", config_path.display().to_string()),
+                ("LOCAL_CA_DIR", ca_dir.display().to_string()),
+                ("PACKET_MARK", "1337".to_string()),
+                ("NODE_NAME", node.to_string()),
+                ("RUST_LOG", "info".to_string()),
+            ];
+            env.extend(extra_env.iter().cloned());
+            env
+        };
+        let client_proxy = lab.spawn(
+            &client_ns,
+            "proxy-node1",
+            ambit,
+            &["ztunnel"],
+            &env("client", "node1"),
+        )?;
+        let server_proxy = lab.spawn(
+            &server_ns,
+            "proxy-node2",
+            ambit,
+            &["ztunnel"],
+            &env("server", "node2"),
+        )?;
+        let nodes = TwoNodes {
+            lab,
+            client_ns,
+            server_ns,
+            client_proxy,
+            server_proxy,
+            config_path,
+        };
+        nodes.wait_ready(&nodes.client_ns, &nodes.client_proxy)?;
+        nodes.wait_ready(&nodes.server_ns, &nodes.server_proxy)?;
+        Ok(nodes)
+    }
+
+    fn wait_ready(&self, ns: &str, proxy: &Process) -> anyhow::Result<()> {
+        let ready_addr: SocketAddr = "127.0.0.1:15021".parse()?;
+        let result = wait_until(
+            "the node proxy to report ready",
+            Duration::from_secs(20),
+            || {
+                if !self.lab.is_running(proxy.pid) {
+                    return true;
+                }
+                matches!(http_get(ns, ready_addr, "/healthz/ready"), Ok((200, _)))
+            },
+        );
+        if !self.lab.is_running(proxy.pid) || result.is_err() {
+            let log = std::fs::read_to_string(&proxy.log).unwrap_or_default();
+            bail!("node proxy in {ns} did not become ready; its log:\n{log}");
+        }
+        Ok(())
+    }
+
+    /// The proxy's Prometheus text from inside its node.
+    pub fn metrics(&self, ns: &str) -> anyhow::Result<String> {
+        let (status, body) = http_get(ns, "127.0.0.1:15020".parse()?, "/metrics")?;
+        if status != 200 {
+            bail!("metrics answered {status}");
+        }
+        Ok(body)
+    }
+
+    /// An app server listening on `APP_PORT` in the server node. Each accepted
+    /// connection's peer address is sent on the returned channel.
+    pub fn start_app_server(&self, mode: EchoMode) -> anyhow::Result<mpsc::Receiver<SocketAddr>> {
+        let listener = Lab::in_netns(&self.server_ns, || {
+            TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, APP_PORT))
+        })?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                if let Ok(peer) = conn.peer_addr() {
+                    let _ = tx.send(peer);
+                }
+                std::thread::spawn(move || echo(conn, mode));
+            }
+        });
+        Ok(rx)
+    }
+
+    /// A TCP connection made from the client node, the way an unmodified app makes it.
+    pub fn connect_from_client(&self, dst: SocketAddr) -> anyhow::Result<TcpStream> {
+        let s = Lab::in_netns(&self.client_ns, move || {
+            TcpStream::connect_timeout(&dst, Duration::from_secs(10))
+        })
+        .with_context(|| format!("connecting to {dst} from the client node"))?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        Ok(s)
+    }
+
+    /// Starts `tcpdump` on the client node's link; stop it with [`PacketCapture::finish`].
+    pub fn capture_link(&self) -> anyhow::Result<PacketCapture> {
+        super::require_tool("tcpdump", "tcpdump")?;
+        let file = self.lab.dir.path().join("link.pcap");
+        let tcpdump = PathBuf::from("tcpdump");
+        let file_arg = file.display().to_string();
+        let proc = self.lab.spawn(
+            &self.client_ns,
+            "tcpdump",
+            &tcpdump,
+            &[
+                "-i",
+                LINK_DEV,
+                "-n",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "0",
+                "-Z",
+                "root",
+                "-w",
+                &file_arg,
+            ],
+            &[],
+        )?;
+        wait_until(
+            "tcpdump to start listening",
+            Duration::from_secs(10),
+            || std::fs::read_to_string(&proc.log).is_ok_and(|l| l.contains("listening on")),
+        )?;
+        Ok(PacketCapture { proc, file })
+    }
+}
+
+pub struct PacketCapture {
+    proc: Process,
+    file: PathBuf,
+}
+
+impl PacketCapture {
+    pub fn finish(self, lab: &Lab) -> anyhow::Result<super::pcap::Capture> {
+        // Give the last packets a moment to be written before stopping tcpdump.
+        std::thread::sleep(Duration::from_millis(200));
+        lab.signal_and_wait(
+            self.proc.pid,
+            nix::sys::signal::Signal::SIGINT,
+            Duration::from_secs(5),
+        )?;
+        let data = std::fs::read(&self.file).context("reading the packet capture")?;
+        super::pcap::parse(&data)
+    }
+}
+
+fn echo(mut conn: TcpStream, mode: EchoMode) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let times = if mode == EchoMode::Double { 2 } else { 1 };
+                for _ in 0..times {
+                    if conn.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+}
+
+/// Sums the samples of `name` whose labels contain every `label="value"` in `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}

@@ -1,0 +1,305 @@
+//! A lab of network namespaces on this machine: "nodes" joined by veth pairs, processes
+//! started inside them, and everything removed again when the lab is dropped, on error
+//! and on Ctrl-C alike. Used by `ambit demo` and the end-to-end tests.
+
+pub mod mesh;
+pub mod pcap;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+#[derive(Default)]
+struct Owned {
+    namespaces: Vec<String>,
+    children: Vec<Child>,
+}
+
+impl Owned {
+    fn cleanup(&mut self) {
+        for child in &mut self.children {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = child.wait();
+        }
+        self.children.clear();
+        for ns in self.namespaces.drain(..).rev() {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &ns])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Removes what a lab created; safe to call from a signal handler task.
+#[derive(Clone)]
+pub struct Cleanup(Arc<Mutex<Owned>>);
+
+impl Cleanup {
+    pub fn run(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).cleanup();
+    }
+}
+
+pub struct Lab {
+    prefix: String,
+    owned: Arc<Mutex<Owned>>,
+    pub dir: tempfile_dir::TempDir,
+}
+
+/// A process started in a namespace; its output goes to a log file in the lab directory.
+pub struct Process {
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+impl Lab {
+    /// Fails (never skips) when not root or when iproute2 is missing.
+    pub fn new(tag: &str) -> anyhow::Result<Lab> {
+        if !nix::unistd::geteuid().is_root() {
+            bail!("network namespaces need root: run this as root (the test command installs what it needs when root)");
+        }
+        require_tool("ip", "iproute2")?;
+        let prefix = format!(
+            "ambit-{tag}-{}-{:04x}",
+            std::process::id(),
+            rand::random::<u16>()
+        );
+        let dir = tempfile_dir::TempDir::new(&prefix)?;
+        Ok(Lab {
+            prefix,
+            owned: Arc::default(),
+            dir,
+        })
+    }
+
+    pub fn cleanup_handle(&self) -> Cleanup {
+        Cleanup(self.owned.clone())
+    }
+
+    fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a network namespace with `lo` up; returns its full name.
+    pub fn netns(&self, name: &str) -> anyhow::Result<String> {
+        let full = format!("{}-{name}", self.prefix);
+        run(Command::new("ip").args(["netns", "add", &full]))?;
+        self.owned().namespaces.push(full.clone());
+        self.exec(&full, &["ip", "link", "set", "lo", "up"])?;
+        Ok(full)
+    }
+
+    /// Joins two namespaces with a veth pair named `dev` on both ends; `a_cidr`/`b_cidr`
+    /// like `10.78.0.1/24`.
+    pub fn link(
+        &self,
+        a: &str,
+        a_cidr: &str,
+        b: &str,
+        b_cidr: &str,
+        dev: &str,
+    ) -> anyhow::Result<()> {
+        run(Command::new("ip").args([
+            "-n", a, "link", "add", dev, "type", "veth", "peer", "name", dev, "netns", b,
+        ]))?;
+        for (ns, cidr) in [(a, a_cidr), (b, b_cidr)] {
+            self.exec(ns, &["ip", "addr", "add", cidr, "dev", dev])?;
+            self.exec(ns, &["ip", "link", "set", dev, "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Runs a command inside `ns` and returns its stdout; a failure carries stderr.
+    pub fn exec(&self, ns: &str, args: &[&str]) -> anyhow::Result<String> {
+        run(Command::new("ip").args(["netns", "exec", ns]).args(args))
+    }
+
+    /// Starts a long-running process inside `ns`, killed when the lab goes away.
+    pub fn spawn(
+        &self,
+        ns: &str,
+        name: &str,
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Process> {
+        let log = self.dir.path().join(format!("{name}.log"));
+        let out = std::fs::File::create(&log)?;
+        let err = out.try_clone()?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).arg(program).args(args);
+        cmd.env_clear();
+        cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {} in {ns}", program.display()))?;
+        let pid = child.id();
+        self.owned().children.push(child);
+        Ok(Process { pid, log })
+    }
+
+    /// Whether a started process is still running.
+    pub fn is_running(&self, pid: u32) -> bool {
+        let mut owned = self.owned();
+        owned
+            .children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Sends a signal to a started process and waits up to `timeout` for it to exit.
+    pub fn signal_and_wait(
+        &self,
+        pid: u32,
+        signal: nix::sys::signal::Signal,
+        timeout: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let mut owned = self.owned();
+                let child = owned
+                    .children
+                    .iter_mut()
+                    .find(|c| c.id() == pid)
+                    .context("no such process in this lab")?;
+                if let Some(status) = child.try_wait()? {
+                    return Ok(status);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("process {pid} did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn netns_path(ns: &str) -> PathBuf {
+        PathBuf::from("/var/run/netns").join(ns)
+    }
+
+    /// Runs `f` on a thread inside `ns`: sockets it creates live in that namespace.
+    pub fn in_netns<T: Send>(
+        ns: &str,
+        f: impl FnOnce() -> std::io::Result<T> + Send,
+    ) -> anyhow::Result<T> {
+        let netns = ambit_inpod::netns::Netns::open(&Self::netns_path(ns))
+            .with_context(|| format!("opening network namespace {ns}"))?;
+        Ok(netns.run_in(f)?)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.owned().cleanup();
+    }
+}
+
+pub fn require_tool(tool: &str, package: &str) -> anyhow::Result<()> {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))
+        .unwrap_or(false);
+    if !found {
+        bail!("`{tool}` is not installed: install the Debian package {package}");
+    }
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A plain HTTP/1.1 GET from inside `ns`; returns (status, body).
+pub fn http_get(ns: &str, addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let path = path.to_string();
+    let raw = Lab::in_netns(ns, move || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf)?;
+        Ok(buf)
+    })?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("malformed HTTP response")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Polls `check` until it returns true or `timeout` passes.
+pub fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// A temporary directory removed on drop (kept when `AMBIT_KEEP_LAB_DIR` is set, to debug).
+pub mod tempfile_dir {
+    use std::path::{Path, PathBuf};
+
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+            let path = std::env::temp_dir().join(prefix);
+            std::fs::create_dir_all(&path)?;
+            Ok(TempDir(path))
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            if std::env::var_os("AMBIT_KEEP_LAB_DIR").is_none() {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+}

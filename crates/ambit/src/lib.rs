@@ -1,0 +1,14 @@
+//! The `ambit` binary's pieces: configuration from the environment, the node proxy
+//! runtime and its operator endpoints, the demo, and the network-namespace lab that the
+//! demo and the end-to-end tests build their nodes with.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod http;
+pub mod lab;
+pub mod logging;
+pub mod readiness;
+pub mod version;

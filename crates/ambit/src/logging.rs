@@ -1,0 +1,69 @@
+//! Logs through `tracing`: `RUST_LOG` (default `info`), `LOG_FORMAT=plain|json`, and a
+//! handle the admin endpoint uses to change the level at run time.
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
+
+pub const DEFAULT_FILTER: &str = "info";
+
+/// Changes the log filter of the running process.
+#[derive(Clone)]
+pub struct LogHandle {
+    handle: reload::Handle<EnvFilter, Registry>,
+    initial: String,
+}
+
+impl LogHandle {
+    pub fn current(&self) -> String {
+        self.handle
+            .with_current(|f| f.to_string())
+            .unwrap_or_default()
+    }
+
+    /// `spec` is a `RUST_LOG`-style filter: a level, or `target=level` clauses.
+    pub fn set(&self, spec: &str) -> Result<(), String> {
+        let filter =
+            EnvFilter::try_new(spec).map_err(|e| format!("invalid level {spec:?}: {e}"))?;
+        self.handle.reload(filter).map_err(|e| e.to_string())
+    }
+
+    pub fn reset(&self) -> Result<(), String> {
+        self.set(&self.initial.clone())
+    }
+}
+
+pub fn init() -> Result<LogHandle, String> {
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_FILTER.to_string());
+    let filter =
+        EnvFilter::try_new(&spec).map_err(|e| format!("RUST_LOG={spec:?} is not valid: {e}"))?;
+    let (filter, handle) = reload::Layer::new(filter);
+    let json = match std::env::var("LOG_FORMAT").as_deref() {
+        Err(_) | Ok("plain") => false,
+        Ok("json") => true,
+        Ok(other) => {
+            return Err(format!(
+                "LOG_FORMAT={other:?} is not valid: expected plain or json"
+            ))
+        }
+    };
+    let registry = tracing_subscriber::registry().with(filter);
+    if json {
+        registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(false),
+            )
+            .init();
+    } else {
+        registry
+            .with(tracing_subscriber::fmt::layer().with_ansi(false))
+            .init();
+    }
+    Ok(LogHandle {
+        handle,
+        initial: spec,
+    })
+}

@@ -1,0 +1,112 @@
+//! `ambit`: an ambient-mesh data plane, wire-compatible with Istio's ambient mode.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use ambit::{app, config, demo, logging, version};
+
+#[derive(Parser)]
+#[command(
+    name = "ambit",
+    version = version::VERSION,
+    about = "Ambient-mesh data plane, wire-compatible with Istio's ztunnel",
+    long_about = "ambit carries pod traffic between nodes in HBONE (mutual TLS + HTTP/2 CONNECT on \
+                  port 15008), authorizes it on SPIFFE identities and reports Istio's metrics. \
+                  It is configured with ztunnel's environment variables."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node proxy (ztunnel's replacement). Configured from the environment:
+    /// PROXY_MODE, PROXY_WORKLOAD_INFO, LOCAL_XDS_PATH or LOCAL_XDS, PACKET_MARK,
+    /// TRUST_DOMAIN, LOCAL_CA_DIR, HTTP2_*, POOL_*, ... (see README).
+    Ztunnel,
+    /// Build a two-node mesh in network namespaces on this machine, send real traffic
+    /// through it and report what happened. Needs root.
+    Demo(demo::DemoArgs),
+    /// Print the version.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("ambit {}", version::VERSION);
+            ExitCode::SUCCESS
+        }
+        Command::Ztunnel => run_ztunnel(),
+        Command::Demo(args) => match demo::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ambit demo: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn run_ztunnel() -> ExitCode {
+    let logs = match logging::init() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("ambit ztunnel: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = match config::Config::from_process_env() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("invalid configuration: {e}");
+            eprintln!("ambit ztunnel: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    raise_fd_limit();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ambit-worker")
+        .worker_threads(worker_threads())
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ambit ztunnel: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(app::run(cfg, Some(logs))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("ambit ztunnel: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `ZTUNNEL_WORKER_THREADS` if set, else ztunnel's default of max(2, cores/4).
+fn worker_threads() -> usize {
+    if let Some(n) = std::env::var("ZTUNNEL_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+    {
+        return n;
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    cores.div_ceil(4).max(2)
+}
+
+/// Many connections mean many descriptors: lift the soft limit to the hard one.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

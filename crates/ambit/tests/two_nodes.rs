@@ -1,0 +1,335 @@
+//! End to end, as root: two nodes in network namespaces, a node proxy in each (dedicated
+//! mode), the capture rule in the client's node, an unmodified TCP client and server.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ambit::lab::mesh::{
+    metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_HOST, SERVICE_PORT,
+    SERVICE_VIP,
+};
+use ambit::lab::{wait_until, Lab};
+use ambit_identity::{CertificateAuthority, SpiffeId};
+
+fn ambit() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_ambit"))
+}
+
+const CLIENT_ID: &str = "spiffe://cluster.local/ns/default/sa/client";
+const SERVER_ID: &str = "spiffe://cluster.local/ns/default/sa/server";
+
+/// Sends `payload`, half-closes, and reads the whole answer.
+fn exchange(nodes: &TwoNodes, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    let mut conn = nodes.connect_from_client(dst).expect("connect");
+    conn.write_all(payload).unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    conn.read_to_end(&mut back).unwrap();
+    back
+}
+
+#[test]
+fn unmodified_client_reaches_server_and_only_tls_crosses_the_link() {
+    let nodes = TwoNodes::start(ambit(), "e2e-wire", &[]).unwrap();
+    let accepted = nodes.start_app_server(EchoMode::Double).unwrap();
+    let capture = nodes.capture_link().unwrap();
+
+    let back = exchange(
+        &nodes,
+        SocketAddr::from((SERVER_IP, APP_PORT)),
+        b"hello world",
+    );
+    assert_eq!(back, b"hello worldhello world");
+    accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+
+    let wire = capture.finish(&nodes.lab).unwrap();
+    assert!(!wire.tcp.is_empty(), "the capture saw no TCP at all");
+    let ports: Vec<u16> = wire.tcp_ports().into_iter().collect();
+    assert_eq!(ports, vec![15008], "only HBONE may cross between nodes");
+    assert!(
+        !wire.payload_contains(b"hello world"),
+        "plaintext crossed the link"
+    );
+    // TLS application-data records (type 23, version 3.3) carry the bytes.
+    assert!(wire.payload_contains(&[0x17, 0x03, 0x03]));
+
+    // Both sides count the connection, with Istio's byte orientation: received = 11
+    // client-to-server bytes, sent = 22 server-to-client bytes, for both reporters.
+    for (ns, reporter) in [
+        (&nodes.client_ns, "source"),
+        (&nodes.server_ns, "destination"),
+    ] {
+        let labels = [
+            ("reporter", reporter),
+            ("source_principal", CLIENT_ID),
+            ("destination_principal", SERVER_ID),
+            ("destination_workload", "server"),
+            ("source_workload", "client"),
+            ("connection_security_policy", "mutual_tls"),
+        ];
+        let mut text = String::new();
+        wait_until("the close to be counted", Duration::from_secs(5), || {
+            text = nodes.metrics(ns).unwrap();
+            metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 1
+        })
+        .unwrap_or_else(|e| panic!("{reporter}: {e}\n{text}"));
+        assert_eq!(
+            metric_sum(&text, "istio_tcp_connections_opened_total", &labels),
+            1
+        );
+        assert_eq!(
+            metric_sum(&text, "istio_tcp_received_bytes_total", &labels),
+            11,
+            "{text}"
+        );
+        assert_eq!(
+            metric_sum(&text, "istio_tcp_sent_bytes_total", &labels),
+            22,
+            "{text}"
+        );
+        assert!(text.contains("istio_build{component=\"ztunnel\""));
+    }
+}
+
+#[test]
+fn service_vip_reaches_an_endpoint_on_its_target_port() {
+    let nodes = TwoNodes::start(ambit(), "e2e-vip", &[]).unwrap();
+    let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let back = exchange(
+        &nodes,
+        SocketAddr::from((SERVICE_VIP, SERVICE_PORT)),
+        b"via the vip",
+    );
+    assert_eq!(back, b"via the vip");
+    accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+    let labels = [
+        ("reporter", "destination"),
+        ("destination_service", SERVICE_HOST),
+        ("destination_service_name", "echo"),
+    ];
+    wait_until("the service to be reported", Duration::from_secs(5), || {
+        let text = nodes.metrics(&nodes.server_ns).unwrap();
+        metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 1
+    })
+    .unwrap();
+    let dump = ambit::lab::http_get(
+        &nodes.server_ns,
+        "127.0.0.1:15000".parse().unwrap(),
+        "/config_dump",
+    )
+    .unwrap();
+    assert_eq!(dump.0, 200);
+    let dump: serde_json::Value = serde_json::from_str(&dump.1).unwrap();
+    for key in ["workloads", "services", "policies", "certificates"] {
+        assert!(dump.get(key).is_some(), "config_dump lacks {key}: {dump}");
+    }
+    let certs = dump["certificates"].as_array().unwrap();
+    assert!(certs.iter().any(|c| c["identity"] == SERVER_ID), "{dump}");
+}
+
+#[test]
+fn open_connection_survives_sigterm_until_it_finishes() {
+    let nodes = TwoNodes::start(
+        ambit(),
+        "e2e-drain",
+        &[("CONNECTION_TERMINATION_DEADLINE", "20s".to_string())],
+    )
+    .unwrap();
+    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let dst = SocketAddr::from((SERVER_IP, APP_PORT));
+    let mut conn = nodes.connect_from_client(dst).unwrap();
+    conn.write_all(b"before").unwrap();
+    let mut buf = [0u8; 6];
+    conn.read_exact(&mut buf).unwrap();
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(nodes.client_proxy.pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        nodes.lab.is_running(nodes.client_proxy.pid),
+        "the proxy quit with a connection open"
+    );
+    // The open connection still carries data both ways.
+    conn.write_all(b"during").unwrap();
+    conn.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"during");
+    // New connections are no longer accepted.
+    let refused = Lab::in_netns(&nodes.client_ns, move || {
+        let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let _ = s.write_all(b"x");
+        let mut b = [0u8; 1];
+        Ok(s.read(&mut b).map(|n| n == 0).unwrap_or(true))
+    });
+    assert!(
+        !matches!(refused, Ok(false)),
+        "a new connection was served while draining"
+    );
+    // Finishing the connection lets the proxy exit well before the 20 s deadline.
+    let started = Instant::now();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).unwrap();
+    let status = nodes
+        .lab
+        .signal_and_wait(
+            nodes.client_proxy.pid,
+            nix::sys::signal::Signal::SIGCONT,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn drain_deadline_closes_what_is_still_open() {
+    let nodes = TwoNodes::start(
+        ambit(),
+        "e2e-deadline",
+        &[("CONNECTION_TERMINATION_DEADLINE", "1s".to_string())],
+    )
+    .unwrap();
+    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let mut conn = nodes
+        .connect_from_client(SocketAddr::from((SERVER_IP, APP_PORT)))
+        .unwrap();
+    conn.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    conn.read_exact(&mut buf).unwrap();
+    let started = Instant::now();
+    let status = nodes
+        .lab
+        .signal_and_wait(
+            nodes.client_proxy.pid,
+            nix::sys::signal::Signal::SIGTERM,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "exited before the deadline: {waited:?}"
+    );
+    // The proxy closed the connection on its way out.
+    let mut rest = Vec::new();
+    let closed = conn.read_to_end(&mut rest).map(|_| true).unwrap_or(true);
+    assert!(closed);
+}
+
+/// A raw HBONE client in the client node with a certificate from the mesh's CA, to send
+/// what a well-behaved proxy never would.
+struct RawHbone {
+    tls: Arc<rustls::ClientConfig>,
+    ns: String,
+}
+
+impl RawHbone {
+    fn new(nodes: &TwoNodes) -> RawHbone {
+        let ca = CertificateAuthority::from_plugin_dir(&nodes.lab.dir.path().join("ca")).unwrap();
+        let me = SpiffeId::new("cluster.local", "default", "client").unwrap();
+        let cert = ca.issue(&me, Duration::from_secs(3600)).unwrap();
+        let server = SpiffeId::parse(SERVER_ID).unwrap();
+        RawHbone {
+            tls: ambit_identity::tls::client_config(&cert, &[server]).unwrap(),
+            ns: nodes.client_ns.clone(),
+        }
+    }
+
+    fn tcp(&self) -> tokio::net::TcpStream {
+        let addr = SocketAddr::from((SERVER_IP, 15008));
+        let std = Lab::in_netns(&self.ns, move || {
+            let s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        })
+        .unwrap();
+        tokio::net::TcpStream::from_std(std).unwrap()
+    }
+
+    /// Sends one request on a fresh connection and returns the response status.
+    async fn status_of(&self, req: http::Request<()>) -> u16 {
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(ambit_identity::tls::placeholder_server_name(), self.tcp())
+            .await
+            .unwrap();
+        let (mut client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        let (resp, _send) = client.send_request(req, false).unwrap();
+        resp.await.unwrap().status().as_u16()
+    }
+}
+
+fn connect_request(authority: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(authority)
+        .body(())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hbone_server_answers_bad_requests_with_ztunnel_status_codes() {
+    let nodes = TwoNodes::start(ambit(), "e2e-status", &[]).unwrap();
+    let raw = RawHbone::new(&nodes);
+
+    // Not CONNECT.
+    let get = http::Request::builder()
+        .method(http::Method::GET)
+        .uri(format!("https://{SERVER_IP}:{APP_PORT}/"))
+        .body(())
+        .unwrap();
+    assert_eq!(raw.status_of(get).await, 400);
+    // A loop-guard port.
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{SERVER_IP}:15001")))
+            .await,
+        503
+    );
+    // Another IP than the one the connection arrived on.
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{CLIENT_IP}:{APP_PORT}")))
+            .await,
+        400
+    );
+    // Nothing listens on the app port yet: the upstream refuses, so 503 (never 200 first).
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{SERVER_IP}:{APP_PORT}")))
+            .await,
+        503
+    );
+    // With the app up, the same request succeeds.
+    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{SERVER_IP}:{APP_PORT}")))
+            .await,
+        200
+    );
+    // A hostname authority is translated through the service's port map.
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{SERVICE_HOST}:{SERVICE_PORT}")))
+            .await,
+        200
+    );
+
+    // Garbage instead of TLS: that connection is closed, the proxy keeps serving others.
+    let mut junk = raw.tcp();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    junk.write_all(&[0x42; 512]).await.unwrap();
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), junk.read_to_end(&mut sink)).await;
+    assert!(read.is_ok(), "the proxy kept a garbage connection open");
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{SERVER_IP}:{APP_PORT}")))
+            .await,
+        200
+    );
+    assert!(nodes.lab.is_running(nodes.server_proxy.pid));
+}

@@ -1,0 +1,36 @@
+//! HBONE: HTTP/2 CONNECT over mutual TLS (port 15008), wire-compatible with Istio's ztunnel.
+//!
+//! This crate knows nothing of workloads or services: callers hand it rustls configs,
+//! transports and request metadata.
+//!
+//! - [`headers`], [`request`], [`status`]: sans-IO parsing, building and validation;
+//! - [`stream::H2Stream`]: a tunnel as `AsyncRead + AsyncWrite`;
+//! - [`server`]: serve one accepted connection;
+//! - [`pool`]: the client connection pool;
+//! - [`tls`]: the TLS handshakes with HBONE's extra checks.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod headers;
+mod keepalive;
+pub mod pool;
+pub mod request;
+pub mod server;
+mod settings;
+pub mod status;
+pub mod stream;
+pub mod tls;
+
+pub use error::{Fault, HboneError, HeaderError};
+pub use headers::{
+    forwarded_host, forwarded_value, parse_authority, Authority, Baggage, TraceParent,
+};
+pub use pool::{ClientSettings, Pool, PoolKey};
+pub use request::{validate, ConnectRequest, Rejection, ValidatedConnect};
+pub use server::{serve, serve_connection, IncomingConnect, PeerInfo};
+pub use settings::H2Settings;
+pub use stream::H2Stream;
+
+/// The HBONE port.
+pub const HBONE_PORT: u16 = 15008;

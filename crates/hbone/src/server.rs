@@ -1,0 +1,244 @@
+//! HBONE server: serve one accepted connection (TLS, HTTP/2, one handler task per CONNECT
+//! stream), with keepalive and graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream};
+use http::{HeaderMap, Response, StatusCode};
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::HboneError;
+use crate::request::{validate, Rejection, ValidatedConnect};
+use crate::stream::H2Stream;
+use crate::{keepalive, tls};
+
+pub use crate::settings::H2Settings;
+
+/// Server `max header list` (64 KiB).
+pub const SERVER_MAX_HEADER_LIST: u32 = 64 * 1024;
+/// Server per-stream send buffer (400 KiB).
+pub const SERVER_MAX_SEND_BUFFER: usize = 400 * 1024;
+/// How long an abruptly closed connection may take to flush its GOAWAY.
+const ABRUPT_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Who is on the other end of an HBONE connection.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    /// The client's address (the "source" for policy and telemetry).
+    pub addr: SocketAddr,
+    /// The address the connection arrived on (the destination workload's IP in-pod).
+    pub local_addr: SocketAddr,
+    /// The client's certificate chain, leaf first (verified by the TLS config).
+    pub certificates: Vec<CertificateDer<'static>>,
+}
+
+/// One CONNECT request awaiting an answer. Answer with [`IncomingConnect::accept`] (200 and
+/// the tunnel) or [`IncomingConnect::reject`]. Dropping it unanswered answers 503.
+pub struct IncomingConnect {
+    parts: http::request::Parts,
+    respond: Option<SendResponse<Bytes>>,
+    recv: Option<RecvStream>,
+    peer: Arc<PeerInfo>,
+}
+
+impl std::fmt::Debug for IncomingConnect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IncomingConnect")
+            .field("method", &self.parts.method)
+            .field("uri", &self.parts.uri)
+            .field("peer", &self.peer.addr)
+            .finish()
+    }
+}
+
+impl IncomingConnect {
+    /// The request head (method, `:authority` in the URI, headers).
+    pub fn request(&self) -> &http::request::Parts {
+        &self.parts
+    }
+
+    /// The connection's peer.
+    pub fn peer(&self) -> &Arc<PeerInfo> {
+        &self.peer
+    }
+
+    /// Steps 1-2 of server processing (see [`crate::request::validate`]).
+    pub fn validate(&self) -> Result<ValidatedConnect, Rejection> {
+        validate(&self.parts)
+    }
+
+    /// Answers `status` with END_STREAM (no tunnel). Meant for non-2xx statuses.
+    pub fn reject(mut self, status: StatusCode) {
+        self.respond_end(status);
+    }
+
+    fn respond_end(&mut self, status: StatusCode) {
+        self.recv = None;
+        if let Some(mut respond) = self.respond.take() {
+            let mut resp = Response::new(());
+            *resp.status_mut() = status;
+            if let Err(e) = respond.send_response(resp, true) {
+                tracing::debug!(error = %e, %status, "could not send HBONE rejection");
+            }
+        }
+    }
+
+    /// Answers 200 with `response_headers` (e.g. the destination `baggage`) and returns the
+    /// tunnel. Call it only once the upstream connection exists.
+    pub fn accept(mut self, response_headers: HeaderMap) -> Result<H2Stream, HboneError> {
+        let (Some(mut respond), Some(recv)) = (self.respond.take(), self.recv.take()) else {
+            // Unreachable through the public API: answering consumes `self`.
+            return Err(HboneError::from(h2::Error::from(Reason::INTERNAL_ERROR)));
+        };
+        let mut resp = Response::new(());
+        *resp.status_mut() = StatusCode::OK;
+        *resp.headers_mut() = response_headers;
+        let send = respond.send_response(resp, false)?;
+        Ok(H2Stream::new(send, recv))
+    }
+}
+
+impl Drop for IncomingConnect {
+    fn drop(&mut self) {
+        if self.respond.is_some() {
+            tracing::debug!(peer = %self.peer.addr, "HBONE request dropped unanswered; answering 503");
+            self.respond_end(StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
+}
+
+/// Serves one accepted TCP connection until it ends. See [`serve`].
+pub async fn serve_connection<H, F>(
+    tcp: TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    shutdown: watch::Receiver<bool>,
+    handler: H,
+) -> Result<(), HboneError>
+where
+    H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let addr = tcp.peer_addr().map_err(HboneError::io)?;
+    let local_addr = tcp.local_addr().map_err(HboneError::io)?;
+    serve(tcp, addr, local_addr, tls, settings, shutdown, handler).await
+}
+
+/// Serves one accepted connection over any transport: TLS handshake with `tls` (ALPN `h2` and
+/// a client certificate required), HTTP/2 server with `settings`, and `handler` called in a new
+/// task for each request stream.
+///
+/// Pings the client every `ping_interval`; without a PONG within `ping_timeout` the
+/// connection is closed (GOAWAY `NO_ERROR`) and `PingTimeout` returned. When `shutdown` turns
+/// `true`, sends GOAWAY and keeps serving in-flight streams until they finish (dropping the
+/// sender is not a shutdown signal). Returns `Ok` when the connection closed cleanly; garbage
+/// and failed handshakes are errors, never panics.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve<IO, H, F>(
+    io: IO,
+    addr: SocketAddr,
+    local_addr: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    mut shutdown: watch::Receiver<bool>,
+    handler: H,
+) -> Result<(), HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let deadline = Instant::now() + tls::HANDSHAKE_TIMEOUT;
+    let timed_out = |_| HboneError::HandshakeTimeout(tls::HANDSHAKE_TIMEOUT);
+    let tls_stream = tokio::time::timeout_at(deadline, tls::accept(io, tls))
+        .await
+        .map_err(timed_out)??;
+    let certificates = tls_stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default();
+    let peer = Arc::new(PeerInfo {
+        addr,
+        local_addr,
+        certificates,
+    });
+
+    let mut builder = h2::server::Builder::new();
+    builder
+        .initial_window_size(settings.stream_window())
+        .initial_connection_window_size(settings.connection_window())
+        .max_frame_size(settings.frame_size())
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .max_header_list_size(SERVER_MAX_HEADER_LIST)
+        .max_send_buffer_size(SERVER_MAX_SEND_BUFFER);
+    let mut conn = tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(tls_stream))
+        .await
+        .map_err(timed_out)??;
+
+    let keepalive = keepalive::run(
+        conn.ping_pong(),
+        settings.ping_interval,
+        settings.ping_timeout,
+    );
+    tokio::pin!(keepalive);
+    let handler = Arc::new(handler);
+    let mut draining = false;
+
+    loop {
+        tokio::select! {
+            next = conn.accept() => match next {
+                Some(Ok((req, respond))) => {
+                    let (parts, recv) = req.into_parts();
+                    let incoming = IncomingConnect {
+                        parts,
+                        respond: Some(respond),
+                        recv: Some(recv),
+                        peer: peer.clone(),
+                    };
+                    let handler = handler.clone();
+                    tokio::spawn(async move { handler(incoming).await });
+                }
+                Some(Err(e)) => {
+                    // A clean close by the peer is not an error.
+                    if e.is_go_away() && e.reason() == Some(Reason::NO_ERROR) {
+                        return Ok(());
+                    }
+                    return Err(e.into());
+                }
+                None => return Ok(()),
+            },
+            _ = wait_for_shutdown(&mut shutdown), if !draining => {
+                tracing::debug!(peer = %addr, "HBONE connection draining: GOAWAY sent");
+                draining = true;
+                conn.graceful_shutdown();
+            }
+            err = &mut keepalive => {
+                tracing::debug!(peer = %addr, error = %err, "HBONE keepalive failed; closing connection");
+                conn.abrupt_shutdown(Reason::NO_ERROR);
+                // Give the GOAWAY a moment to be written; the peer may be gone.
+                let _ = tokio::time::timeout(ABRUPT_CLOSE_GRACE, async {
+                    while let Some(Ok(_)) = conn.accept().await {}
+                })
+                .await;
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// Resolves once the shutdown flag is `true`; never, if the sender is gone while it is `false`.
+async fn wait_for_shutdown(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|v| *v).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}

@@ -1,0 +1,153 @@
+//! Error types of this crate. Each message says what was wrong and, where it helps, what to do.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::spiffe::SpiffeError;
+
+/// Failures of the local certificate authority: loading, writing, issuing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaError {
+    #[error(
+        "cannot read {path}: {source}; a plug-in CA directory needs ca-cert.pem, ca-key.pem, root-cert.pem and cert-chain.pem"
+    )]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid PEM: {reason}")]
+    Pem { path: PathBuf, reason: String },
+    #[error("{path} holds no PEM certificate (expected a -----BEGIN CERTIFICATE----- block)")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: certificate #{index} cannot be parsed: {reason}")]
+    BadCertificate {
+        path: PathBuf,
+        index: usize,
+        reason: String,
+    },
+    #[error(
+        "{path} holds {found} certificates; it must hold only the signing certificate (put the chain up to the root in cert-chain.pem)"
+    )]
+    TooManyCertificates { path: PathBuf, found: usize },
+    #[error(
+        "{path} holds no PEM private key (expected -----BEGIN PRIVATE KEY-----, RSA PRIVATE KEY or EC PRIVATE KEY)"
+    )]
+    NoKey { path: PathBuf },
+    #[error(
+        "{path} cannot be used as a signing key: {reason} (supported: RSA, ECDSA P-256, P-384)"
+    )]
+    BadKey { path: PathBuf, reason: String },
+    #[error(
+        "the private key in {key_path} does not match the public key of {cert_path}; they must come from the same key pair"
+    )]
+    KeyMismatch {
+        key_path: PathBuf,
+        cert_path: PathBuf,
+    },
+    #[error("{path} is not a CA certificate: {reason}")]
+    NotCa { path: PathBuf, reason: String },
+    #[error(
+        "the first certificate of {chain_path} is not the one in {ca_cert_path}; cert-chain.pem must start with ca-cert.pem and go up to the root"
+    )]
+    ChainStart {
+        chain_path: PathBuf,
+        ca_cert_path: PathBuf,
+    },
+    #[error(
+        "certificates signed by {ca_cert_path} (with the intermediates of {chain_path}) do not chain to a trust anchor of {root_path}: {reason}"
+    )]
+    DoesNotChain {
+        ca_cert_path: PathBuf,
+        chain_path: PathBuf,
+        root_path: PathBuf,
+        reason: String,
+    },
+    #[error("{path} cannot be used to sign: {reason}")]
+    Unsupported { path: PathBuf, reason: String },
+    #[error(
+        "the signing certificate expired at {}; rotate the CA (replace ca-cert.pem and ca-key.pem)",
+        crate::x509::rfc3339(*not_after)
+    )]
+    Expired { not_after: std::time::SystemTime },
+    #[error("certificate lifetime {ttl:?} is invalid; it must be longer than zero")]
+    InvalidTtl { ttl: Duration },
+    #[error("invalid trust domain: {0}")]
+    TrustDomain(#[source] SpiffeError),
+    #[error("{context}: {source}")]
+    Rcgen {
+        context: &'static str,
+        source: rcgen::Error,
+    },
+    #[error("{0}")]
+    Certificate(#[from] CertError),
+}
+
+/// A workload certificate whose parts do not fit together.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CertError {
+    #[error("the certificate chain is empty; it must hold at least the leaf")]
+    EmptyChain,
+    #[error("the root certificate list is empty; peers could not be verified")]
+    NoRoots,
+    #[error("certificate #{index} of the chain cannot be parsed: {reason}")]
+    Parse { index: usize, reason: String },
+    #[error("PEM input is invalid: {0}")]
+    Pem(String),
+    #[error("the leaf certificate has no SPIFFE URI SAN (found {found:?})")]
+    NoSpiffeId { found: Vec<String> },
+    #[error("the leaf certificate is for {found}, but {expected} was requested")]
+    IdentityMismatch { expected: String, found: String },
+    #[error("the private key is not a usable PKCS#8 key: {0}")]
+    Key(String),
+}
+
+/// Failures to build a rustls configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    #[error("no expected server identities given; a client must know which SPIFFE ids it accepts")]
+    NoExpectedIdentities,
+    #[error("the certificate has no roots; peers could not be verified")]
+    NoRoots,
+    #[error("root certificate #{index} is not a usable trust anchor: {source}")]
+    BadRoot { index: usize, source: rustls::Error },
+    #[error("building the client-certificate verifier failed: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("building the TLS configuration failed: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Failures of [`crate::CertManager`] to produce a certificate or a TLS configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagerError {
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// Why a peer was refused during the handshake (carried inside `rustls::Error`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerError {
+    #[error("peer certificate has no SPIFFE URI SAN")]
+    NoSpiffeId,
+    #[error("server identities {found:?} are not among the expected {expected:?}")]
+    UnexpectedServer {
+        found: Vec<String>,
+        expected: Vec<String>,
+    },
+    #[error("client identities {found:?} are not in trust domain {trust_domain:?}")]
+    ForeignTrustDomain {
+        found: Vec<String>,
+        trust_domain: String,
+    },
+}

@@ -1,0 +1,29 @@
+//! Workload identity for ambit: SPIFFE ids, workload certificates, a local CA, the rustls
+//! configurations HBONE uses, and a per-identity certificate cache.
+#![forbid(unsafe_code)]
+
+pub mod ca;
+pub mod cert;
+pub mod csr;
+pub mod error;
+pub mod manager;
+pub mod pem;
+pub mod spiffe;
+pub mod tls;
+
+mod leaf;
+mod verify;
+mod x509;
+
+#[cfg(test)]
+mod testutil;
+
+pub use ca::CertificateAuthority;
+pub use cert::{spiffe_ids_of, CertInfo, CertificateDump, WorkloadCertificate};
+pub use csr::CertificateRequest;
+pub use error::{CaError, CertError, ManagerError, PeerError, TlsError};
+pub use manager::CertManager;
+pub use spiffe::{SpiffeError, SpiffeId};
+pub use tls::{
+    client_config, crypto_provider, peer_identity, placeholder_server_name, server_config,
+};

@@ -1,0 +1,25 @@
+//! In-pod mode plumbing for the node proxy and the node agent: network namespace handles and
+//! the ZDS protocol (istio.workload.zds) between them.
+//!
+//! - [`proto`]: the ZDS protobuf messages, field numbers exact.
+//! - [`protocol`]: sans-IO decoding (with the fd rules) and encoding.
+//! - [`state`]: sans-IO snapshot/reconcile state machine of the node proxy.
+//! - [`wire`]: the SEQPACKET socket with SCM_RIGHTS fd passing (tokio).
+//! - [`netns`]: netns handles; run code (create sockets) inside a pod's netns.
+//!
+//! This is the one crate of the project allowed `unsafe` (fd passing); every block carries a
+//! `// SAFETY:` comment.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod netns;
+pub mod proto;
+pub mod protocol;
+pub mod state;
+pub mod wire;
+
+pub use netns::{Netns, NetnsId};
+pub use protocol::{Incoming, ProtocolError};
+pub use state::{Action, StateError, WorkloadStates};
+pub use wire::{WireError, ZdsListener, ZdsSocket};

@@ -1,0 +1,116 @@
+//! The part of the node proxy's configuration that the data path reads.
+//! Built once by the binary from the environment (see `ambit::config`).
+
+use std::time::Duration;
+
+use ambit_hbone::{ClientSettings, H2Settings};
+
+/// Listener ports. ztunnel fixes these; ambit lets tests and side-by-side runs move them.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ports {
+    pub outbound: u16,
+    pub inbound_plaintext: u16,
+    pub inbound_hbone: u16,
+    /// The HBONE port dialed on remote nodes. Equals `inbound_hbone` except in tests that
+    /// run several proxies in one network namespace.
+    pub remote_hbone: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            outbound: 15001,
+            inbound_plaintext: 15006,
+            inbound_hbone: 15008,
+            remote_hbone: 15008,
+        }
+    }
+}
+
+/// `ENABLE_ORIG_SRC`: unset means "try, fall back quietly"; true means "required"; false "off".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OriginalSource {
+    Auto,
+    Required,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Keepalive {
+    pub enabled: bool,
+    #[serde(with = "crate::config::secs")]
+    pub time: Duration,
+    #[serde(with = "crate::config::secs")]
+    pub interval: Duration,
+    pub retries: u32,
+    pub user_timeout: bool,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            enabled: true,
+            time: Duration::from_secs(180),
+            interval: Duration::from_secs(180),
+            retries: 9,
+            user_timeout: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyConfig {
+    pub ports: Ports,
+    /// `SO_MARK` for every socket the proxy opens, so capture rules skip them.
+    pub packet_mark: Option<u32>,
+    pub network: String,
+    pub cluster_id: String,
+    pub ipv6_enabled: bool,
+    pub original_source: OriginalSource,
+    pub keepalive: Keepalive,
+    #[serde(skip)]
+    pub h2: H2Settings,
+    #[serde(skip)]
+    pub pool: ClientSettings,
+    /// Send destination metadata back in the CONNECT response (`ENABLE_RESPONSE_BAGGAGE`).
+    pub response_baggage: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            ports: Ports::default(),
+            packet_mark: None,
+            network: String::new(),
+            cluster_id: "Kubernetes".into(),
+            ipv6_enabled: true,
+            original_source: OriginalSource::Auto,
+            keepalive: Keepalive::default(),
+            h2: H2Settings::default(),
+            pool: ClientSettings::default(),
+            response_baggage: true,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Ports a captured connection must never be sent to: they would loop back into us.
+    pub fn loop_ports(&self) -> [u16; 3] {
+        [
+            self.ports.outbound,
+            self.ports.inbound_plaintext,
+            self.ports.inbound_hbone,
+        ]
+    }
+}
+
+pub(crate) mod secs {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}s", d.as_secs_f64()))
+    }
+}

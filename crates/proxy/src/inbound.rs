@@ -1,0 +1,198 @@
+//! Inbound HBONE (15008): mTLS-terminated CONNECT streams, validated, authorized and
+//! forwarded to the local workload.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ambit_hbone::headers::Authority;
+use ambit_hbone::request::validate;
+use ambit_hbone::server::IncomingConnect;
+use ambit_state::{ProxyState, RbacContext, Service, Workload};
+use http::StatusCode;
+
+use crate::config::OriginalSource;
+use crate::drain::DrainWatcher;
+use crate::inputs::ProxyInputs;
+use crate::metrics::Reporter;
+use crate::outbound::{baggage_of, proxy_bytes};
+use crate::socket;
+use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
+
+/// Handles one CONNECT stream. Status codes follow ztunnel: 400 malformed or aimed at
+/// another IP, 503 unknown workload / unresolvable or loop port / upstream refused,
+/// 401 denied by policy, 200 only once the upstream connection exists.
+pub(crate) async fn handle_connect(
+    pi: Arc<ProxyInputs>,
+    incoming: IncomingConnect,
+    drain: DrainWatcher,
+    transparent: bool,
+) {
+    let peer = incoming.peer().clone();
+    let src = socket::canonical(peer.addr);
+    let local_ip = socket::canonical_ip(peer.local_addr.ip());
+    let request = match validate(incoming.request()) {
+        Ok(r) => r,
+        Err(rejection) => return reject(incoming, src, rejection.status, rejection.reason),
+    };
+    let state = pi.state.get();
+    let Some(dst_workload) = state.workload_by_ip(&pi.cfg.network, local_ip) else {
+        return reject(
+            incoming,
+            src,
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no workload with address {local_ip} in the configuration"),
+        );
+    };
+    let (target_port, hostname_service) = match &request.authority {
+        Authority::Addr(addr) => {
+            let requested = socket::canonical_ip(addr.ip());
+            if requested != local_ip {
+                return reject(
+                    incoming,
+                    src,
+                    StatusCode::BAD_REQUEST,
+                    format!("ip mismatch: {local_ip} != {requested}"),
+                );
+            }
+            (addr.port(), None)
+        }
+        Authority::Host { host, port } => {
+            match resolve_hostname_port(&state, &dst_workload, host, *port) {
+                Some((target, svc)) => (target, Some(svc)),
+                None => {
+                    return reject(
+                        incoming,
+                        src,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "cannot resolve port {port} of {host} on {}",
+                            dst_workload.name
+                        ),
+                    )
+                }
+            }
+        }
+    };
+    if pi.cfg.loop_ports().contains(&target_port) {
+        return reject(
+            incoming,
+            src,
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("refusing connection to the proxy's own port {target_port}"),
+        );
+    }
+    let target = SocketAddr::new(local_ip, target_port);
+    let src_identity = ambit_identity::tls::peer_identity(Some(&peer.certificates));
+    let src_workload = state.workload_by_ip(&pi.cfg.network, src.ip());
+    let dst_service = hostname_service.or_else(|| {
+        let host = request.forwarded_host.as_deref()?;
+        intended_service(&state, &dst_workload, host)
+    });
+    let result = ConnectionResult::open(
+        &pi.metrics,
+        Reporter::Destination,
+        Endpoints {
+            src_addr: Some(src),
+            src_workload,
+            src_identity: src_identity.clone(),
+            dst_addr: Some(target),
+            dst_hbone_addr: Some(request.authority.to_string()),
+            dst_identity: Some(dst_workload.identity()),
+            dst_workload: Some(dst_workload.clone()),
+            dst_service,
+            mtls: true,
+        },
+    );
+    let ctx = RbacContext {
+        source_identity: src_identity,
+        source_ip: src.ip(),
+        destination: target,
+    };
+    if let Err(denied) = state.authorize(&ctx, &dst_workload) {
+        incoming.reject(StatusCode::UNAUTHORIZED);
+        return result.finish(Err((
+            ResponseFlag::Deny,
+            format!("connection closed due to policy rejection: {denied}"),
+        )));
+    }
+    drop(state);
+    let source = spoof_source(&pi, transparent, src.ip(), local_ip);
+    let upstream = match socket::connect(&*pi.sockets, &pi.cfg, target, source).await {
+        Ok(s) => s,
+        Err(e) => {
+            incoming.reject(StatusCode::SERVICE_UNAVAILABLE);
+            return result.finish(Err((
+                ResponseFlag::Connect,
+                format!("connect to {target}: {e}"),
+            )));
+        }
+    };
+    let mut headers = http::HeaderMap::new();
+    if pi.cfg.response_baggage {
+        if let Ok(v) = http::HeaderValue::from_str(&baggage_of(&dst_workload).to_header_value()) {
+            headers.insert("baggage", v);
+        }
+    }
+    let tunnel = match incoming.accept(headers) {
+        Ok(t) => t,
+        Err(e) => {
+            return result.finish(Err((ResponseFlag::None, format!("client went away: {e}"))))
+        }
+    };
+    let outcome = proxy_bytes(&result, tunnel, upstream, &drain).await;
+    result.finish(outcome);
+}
+
+/// Which source address the connection to the app uses: the client's own IP when the
+/// listener is transparent and original-source preservation is on, else our own.
+pub(crate) fn spoof_source(
+    pi: &ProxyInputs,
+    transparent: bool,
+    client: IpAddr,
+    local: IpAddr,
+) -> Option<IpAddr> {
+    let wanted = match pi.cfg.original_source {
+        OriginalSource::Off => false,
+        OriginalSource::Required => true,
+        OriginalSource::Auto => transparent && pi.spoof_by_default,
+    };
+    (wanted && client != local).then_some(client)
+}
+
+/// A hostname authority: the workload must back that service; the service port maps to
+/// the endpoint's port first, then to the service's target port.
+fn resolve_hostname_port(
+    state: &ProxyState,
+    workload: &Workload,
+    host: &str,
+    port: u16,
+) -> Option<(u16, Arc<Service>)> {
+    let service = state.service_by_hostname(host)?;
+    let key = format!("{}/{}", service.namespace, service.hostname);
+    let ports = workload.services.get(&key)?;
+    let target = ports
+        .get(&port)
+        .copied()
+        .filter(|p| *p != 0)
+        .or_else(|| service.ports.get(&port).copied().filter(|p| *p != 0))?;
+    Some((target, service))
+}
+
+/// The service named in `forwarded: host=`, if the destination workload backs it.
+fn intended_service(state: &ProxyState, workload: &Workload, host: &str) -> Option<Arc<Service>> {
+    let service = state.service_by_hostname(host)?;
+    let key = format!("{}/{}", service.namespace, service.hostname);
+    workload.services.contains_key(&key).then_some(service)
+}
+
+fn reject(incoming: IncomingConnect, src: SocketAddr, status: StatusCode, reason: String) {
+    tracing::warn!(
+        target: "access",
+        direction = "inbound",
+        src.addr = %src,
+        status = status.as_u16(),
+        error = %reason,
+        "connection failed"
+    );
+    incoming.reject(status);
+}

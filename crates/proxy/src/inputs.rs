@@ -1,0 +1,73 @@
+//! What one proxy instance (the node, in dedicated mode; one pod, in-pod) works with.
+
+use std::sync::{Arc, RwLock};
+
+use ambit_hbone::pool::Pool;
+use ambit_identity::CertManager;
+use ambit_state::{ProxyState, Workload};
+
+use crate::config::ProxyConfig;
+use crate::metrics::Metrics;
+use crate::socket::SocketFactory;
+
+/// The mesh state, replaced whole when configuration changes.
+#[derive(Clone)]
+pub struct SharedState(Arc<RwLock<Arc<ProxyState>>>);
+
+impl SharedState {
+    pub fn new(state: ProxyState) -> SharedState {
+        SharedState(Arc::new(RwLock::new(Arc::new(state))))
+    }
+
+    pub fn get(&self) -> Arc<ProxyState> {
+        match self.0.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn replace(&self, state: ProxyState) {
+        let mut guard = match self.0.write() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *guard = Arc::new(state);
+    }
+}
+
+/// Who this proxy acts for: `PROXY_WORKLOAD_INFO` in dedicated mode, the ZDS
+/// `WorkloadInfo` in-pod. Resolved against the configured workloads, never from an IP.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LocalIdentity {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+}
+
+pub struct ProxyInputs {
+    pub cfg: Arc<ProxyConfig>,
+    pub state: SharedState,
+    pub certs: Arc<CertManager>,
+    pub metrics: Metrics,
+    pub sockets: Arc<dyn SocketFactory>,
+    pub local: LocalIdentity,
+    /// This node's name, to prefer the local copy when a workload name is ambiguous.
+    pub node: Option<String>,
+    pub pool: Pool,
+    /// With `ENABLE_ORIG_SRC` unset, whether to connect to the app from the client's IP.
+    /// In-pod the agent's connmark routing returns the replies to us; in dedicated mode
+    /// nothing does, so there it stays off unless asked for.
+    pub spoof_by_default: bool,
+}
+
+impl ProxyInputs {
+    /// The workload this proxy serves, as currently configured.
+    pub fn local_workload(&self, state: &ProxyState) -> Option<Arc<Workload>> {
+        state.find_local_workload(
+            &self.local.namespace,
+            &self.local.name,
+            &self.local.service_account,
+            self.node.as_deref(),
+        )
+    }
+}

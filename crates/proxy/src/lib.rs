@@ -1,0 +1,18 @@
+//! The node proxy's data path: listeners, outbound routing to HBONE or plain TCP, the
+//! HBONE inbound server, the plaintext inbound, telemetry, and drain.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod copy;
+pub mod drain;
+mod inbound;
+pub mod inputs;
+pub mod metrics;
+mod outbound;
+mod plaintext;
+mod proxy;
+pub mod socket;
+pub mod telemetry;
+
+pub use inputs::{LocalIdentity, ProxyInputs, SharedState};
+pub use proxy::{BoundProxy, ListenAddresses};

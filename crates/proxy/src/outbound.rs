@@ -1,0 +1,223 @@
+//! Outbound: connections captured from the local workload (15001), sent to their
+//! destination in HBONE or, for non-mesh destinations, as plain TCP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ambit_hbone::headers::{forwarded_value, Authority, Baggage, TraceParent};
+use ambit_hbone::pool::PoolKey;
+use ambit_hbone::request::ConnectRequest;
+use ambit_hbone::HboneError;
+use ambit_state::{route, Route, RouteInput, Workload};
+use tokio::net::TcpStream;
+
+use crate::copy::copy_bidirectional;
+use crate::drain::DrainWatcher;
+use crate::inputs::ProxyInputs;
+use crate::metrics::Reporter;
+use crate::socket;
+use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
+
+pub(crate) async fn handle(
+    pi: Arc<ProxyInputs>,
+    downstream: TcpStream,
+    src: SocketAddr,
+    drain: DrainWatcher,
+) {
+    let src = socket::canonical(src);
+    if let Err(e) = socket::tune_stream(&downstream, &pi.cfg.keepalive) {
+        tracing::debug!(%src, "could not tune accepted socket: {e}");
+    }
+    let dst = match socket::original_destination(&downstream) {
+        Ok(dst) => dst,
+        Err(e) => return early_failure(src, None, format!("no original destination: {e}")),
+    };
+    if is_loop(&pi, &downstream, dst) {
+        return early_failure(
+            src,
+            Some(dst),
+            format!("refusing connection to the proxy's own port {}", dst.port()),
+        );
+    }
+    let state = pi.state.get();
+    let Some(local) = pi.local_workload(&state) else {
+        return early_failure(
+            src,
+            Some(dst),
+            format!(
+                "workload {}/{} (service account {}) is not in the configuration",
+                pi.local.namespace, pi.local.name, pi.local.service_account
+            ),
+        );
+    };
+    let input = RouteInput {
+        source: &local,
+        dst,
+        network: &pi.cfg.network,
+        hbone_port: pi.cfg.ports.remote_hbone,
+    };
+    let decision = route(&state, &input, &mut rand::thread_rng());
+    drop(state);
+    match decision {
+        Err(e) => early_failure(src, Some(dst), e.to_string()),
+        Ok(Route::Tcp {
+            target,
+            destination,
+            service,
+        }) => {
+            let result = ConnectionResult::open(
+                &pi.metrics,
+                Reporter::Source,
+                Endpoints {
+                    src_addr: Some(src),
+                    src_workload: Some(local),
+                    dst_addr: Some(target),
+                    dst_workload: destination,
+                    dst_service: service,
+                    ..Default::default()
+                },
+            );
+            let upstream = match socket::connect(&*pi.sockets, &pi.cfg, target, None).await {
+                Ok(s) => s,
+                Err(e) => {
+                    return result.finish(Err((
+                        ResponseFlag::Connect,
+                        format!("connect to {target}: {e}"),
+                    )))
+                }
+            };
+            let outcome = proxy_bytes(&result, downstream, upstream, &drain).await;
+            result.finish(outcome);
+        }
+        Ok(Route::Hbone {
+            next_hop,
+            authority,
+            expected_identities,
+            destination,
+            service,
+        }) => {
+            let src_identity = local.identity();
+            let result = ConnectionResult::open(
+                &pi.metrics,
+                Reporter::Source,
+                Endpoints {
+                    src_addr: Some(src),
+                    src_workload: Some(local.clone()),
+                    src_identity: Some(src_identity.clone()),
+                    dst_addr: Some(next_hop),
+                    dst_hbone_addr: Some(authority.to_string()),
+                    dst_identity: Some(destination.identity()),
+                    dst_workload: Some(destination),
+                    dst_service: service.clone(),
+                    mtls: true,
+                },
+            );
+            let request = ConnectRequest {
+                authority: Authority::Addr(authority),
+                baggage: Some(baggage_of(&local)),
+                forwarded: Some(forwarded_value(
+                    src,
+                    service.as_ref().map(|s| s.hostname.as_str()),
+                )),
+                traceparent: Some(TraceParent::random()),
+            };
+            let key = PoolKey {
+                src_identity: src_identity.to_string(),
+                dst_identities: expected_identities.iter().map(|i| i.to_string()).collect(),
+                dst: next_hop,
+                src_ip: src.ip(),
+            };
+            let connector = {
+                let pi = pi.clone();
+                move || async move {
+                    let tls_error =
+                        |msg: String| HboneError::Tls(Arc::new(std::io::Error::other(msg)));
+                    let cert = pi.certs.fetch(&src_identity).map_err(|e| {
+                        tls_error(format!("no certificate for {src_identity}: {e}"))
+                    })?;
+                    let tls = ambit_identity::tls::client_config(&cert, &expected_identities)
+                        .map_err(|e| tls_error(e.to_string()))?;
+                    let tcp = socket::connect(&*pi.sockets, &pi.cfg, next_hop, None).await?;
+                    ambit_hbone::tls::connect(tcp, tls).await
+                }
+            };
+            let tunnel = match pi.pool.connect(key, connector, &request).await {
+                Ok(t) => t,
+                Err(e) => return result.finish(Err((flag_of(&e), e.to_string()))),
+            };
+            let outcome = proxy_bytes(&result, downstream, tunnel, &drain).await;
+            result.finish(outcome);
+        }
+    }
+}
+
+/// Copies until both sides finish, or the drain deadline forces a close.
+pub(crate) async fn proxy_bytes<C, S>(
+    result: &ConnectionResult,
+    client: C,
+    server: S,
+    drain: &DrainWatcher,
+) -> Result<(), (ResponseFlag, String)>
+where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let bytes = result.bytes.clone();
+    tokio::select! {
+        r = copy_bidirectional(client, server, &bytes.client_to_server, &bytes.server_to_client) => {
+            r.map_err(|e| (ResponseFlag::None, format!("io error: {e}")))
+        }
+        _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
+    }
+}
+
+fn flag_of(e: &HboneError) -> ResponseFlag {
+    match e {
+        HboneError::Tls(_) | HboneError::Alpn(_) | HboneError::HandshakeTimeout(_) => {
+            ResponseFlag::TlsFailure
+        }
+        HboneError::ConnectTimeout(_) => ResponseFlag::NetworkPolicy,
+        HboneError::Status(_) | HboneError::Connect(_) => ResponseFlag::Connect,
+        _ => ResponseFlag::H2HandshakeFailure,
+    }
+}
+
+/// Source workload metadata for the CONNECT `baggage` header.
+pub(crate) fn baggage_of(w: &Workload) -> Baggage {
+    let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    Baggage {
+        cluster_id: some(&w.cluster_id),
+        namespace: some(&w.namespace),
+        workload_type: some(&w.workload_type),
+        workload_name: some(if w.workload_name.is_empty() {
+            &w.name
+        } else {
+            &w.workload_name
+        }),
+        service_name: some(&w.canonical_name),
+        service_version: some(&w.canonical_revision),
+        region: some(&w.locality.region),
+        zone: some(&w.locality.zone),
+    }
+}
+
+/// A captured connection aimed at one of our own listeners would loop forever.
+fn is_loop(pi: &ProxyInputs, downstream: &TcpStream, dst: SocketAddr) -> bool {
+    if !pi.cfg.loop_ports().contains(&dst.port()) {
+        return false;
+    }
+    let local = downstream.local_addr().map(socket::canonical).ok();
+    dst.ip().is_loopback() || Some(dst) == local
+}
+
+/// Failures before there is enough context for metrics: a warning, as ztunnel logs them.
+pub(crate) fn early_failure(src: SocketAddr, dst: Option<SocketAddr>, error: String) {
+    tracing::warn!(
+        target: "access",
+        direction = "outbound",
+        src.addr = %src,
+        dst.addr = ?dst,
+        error = %error,
+        "connection failed"
+    );
+}

@@ -1,0 +1,157 @@
+//! One proxy instance: its three listeners and their accept loops.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::drain::DrainWatcher;
+use crate::inputs::ProxyInputs;
+use crate::{inbound, outbound, plaintext, socket};
+
+/// Where the listeners ended up (ports may be 0 in tests, chosen by the kernel).
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenAddresses {
+    pub outbound: SocketAddr,
+    pub inbound_plaintext: SocketAddr,
+    pub inbound_hbone: SocketAddr,
+}
+
+struct Listener {
+    listener: TcpListener,
+    transparent: bool,
+}
+
+/// Listeners bound, not yet serving. Binding first lets start-up fail before anything
+/// is served, with the port at fault named.
+pub struct BoundProxy {
+    pi: Arc<ProxyInputs>,
+    outbound: Listener,
+    plaintext: Listener,
+    hbone: Listener,
+}
+
+impl BoundProxy {
+    pub fn bind(pi: Arc<ProxyInputs>) -> io::Result<BoundProxy> {
+        let ports = &pi.cfg.ports;
+        let v6 = pi.cfg.ipv6_enabled;
+        let bind = |port: u16, what: &str| -> io::Result<Listener> {
+            let addr = socket::wildcard(v6, port);
+            let sock = pi.sockets.listen(addr, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot bind the {what} listener on {addr}: {e}"),
+                )
+            })?;
+            let transparent = socket::is_transparent(&sock, v6);
+            Ok(Listener {
+                listener: socket::into_listener(sock)?,
+                transparent,
+            })
+        };
+        Ok(BoundProxy {
+            outbound: bind(ports.outbound, "outbound")?,
+            plaintext: bind(ports.inbound_plaintext, "inbound plaintext")?,
+            hbone: bind(ports.inbound_hbone, "HBONE inbound")?,
+            pi: pi.clone(),
+        })
+    }
+
+    pub fn addresses(&self) -> io::Result<ListenAddresses> {
+        Ok(ListenAddresses {
+            outbound: self.outbound.listener.local_addr()?,
+            inbound_plaintext: self.plaintext.listener.local_addr()?,
+            inbound_hbone: self.hbone.listener.local_addr()?,
+        })
+    }
+
+    /// Serves until draining starts; open connections then finish under the watcher.
+    pub async fn run(self, drain: DrainWatcher) {
+        let goaway = drain.draining_signal();
+        let pi = self.pi;
+        let out = accept_loop(self.outbound, drain.clone(), {
+            let pi = pi.clone();
+            move |stream, src, drain, _| outbound::handle(pi.clone(), stream, src, drain)
+        });
+        let plain = accept_loop(self.plaintext, drain.clone(), {
+            let pi = pi.clone();
+            move |stream, src, drain, transparent| {
+                plaintext::handle(pi.clone(), stream, src, drain, transparent)
+            }
+        });
+        let hbone = accept_loop(self.hbone, drain.clone(), {
+            let pi = pi.clone();
+            move |stream, _src, drain, transparent| {
+                serve_hbone(pi.clone(), stream, drain, goaway.clone(), transparent)
+            }
+        });
+        tokio::join!(out, plain, hbone);
+    }
+}
+
+async fn serve_hbone(
+    pi: Arc<ProxyInputs>,
+    stream: tokio::net::TcpStream,
+    drain: DrainWatcher,
+    goaway: tokio::sync::watch::Receiver<bool>,
+    transparent: bool,
+) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream.peer_addr().ok();
+    let tls = {
+        let state = pi.state.get();
+        let Some(local) = pi.local_workload(&state) else {
+            tracing::warn!(
+                ?peer,
+                "HBONE connection refused: this proxy's workload is not configured"
+            );
+            return;
+        };
+        match pi.certs.server_config(&local.identity()) {
+            Ok(tls) => tls,
+            Err(e) => {
+                tracing::warn!(?peer, "HBONE connection refused: no certificate: {e}");
+                return;
+            }
+        }
+    };
+    let handler = {
+        let pi = pi.clone();
+        let drain = drain.clone();
+        move |incoming| inbound::handle_connect(pi.clone(), incoming, drain.clone(), transparent)
+    };
+    let forced = drain.clone();
+    tokio::select! {
+        r = ambit_hbone::server::serve_connection(stream, tls, pi.cfg.h2.clone(), goaway, handler) => {
+            if let Err(e) = r {
+                tracing::debug!(?peer, "HBONE connection ended: {e}");
+            }
+        }
+        _ = forced.forced() => {}
+    }
+}
+
+async fn accept_loop<F, Fut>(listener: Listener, drain: DrainWatcher, handle: F)
+where
+    F: Fn(tokio::net::TcpStream, SocketAddr, DrainWatcher, bool) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        tokio::select! {
+            biased;
+            _ = drain.draining() => return,
+            accepted = listener.listener.accept() => match accepted {
+                Ok((stream, src)) => {
+                    tokio::spawn(handle(stream, src, drain.clone(), listener.transparent));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Socket creation and options. Everything the proxy opens goes through a [`SocketFactory`]
+//! so that in-pod mode can create the same sockets inside another network namespace.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use crate::config::{Keepalive, ProxyConfig};
+
+/// Creates the sockets of one proxy instance. The default factory creates them in the
+/// current network namespace; in-pod mode supplies one that enters the pod's namespace.
+pub trait SocketFactory: Send + Sync + 'static {
+    /// A new unconnected TCP socket for `family_of`'s address family.
+    fn new_tcp(&self, family_of: SocketAddr) -> io::Result<Socket>;
+    /// A bound, listening TCP socket.
+    fn listen(&self, addr: SocketAddr, transparent: bool) -> io::Result<Socket>;
+}
+
+/// Sockets in the current network namespace, all carrying `mark` when set.
+#[derive(Clone, Debug, Default)]
+pub struct DefaultSocketFactory {
+    pub mark: Option<u32>,
+    pub reuse_port: bool,
+}
+
+impl SocketFactory for DefaultSocketFactory {
+    fn new_tcp(&self, family_of: SocketAddr) -> io::Result<Socket> {
+        new_tcp_socket(family_of, self.mark)
+    }
+
+    fn listen(&self, addr: SocketAddr, transparent: bool) -> io::Result<Socket> {
+        listen_socket(addr, self.mark, self.reuse_port, transparent)
+    }
+}
+
+/// A non-blocking TCP socket of `family_of`'s family with the mark applied.
+pub fn new_tcp_socket(family_of: SocketAddr, mark: Option<u32>) -> io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(family_of),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    if let Some(mark) = mark {
+        socket.set_mark(mark)?;
+    }
+    Ok(socket)
+}
+
+/// A listening socket. `transparent` asks for `IP_TRANSPARENT`, best effort; callers that
+/// need it check [`is_transparent`].
+pub fn listen_socket(
+    addr: SocketAddr,
+    mark: Option<u32>,
+    reuse_port: bool,
+    transparent: bool,
+) -> io::Result<Socket> {
+    let socket = new_tcp_socket(addr, mark)?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        // A `[::]` listener takes IPv4 too (mapped addresses), like ztunnel's.
+        socket.set_only_v6(false)?;
+    }
+    if transparent {
+        let _ = set_transparent(&socket, addr.is_ipv6());
+    }
+    socket.bind(&SockAddr::from(addr))?;
+    socket.listen(128)?;
+    Ok(socket)
+}
+
+fn set_transparent(socket: &Socket, v6: bool) -> io::Result<()> {
+    if v6 {
+        socket.set_ip_transparent_v6(true)
+    } else {
+        socket.set_ip_transparent_v4(true)
+    }
+}
+
+/// Whether the listener could be made transparent (`IP_TRANSPARENT`), which original-source
+/// preservation needs.
+pub fn is_transparent(socket: &Socket, v6: bool) -> bool {
+    if v6 {
+        socket.ip_transparent_v6().unwrap_or(false)
+    } else {
+        socket.ip_transparent_v4().unwrap_or(false)
+    }
+}
+
+pub fn into_listener(socket: Socket) -> io::Result<TcpListener> {
+    TcpListener::from_std(std::net::TcpListener::from(socket))
+}
+
+/// Options ztunnel applies to accepted and outgoing data sockets.
+pub fn tune_stream(stream: &TcpStream, keepalive: &Keepalive) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    apply_keepalive(&socket2::SockRef::from(stream), keepalive)
+}
+
+fn apply_keepalive(socket: &socket2::SockRef<'_>, keepalive: &Keepalive) -> io::Result<()> {
+    if !keepalive.enabled {
+        return Ok(());
+    }
+    let params = TcpKeepalive::new()
+        .with_time(keepalive.time)
+        .with_interval(keepalive.interval)
+        .with_retries(keepalive.retries);
+    socket.set_tcp_keepalive(&params)?;
+    if keepalive.user_timeout {
+        let timeout = keepalive.time + keepalive.interval * keepalive.retries;
+        socket.set_tcp_user_timeout(Some(timeout))?;
+    }
+    Ok(())
+}
+
+/// Outgoing connect timeout (ztunnel: 10 s).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects a socket made by `factory` to `dst`, optionally from `source` (original-source
+/// preservation). The source bind uses `IP_BIND_ADDRESS_NO_PORT` so the kernel picks the
+/// port at `connect()`, per 4-tuple, and a high rate of short connections does not run
+/// out of ports behind TIME_WAIT.
+pub async fn connect(
+    factory: &dyn SocketFactory,
+    cfg: &ProxyConfig,
+    dst: SocketAddr,
+    source: Option<IpAddr>,
+) -> io::Result<TcpStream> {
+    let socket = factory.new_tcp(dst)?;
+    if let Some(src) = source {
+        bind_transparent_source(&socket, src, dst)?;
+    }
+    let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst)).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connection to {dst} timed out after {CONNECT_TIMEOUT:?}"),
+            ))
+        }
+    };
+    tune_stream(&stream, &cfg.keepalive)?;
+    Ok(stream)
+}
+
+fn bind_transparent_source(socket: &Socket, src: IpAddr, dst: SocketAddr) -> io::Result<()> {
+    let src = match (src, dst) {
+        (IpAddr::V4(v4), SocketAddr::V6(_)) => IpAddr::V6(v4.to_ipv6_mapped()),
+        (src, _) => src,
+    };
+    set_transparent(socket, dst.is_ipv6())?;
+    if dst.is_ipv6() {
+        socket.set_freebind_v6(true)?;
+    } else {
+        socket.set_freebind_v4(true)?;
+    }
+    nix::sys::socket::setsockopt(
+        socket,
+        nix::sys::socket::sockopt::IpBindAddressNoPort,
+        &true,
+    )
+    .map_err(io::Error::from)?;
+    socket.bind(&SockAddr::from(SocketAddr::new(src, 0)))
+}
+
+/// The destination a captured connection was heading to before netfilter redirected it:
+/// `SO_ORIGINAL_DST`, then `IP6T_SO_ORIGINAL_DST`, else the local address (not redirected).
+pub fn original_destination(stream: &TcpStream) -> io::Result<SocketAddr> {
+    let sock = socket2::SockRef::from(stream);
+    let found = sock
+        .original_dst_v4()
+        .ok()
+        .or_else(|| sock.original_dst_v6().ok())
+        .and_then(|a| a.as_socket());
+    match found {
+        Some(addr) => Ok(canonical(addr)),
+        None => stream.local_addr().map(canonical),
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (from dual-stack listeners) as plain IPv4.
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical_ip(addr.ip()), addr.port())
+}
+
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// The wildcard address listeners bind: `[::]` with IPv6 on, else `0.0.0.0`.
+pub fn wildcard(ipv6: bool, port: u16) -> SocketAddr {
+    if ipv6 {
+        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port)
+    } else {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_addresses_become_ipv4() {
+        let mapped: SocketAddr = "[::ffff:10.0.0.1]:80".parse().unwrap();
+        assert_eq!(canonical(mapped), "10.0.0.1:80".parse().unwrap());
+        let v6: SocketAddr = "[fd00::1]:80".parse().unwrap();
+        assert_eq!(canonical(v6), v6);
+    }
+
+    #[tokio::test]
+    async fn unredirected_connection_reports_its_local_address() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        assert_eq!(original_destination(&server).unwrap(), addr);
+    }
+
+    #[tokio::test]
+    async fn outgoing_sockets_carry_the_mark() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cfg = ProxyConfig::default();
+        let factory = DefaultSocketFactory {
+            mark: Some(0x539),
+            reuse_port: false,
+        };
+        let stream = connect(&factory, &cfg, addr, None)
+            .await
+            .expect("connect with SO_MARK needs CAP_NET_ADMIN: run the tests as root");
+        let mark = socket2::SockRef::from(&stream).mark().unwrap();
+        assert_eq!(mark, 0x539);
+        assert!(stream.nodelay().unwrap());
+    }
+}

@@ -1,0 +1,223 @@
+//! One record per proxied connection: metrics when it opens and closes, and the access log
+//! line (target `access`). Recorded on drop too, so a close is never lost.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ambit_identity::SpiffeId;
+use ambit_state::{Service, Workload};
+
+use crate::metrics::{Metrics, Reporter, TrafficLabels};
+
+/// Why a connection failed, as ztunnel's `response_flags` label names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseFlag {
+    None,
+    /// Denied by authorization policy.
+    Deny,
+    /// The upstream connection could not be made.
+    Connect,
+    /// A TLS handshake or peer identity failed.
+    TlsFailure,
+    /// The HTTP/2 layer failed.
+    H2HandshakeFailure,
+    /// A timeout dialing HBONE: likely a NetworkPolicy blocks port 15008.
+    NetworkPolicy,
+}
+
+impl ResponseFlag {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseFlag::None => "-",
+            ResponseFlag::Deny => "DENY",
+            ResponseFlag::Connect => "CONNECT",
+            ResponseFlag::TlsFailure => "TLS_FAILURE",
+            ResponseFlag::H2HandshakeFailure => "H2_HANDSHAKE_FAILURE",
+            ResponseFlag::NetworkPolicy => "NETWORK_POLICY",
+        }
+    }
+}
+
+/// Who the two ends are, as far as the proxy knows.
+#[derive(Default)]
+pub struct Endpoints {
+    pub src_addr: Option<SocketAddr>,
+    pub src_workload: Option<Arc<Workload>>,
+    /// Only set when the source proved it with mTLS (or is us, outbound over HBONE).
+    pub src_identity: Option<SpiffeId>,
+    pub dst_addr: Option<SocketAddr>,
+    pub dst_hbone_addr: Option<String>,
+    pub dst_workload: Option<Arc<Workload>>,
+    pub dst_service: Option<Arc<Service>>,
+    pub dst_identity: Option<SpiffeId>,
+    pub mtls: bool,
+}
+
+/// Byte counters updated by the copy loop as data moves, so a reset keeps what was counted.
+#[derive(Default, Debug)]
+pub struct ByteCounters {
+    pub client_to_server: AtomicU64,
+    pub server_to_client: AtomicU64,
+}
+
+pub struct ConnectionResult {
+    metrics: Metrics,
+    labels: TrafficLabels,
+    reporter: Reporter,
+    endpoints: Endpoints,
+    started: Instant,
+    pub bytes: Arc<ByteCounters>,
+    recorded: bool,
+}
+
+fn or_unknown(s: &str) -> String {
+    if s.is_empty() {
+        crate::metrics::UNKNOWN.to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+fn workload_name(w: &Workload) -> &str {
+    if w.workload_name.is_empty() {
+        &w.name
+    } else {
+        &w.workload_name
+    }
+}
+
+impl ConnectionResult {
+    /// Counts the connection as opened and logs it at debug.
+    pub fn open(metrics: &Metrics, reporter: Reporter, endpoints: Endpoints) -> ConnectionResult {
+        let mut l = TrafficLabels::new(reporter);
+        if let Some(w) = &endpoints.src_workload {
+            l.source_workload = or_unknown(workload_name(w));
+            l.source_canonical_service = or_unknown(&w.canonical_name);
+            l.source_canonical_revision = or_unknown(&w.canonical_revision);
+            l.source_workload_namespace = or_unknown(&w.namespace);
+            l.source_app = or_unknown(&w.canonical_name);
+            l.source_version = or_unknown(&w.canonical_revision);
+            l.source_cluster = or_unknown(&w.cluster_id);
+        }
+        if let Some(id) = &endpoints.src_identity {
+            l.source_principal = id.to_string();
+        }
+        if let Some(s) = &endpoints.dst_service {
+            l.destination_service = or_unknown(&s.hostname);
+            l.destination_service_namespace = or_unknown(&s.namespace);
+            l.destination_service_name = or_unknown(&s.name);
+        }
+        if let Some(w) = &endpoints.dst_workload {
+            l.destination_workload = or_unknown(workload_name(w));
+            l.destination_canonical_service = or_unknown(&w.canonical_name);
+            l.destination_canonical_revision = or_unknown(&w.canonical_revision);
+            l.destination_workload_namespace = or_unknown(&w.namespace);
+            l.destination_app = or_unknown(&w.canonical_name);
+            l.destination_version = or_unknown(&w.canonical_revision);
+            l.destination_cluster = or_unknown(&w.cluster_id);
+        }
+        if let Some(id) = &endpoints.dst_identity {
+            l.destination_principal = id.to_string();
+        }
+        if endpoints.mtls {
+            l.connection_security_policy = "mutual_tls";
+        }
+        metrics.connections_opened.get_or_create(&l).inc();
+        tracing::debug!(
+            target: "access",
+            direction = direction(reporter),
+            src.addr = ?endpoints.src_addr,
+            dst.addr = ?endpoints.dst_addr,
+            "connection opened"
+        );
+        ConnectionResult {
+            metrics: metrics.clone(),
+            labels: l,
+            reporter,
+            endpoints,
+            started: Instant::now(),
+            bytes: Arc::new(ByteCounters::default()),
+            recorded: false,
+        }
+    }
+
+    /// Records the close with the outcome; `flag` says why it failed.
+    pub fn finish(mut self, outcome: Result<(), (ResponseFlag, String)>) {
+        self.record(outcome);
+    }
+
+    fn record(&mut self, outcome: Result<(), (ResponseFlag, String)>) {
+        if self.recorded {
+            return;
+        }
+        self.recorded = true;
+        let c2s = self.bytes.client_to_server.load(Ordering::Relaxed);
+        let s2c = self.bytes.server_to_client.load(Ordering::Relaxed);
+        let mut labels = self.labels.clone();
+        if let Err((flag, _)) = &outcome {
+            labels.response_flags = flag.as_str();
+        }
+        // Istio's orientation for both reporters: received = client to server.
+        self.metrics
+            .received_bytes
+            .get_or_create(&labels)
+            .inc_by(c2s);
+        self.metrics.sent_bytes.get_or_create(&labels).inc_by(s2c);
+        self.metrics.connections_closed.get_or_create(&labels).inc();
+        if matches!(&outcome, Err((flag, _)) if *flag != ResponseFlag::None) {
+            self.metrics.connections_failed.get_or_create(&labels).inc();
+        }
+        // The log speaks for the local workload: what it sent and what it received.
+        let (bytes_sent, bytes_recv) = match self.reporter {
+            Reporter::Source => (c2s, s2c),
+            Reporter::Destination => (s2c, c2s),
+        };
+        let e = &self.endpoints;
+        let src_workload = e.src_workload.as_deref();
+        let dst_workload = e.dst_workload.as_deref();
+        let duration = format!("{}ms", self.started.elapsed().as_millis());
+        macro_rules! access {
+            ($level:ident, $($extra:tt)*) => {
+                tracing::$level!(
+                    target: "access",
+                    direction = direction(self.reporter),
+                    src.addr = ?e.src_addr,
+                    src.workload = src_workload.map(|w| workload_name(w)),
+                    src.namespace = src_workload.map(|w| w.namespace.as_str()),
+                    src.identity = e.src_identity.as_ref().map(tracing::field::display),
+                    src.cluster = src_workload.map(|w| w.cluster_id.as_str()),
+                    dst.addr = ?e.dst_addr,
+                    dst.hbone_addr = e.dst_hbone_addr.as_deref(),
+                    dst.service = e.dst_service.as_ref().map(|s| s.hostname.as_str()),
+                    dst.workload = dst_workload.map(|w| workload_name(w)),
+                    dst.namespace = dst_workload.map(|w| w.namespace.as_str()),
+                    dst.identity = e.dst_identity.as_ref().map(tracing::field::display),
+                    dst.cluster = dst_workload.map(|w| w.cluster_id.as_str()),
+                    bytes_sent,
+                    bytes_recv,
+                    duration = %duration,
+                    $($extra)*
+                )
+            };
+        }
+        match outcome {
+            Ok(()) => access!(info, "connection complete"),
+            Err((_, error)) => access!(error, error = %error, "connection complete"),
+        }
+    }
+}
+
+impl Drop for ConnectionResult {
+    fn drop(&mut self) {
+        self.record(Err((ResponseFlag::None, "connection dropped".into())));
+    }
+}
+
+fn direction(reporter: Reporter) -> &'static str {
+    match reporter {
+        Reporter::Source => "outbound",
+        Reporter::Destination => "inbound",
+    }
+}

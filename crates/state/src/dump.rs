@@ -1,0 +1,138 @@
+//! The store's sections of `/config_dump`, shaped like ztunnel's (camelCase keys).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use crate::store::{PortMap, ProxyState};
+
+impl ProxyState {
+    /// `{workloads, services, policies, stagedServices}`: workloads sorted by uid,
+    /// services by hostname (then namespace) with their endpoints, policies by
+    /// `namespace/name`, and endpoints of services referenced but not (yet) known.
+    pub fn dump(&self) -> Value {
+        let workloads: Vec<Value> = self.workloads().map(|w| to_value(&**w)).collect();
+
+        let mut services: Vec<_> = self.services().collect();
+        services.sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
+        let services: Vec<Value> = services
+            .into_iter()
+            .map(|s| {
+                let mut v = to_value(&**s);
+                let endpoints = self
+                    .endpoint_map(&s.key())
+                    .map(|eps| self.endpoints_value(eps))
+                    .unwrap_or_else(|| Value::Object(Map::new()));
+                if let Value::Object(m) = &mut v {
+                    m.insert("endpoints".into(), endpoints);
+                }
+                v
+            })
+            .collect();
+
+        let policies: Vec<Value> = self.policies().map(|p| to_value(&**p)).collect();
+
+        let staged: Map<String, Value> = self
+            .staged_services()
+            .map(|(k, eps)| (k.clone(), self.endpoints_value(eps)))
+            .collect();
+
+        json!({
+            "workloads": workloads,
+            "services": services,
+            "policies": policies,
+            "stagedServices": staged,
+        })
+    }
+
+    /// uid → `{workloadUid, service, port, status}`.
+    fn endpoints_value(&self, eps: &BTreeMap<String, PortMap>) -> Value {
+        let m: Map<String, Value> = eps
+            .iter()
+            .map(|(uid, ports)| {
+                let status = self
+                    .workload_by_uid(uid)
+                    .map(|w| w.status.as_str())
+                    .unwrap_or("Unknown");
+                (
+                    uid.clone(),
+                    json!({"workloadUid": uid, "port": ports, "status": status}),
+                )
+            })
+            .collect();
+        Value::Object(m)
+    }
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    // Our model types serialize to JSON without failure (string keys, no non-finite
+    // floats); fall back to null rather than panic.
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::parse_local_config;
+    use crate::store::ProxyState;
+    use serde_json::json;
+
+    #[test]
+    fn dump_shape() {
+        let yaml = r#"
+workloads:
+- name: b
+  namespace: default
+  workloadIps: ["10.0.0.3"]
+  protocol: HBONE
+  services: {default/echo.default.svc.cluster.local: {80: 8080}, default/later: {90: 9090}}
+- name: a
+  namespace: default
+  workloadIps: ["10.0.0.2"]
+services:
+- {name: zeta, namespace: default, hostname: zeta, vips: ["/10.96.0.11"], ports: {80: 80}}
+- {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["/10.96.0.10"], ports: {80: 8080}}
+policies:
+- {name: p, namespace: default, scope: Namespace, action: Deny, rules: [[[{destinationPorts: [22]}]]]}
+"#;
+        let s = ProxyState::from_config(parse_local_config("t", yaml).unwrap()).unwrap();
+        let d = s.dump();
+        let w = &d["workloads"];
+        assert_eq!(w[0]["uid"], "Kubernetes//v1/Pod/default/a");
+        assert_eq!(w[1]["uid"], "Kubernetes//v1/Pod/default/b");
+        assert_eq!(w[1]["workloadIps"], json!(["10.0.0.3"]));
+        assert_eq!(w[1]["protocol"], "HBONE");
+        assert_eq!(w[0]["protocol"], "TCP");
+        assert_eq!(w[1]["trustDomain"], "cluster.local");
+        assert_eq!(w[1]["serviceAccount"], "default");
+        assert_eq!(w[1]["clusterId"], "Kubernetes");
+        assert_eq!(w[1]["status"], "Healthy");
+        assert_eq!(w[1]["capacity"], 1);
+        assert_eq!(
+            w[1]["services"]["default/echo.default.svc.cluster.local"]["80"],
+            8080
+        );
+
+        let svc = &d["services"];
+        assert_eq!(svc[0]["hostname"], "echo.default.svc.cluster.local");
+        assert_eq!(svc[1]["hostname"], "zeta");
+        assert_eq!(svc[0]["vips"], json!(["/10.96.0.10"]));
+        assert_eq!(svc[0]["ports"], json!({"80": 8080}));
+        assert_eq!(
+            svc[0]["endpoints"]["Kubernetes//v1/Pod/default/b"],
+            json!({"workloadUid": "Kubernetes//v1/Pod/default/b", "port": {"80": 8080}, "status": "Healthy"})
+        );
+        assert_eq!(svc[1]["endpoints"], json!({}));
+
+        let p = &d["policies"][0];
+        assert_eq!(p["name"], "p");
+        assert_eq!(p["scope"], "Namespace");
+        assert_eq!(p["action"], "Deny");
+        assert_eq!(p["dryRun"], false);
+        assert_eq!(p["rules"], json!([[[{"destinationPorts": [22]}]]]));
+
+        assert_eq!(
+            d["stagedServices"],
+            json!({"default/later": {"Kubernetes//v1/Pod/default/b": {"workloadUid": "Kubernetes//v1/Pod/default/b", "port": {"90": 9090}, "status": "Healthy"}}})
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! Errors of the local configuration.
+
+use std::fmt;
+
+/// Why a local configuration was refused. The message names the source (a file path or
+/// `LOCAL_XDS`), where in it (line and column, or the item), and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The YAML does not parse, or does not fit the schema (unknown field, wrong type,
+    /// unknown enum value, bad address text, ...).
+    #[error("{}", ParseDisplay(self))]
+    Parse {
+        /// Where the configuration came from: a file path or `LOCAL_XDS`.
+        origin: String,
+        /// 1-based line, when known.
+        line: Option<usize>,
+        /// 1-based column, when known.
+        column: Option<usize>,
+        /// Field path at fault, like `workloads[1].protocol` (empty for the document).
+        path: String,
+        message: String,
+    },
+    /// An item parsed but is not valid (duplicate uid, bad identity, ...).
+    #[error("{}", InvalidDisplay(self))]
+    Invalid {
+        /// Where the configuration came from (empty when built in code).
+        origin: String,
+        /// The item at fault, like `workloads[0] (uid Kubernetes//v1/Pod/default/a)`.
+        item: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// Sets the origin (file path or `LOCAL_XDS`) named in the message.
+    pub fn with_origin(mut self, new_origin: &str) -> Self {
+        match &mut self {
+            ConfigError::Parse { origin, .. } | ConfigError::Invalid { origin, .. } => {
+                *origin = new_origin.to_string();
+            }
+        }
+        self
+    }
+
+    pub(crate) fn invalid(item: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            origin: String::new(),
+            item: item.into(),
+            message: message.into(),
+        }
+    }
+}
+
+struct ParseDisplay<'a>(&'a ConfigError);
+
+impl fmt::Display for ParseDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let ConfigError::Parse {
+            origin,
+            line,
+            column,
+            path,
+            message,
+        } = self.0
+        {
+            if !origin.is_empty() {
+                write!(f, "{origin}: ")?;
+            }
+            match (line, column) {
+                (Some(l), Some(c)) => write!(f, "line {l}, column {c}: ")?,
+                (Some(l), None) => write!(f, "line {l}: ")?,
+                _ => {}
+            }
+            if !path.is_empty() {
+                write!(f, "{path}: ")?;
+            }
+            f.write_str(message)?;
+        }
+        Ok(())
+    }
+}
+
+struct InvalidDisplay<'a>(&'a ConfigError);
+
+impl fmt::Display for InvalidDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let ConfigError::Invalid {
+            origin,
+            item,
+            message,
+        } = self.0
+        {
+            if !origin.is_empty() {
+                write!(f, "{origin}: ")?;
+            }
+            write!(f, "{item}: {message}")?;
+        }
+        Ok(())
+    }
+}

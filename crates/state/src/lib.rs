@@ -1,0 +1,40 @@
+//! The mesh model of ambit's node proxy: workloads, services and L4 authorization
+//! policies, loaded from ztunnel's local configuration YAML (`LOCAL_XDS_PATH` /
+//! `LOCAL_XDS`), kept in a [`ProxyState`] store with the lookups the data path needs, the
+//! outbound routing decision ([`route()`]) and L4 RBAC ([`ProxyState::authorize`]).
+//!
+//! Sans-IO: nothing here opens a socket, reads a file or looks at the clock.
+#![forbid(unsafe_code)]
+
+mod addr;
+mod config;
+mod dump;
+mod error;
+mod ident;
+mod names;
+mod policy;
+mod rbac;
+mod route;
+mod service;
+mod store;
+mod workload;
+
+pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
+pub use config::{parse_local_config, LocalConfig};
+pub use error::ConfigError;
+pub use policy::{
+    Authorization, Clause, PolicyAction, PolicyScope, RbacMatch, Rule, ServiceAccountMatch,
+    StringMatch,
+};
+pub use rbac::{authorize_with, matches as policy_matches, Denied, RbacContext};
+pub use route::{route, Route, RouteError, RouteInput};
+pub use service::{
+    IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
+    Service, Visibility,
+};
+pub use store::{Endpoint, PortMap, ProxyState};
+pub use workload::{
+    check_gateway, AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination,
+    HealthStatus, Locality, NetworkMode, TunnelProtocol, Workload, DEFAULT_CLUSTER_ID,
+    DEFAULT_HBONE_PORT, DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN, DEFAULT_WORKLOAD_TYPE,
+};

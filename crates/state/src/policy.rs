@@ -1,0 +1,248 @@
+//! L4 authorization policies, as ztunnel's `istio.security.Authorization`.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use serde::ser::SerializeMap;
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::names::{from_str_with, string_enum, StrError};
+
+string_enum! {
+    /// Which workloads a policy applies to.
+    pub enum PolicyScope {
+        /// Every workload of the mesh.
+        Global = "Global" | "GLOBAL",
+        /// Every workload in the policy's namespace.
+        Namespace = "Namespace" | "NAMESPACE",
+        /// Workloads that list the policy (`namespace/name`) in `authorizationPolicies`.
+        WorkloadSelector = "WorkloadSelector" | "WORKLOAD_SELECTOR",
+    }
+}
+
+string_enum! {
+    /// What a matching policy does.
+    pub enum PolicyAction {
+        Allow = "Allow" | "ALLOW",
+        Deny = "Deny" | "DENY",
+    }
+}
+
+/// A string comparison. `presence` matches any non-empty string.
+///
+/// Written as a one-key map: `{exact: s}`, `{prefix: s}`, `{suffix: s}`,
+/// `{presence: {}}`; capitalized keys (`Exact`, ...) and YAML tags (`!exact s`) are
+/// accepted too.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum StringMatch {
+    Exact(String),
+    Prefix(String),
+    Suffix(String),
+    Presence,
+}
+
+const STRING_MATCH_KINDS: &[&str] = &["exact", "prefix", "suffix", "presence"];
+
+impl Serialize for StringMatch {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        match self {
+            StringMatch::Exact(v) => m.serialize_entry("exact", v)?,
+            StringMatch::Prefix(v) => m.serialize_entry("prefix", v)?,
+            StringMatch::Suffix(v) => m.serialize_entry("suffix", v)?,
+            StringMatch::Presence => {
+                m.serialize_entry("presence", &BTreeMap::<String, String>::new())?
+            }
+        }
+        m.end()
+    }
+}
+
+/// The kind of a string match, from its key.
+enum Kind {
+    Exact,
+    Prefix,
+    Suffix,
+    Presence,
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        from_str_with(
+            d,
+            "a string match kind",
+            |s| -> Result<Kind, StrError<&str>> {
+                match s {
+                    "exact" | "Exact" => Ok(Kind::Exact),
+                    "prefix" | "Prefix" => Ok(Kind::Prefix),
+                    "suffix" | "Suffix" => Ok(Kind::Suffix),
+                    "presence" | "Presence" => Ok(Kind::Presence),
+                    _ => Err(StrError::UnknownVariant(STRING_MATCH_KINDS)),
+                }
+            },
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for StringMatch {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = StringMatch;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("one of {exact: s}, {prefix: s}, {suffix: s}, {presence: {}}")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<StringMatch, A::Error> {
+                let Some(kind) = map.next_key::<Kind>()? else {
+                    return Err(de::Error::invalid_length(0, &self));
+                };
+                let m = match kind {
+                    Kind::Exact => StringMatch::Exact(map.next_value()?),
+                    Kind::Prefix => StringMatch::Prefix(map.next_value()?),
+                    Kind::Suffix => StringMatch::Suffix(map.next_value()?),
+                    Kind::Presence => {
+                        map.next_value::<de::IgnoredAny>()?;
+                        StringMatch::Presence
+                    }
+                };
+                if map.next_key::<de::IgnoredAny>()?.is_some() {
+                    return Err(de::Error::custom(
+                        "a string match has exactly one of exact, prefix, suffix, presence",
+                    ));
+                }
+                Ok(m)
+            }
+            fn visit_enum<A: de::EnumAccess<'de>>(self, data: A) -> Result<StringMatch, A::Error> {
+                use de::VariantAccess;
+                let (kind, v) = data.variant::<Kind>()?;
+                Ok(match kind {
+                    Kind::Exact => StringMatch::Exact(v.newtype_variant()?),
+                    Kind::Prefix => StringMatch::Prefix(v.newtype_variant()?),
+                    Kind::Suffix => StringMatch::Suffix(v.newtype_variant()?),
+                    Kind::Presence => {
+                        v.newtype_variant::<de::IgnoredAny>()?;
+                        StringMatch::Presence
+                    }
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl StringMatch {
+    pub fn matches(&self, s: &str) -> bool {
+        match self {
+            StringMatch::Exact(v) => s == v,
+            StringMatch::Prefix(v) => s.starts_with(v.as_str()),
+            StringMatch::Suffix(v) => s.ends_with(v.as_str()),
+            StringMatch::Presence => !s.is_empty(),
+        }
+    }
+}
+
+/// A service account, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceAccountMatch {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// One match object: every field that is set must pass (a positive list: some value
+/// matches; a negative list: no value matches). A match object that sets nothing never
+/// matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RbacMatch {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<StringMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_namespaces: Vec<StringMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub principals: Vec<StringMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_principals: Vec<StringMatch>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::addr::cidr_list"
+    )]
+    pub source_ips: Vec<IpNet>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::addr::cidr_list"
+    )]
+    pub not_source_ips: Vec<IpNet>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::addr::cidr_list"
+    )]
+    pub destination_ips: Vec<IpNet>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::addr::cidr_list"
+    )]
+    pub not_destination_ips: Vec<IpNet>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destination_ports: Vec<u16>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_destination_ports: Vec<u16>,
+}
+
+impl RbacMatch {
+    /// True if no field is set (such a match object never matches).
+    pub fn is_empty(&self) -> bool {
+        *self == RbacMatch::default()
+    }
+}
+
+/// A clause: matches if any of its match objects matches (or it has none).
+pub type Clause = Vec<RbacMatch>;
+/// A rule: matches if all of its clauses match (or it has none).
+pub type Rule = Vec<Clause>;
+
+/// An L4 authorization policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Authorization {
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    pub scope: PolicyScope,
+    pub action: PolicyAction,
+    /// The policy matches if any rule matches; a policy without rules never matches.
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    /// Evaluated and logged, never enforced.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+impl Authorization {
+    /// The key workloads use to select the policy: `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Checks the policy. The error names the field at fault.
+    pub fn normalize(&mut self) -> Result<(), String> {
+        if self.name.is_empty() || self.name.contains('/') {
+            return Err("name: must be non-empty and contain no '/'".into());
+        }
+        if self.namespace.contains('/') {
+            return Err("namespace: must contain no '/'".into());
+        }
+        if self.scope == PolicyScope::Namespace && self.namespace.is_empty() {
+            return Err("namespace: a Namespace-scoped policy needs a namespace".into());
+        }
+        Ok(())
+    }
+}

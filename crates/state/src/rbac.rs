@@ -1,0 +1,439 @@
+//! L4 authorization (RBAC) of inbound connections.
+//!
+//! Order: enforced DENY policies first (any match rejects), then ALLOW policies (none
+//! enforced ⇒ allow; any match ⇒ allow; else reject). Dry-run policies are evaluated and
+//! logged, never enforced.
+
+use std::borrow::Borrow;
+use std::net::{IpAddr, SocketAddr};
+
+use ambit_identity::SpiffeId;
+
+use crate::ident;
+use crate::policy::{Authorization, PolicyAction, RbacMatch, ServiceAccountMatch, StringMatch};
+use crate::store::ProxyState;
+use crate::workload::Workload;
+
+/// What an inbound connection looks like to RBAC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbacContext {
+    /// The peer's verified SPIFFE id (none for plaintext).
+    pub source_identity: Option<SpiffeId>,
+    /// The peer's address (the HBONE client address).
+    pub source_ip: IpAddr,
+    /// The destination pod IP and the translated target port.
+    pub destination: SocketAddr,
+}
+
+/// Why a connection was denied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Denied {
+    /// Human-readable reason, as in ztunnel's logs.
+    pub reason: String,
+    /// The denying policy (`namespace/name`), for a DENY match.
+    pub policy: Option<String>,
+}
+
+impl ProxyState {
+    /// Authorizes a connection to `dst_workload` against the policies that apply to it
+    /// (see [`ProxyState::policies_for`]).
+    pub fn authorize(&self, ctx: &RbacContext, dst_workload: &Workload) -> Result<(), Denied> {
+        authorize_with(&self.policies_for(dst_workload), ctx)
+    }
+}
+
+/// Evaluates a set of policies (already selected for the destination) against `ctx`.
+pub fn authorize_with<P: Borrow<Authorization>>(
+    policies: &[P],
+    ctx: &RbacContext,
+) -> Result<(), Denied> {
+    let policies = policies.iter().map(Borrow::borrow);
+    for p in policies.clone().filter(|p| p.action == PolicyAction::Deny) {
+        if matches(p, ctx) {
+            if p.dry_run {
+                tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run DENY policy matched (not enforced)");
+            } else {
+                tracing::debug!(policy = %p.key(), ctx = ?ctx, "denied by policy");
+                return Err(Denied {
+                    reason: format!("explicitly denied by: {}", p.key()),
+                    policy: Some(p.key()),
+                });
+            }
+        }
+    }
+    let mut enforced_allow = false;
+    let mut allowed = false;
+    for p in policies.filter(|p| p.action == PolicyAction::Allow) {
+        let m = matches(p, ctx);
+        if p.dry_run {
+            if m {
+                tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run ALLOW policy matched (not enforced)");
+            }
+            continue;
+        }
+        enforced_allow = true;
+        if m {
+            tracing::debug!(policy = %p.key(), ctx = ?ctx, "allowed by policy");
+            allowed = true;
+            break;
+        }
+    }
+    if !enforced_allow || allowed {
+        return Ok(());
+    }
+    Err(Denied {
+        reason: "allow policies exist, but none allowed".into(),
+        policy: None,
+    })
+}
+
+/// A policy matches if any rule matches; a rule if all its clauses match (no clauses ⇒
+/// match); a clause if any of its match objects matches (no match objects ⇒ match).
+/// A policy without rules never matches.
+pub fn matches(p: &Authorization, ctx: &RbacContext) -> bool {
+    p.rules.iter().any(|rule| {
+        rule.iter()
+            .all(|clause| clause.is_empty() || clause.iter().any(|m| match_object(m, ctx)))
+    })
+}
+
+/// One field family: the positive list (if any) must contain a match, and the negative
+/// list (if any) must contain none.
+fn family<T>(pos: &[T], neg: &[T], f: impl Fn(&T) -> bool) -> bool {
+    (pos.is_empty() || pos.iter().any(&f)) && !neg.iter().any(&f)
+}
+
+fn match_object(m: &RbacMatch, ctx: &RbacContext) -> bool {
+    if m.is_empty() {
+        return false;
+    }
+    let id = ctx.source_identity.as_ref();
+    let principal = id.map(ident::principal);
+    let namespace = id.map(|i| i.namespace()).unwrap_or("");
+    let dst_ip = ctx.destination.ip();
+    let dst_port = ctx.destination.port();
+    family(&m.destination_ips, &m.not_destination_ips, |n| {
+        n.contains(&dst_ip)
+    }) && family(&m.source_ips, &m.not_source_ips, |n| {
+        n.contains(&ctx.source_ip)
+    }) && family(&m.destination_ports, &m.not_destination_ports, |p| {
+        *p == dst_port
+    }) && family(
+        &m.service_accounts,
+        &m.not_service_accounts,
+        |sa: &ServiceAccountMatch| {
+            id.is_some_and(|i| {
+                i.namespace() == sa.namespace && i.service_account() == sa.service_account
+            })
+        },
+    ) && family(&m.principals, &m.not_principals, |s: &StringMatch| {
+        principal.as_deref().is_some_and(|p| s.matches(p))
+    }) && family(&m.namespaces, &m.not_namespaces, |s: &StringMatch| {
+        s.matches(namespace)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_local_config;
+    use crate::policy::PolicyScope;
+
+    fn id(s: &str) -> Option<SpiffeId> {
+        Some(SpiffeId::parse(s).unwrap())
+    }
+
+    fn ctx(identity: Option<SpiffeId>, src: &str, dst: &str) -> RbacContext {
+        RbacContext {
+            source_identity: identity,
+            source_ip: src.parse().unwrap(),
+            destination: dst.parse().unwrap(),
+        }
+    }
+
+    fn client() -> RbacContext {
+        ctx(
+            id("spiffe://cluster.local/ns/default/sa/client"),
+            "10.0.0.2",
+            "10.0.0.3:8080",
+        )
+    }
+
+    /// Parses policies from YAML (the `rules` of one policy per entry).
+    fn policy(action: &str, dry_run: bool, rules: &str) -> Authorization {
+        let yaml = format!(
+            "policies:\n- {{name: p, namespace: default, scope: Global, action: {action}, dryRun: {dry_run}, rules: {rules}}}\n"
+        );
+        parse_local_config("t", &yaml).unwrap().policies.remove(0)
+    }
+
+    /// One match object, as YAML, against the context.
+    fn m(obj: &str, c: &RbacContext) -> bool {
+        matches(&policy("Allow", false, &format!("[[[{obj}]]]")), c)
+    }
+
+    #[test]
+    fn match_object_table() {
+        let c = client();
+        let anon = ctx(None, "10.0.0.2", "10.0.0.3:8080");
+        let cases: &[(&str, &RbacContext, bool)] = &[
+            ("{}", &c, false),
+            ("{namespaces: [{exact: default}]}", &c, true),
+            ("{namespaces: [{exact: other}]}", &c, false),
+            ("{namespaces: [{exact: other}, {prefix: def}]}", &c, true),
+            ("{notNamespaces: [{exact: default}]}", &c, false),
+            ("{notNamespaces: [{exact: other}]}", &c, true),
+            ("{namespaces: [{presence: {}}]}", &c, true),
+            ("{namespaces: [{presence: {}}]}", &anon, false),
+            ("{namespaces: [{exact: \"\"}]}", &anon, true),
+            ("{notNamespaces: [{presence: {}}]}", &anon, true),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &c,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"spiffe://cluster.local/ns/default/sa/client\"}]}",
+                &c,
+                false,
+            ),
+            ("{principals: [{prefix: \"cluster.local/\"}]}", &c, true),
+            ("{principals: [{suffix: \"/sa/client\"}]}", &c, true),
+            ("{principals: [{suffix: \"/sa/other\"}]}", &c, false),
+            ("{principals: [{presence: {}}]}", &c, true),
+            ("{principals: [{presence: {}}]}", &anon, false),
+            ("{principals: [{prefix: \"\"}]}", &anon, false),
+            ("{notPrincipals: [{presence: {}}]}", &anon, true),
+            ("{notPrincipals: [{Prefix: \"cluster.local/\"}]}", &c, false),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &c,
+                true,
+            ),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: other}]}",
+                &c,
+                false,
+            ),
+            (
+                "{serviceAccounts: [{namespace: other, serviceAccount: client}]}",
+                &c,
+                false,
+            ),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &anon,
+                false,
+            ),
+            (
+                "{notServiceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &c,
+                false,
+            ),
+            (
+                "{notServiceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &anon,
+                true,
+            ),
+            ("{sourceIps: [\"10.0.0.0/24\"]}", &c, true),
+            ("{sourceIps: [\"10.0.0.2\"]}", &c, true),
+            ("{sourceIps: [\"10.0.1.0/24\"]}", &c, false),
+            ("{sourceIps: [\"fd00::/8\"]}", &c, false),
+            ("{notSourceIps: [\"10.0.0.0/8\"]}", &c, false),
+            ("{destinationIps: [\"10.0.0.3/32\"]}", &c, true),
+            ("{destinationIps: [\"10.0.0.4/32\"]}", &c, false),
+            ("{notDestinationIps: [\"10.0.0.4/32\"]}", &c, true),
+            ("{destinationPorts: [8080]}", &c, true),
+            ("{destinationPorts: [80, 8080]}", &c, true),
+            ("{destinationPorts: [80]}", &c, false),
+            ("{notDestinationPorts: [8080]}", &c, false),
+            (
+                "{destinationPorts: [8080], notDestinationPorts: [8080]}",
+                &c,
+                false,
+            ),
+            // Fields AND together.
+            (
+                "{namespaces: [{exact: default}], destinationPorts: [8080]}",
+                &c,
+                true,
+            ),
+            (
+                "{namespaces: [{exact: default}], destinationPorts: [9090]}",
+                &c,
+                false,
+            ),
+            (
+                "{namespaces: [{exact: default}], sourceIps: [\"192.168.0.0/16\"]}",
+                &c,
+                false,
+            ),
+        ];
+        let mut failures = Vec::new();
+        for (obj, c, want) in cases {
+            if m(obj, c) != *want {
+                failures.push(format!(
+                    "{obj} (identity {:?}): want {want}",
+                    c.source_identity
+                ));
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn rule_structure_table() {
+        let c = client();
+        let yes = "{namespaces: [{exact: default}]}";
+        let no = "{namespaces: [{exact: other}]}";
+        let cases: Vec<(String, bool)> = vec![
+            ("[]".into(), false),       // no rules: never matches
+            ("[[]]".into(), true),      // rule without clauses: matches
+            ("[[[]]]".into(), true),    // clause without matches: matches
+            ("[[[{}]]]".into(), false), // empty match object
+            (format!("[[[{yes}]]]"), true),
+            (format!("[[[{no}]]]"), false),
+            (format!("[[[{no}, {yes}]]]"), true), // clause = OR
+            (format!("[[[{yes}], [{no}]]]"), false), // rule = AND
+            (format!("[[[{yes}], [{yes}]]]"), true),
+            (format!("[[[{no}]], [[{yes}]]]"), true), // rules = OR
+            (format!("[[[{no}]], [[{no}]]]"), false),
+        ];
+        for (rules, want) in cases {
+            assert_eq!(
+                matches(&policy("Allow", false, &rules), &c),
+                want,
+                "{rules}"
+            );
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        let c = client();
+        let yes = "[[[{namespaces: [{exact: default}]}]]]";
+        let no = "[[[{namespaces: [{exact: other}]}]]]";
+        let allow = |r| policy("Allow", false, r);
+        let deny = |r| policy("Deny", false, r);
+        let named = |mut p: Authorization, n: &str| {
+            p.name = n.into();
+            p
+        };
+        let cases: Vec<(&str, Vec<Authorization>, Result<(), &str>)> = vec![
+            ("no policies", vec![], Ok(())),
+            ("allow matches", vec![allow(yes)], Ok(())),
+            (
+                "allow misses",
+                vec![allow(no)],
+                Err("allow policies exist, but none allowed"),
+            ),
+            (
+                "allow without rules",
+                vec![allow("[]")],
+                Err("allow policies exist, but none allowed"),
+            ),
+            (
+                "one of two allows",
+                vec![allow(no), named(allow(yes), "q")],
+                Ok(()),
+            ),
+            (
+                "deny matches",
+                vec![deny(yes)],
+                Err("explicitly denied by: default/p"),
+            ),
+            ("deny misses", vec![deny(no)], Ok(())),
+            (
+                "deny beats allow",
+                vec![named(allow(yes), "a"), named(deny(yes), "d")],
+                Err("explicitly denied by: default/d"),
+            ),
+            (
+                "deny misses, allow misses",
+                vec![named(deny(no), "d"), allow(no)],
+                Err("allow policies exist, but none allowed"),
+            ),
+            (
+                "dry-run deny not enforced",
+                vec![policy("Deny", true, yes)],
+                Ok(()),
+            ),
+            (
+                "dry-run allow only",
+                vec![policy("Allow", true, no)],
+                Ok(()),
+            ),
+            (
+                "dry-run allow does not allow",
+                vec![policy("Allow", true, yes), named(allow(no), "q")],
+                Err("allow policies exist, but none allowed"),
+            ),
+            ("deny with no rules never matches", vec![deny("[]")], Ok(())),
+            (
+                "deny with empty rule matches all",
+                vec![deny("[[]]")],
+                Err("explicitly denied by: default/p"),
+            ),
+        ];
+        for (name, policies, want) in cases {
+            let got = authorize_with(&policies, &c);
+            match (got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(d), Err(w)) => assert_eq!(d.reason, w, "{name}"),
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn attachment_through_store() {
+        let yaml = r#"
+workloads:
+- {name: server, namespace: default, workloadIps: ["10.0.0.3"], authorizationPolicies: ["default/sel", "default/missing"]}
+- {name: other, namespace: other, workloadIps: ["10.0.0.4"]}
+policies:
+- {name: root-deny, namespace: istio-system, scope: Global, action: Deny, rules: [[[{namespaces: [{exact: evil}]}]]]}
+- {name: ns-allow, namespace: default, scope: Namespace, action: Allow, rules: [[[{principals: [{suffix: /sa/client}]}]]]}
+- {name: sel, namespace: default, scope: WorkloadSelector, action: Allow, rules: [[[{destinationPorts: [9090]}]]]}
+"#;
+        let cfg = parse_local_config("t", yaml).unwrap();
+        assert_eq!(cfg.policies[0].scope, PolicyScope::Global);
+        let s = ProxyState::from_config(cfg).unwrap();
+        let server = s
+            .workload_by_uid("Kubernetes//v1/Pod/default/server")
+            .unwrap();
+        let other = s.workload_by_uid("Kubernetes//v1/Pod/other/other").unwrap();
+
+        // Namespace policy allows the client.
+        assert!(s.authorize(&client(), &server).is_ok());
+        // Someone else is denied by the namespace allow...
+        let stranger = ctx(
+            id("spiffe://cluster.local/ns/x/sa/y"),
+            "10.0.0.9",
+            "10.0.0.3:8080",
+        );
+        assert_eq!(
+            s.authorize(&stranger, &server).unwrap_err().reason,
+            "allow policies exist, but none allowed"
+        );
+        // ...unless the workload-selected policy allows the port.
+        let stranger9090 = ctx(
+            id("spiffe://cluster.local/ns/x/sa/y"),
+            "10.0.0.9",
+            "10.0.0.3:9090",
+        );
+        assert!(s.authorize(&stranger9090, &server).is_ok());
+        // The global deny applies to every namespace.
+        let evil = ctx(
+            id("spiffe://cluster.local/ns/evil/sa/y"),
+            "10.0.0.9",
+            "10.0.0.4:80",
+        );
+        let d = s.authorize(&evil, &other).unwrap_err();
+        assert_eq!(d.reason, "explicitly denied by: istio-system/root-deny");
+        assert_eq!(d.policy.as_deref(), Some("istio-system/root-deny"));
+        // No allow policies in namespace "other": allowed.
+        assert!(s.authorize(&stranger, &other).is_ok());
+    }
+}

@@ -1,0 +1,700 @@
+//! The outbound decision: where a connection from a local workload goes, and how.
+//!
+//! Order (ztunnel's, see the reference §10.1/§10.3): a service VIP (visibility-aware) is
+//! load-balanced to an endpoint; a workload IP goes to that workload; anything else is
+//! passed through as plain TCP. An endpoint that speaks HBONE is reached through its
+//! HBONE port with the target `ip:port` as the CONNECT authority.
+//!
+//! Not yet supported, and refused rather than silently bypassed: waypoints (service or
+//! workload) — [`RouteError::WaypointUnsupported`]. Endpoints in another network (double
+//! HBONE through a network gateway) and endpoints without an IP (hostname / gateway only)
+//! are not candidates yet. Each has its marked place below.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ambit_identity::SpiffeId;
+use rand::Rng;
+
+use crate::service::{LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Service};
+use crate::store::{PortMap, ProxyState};
+use crate::workload::{HealthStatus, TunnelProtocol, Workload};
+
+/// One outbound connection to decide.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    /// The workload this proxy acts for (never inferred from the source IP).
+    pub source: &'a Workload,
+    /// The original destination, as dialed by the application.
+    pub dst: SocketAddr,
+    /// This proxy's network (`NETWORK`), where the destination is looked up.
+    pub network: &'a str,
+    /// The HBONE port of remote proxies (15008).
+    pub hbone_port: u16,
+}
+
+/// Where and how to send a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Through an HBONE tunnel.
+    Hbone {
+        /// Where to open the mTLS connection: `endpoint-ip:hbone_port`.
+        next_hop: SocketAddr,
+        /// The CONNECT `:authority`: `endpoint-ip:target-port`.
+        authority: SocketAddr,
+        /// Identities the server may present (service SANs, then the workload identity).
+        expected_identities: Vec<SpiffeId>,
+        destination: Arc<Workload>,
+        /// The service, when the destination was a service VIP.
+        service: Option<Arc<Service>>,
+    },
+    /// Plain TCP: to a workload outside the mesh, or passthrough to an unknown address.
+    Tcp {
+        target: SocketAddr,
+        destination: Option<Arc<Workload>>,
+        service: Option<Arc<Service>>,
+    },
+}
+
+impl Route {
+    /// The service the connection was addressed to, if any.
+    pub fn service(&self) -> Option<&Arc<Service>> {
+        match self {
+            Route::Hbone { service, .. } | Route::Tcp { service, .. } => service.as_ref(),
+        }
+    }
+
+    /// The destination workload, if known.
+    pub fn destination(&self) -> Option<&Arc<Workload>> {
+        match self {
+            Route::Hbone { destination, .. } => Some(destination),
+            Route::Tcp { destination, .. } => destination.as_ref(),
+        }
+    }
+}
+
+/// Why no route exists. All are the destination's side (a retry may help once the
+/// mesh configuration changes, not before).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// A known service with no endpoint able to take the connection.
+    #[error("no healthy upstream for service {service}")]
+    NoHealthyUpstream { service: String },
+    /// The service does not define the dialed port.
+    #[error("service {service} has no port {port}")]
+    UnknownTargetPort { service: String, port: u16 },
+    /// The destination is behind a waypoint, which this proxy does not support yet.
+    #[error("{target} uses a waypoint, which is not supported yet")]
+    WaypointUnsupported { target: String },
+}
+
+/// Decides where a connection goes. `rng` picks among equally good endpoints.
+pub fn route(
+    state: &ProxyState,
+    input: &RouteInput<'_>,
+    rng: &mut impl Rng,
+) -> Result<Route, RouteError> {
+    let dst_ip = input.dst.ip();
+    if let Some(svc) = state.service_by_vip(input.network, dst_ip, &input.source.namespace) {
+        return route_service(state, input, svc, rng);
+    }
+    if let Some(wl) = state.workload_by_ip(input.network, dst_ip) {
+        return route_workload(input, wl);
+    }
+    // Unknown destination: passthrough.
+    Ok(Route::Tcp {
+        target: input.dst,
+        destination: None,
+        service: None,
+    })
+}
+
+/// A destination addressed by its own IP.
+fn route_workload(input: &RouteInput<'_>, wl: Arc<Workload>) -> Result<Route, RouteError> {
+    // Workload waypoint (reference §10.1 step 7) slots in here.
+    if wl.waypoint.is_some() {
+        return Err(RouteError::WaypointUnsupported {
+            target: format!("workload {}", wl.uid),
+        });
+    }
+    Ok(direct(input, wl, None, input.dst.ip(), input.dst.port()))
+}
+
+/// A chosen endpoint: HBONE or plain TCP by its tunnel protocol.
+fn direct(
+    input: &RouteInput<'_>,
+    wl: Arc<Workload>,
+    service: Option<Arc<Service>>,
+    ip: IpAddr,
+    port: u16,
+) -> Route {
+    let authority = SocketAddr::new(ip, port);
+    match wl.protocol {
+        TunnelProtocol::Hbone => {
+            let mut expected_identities: Vec<SpiffeId> = Vec::new();
+            let sans = service.iter().flat_map(|s| s.subject_alt_names.iter());
+            for id in sans.filter_map(|s| SpiffeId::parse(s).ok()) {
+                if !expected_identities.contains(&id) {
+                    expected_identities.push(id);
+                }
+            }
+            let own = wl.identity();
+            if !expected_identities.contains(&own) {
+                expected_identities.push(own);
+            }
+            Route::Hbone {
+                next_hop: SocketAddr::new(ip, input.hbone_port),
+                authority,
+                expected_identities,
+                destination: wl,
+                service,
+            }
+        }
+        TunnelProtocol::Tcp => Route::Tcp {
+            target: authority,
+            destination: Some(wl),
+            service,
+        },
+    }
+}
+
+/// An endpoint that can take the connection.
+struct Candidate {
+    workload: Arc<Workload>,
+    ip: IpAddr,
+    port: u16,
+}
+
+fn route_service(
+    state: &ProxyState,
+    input: &RouteInput<'_>,
+    svc: Arc<Service>,
+    rng: &mut impl Rng,
+) -> Result<Route, RouteError> {
+    // Service waypoint (reference §10.1 step 4) slots in here.
+    if svc.waypoint.is_some() {
+        return Err(RouteError::WaypointUnsupported {
+            target: format!("service {}", svc.key()),
+        });
+    }
+    let mode = svc.lb_mode();
+    if mode == LoadBalancerMode::Passthrough {
+        return Ok(Route::Tcp {
+            target: input.dst,
+            destination: None,
+            service: Some(svc),
+        });
+    }
+    let port = input.dst.port();
+    let Some(&svc_target) = svc.ports.get(&port) else {
+        return Err(RouteError::UnknownTargetPort {
+            service: svc.key(),
+            port,
+        });
+    };
+    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
+    let mut candidates: Vec<Candidate> = state
+        .endpoints(&svc.key())
+        .filter(|ep| allow_unhealthy || ep.workload.status == HealthStatus::Healthy)
+        // Endpoints in another network need double HBONE through their network gateway
+        // (reference §10.2); not candidates until that exists.
+        .filter(|ep| ep.workload.network == input.source.network)
+        .filter_map(|ep| {
+            let port = target_port(ep.workload, ep.ports, port, svc_target)?;
+            // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
+            // gateway) are not candidates yet.
+            let ip = pick_ip(&svc, ep.workload, input.dst.ip())?;
+            Some(Candidate {
+                workload: ep.workload.clone(),
+                ip,
+                port,
+            })
+        })
+        .collect();
+    if matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover) {
+        let prefs = svc
+            .load_balancer
+            .as_ref()
+            .map(|lb| lb.routing_preference.as_slice())
+            .unwrap_or_default();
+        if mode == LoadBalancerMode::Strict {
+            candidates.retain(|c| {
+                prefs
+                    .iter()
+                    .all(|s| scope_matches(*s, input.source, &c.workload))
+            });
+        }
+        let ranks: Vec<usize> = candidates
+            .iter()
+            .map(|c| rank(prefs, input.source, &c.workload))
+            .collect();
+        if let Some(&best) = ranks.iter().max() {
+            let mut i = 0;
+            candidates.retain(|_| {
+                let keep = ranks[i] == best;
+                i += 1;
+                keep
+            });
+        }
+    }
+    let Some(chosen) = pick_weighted(candidates, rng) else {
+        return Err(RouteError::NoHealthyUpstream { service: svc.key() });
+    };
+    Ok(direct(
+        input,
+        chosen.workload,
+        Some(svc),
+        chosen.ip,
+        chosen.port,
+    ))
+}
+
+/// Target port for a service port on one endpoint: the endpoint's own map first, then
+/// the service's target port, then (application tunnel with a port) the service port.
+/// A named port (target 0) needs the endpoint map.
+fn target_port(wl: &Workload, ports: &PortMap, svc_port: u16, svc_target: u16) -> Option<u16> {
+    if let Some(&p) = ports.get(&svc_port).filter(|p| **p != 0) {
+        return Some(p);
+    }
+    if svc_target != 0 {
+        return Some(svc_target);
+    }
+    match &wl.application_tunnel {
+        Some(t) if t.port.is_some_and(|p| p != 0) => Some(svc_port),
+        _ => None,
+    }
+}
+
+/// The endpoint IP to use: allowed by the service's IP families, the dialed family first.
+fn pick_ip(svc: &Service, wl: &Workload, dialed: IpAddr) -> Option<IpAddr> {
+    let allowed = || wl.workload_ips.iter().filter(|ip| svc.allows_ip(**ip));
+    allowed()
+        .find(|ip| ip.is_ipv4() == dialed.is_ipv4())
+        .or_else(|| allowed().next())
+        .copied()
+}
+
+fn scope_matches(scope: LoadBalancerScope, src: &Workload, dst: &Workload) -> bool {
+    match scope {
+        LoadBalancerScope::Region => src.locality.region == dst.locality.region,
+        LoadBalancerScope::Zone => src.locality.zone == dst.locality.zone,
+        LoadBalancerScope::Subzone => src.locality.subzone == dst.locality.subzone,
+        LoadBalancerScope::Node => src.node == dst.node,
+        LoadBalancerScope::Cluster => src.cluster_id == dst.cluster_id,
+        LoadBalancerScope::Network => src.network == dst.network,
+    }
+}
+
+/// How many leading routing preferences the endpoint shares with the source. When
+/// NETWORK is the first preference, a network match outweighs all later scopes (it adds
+/// `len - 1` on top of its own point) and a mismatch does not end the scan.
+fn rank(prefs: &[LoadBalancerScope], src: &Workload, dst: &Workload) -> usize {
+    let mut rank = 0;
+    for (i, scope) in prefs.iter().enumerate() {
+        let matched = scope_matches(*scope, src, dst);
+        if i == 0 && *scope == LoadBalancerScope::Network {
+            if matched {
+                rank += prefs.len();
+            }
+            continue;
+        }
+        if !matched {
+            break;
+        }
+        rank += 1;
+    }
+    rank
+}
+
+/// Picks one candidate at random, weighted by workload capacity (all-zero capacities:
+/// uniformly).
+fn pick_weighted(mut candidates: Vec<Candidate>, rng: &mut impl Rng) -> Option<Candidate> {
+    if candidates.len() <= 1 {
+        return candidates.pop();
+    }
+    let total: u64 = candidates
+        .iter()
+        .map(|c| u64::from(c.workload.capacity))
+        .sum();
+    let index = if total == 0 {
+        rng.gen_range(0..candidates.len())
+    } else {
+        let mut r = rng.gen_range(0..total);
+        let mut index = candidates.len() - 1;
+        for (i, c) in candidates.iter().enumerate() {
+            let w = u64::from(c.workload.capacity);
+            if r < w {
+                index = i;
+                break;
+            }
+            r -= w;
+        }
+        index
+    };
+    Some(candidates.swap_remove(index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_local_config;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    const MESH: &str = r#"
+workloads:
+- name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["10.0.0.2", "fd00::2"]
+  protocol: HBONE
+  node: node1
+  locality: {region: r1, zone: z1}
+- name: echo-1
+  namespace: default
+  serviceAccount: echo
+  workloadIps: ["10.0.1.1", "fd00::1:1"]
+  protocol: HBONE
+  node: node1
+  locality: {region: r1, zone: z1}
+  services:
+    default/echo.default.svc.cluster.local: {80: 8080}
+    default/echo-local.default.svc.cluster.local: {80: 8080}
+    default/echo-strict.default.svc.cluster.local: {80: 8080}
+- name: echo-2
+  namespace: default
+  serviceAccount: echo
+  workloadIps: ["10.0.1.2"]
+  protocol: HBONE
+  node: node2
+  locality: {region: r1, zone: z2}
+  services:
+    default/echo.default.svc.cluster.local: {80: 8080}
+    default/echo-local.default.svc.cluster.local: {80: 8080}
+    default/echo-strict.default.svc.cluster.local: {80: 8080}
+- name: plain
+  namespace: default
+  workloadIps: ["10.0.2.1"]
+  services: {default/plain.default.svc.cluster.local: {}}
+- name: sick
+  namespace: default
+  workloadIps: ["10.0.3.1"]
+  protocol: HBONE
+  status: Unhealthy
+  services:
+    default/sick.default.svc.cluster.local: {80: 8080}
+    default/sick-ok.default.svc.cluster.local: {80: 8080}
+- name: named
+  namespace: default
+  workloadIps: ["10.0.4.1"]
+  protocol: HBONE
+  services:
+    default/named.default.svc.cluster.local: {80: 9999}
+- name: unnamed
+  namespace: default
+  workloadIps: ["10.0.4.2"]
+  protocol: HBONE
+  services:
+    default/named.default.svc.cluster.local: {}
+- name: remote
+  namespace: default
+  network: net2
+  workloadIps: ["10.0.5.1"]
+  protocol: HBONE
+  services: {default/remote.default.svc.cluster.local: {80: 80}}
+- name: behind-waypoint
+  namespace: default
+  workloadIps: ["10.0.6.1"]
+  protocol: HBONE
+  waypoint: {destination: "/10.0.9.9"}
+- name: v6only
+  namespace: default
+  workloadIps: ["fd00::7:1"]
+  protocol: HBONE
+  services: {default/v6.default.svc.cluster.local: {80: 80}}
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/10.96.0.10", "/fd00:96::10"]
+  ports: {80: 8080, 81: 8081}
+  subjectAltNames: ["spiffe://cluster.local/ns/default/sa/echo-san", "not a spiffe id", "spiffe://cluster.local/ns/default/sa/echo"]
+- {name: plain, namespace: default, hostname: plain.default.svc.cluster.local, vips: ["/10.96.0.11"], ports: {80: 8000}}
+- {name: sick, namespace: default, hostname: sick.default.svc.cluster.local, vips: ["/10.96.0.12"], ports: {80: 8080}}
+- name: sick-ok
+  namespace: default
+  hostname: sick-ok.default.svc.cluster.local
+  vips: ["/10.96.0.13"]
+  ports: {80: 8080}
+  loadBalancer: {healthPolicy: AllowAll}
+- {name: empty, namespace: default, hostname: empty.default.svc.cluster.local, vips: ["/10.96.0.14"], ports: {80: 80}}
+- name: pass
+  namespace: default
+  hostname: pass.default.svc.cluster.local
+  vips: ["/10.96.0.15"]
+  ports: {80: 80}
+  loadBalancer: {mode: Passthrough}
+- {name: named, namespace: default, hostname: named.default.svc.cluster.local, vips: ["/10.96.0.16"], ports: {80: 0}}
+- {name: remote, namespace: default, hostname: remote.default.svc.cluster.local, vips: ["/10.96.0.17"], ports: {80: 80}}
+- {name: wp, namespace: default, hostname: wp.default.svc.cluster.local, vips: ["/10.96.0.18"], ports: {80: 80}, waypoint: {destination: "/10.0.9.9"}}
+- {name: private, namespace: other, hostname: private.other.svc.cluster.local, vips: ["/10.96.0.19"], ports: {80: 80}, visibility: Namespace}
+- name: local
+  namespace: default
+  hostname: echo-local.default.svc.cluster.local
+  vips: ["/10.96.0.20"]
+  ports: {80: 8080}
+  loadBalancer: {mode: Failover, routingPreference: [Region, Zone, Node]}
+- name: strict
+  namespace: default
+  hostname: echo-strict.default.svc.cluster.local
+  vips: ["/10.96.0.21"]
+  ports: {80: 8080}
+  loadBalancer: {mode: Strict, routingPreference: [Node]}
+- {name: v6, namespace: default, hostname: v6.default.svc.cluster.local, vips: ["/10.96.0.22"], ports: {80: 80}}
+"#;
+
+    fn mesh() -> ProxyState {
+        ProxyState::from_config(parse_local_config("t", MESH).unwrap()).unwrap()
+    }
+
+    fn run(state: &ProxyState, dst: &str) -> Result<Route, RouteError> {
+        let src = state
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let input = RouteInput {
+            source: &src,
+            dst: dst.parse().unwrap(),
+            network: "",
+            hbone_port: 15008,
+        };
+        route(state, &input, &mut StdRng::seed_from_u64(7))
+    }
+
+    fn sa(s: &str) -> SpiffeId {
+        SpiffeId::parse(s).unwrap()
+    }
+
+    /// A compact description of a route, for the table.
+    fn show(r: &Result<Route, RouteError>) -> String {
+        match r {
+            Ok(Route::Hbone {
+                next_hop,
+                authority,
+                destination,
+                service,
+                ..
+            }) => format!(
+                "hbone {next_hop} {authority} {} {}",
+                destination.name,
+                service.as_ref().map(|s| s.name.as_str()).unwrap_or("-")
+            ),
+            Ok(Route::Tcp {
+                target,
+                destination,
+                service,
+            }) => format!(
+                "tcp {target} {} {}",
+                destination.as_ref().map(|w| w.name.as_str()).unwrap_or("-"),
+                service.as_ref().map(|s| s.name.as_str()).unwrap_or("-")
+            ),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+
+    #[test]
+    fn route_table() {
+        let s = mesh();
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("unknown address: passthrough", "192.168.1.1:443", &["tcp 192.168.1.1:443 - -"]),
+            ("HBONE workload by IP", "10.0.1.1:8080", &["hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 -"]),
+            ("HBONE workload by IPv6", "[fd00::1:1]:8080", &["hbone [fd00::1:1]:15008 [fd00::1:1]:8080 echo-1 -"]),
+            ("TCP workload by IP", "10.0.2.1:9000", &["tcp 10.0.2.1:9000 plain -"]),
+            ("service VIP, HBONE endpoints", "10.96.0.10:80", &[
+                "hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 echo",
+                "hbone 10.0.1.2:15008 10.0.1.2:8080 echo-2 echo",
+            ]),
+            ("service VIP v6 prefers v6 endpoint IPs", "[fd00:96::10]:80", &[
+                "hbone [fd00::1:1]:15008 [fd00::1:1]:8080 echo-1 echo",
+                "hbone 10.0.1.2:15008 10.0.1.2:8080 echo-2 echo",
+            ]),
+            ("v4 VIP, v6-only endpoint", "10.96.0.22:80", &["hbone [fd00::7:1]:15008 [fd00::7:1]:80 v6only v6"]),
+            ("service port from service ports", "10.96.0.11:80", &["tcp 10.0.2.1:8000 plain plain"]),
+            ("service without the port", "10.96.0.10:82", &["error: service default/echo.default.svc.cluster.local has no port 82"]),
+            ("endpoint map missing port, service target used", "10.96.0.10:81", &[
+                "hbone 10.0.1.1:15008 10.0.1.1:8081 echo-1 echo",
+                "hbone 10.0.1.2:15008 10.0.1.2:8081 echo-2 echo",
+            ]),
+            ("unhealthy endpoint skipped", "10.96.0.12:80", &["error: no healthy upstream for service default/sick.default.svc.cluster.local"]),
+            ("unhealthy endpoint with AllowAll", "10.96.0.13:80", &["hbone 10.0.3.1:15008 10.0.3.1:8080 sick sick-ok"]),
+            ("no endpoints", "10.96.0.14:80", &["error: no healthy upstream for service default/empty.default.svc.cluster.local"]),
+            ("passthrough service", "10.96.0.15:80", &["tcp 10.96.0.15:80 - pass"]),
+            ("named port: only endpoints with a map", "10.96.0.16:80", &["hbone 10.0.4.1:15008 10.0.4.1:9999 named named"]),
+            ("other-network endpoints are not candidates", "10.96.0.17:80", &["error: no healthy upstream for service default/remote.default.svc.cluster.local"]),
+            ("service waypoint refused", "10.96.0.18:80", &["error: service default/wp.default.svc.cluster.local uses a waypoint, which is not supported yet"]),
+            ("workload waypoint refused", "10.0.6.1:80", &["error: workload Kubernetes//v1/Pod/default/behind-waypoint uses a waypoint, which is not supported yet"]),
+            ("namespace-visible service from another namespace: passthrough", "10.96.0.19:80", &["tcp 10.96.0.19:80 - -"]),
+            ("failover prefers same zone", "10.96.0.20:80", &["hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 local"]),
+            ("strict keeps same node only", "10.96.0.21:80", &["hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 strict"]),
+        ];
+        let src = s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let mut failures = Vec::new();
+        for (name, dst, wants) in cases {
+            // Try many seeds: every outcome must be allowed, and every allowed one seen.
+            let mut seen = std::collections::BTreeSet::new();
+            for seed in 0..64 {
+                let input = RouteInput {
+                    source: &src,
+                    dst: dst.parse().unwrap(),
+                    network: "",
+                    hbone_port: 15008,
+                };
+                let got = show(&route(&s, &input, &mut StdRng::seed_from_u64(seed)));
+                if !wants.contains(&got.as_str()) {
+                    failures.push(format!("{name}: got {got:?}, want one of {wants:?}"));
+                    break;
+                }
+                seen.insert(got);
+            }
+            if seen.len() != wants.len() && failures.is_empty() {
+                failures.push(format!("{name}: saw only {seen:?}"));
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    #[test]
+    fn expected_identities() {
+        let s = mesh();
+        match run(&s, "10.96.0.10:80").unwrap() {
+            Route::Hbone {
+                expected_identities,
+                ..
+            } => assert_eq!(
+                expected_identities,
+                [
+                    sa("spiffe://cluster.local/ns/default/sa/echo-san"),
+                    sa("spiffe://cluster.local/ns/default/sa/echo"),
+                ]
+            ),
+            other => panic!("{other:?}"),
+        }
+        match run(&s, "10.0.1.1:8080").unwrap() {
+            Route::Hbone {
+                expected_identities,
+                service,
+                ..
+            } => {
+                assert!(service.is_none());
+                assert_eq!(
+                    expected_identities,
+                    [sa("spiffe://cluster.local/ns/default/sa/echo")]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn weighted_by_capacity() {
+        let mut s = mesh();
+        let mut heavy = (*s
+            .workload_by_uid("Kubernetes//v1/Pod/default/echo-2")
+            .unwrap())
+        .clone();
+        heavy.capacity = 9;
+        s.insert_workload(heavy).unwrap();
+        let src = s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let input = RouteInput {
+            source: &src,
+            dst: "10.96.0.10:80".parse().unwrap(),
+            network: "",
+            hbone_port: 15008,
+        };
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut to_heavy = 0;
+        for _ in 0..1000 {
+            if route(&s, &input, &mut rng)
+                .unwrap()
+                .destination()
+                .unwrap()
+                .name
+                == "echo-2"
+            {
+                to_heavy += 1;
+            }
+        }
+        assert!((850..=950).contains(&to_heavy), "{to_heavy}");
+    }
+
+    #[test]
+    fn zero_capacity_still_routes() {
+        let mut s = mesh();
+        for name in ["echo-1", "echo-2"] {
+            let mut w = (*s
+                .workload_by_uid(&format!("Kubernetes//v1/Pod/default/{name}"))
+                .unwrap())
+            .clone();
+            w.capacity = 0;
+            s.insert_workload(w).unwrap();
+        }
+        assert!(run(&s, "10.96.0.10:80").is_ok());
+    }
+
+    #[test]
+    fn locality_fallbacks() {
+        let s = mesh();
+        let mut src = (*s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap())
+        .clone();
+        // Another zone and node: failover spreads over the same-region endpoints, strict
+        // (same node required) finds none.
+        src.locality.zone = "z9".into();
+        src.node = "node9".into();
+        let go = |dst: &str, seed| {
+            let input = RouteInput {
+                source: &src,
+                dst: dst.parse().unwrap(),
+                network: "",
+                hbone_port: 15008,
+            };
+            route(&s, &input, &mut StdRng::seed_from_u64(seed))
+        };
+        let names: std::collections::BTreeSet<String> = (0..32)
+            .map(|seed| {
+                go("10.96.0.20:80", seed)
+                    .unwrap()
+                    .destination()
+                    .unwrap()
+                    .name
+                    .clone()
+            })
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(matches!(
+            go("10.96.0.21:80", 0),
+            Err(RouteError::NoHealthyUpstream { .. })
+        ));
+    }
+
+    #[test]
+    fn network_first_rank() {
+        use LoadBalancerScope::*;
+        let mut src = Workload::new("a", "b");
+        src.network = "n1".into();
+        src.locality.region = "r1".into();
+        let mut same_net = src.clone();
+        same_net.locality.region = "r2".into();
+        let mut other_net_same_region = src.clone();
+        other_net_same_region.network = "n2".into();
+        let prefs = [Network, Region];
+        assert!(rank(&prefs, &src, &same_net) > rank(&prefs, &src, &other_net_same_region));
+        assert!(rank(&prefs, &src, &src) > rank(&prefs, &src, &same_net));
+        assert_eq!(rank(&[Region, Zone], &src, &same_net), 0);
+    }
+}

@@ -1,0 +1,579 @@
+//! The store: every workload, service and policy, indexed for the data path.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::addr::NetworkAddress;
+use crate::config::LocalConfig;
+use crate::error::ConfigError;
+use crate::policy::{Authorization, PolicyScope};
+use crate::service::Service;
+use crate::workload::{Workload, DEFAULT_SERVICE_ACCOUNT};
+
+/// Port map of one endpoint: service port → target port.
+pub type PortMap = BTreeMap<u16, u16>;
+
+/// The mesh as this proxy knows it. Built from the local configuration (or, later, from
+/// xDS through the `insert_*`/`remove_*` methods), read by the data path.
+#[derive(Debug, Default, Clone)]
+pub struct ProxyState {
+    /// By uid.
+    workloads: BTreeMap<String, Arc<Workload>>,
+    /// (network, ip) → uid. Host-network workloads are not indexed.
+    workload_by_addr: HashMap<(String, IpAddr), String>,
+    /// By `namespace/hostname`.
+    services: BTreeMap<String, Arc<Service>>,
+    /// Exact VIPs: (network, ip) → service keys.
+    service_by_vip: HashMap<(String, IpAddr), BTreeSet<String>>,
+    /// CIDR VIPs with their service key.
+    cidr_vips: Vec<(NetworkAddress, String)>,
+    /// hostname → service keys.
+    service_by_hostname: HashMap<String, BTreeSet<String>>,
+    /// Service key → workload uid → port map. Kept for services not (yet) known too:
+    /// such entries are the staged services.
+    endpoints: BTreeMap<String, BTreeMap<String, PortMap>>,
+    /// By `namespace/name`.
+    policies: BTreeMap<String, Arc<Authorization>>,
+    /// Namespace ("" for GLOBAL policies) → policy keys.
+    policies_by_namespace: HashMap<String, BTreeSet<String>>,
+}
+
+/// A service endpoint: a workload and its port map for that service.
+#[derive(Debug, Clone)]
+pub struct Endpoint<'a> {
+    pub workload: &'a Arc<Workload>,
+    pub ports: &'a PortMap,
+}
+
+fn workload_label(w: &Workload) -> String {
+    if w.uid.is_empty() {
+        format!("{}/{}", w.namespace, w.name)
+    } else {
+        format!("uid {}", w.uid)
+    }
+}
+
+impl ProxyState {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Builds the store from a local configuration, applying defaults and checking every
+    /// item. Duplicate workload uids, service keys or policy keys are errors.
+    pub fn from_config(cfg: LocalConfig) -> Result<ProxyState, ConfigError> {
+        let mut state = ProxyState::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, w) in cfg.workloads.into_iter().enumerate() {
+            let item = format!("workloads[{i}] ({})", workload_label(&w));
+            let w = state
+                .insert_workload(w)
+                .map_err(|m| ConfigError::invalid(&item, m))?;
+            if let Some(first) = seen.insert(w.uid.clone(), i) {
+                return Err(ConfigError::invalid(
+                    format!("workloads[{i}] (uid {})", w.uid),
+                    format!("uid: duplicate of workloads[{first}]"),
+                ));
+            }
+        }
+        seen.clear();
+        for (i, s) in cfg.services.into_iter().enumerate() {
+            let item = format!("services[{i}] ({})", s.key());
+            let key = s.key();
+            state
+                .insert_service(s)
+                .map_err(|m| ConfigError::invalid(&item, m))?;
+            if let Some(first) = seen.insert(key, i) {
+                return Err(ConfigError::invalid(
+                    item,
+                    format!("duplicate of services[{first}]"),
+                ));
+            }
+        }
+        seen.clear();
+        for (i, p) in cfg.policies.into_iter().enumerate() {
+            let item = format!("policies[{i}] ({})", p.key());
+            let key = p.key();
+            state
+                .insert_policy(p)
+                .map_err(|m| ConfigError::invalid(&item, m))?;
+            if let Some(first) = seen.insert(key, i) {
+                return Err(ConfigError::invalid(
+                    item,
+                    format!("duplicate of policies[{first}]"),
+                ));
+            }
+        }
+        Ok(state)
+    }
+
+    // ----- updates -------------------------------------------------------------------
+
+    /// Adds a workload, or replaces the one with the same uid. Applies defaults and checks
+    /// it first ([`Workload::normalize`]); the error names the field at fault.
+    pub fn insert_workload(&mut self, mut w: Workload) -> Result<Arc<Workload>, String> {
+        w.normalize()?;
+        self.remove_workload(&w.uid);
+        let w = Arc::new(w);
+        if !w.is_host_network() {
+            for ip in &w.workload_ips {
+                let key = (w.network.clone(), *ip);
+                if let Some(old) = self.workload_by_addr.insert(key, w.uid.clone()) {
+                    tracing::warn!(
+                        ip = %ip, network = %w.network, replaced = %old, by = %w.uid,
+                        "two workloads share an address; the later one wins"
+                    );
+                }
+            }
+        }
+        for (svc, ports) in &w.services {
+            self.endpoints
+                .entry(svc.clone())
+                .or_default()
+                .insert(w.uid.clone(), ports.clone());
+        }
+        self.workloads.insert(w.uid.clone(), w.clone());
+        Ok(w)
+    }
+
+    /// Removes a workload (and its endpoints). Returns it if it was known.
+    pub fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
+        let w = self.workloads.remove(uid)?;
+        for ip in &w.workload_ips {
+            let key = (w.network.clone(), *ip);
+            if self.workload_by_addr.get(&key).map(String::as_str) == Some(uid) {
+                self.workload_by_addr.remove(&key);
+            }
+        }
+        for svc in w.services.keys() {
+            if let Some(eps) = self.endpoints.get_mut(svc) {
+                eps.remove(uid);
+                if eps.is_empty() {
+                    self.endpoints.remove(svc);
+                }
+            }
+        }
+        Some(w)
+    }
+
+    /// Adds a service, or replaces the one with the same `namespace/hostname`.
+    pub fn insert_service(&mut self, mut s: Service) -> Result<Arc<Service>, String> {
+        s.normalize()?;
+        let key = s.key();
+        self.remove_service(&key);
+        let s = Arc::new(s);
+        for vip in &s.vips {
+            if vip.prefix_len.is_some() {
+                self.cidr_vips.push((vip.clone(), key.clone()));
+            } else {
+                self.service_by_vip
+                    .entry((vip.network.clone(), vip.address))
+                    .or_default()
+                    .insert(key.clone());
+            }
+        }
+        self.service_by_hostname
+            .entry(s.hostname.clone())
+            .or_default()
+            .insert(key.clone());
+        self.services.insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Removes a service by `namespace/hostname`. Its endpoints stay (staged) until the
+    /// workloads go.
+    pub fn remove_service(&mut self, key: &str) -> Option<Arc<Service>> {
+        let s = self.services.remove(key)?;
+        for vip in &s.vips {
+            let k = (vip.network.clone(), vip.address);
+            if let Some(set) = self.service_by_vip.get_mut(&k) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.service_by_vip.remove(&k);
+                }
+            }
+        }
+        self.cidr_vips.retain(|(_, k)| k != key);
+        if let Some(set) = self.service_by_hostname.get_mut(&s.hostname) {
+            set.remove(key);
+            if set.is_empty() {
+                self.service_by_hostname.remove(&s.hostname);
+            }
+        }
+        Some(s)
+    }
+
+    /// Adds a policy, or replaces the one with the same `namespace/name`.
+    pub fn insert_policy(&mut self, mut p: Authorization) -> Result<Arc<Authorization>, String> {
+        p.normalize()?;
+        let key = p.key();
+        self.remove_policy(&key);
+        let p = Arc::new(p);
+        let ns = match p.scope {
+            PolicyScope::Global => Some(String::new()),
+            PolicyScope::Namespace => Some(p.namespace.clone()),
+            PolicyScope::WorkloadSelector => None,
+        };
+        if let Some(ns) = ns {
+            self.policies_by_namespace
+                .entry(ns)
+                .or_default()
+                .insert(key.clone());
+        }
+        self.policies.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Removes a policy by `namespace/name`.
+    pub fn remove_policy(&mut self, key: &str) -> Option<Arc<Authorization>> {
+        let p = self.policies.remove(key)?;
+        self.policies_by_namespace.retain(|_, set| {
+            set.remove(key);
+            !set.is_empty()
+        });
+        Some(p)
+    }
+
+    // ----- lookups -------------------------------------------------------------------
+
+    /// The workload with this IP in this network (host-network workloads are never found).
+    pub fn workload_by_ip(&self, network: &str, ip: IpAddr) -> Option<Arc<Workload>> {
+        let uid = self.workload_by_addr.get(&(network.to_string(), ip))?;
+        self.workloads.get(uid).cloned()
+    }
+
+    pub fn workload_by_uid(&self, uid: &str) -> Option<Arc<Workload>> {
+        self.workloads.get(uid).cloned()
+    }
+
+    /// The workload this proxy acts for (from `PROXY_WORKLOAD_INFO` or ZDS): same name,
+    /// namespace and service account ("" means `default`); one on `node` is preferred
+    /// when a node is given. Ties go to the smallest uid.
+    pub fn find_local_workload(
+        &self,
+        namespace: &str,
+        name: &str,
+        service_account: &str,
+        node: Option<&str>,
+    ) -> Option<Arc<Workload>> {
+        let sa = if service_account.is_empty() {
+            DEFAULT_SERVICE_ACCOUNT
+        } else {
+            service_account
+        };
+        let mut candidates = self
+            .workloads
+            .values()
+            .filter(|w| w.namespace == namespace && w.name == name && w.service_account == sa);
+        let first = candidates.next()?;
+        match node {
+            Some(node) if first.node != node => {
+                candidates.find(|w| w.node == node).or(Some(first)).cloned()
+            }
+            _ => Some(first.clone()),
+        }
+    }
+
+    /// The service with this VIP in this network that a workload in `src_namespace` may
+    /// reach. Exact VIPs first, ranked: same namespace, then canonical, then key order;
+    /// then CIDR VIPs, ranked: same namespace, longest prefix, canonical.
+    pub fn service_by_vip(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        src_namespace: &str,
+    ) -> Option<Arc<Service>> {
+        if let Some(keys) = self.service_by_vip.get(&(network.to_string(), ip)) {
+            let best = keys
+                .iter()
+                .filter_map(|k| self.services.get(k))
+                .filter(|s| s.visible_to(src_namespace))
+                // max_by_key keeps the last maximum: iterate in reverse for key order.
+                .rev()
+                .max_by_key(|s| (s.namespace == src_namespace, s.canonical));
+            if let Some(s) = best {
+                return Some(s.clone());
+            }
+        }
+        self.cidr_vips
+            .iter()
+            .filter(|(vip, _)| vip.network == network && vip.contains(ip))
+            .filter_map(|(vip, k)| Some((vip, self.services.get(k)?)))
+            .filter(|(_, s)| s.visible_to(src_namespace))
+            .rev()
+            .max_by_key(|(vip, s)| {
+                (
+                    s.namespace == src_namespace,
+                    vip.prefix_len.unwrap_or(128),
+                    s.canonical,
+                )
+            })
+            .map(|(_, s)| s.clone())
+    }
+
+    /// The service with this hostname: the canonical one if several namespaces have it,
+    /// else the first by namespace.
+    pub fn service_by_hostname(&self, hostname: &str) -> Option<Arc<Service>> {
+        self.service_by_hostname
+            .get(hostname)?
+            .iter()
+            .filter_map(|k| self.services.get(k))
+            .rev()
+            .max_by_key(|s| s.canonical)
+            .cloned()
+    }
+
+    /// The service `namespace/hostname`.
+    pub fn service_by_key(&self, key: &str) -> Option<Arc<Service>> {
+        self.services.get(key).cloned()
+    }
+
+    /// The endpoints of a service (by `namespace/hostname`), in uid order.
+    pub fn endpoints(&self, service_key: &str) -> impl Iterator<Item = Endpoint<'_>> {
+        self.endpoints
+            .get(service_key)
+            .into_iter()
+            .flatten()
+            .filter_map(|(uid, ports)| {
+                Some(Endpoint {
+                    workload: self.workloads.get(uid)?,
+                    ports,
+                })
+            })
+    }
+
+    /// The policies that apply to a workload: GLOBAL ones, NAMESPACE ones of its
+    /// namespace, and those it selects by name (unknown names skipped); in key order.
+    pub fn policies_for(&self, w: &Workload) -> Vec<Arc<Authorization>> {
+        let mut keys: BTreeSet<&str> = BTreeSet::new();
+        for ns in ["", w.namespace.as_str()] {
+            if let Some(set) = self.policies_by_namespace.get(ns) {
+                keys.extend(set.iter().map(String::as_str));
+            }
+        }
+        keys.extend(w.authorization_policies.iter().map(String::as_str));
+        keys.into_iter()
+            .filter_map(|k| self.policies.get(k).cloned())
+            .collect()
+    }
+
+    /// All workloads, in uid order.
+    pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
+        self.workloads.values()
+    }
+
+    /// All services, in `namespace/hostname` order.
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.services.values()
+    }
+
+    /// All policies, in `namespace/name` order.
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<Authorization>> {
+        self.policies.values()
+    }
+
+    /// Endpoint maps of services that are referenced by workloads but not known: service
+    /// key → workload uid → port map.
+    pub fn staged_services(&self) -> impl Iterator<Item = (&String, &BTreeMap<String, PortMap>)> {
+        self.endpoints
+            .iter()
+            .filter(|(k, _)| !self.services.contains_key(*k))
+    }
+
+    /// Endpoint map of a service: workload uid → port map.
+    pub(crate) fn endpoint_map(&self, service_key: &str) -> Option<&BTreeMap<String, PortMap>> {
+        self.endpoints.get(service_key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_local_config;
+    use crate::service::Visibility;
+
+    fn state(yaml: &str) -> ProxyState {
+        ProxyState::from_config(parse_local_config("test", yaml).unwrap()).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    const MESH: &str = r#"
+workloads:
+- name: a
+  namespace: ns1
+  serviceAccount: sa-a
+  node: node1
+  workloadIps: ["10.0.0.1", "fd00::1"]
+  services: {ns1/svc.ns1: {80: 8080}}
+- name: a
+  namespace: ns1
+  serviceAccount: sa-a
+  uid: other-a
+  node: node2
+  workloadIps: ["10.0.1.1"]
+- name: host
+  namespace: ns1
+  networkMode: HostNetwork
+  workloadIps: ["192.168.0.1"]
+- name: remote
+  namespace: ns1
+  network: net2
+  workloadIps: ["10.0.0.1"]
+  services: {ns1/staged.ns1: {80: 80}}
+services:
+- {name: svc, namespace: ns1, hostname: svc.ns1, vips: ["/10.96.0.1", "net2/10.96.0.1"], ports: {80: 8080}}
+- {name: shared, namespace: ns1, hostname: shared, vips: ["/10.96.0.2"]}
+- {name: shared, namespace: ns2, hostname: shared, vips: ["/10.96.0.2"], canonical: true}
+- {name: private, namespace: ns3, hostname: private, vips: ["/10.96.0.3"], visibility: Namespace}
+- {name: range, namespace: ns1, hostname: range, vips: ["/10.97.0.0/16"]}
+- {name: range2, namespace: ns1, hostname: range2, vips: ["/10.97.1.0/24"]}
+policies:
+- {name: g, namespace: istio-system, scope: Global, action: Deny}
+- {name: n, namespace: ns1, scope: Namespace, action: Allow}
+- {name: n2, namespace: ns2, scope: Namespace, action: Allow}
+- {name: sel, namespace: ns1, scope: WorkloadSelector, action: Allow}
+"#;
+
+    #[test]
+    fn workload_lookups() {
+        let s = state(MESH);
+        let a = s.workload_by_ip("", ip("10.0.0.1")).unwrap();
+        assert_eq!(a.uid, "Kubernetes//v1/Pod/ns1/a");
+        assert_eq!(s.workload_by_ip("", ip("fd00::1")).unwrap().uid, a.uid);
+        assert_eq!(
+            s.workload_by_ip("net2", ip("10.0.0.1")).unwrap().name,
+            "remote"
+        );
+        assert!(
+            s.workload_by_ip("", ip("192.168.0.1")).is_none(),
+            "host network"
+        );
+        assert!(s.workload_by_uid("Kubernetes//v1/Pod/ns1/host").is_some());
+        assert!(s.workload_by_ip("", ip("10.9.9.9")).is_none());
+    }
+
+    #[test]
+    fn local_workload() {
+        let s = state(MESH);
+        let w = s
+            .find_local_workload("ns1", "a", "sa-a", Some("node2"))
+            .unwrap();
+        assert_eq!(w.uid, "other-a");
+        let w = s
+            .find_local_workload("ns1", "a", "sa-a", Some("node1"))
+            .unwrap();
+        assert_eq!(w.uid, "Kubernetes//v1/Pod/ns1/a");
+        let w = s
+            .find_local_workload("ns1", "a", "sa-a", Some("node9"))
+            .unwrap();
+        assert_eq!(w.uid, "Kubernetes//v1/Pod/ns1/a");
+        assert!(s.find_local_workload("ns1", "a", "other", None).is_none());
+        assert!(s.find_local_workload("ns1", "host", "", None).is_some());
+    }
+
+    #[test]
+    fn vip_lookups() {
+        let s = state(MESH);
+        assert_eq!(
+            s.service_by_vip("", ip("10.96.0.1"), "x").unwrap().name,
+            "svc"
+        );
+        assert_eq!(
+            s.service_by_vip("net2", ip("10.96.0.1"), "x").unwrap().name,
+            "svc"
+        );
+        assert!(s.service_by_vip("net3", ip("10.96.0.1"), "x").is_none());
+        // Same namespace beats canonical; canonical beats key order.
+        assert_eq!(
+            s.service_by_vip("", ip("10.96.0.2"), "ns1")
+                .unwrap()
+                .namespace,
+            "ns1"
+        );
+        assert_eq!(
+            s.service_by_vip("", ip("10.96.0.2"), "ns9")
+                .unwrap()
+                .namespace,
+            "ns2"
+        );
+        // Visibility.
+        assert!(s.service_by_vip("", ip("10.96.0.3"), "ns1").is_none());
+        let p = s.service_by_vip("", ip("10.96.0.3"), "ns3").unwrap();
+        assert_eq!(p.visibility, Visibility::Namespace);
+        // CIDR VIPs, longest prefix.
+        assert_eq!(
+            s.service_by_vip("", ip("10.97.1.5"), "x").unwrap().name,
+            "range2"
+        );
+        assert_eq!(
+            s.service_by_vip("", ip("10.97.2.5"), "x").unwrap().name,
+            "range"
+        );
+        // Hostname.
+        assert_eq!(s.service_by_hostname("shared").unwrap().namespace, "ns2");
+        assert!(s.service_by_hostname("nope").is_none());
+    }
+
+    #[test]
+    fn endpoints_and_staging() {
+        let mut s = state(MESH);
+        let eps: Vec<_> = s
+            .endpoints("ns1/svc.ns1")
+            .map(|e| e.workload.name.clone())
+            .collect();
+        assert_eq!(eps, ["a"]);
+        let staged: Vec<_> = s.staged_services().map(|(k, _)| k.clone()).collect();
+        assert_eq!(staged, ["ns1/staged.ns1"]);
+        s.insert_service(Service::new("staged", "ns1", "staged.ns1"))
+            .unwrap();
+        assert_eq!(s.staged_services().count(), 0);
+        assert_eq!(s.endpoints("ns1/staged.ns1").count(), 1);
+        s.remove_workload("Kubernetes//v1/Pod/ns1/remote").unwrap();
+        assert_eq!(s.endpoints("ns1/staged.ns1").count(), 0);
+        assert!(s.workload_by_ip("net2", ip("10.0.0.1")).is_none());
+        assert!(s.workload_by_ip("", ip("10.0.0.1")).is_some());
+    }
+
+    #[test]
+    fn replace_workload_reindexes() {
+        let mut s = state(MESH);
+        let mut a = (*s.workload_by_uid("other-a").unwrap()).clone();
+        a.workload_ips = vec![ip("10.0.2.2")];
+        s.insert_workload(a).unwrap();
+        assert!(s.workload_by_ip("", ip("10.0.1.1")).is_none());
+        assert_eq!(s.workload_by_ip("", ip("10.0.2.2")).unwrap().uid, "other-a");
+    }
+
+    #[test]
+    fn policy_attachment() {
+        let s = state(MESH);
+        let mut w = (*s.workload_by_uid("other-a").unwrap()).clone();
+        let keys =
+            |w: &Workload| -> Vec<String> { s.policies_for(w).iter().map(|p| p.key()).collect() };
+        assert_eq!(keys(&w), ["istio-system/g", "ns1/n"]);
+        w.authorization_policies = vec!["ns1/sel".into(), "ns1/missing".into()];
+        assert_eq!(keys(&w), ["istio-system/g", "ns1/n", "ns1/sel"]);
+        w.namespace = "ns2".into();
+        w.authorization_policies.clear();
+        assert_eq!(keys(&w), ["istio-system/g", "ns2/n2"]);
+    }
+
+    #[test]
+    fn remove_service_and_policy() {
+        let mut s = state(MESH);
+        assert!(s.remove_service("ns1/svc.ns1").is_some());
+        assert!(s.service_by_vip("", ip("10.96.0.1"), "x").is_none());
+        assert!(s.remove_service("ns1/range2").is_some());
+        assert_eq!(
+            s.service_by_vip("", ip("10.97.1.5"), "x").unwrap().name,
+            "range"
+        );
+        assert!(s.remove_policy("istio-system/g").is_some());
+        let w = s.workload_by_uid("other-a").unwrap();
+        assert_eq!(s.policies_for(&w).len(), 1);
+    }
+}
