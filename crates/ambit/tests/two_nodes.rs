@@ -245,10 +245,14 @@ impl RawHbone {
 
     fn tcp(&self) -> tokio::net::TcpStream {
         let addr = SocketAddr::from((SERVER_IP, 15008));
+        // Marked like the proxy's own sockets, so the client node's capture rule lets it
+        // reach the server node's HBONE port directly.
         let std = Lab::in_netns(&self.ns, move || {
-            let s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.set_mark(0x539)?;
+            s.connect_timeout(&addr.into(), Duration::from_secs(5))?;
             s.set_nonblocking(true)?;
-            Ok(s)
+            Ok(std::net::TcpStream::from(s))
         })
         .unwrap();
         tokio::net::TcpStream::from_std(std).unwrap()
