@@ -69,6 +69,8 @@ pub struct AdminContext {
     pub logs: Option<LogHandle>,
     pub shutdown: mpsc::Sender<()>,
     pub static_config: serde_json::Value,
+    /// In-pod mode: the pods this proxy serves.
+    pub workload_state: Option<ambit_proxy::inpod::WorkloadStateDump>,
 }
 
 pub fn admin_handler(ctx: AdminContext) -> Handler {
@@ -144,6 +146,13 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
             serde_json::to_value(&*ctx.config).unwrap_or_default(),
         );
         obj.insert("version".into(), crate::version::info());
+        if let Some(pods) = &ctx.workload_state {
+            let pods = pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            obj.insert(
+                "workloadState".into(),
+                serde_json::to_value(pods).unwrap_or_default(),
+            );
+        }
     }
     dump
 }

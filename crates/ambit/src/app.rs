@@ -1,7 +1,7 @@
 //! `ambit ztunnel`: wires configuration, state, certificates, listeners and the operator
 //! endpoints together, then runs until SIGTERM/SIGINT or `/quitquitquit`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use prometheus_client::registry::Registry;
@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use ambit_identity::{CertManager, CertificateAuthority};
+use ambit_proxy::inpod::{PodProxyFactory, WorkloadManager};
 use ambit_proxy::socket::DefaultSocketFactory;
 use ambit_proxy::{BoundProxy, ProxyInputs, SharedState};
 use ambit_state::ProxyState;
@@ -67,30 +68,24 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         .as_ref()
         .context("no local configuration source")?;
     let (state, static_config) = load_state(source)?;
-    let identity = match (cfg.proxy_mode, &cfg.workload) {
-        (ProxyMode::Dedicated, Some(w)) => w.clone(),
-        (ProxyMode::Shared, _) => bail!(
-            "PROXY_MODE=shared (in-pod) is not available in this build yet: \
-             run with PROXY_MODE=dedicated and PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>"
-        ),
-        (ProxyMode::Dedicated, None) => bail!("PROXY_WORKLOAD_INFO is required in dedicated mode"),
-    };
-    if state
-        .find_local_workload(
-            &identity.namespace,
-            &identity.name,
-            &identity.service_account,
-            cfg.node_name.as_deref(),
-        )
-        .is_none()
-    {
-        bail!(
-            "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload in the local config: add a workload \
-             with that namespace, name and serviceAccount",
-            identity.namespace,
-            identity.name,
-            identity.service_account
-        );
+    if let (ProxyMode::Dedicated, Some(w)) = (cfg.proxy_mode, &cfg.workload) {
+        if state
+            .find_local_workload(
+                &w.namespace,
+                &w.name,
+                &w.service_account,
+                cfg.node_name.as_deref(),
+            )
+            .is_none()
+        {
+            bail!(
+                "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload in the local config: add a \
+                 workload with that namespace, name and serviceAccount",
+                w.namespace,
+                w.name,
+                w.service_account
+            );
+        }
     }
     let state = SharedState::new(state);
 
@@ -99,40 +94,95 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 
     let mut registry = Registry::default();
     let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
+        .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));
     let registry = Arc::new(registry);
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
     let (trigger, watcher) = ambit_proxy::drain::new();
 
-    let pi = Arc::new(ProxyInputs {
-        cfg: Arc::new(cfg.proxy.clone()),
-        state: state.clone(),
-        certs: certs.clone(),
-        metrics,
-        sockets: Arc::new(DefaultSocketFactory {
-            mark: cfg.proxy.packet_mark,
-            reuse_port: false,
-        }),
-        local: identity,
-        node: cfg.node_name.clone(),
-        pool: ambit_hbone::pool::Pool::new(cfg.proxy.pool.clone()),
-        spoof_by_default: false,
-    });
-
     // Bind everything before serving anything, so a conflict fails start-up cleanly.
     let admin = bind(cfg.admin_addr, "admin").await?;
     let stats = bind(cfg.stats_addr, "metrics").await?;
     let readiness = bind(cfg.readiness_addr, "readiness").await?;
-    let proxy = BoundProxy::bind(pi.clone())?;
-    let addrs = proxy.addresses()?;
+
+    let mut workload_state = None;
+    let data_plane: std::pin::Pin<
+        Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>,
+    > = match cfg.proxy_mode {
+        ProxyMode::Dedicated => {
+            let identity = cfg.workload.clone().context("PROXY_WORKLOAD_INFO")?;
+            let pi = Arc::new(ProxyInputs {
+                cfg: Arc::new(cfg.proxy.clone()),
+                state: state.clone(),
+                certs: certs.clone(),
+                metrics,
+                sockets: Arc::new(DefaultSocketFactory {
+                    mark: cfg.proxy.packet_mark,
+                    reuse_port: false,
+                }),
+                local: identity,
+                node: cfg.node_name.clone(),
+                pool: ambit_hbone::Pool::new(cfg.proxy.pool.clone()),
+                spoof_by_default: false,
+            });
+            let proxy = BoundProxy::bind(pi)?;
+            let addrs = proxy.addresses()?;
+            tracing::info!(
+                outbound = %addrs.outbound,
+                inbound = %addrs.inbound_hbone,
+                inbound_plaintext = %addrs.inbound_plaintext,
+                "dedicated-mode listeners bound"
+            );
+            let watcher = watcher.clone();
+            Box::pin(async move {
+                proxy.run(watcher).await;
+                Ok(())
+            })
+        }
+        ProxyMode::Shared => {
+            let mark = cfg
+                .proxy
+                .packet_mark
+                .context("PACKET_MARK is required in shared mode")?;
+            check_inpod_privileges(mark)?;
+            let factory = PodProxyFactory {
+                cfg: Arc::new(cfg.proxy.clone()),
+                state: state.clone(),
+                certs: certs.clone(),
+                metrics,
+                node: cfg.node_name.clone(),
+                mark,
+                reuse_port: cfg.inpod_port_reuse,
+            };
+            let pending = Mutex::new(Some(ready.register("workload proxy manager")));
+            let ready_for_manager = ready.clone();
+            let on_ready = Box::new(move |is_ready: bool| {
+                let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+                if is_ready {
+                    *guard = None;
+                } else if guard.is_none() {
+                    *guard = Some(ready_for_manager.register("workload proxy manager"));
+                }
+            });
+            let manager = WorkloadManager::new(
+                cfg.inpod_uds.clone(),
+                factory,
+                inpod_metrics.context("in-pod metrics")?,
+                on_ready,
+                cfg.termination_deadline,
+            );
+            workload_state = Some(manager.dump_handle());
+            tracing::info!(uds = %cfg.inpod_uds.display(), "in-pod mode: waiting for the node agent");
+            let watcher = watcher.clone();
+            Box::pin(async move { Ok(manager.run(watcher).await?) })
+        }
+    };
     tracing::info!(
-        outbound = %addrs.outbound,
-        inbound = %addrs.inbound_hbone,
-        inbound_plaintext = %addrs.inbound_plaintext,
         admin = %cfg.admin_addr,
         stats = %cfg.stats_addr,
         readiness = %cfg.readiness_addr,
-        "listeners bound"
+        "operator endpoints bound"
     );
 
     let renewal = certs.spawn_renewal();
@@ -143,6 +193,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         logs,
         shutdown: shutdown_tx,
         static_config,
+        workload_state,
     };
     tokio::spawn(crate::http::serve(
         admin,
@@ -161,19 +212,31 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         readiness_handler(ready.clone()),
         readiness_watcher,
     ));
-    let proxy_task = tokio::spawn(proxy.run(watcher));
+    let mut data_plane = tokio::spawn(data_plane);
+    drop(watcher);
     drop(state_ready);
     drop(proxy_ready);
-    tracing::info!("ready");
 
-    wait_for_shutdown(&mut shutdown_rx).await;
+    tokio::select! {
+        _ = wait_for_shutdown(&mut shutdown_rx) => {}
+        finished = &mut data_plane => {
+            // Only a broken agent protocol ends the data plane on its own: exit non-zero,
+            // like ztunnel, so the supervisor restarts us with a clean slate.
+            renewal.abort();
+            return match finished {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::anyhow!("data plane task failed: {e}")),
+            };
+        }
+    }
     tracing::info!(deadline = ?cfg.termination_deadline, "draining: no new connections, open ones may finish");
     let clean = trigger.drain(cfg.termination_deadline).await;
     if !clean {
         tracing::warn!("drain deadline passed: closed the remaining connections");
     }
     renewal.abort();
-    let _ = proxy_task.await;
+    let _ = data_plane.await;
     tracing::info!("shutdown complete");
     Ok(())
 }
@@ -203,4 +266,16 @@ async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {
         _ = int_fut => tracing::info!("received SIGINT"),
         _ = quit.recv() => tracing::info!("shutdown requested through /quitquitquit"),
     }
+}
+
+/// In-pod mode enters pod namespaces and marks sockets: check both work before announcing
+/// ourselves to the agent, so a missing capability is one clear error at start-up.
+fn check_inpod_privileges(mark: u32) -> anyhow::Result<()> {
+    let here = ambit_inpod::Netns::current()
+        .context("in-pod mode: cannot open our own network namespace")?;
+    here.enter(|| ())
+        .context("in-pod mode needs CAP_SYS_ADMIN to enter pod network namespaces (setns)")?;
+    ambit_proxy::socket::new_tcp_socket("127.0.0.1:0".parse()?, Some(mark))
+        .context("in-pod mode needs CAP_NET_ADMIN to mark sockets (SO_MARK)")?;
+    Ok(())
 }

@@ -60,6 +60,8 @@ pub struct Config {
     #[serde(with = "secs")]
     pub termination_deadline: Duration,
     pub inpod_uds: PathBuf,
+    /// `SO_REUSEPORT` on pod listeners (`INPOD_PORT_REUSE`).
+    pub inpod_port_reuse: bool,
     pub admin_addr: SocketAddr,
     pub stats_addr: SocketAddr,
     pub readiness_addr: SocketAddr,
@@ -401,6 +403,7 @@ impl Config {
                 .get("INPOD_UDS")
                 .unwrap_or("/var/run/ztunnel/ztunnel.sock")
                 .into(),
+            inpod_port_reuse: env.bool("INPOD_PORT_REUSE", true)?,
             admin_addr,
             stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:15020"))?,
             readiness_addr: env.addr("AMBIT_READINESS_ADDR", &format!("{wildcard}:15021"))?,

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::error::HboneError;
@@ -136,6 +136,8 @@ struct ConnState {
     last_used: Mutex<Instant>,
     /// Cleared on GOAWAY, error, keepalive failure or idle eviction.
     usable: AtomicBool,
+    /// Signalled when the last stream ends, so the driver can restart its idle timer.
+    became_idle: Notify,
 }
 
 impl ConnState {
@@ -159,7 +161,9 @@ struct Slot(Arc<ConnState>);
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.touch();
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.became_idle.notify_one();
+        }
     }
 }
 
@@ -372,14 +376,11 @@ impl Pool {
                     continue;
                 }
                 Step::Dial(ticket) => {
+                    // `next_step` hands out tickets only to callers that can still dial.
                     let Some(connect) = connect.take() else {
-                        // Not reachable: `next_step` only hands out tickets to callers that can dial.
-                        ticket.fail(
-                            last_err
-                                .clone()
-                                .unwrap_or(HboneError::Status(StatusCode::SERVICE_UNAVAILABLE)),
-                        );
-                        continue;
+                        let e = refused(last_err);
+                        ticket.fail(e.clone());
+                        return Err(e);
                     };
                     match self.dial(&key, connect).await {
                         Ok((send, state)) => {
@@ -392,11 +393,9 @@ impl Pool {
                         }
                     }
                 }
-                Step::CannotDial => {
-                    return Err(
-                        last_err.unwrap_or(HboneError::Status(StatusCode::SERVICE_UNAVAILABLE))
-                    );
-                }
+                // Our own fresh connection went away before taking the stream, and our
+                // connect function is spent: report why.
+                Step::CannotDial => return Err(refused(last_err)),
             };
             let state = slot.0.clone();
             match open_stream(send, request, slot).await {
@@ -451,6 +450,7 @@ impl Pool {
             active: AtomicUsize::new(0),
             last_used: Mutex::new(Instant::now()),
             usable: AtomicBool::new(true),
+            became_idle: Notify::new(),
         });
         let keepalive = keepalive::run(conn.ping_pong(), h2s.ping_interval, h2s.ping_timeout);
         tokio::spawn(drive(
@@ -501,7 +501,7 @@ async fn drive<IO, K>(
     tokio::pin!(conn);
     tokio::pin!(keepalive);
     let mut evicted = false;
-    let mut next_idle_check = state.last_used() + idle;
+    let mut next_idle_check = after(state.last_used(), idle);
     loop {
         tokio::select! {
             r = &mut conn => {
@@ -514,14 +514,24 @@ async fn drive<IO, K>(
                 tracing::debug!(dst = %key.dst, error = %e, "HBONE keepalive failed; tearing the connection down");
                 break;
             }
+            _ = state.became_idle.notified(), if !evicted => {
+                next_idle_check = after(state.last_used(), idle);
+            }
             _ = tokio::time::sleep_until(next_idle_check), if !evicted => {
-                let Some(pool) = pool.upgrade() else { break };
+                // A dropped pool no longer hands the connection out; it closes when its
+                // streams end.
+                let Some(pool) = pool.upgrade() else {
+                    evicted = true;
+                    continue;
+                };
                 if pool.evict_if_idle(&key, &state, idle) {
                     tracing::debug!(dst = %key.dst, "HBONE connection idle; released from the pool");
                     evicted = true;
+                } else if state.active.load(Ordering::Acquire) > 0 {
+                    // Busy: the last stream to end wakes us up through `became_idle`.
+                    next_idle_check = after(Instant::now(), idle);
                 } else {
-                    let now = Instant::now();
-                    next_idle_check = (state.last_used() + idle).max(now + idle.min(Duration::from_secs(1)).max(Duration::from_millis(10)));
+                    next_idle_check = after(state.last_used(), idle);
                 }
             }
         }
@@ -530,4 +540,15 @@ async fn drive<IO, K>(
     if let Some(pool) = pool.upgrade() {
         pool.remove(&key, state.id);
     }
+}
+
+/// `base + d`, saturating far in the future instead of overflowing.
+fn after(base: Instant, d: Duration) -> Instant {
+    base.checked_add(d)
+        .unwrap_or_else(|| base + Duration::from_secs(30 * 365 * 24 * 3600))
+}
+
+/// The error for "every connection we tried refused the stream".
+fn refused(last: Option<HboneError>) -> HboneError {
+    last.unwrap_or_else(|| HboneError::from(h2::Error::from(h2::Reason::REFUSED_STREAM)))
 }

@@ -115,7 +115,8 @@ impl Drop for IncomingConnect {
     }
 }
 
-/// Serves one accepted TCP connection until it ends. See [`serve`].
+/// Serves one accepted TCP connection until it ends (sets `TCP_NODELAY`; other socket
+/// options are the caller's). See [`serve`].
 pub async fn serve_connection<H, F>(
     tcp: TcpStream,
     tls: Arc<rustls::ServerConfig>,
@@ -127,6 +128,10 @@ where
     H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
+    // HBONE carries interactive traffic; never delay small frames (PINGs, window updates).
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY on an HBONE connection");
+    }
     let addr = tcp.peer_addr().map_err(HboneError::io)?;
     let local_addr = tcp.local_addr().map_err(HboneError::io)?;
     serve(tcp, addr, local_addr, tls, settings, shutdown, handler).await
@@ -209,8 +214,7 @@ where
                     tokio::spawn(async move { handler(incoming).await });
                 }
                 Some(Err(e)) => {
-                    // A clean close by the peer is not an error.
-                    if e.is_go_away() && e.reason() == Some(Reason::NO_ERROR) {
+                    if is_clean_close(&e, conn.has_streams()) {
                         return Ok(());
                     }
                     return Err(e.into());
@@ -234,6 +238,23 @@ where
             }
         }
     }
+}
+
+/// A peer's GOAWAY `NO_ERROR`, or the peer disconnecting while no stream is open (a client
+/// closing its idle pooled connection may race one of our PINGs), is a normal end.
+fn is_clean_close(e: &h2::Error, has_streams: bool) -> bool {
+    if e.is_go_away() && e.reason() == Some(Reason::NO_ERROR) {
+        return true;
+    }
+    !has_streams
+        && e.get_io().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        })
 }
 
 /// Resolves once the shutdown flag is `true`; never, if the sender is gone while it is `false`.

@@ -211,6 +211,13 @@ impl AsyncWrite for H2Stream {
                     .send
                     .send_data(Bytes::copy_from_slice(&buf[..n]), false)
                 {
+                    // Prefer the peer's reset reason over h2's "inactive stream".
+                    if let Poll::Ready(Ok(reason)) = this.send.poll_reset(cx) {
+                        return Poll::Ready(Err(reset_to_io(
+                            reason,
+                            "peer reset the HBONE stream",
+                        )));
+                    }
                     return Poll::Ready(Err(h2_to_io(e)));
                 }
                 this.bytes_sent += n as u64;

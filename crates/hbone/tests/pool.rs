@@ -377,14 +377,29 @@ async fn idle_connection_released() {
     assert_eq!(dials.load(Ordering::SeqCst), 2);
 }
 
-/// A connection whose server died is dropped from the pool and not reused.
+/// A connection that dies (its transport is cut) leaves the pool; the next connect dials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_connection_not_reused() {
     let c = certs();
     let server = TestServer::start(c.server_config(), fast_settings(), echo).await;
+    let fwd = Forwarder::start(server.addr).await;
     let pool = Pool::new(ClientSettings::default());
     let dials = Arc::new(AtomicUsize::new(0));
     let k = key(&c, server.addr);
+    let cfg = c.client_config();
+    let mut s = pool
+        .connect(k.clone(), || dial(fwd.addr, cfg, dials.clone()), &request())
+        .await
+        .unwrap();
+    round_trip(&mut s, b"x").await;
+    fwd.cut();
+    // The open stream fails rather than hanging...
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut [0u8; 8]))
+        .await
+        .unwrap();
+    assert!(matches!(r, Err(_) | Ok(0)), "{r:?}");
+    // ...and the connection leaves the pool.
+    assert!(wait_until(|| pool.connection_count() == 0).await);
     let cfg = c.client_config();
     let mut s = pool
         .connect(
@@ -394,14 +409,77 @@ async fn dead_connection_not_reused() {
         )
         .await
         .unwrap();
-    round_trip(&mut s, b"x").await;
-    let addr = server.addr;
-    drop(server); // stops accepting; existing connection tasks keep running
-                  // A second server on a fresh port stands in for "the peer came back elsewhere"; the old
-                  // connection is closed by shutting the stream down and letting idle GOAWAY happen.
+    round_trip(&mut s, b"y").await;
+    assert_eq!(dials.load(Ordering::SeqCst), 2);
+}
+
+/// Dropping every handle to the pool does not kill tunnels that are still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_outlive_the_pool() {
+    let c = certs();
+    let server = TestServer::start(c.server_config(), fast_settings(), echo).await;
+    let pool = Pool::new(ClientSettings {
+        idle_timeout: Duration::from_millis(50),
+        ..Default::default()
+    });
+    let dials = Arc::new(AtomicUsize::new(0));
+    let cfg = c.client_config();
+    let mut s = pool
+        .connect(
+            key(&c, server.addr),
+            || dial(server.addr, cfg, dials.clone()),
+            &request(),
+        )
+        .await
+        .unwrap();
+    drop(pool);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    round_trip(&mut s, b"still here").await;
     s.shutdown().await.unwrap();
     s.read_to_end(&mut Vec::new()).await.unwrap();
     drop(s);
-    let _ = addr;
-    assert_eq!(pool.connection_count(), 1);
+    // With the pool and the stream gone, the connection closes.
+    server.next_result().await.unwrap();
+}
+
+/// Out-of-range settings are clamped or saturated, never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_settings_do_not_panic() {
+    let c = certs();
+    let extreme = ambit_hbone::H2Settings {
+        stream_window: u32::MAX,
+        connection_window: 0,
+        frame_size: u32::MAX,
+        max_concurrent_streams: 0,
+        ping_interval: Duration::MAX,
+        ping_timeout: Duration::MAX,
+    };
+    let server = TestServer::start(
+        c.server_config(),
+        ambit_hbone::H2Settings {
+            max_concurrent_streams: 10,
+            ..extreme.clone()
+        },
+        echo,
+    )
+    .await;
+    let pool = Pool::new(ClientSettings {
+        h2: extreme,
+        max_streams_per_connection: 0,
+        idle_timeout: Duration::MAX,
+        connect_timeout: Duration::MAX,
+    });
+    let dials = Arc::new(AtomicUsize::new(0));
+    for _ in 0..2 {
+        let cfg = c.client_config();
+        let mut s = pool
+            .connect(
+                key(&c, server.addr),
+                || dial(server.addr, cfg, dials.clone()),
+                &request(),
+            )
+            .await
+            .unwrap();
+        round_trip(&mut s, b"extreme").await;
+    }
 }

@@ -354,3 +354,34 @@ async fn drop_resets_with_cancel() {
     assert_eq!(read.unwrap(), 0);
     assert_eq!(write.unwrap_err(), std::io::ErrorKind::BrokenPipe);
 }
+
+/// A raw HTTP/2 client sending a GET (not CONNECT) gets 400 from a handler that uses
+/// `validate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_connect_gets_400_over_the_wire() {
+    let c = certs();
+    let server = TestServer::start(c.server_config(), fast_settings(), echo).await;
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let tls = ambit_hbone::tls::connect(tcp, c.client_config())
+        .await
+        .unwrap();
+    let (mut send, conn) = h2::client::handshake(tls).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("GET")
+        .uri("https://127.0.0.1:80/")
+        .body(())
+        .unwrap();
+    let (resp, _body) = send.send_request(req, true).unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    // A CONNECT on the same connection still works.
+    let req = http::Request::builder()
+        .method("CONNECT")
+        .uri("127.0.0.1:80")
+        .body(())
+        .unwrap();
+    let (resp, _body) = send.send_request(req, false).unwrap();
+    assert_eq!(resp.await.unwrap().status(), StatusCode::OK);
+    let _ = HboneError::Status(StatusCode::OK);
+}

@@ -612,6 +612,26 @@ mod tests {
         let (nb, na) = x509::validity(&root);
         let years = na.duration_since(nb).unwrap().as_secs() / (365 * 86400);
         assert_eq!(years, 10);
+        // The leaf's authority key id names the root's subject key id.
+        use x509_parser::extensions::ParsedExtension;
+        let ski = root
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
+                _ => None,
+            });
+        let aki = leaf
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::AuthorityKeyIdentifier(k) => {
+                    k.key_identifier.as_ref().map(|k| k.0.to_vec())
+                }
+                _ => None,
+            });
+        assert!(ski.is_some());
+        assert_eq!(ski, aki);
         assert_handshake(&ca, &ca).await;
     }
 

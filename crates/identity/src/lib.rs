@@ -22,7 +22,7 @@ pub use ca::CertificateAuthority;
 pub use cert::{spiffe_ids_of, CertInfo, CertificateDump, WorkloadCertificate};
 pub use csr::CertificateRequest;
 pub use error::{CaError, CertError, ManagerError, PeerError, TlsError};
-pub use manager::CertManager;
+pub use manager::{CertManager, Clock, Issuer};
 pub use spiffe::{SpiffeError, SpiffeId};
 pub use tls::{
     client_config, crypto_provider, peer_identity, placeholder_server_name, server_config,

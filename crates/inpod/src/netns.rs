@@ -123,6 +123,48 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Runs `f` on the *calling* thread switched into this namespace, then switches the
+    /// thread back to where it was. Two `setns` calls instead of a thread: this is what the
+    /// data path uses to create a socket in a pod. `f` must be short and synchronous (it
+    /// cannot yield, so an async worker never runs other work inside the pod namespace).
+    /// If switching back fails the process aborts: a worker stuck in a pod namespace would
+    /// create every later socket in the wrong place.
+    pub fn enter<T>(&self, f: impl FnOnce() -> T) -> io::Result<T> {
+        let home = HOME.with(|home| -> io::Result<OwnedFd> {
+            if let Some(fd) = home.get() {
+                return fd.try_clone();
+            }
+            let fd: OwnedFd = File::open("/proc/thread-self/ns/net")?.into();
+            let copy = fd.try_clone()?;
+            let _ = home.set(fd);
+            Ok(copy)
+        })?;
+        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|errno| {
+            io::Error::new(
+                io::Error::from(errno).kind(),
+                format!("setns(CLONE_NEWNET) into {}: {errno}", self.id),
+            )
+        })?;
+        struct Return(OwnedFd);
+        impl Drop for Return {
+            fn drop(&mut self) {
+                if let Err(errno) = setns(self.0.as_fd(), CloneFlags::CLONE_NEWNET) {
+                    eprintln!("fatal: cannot return a thread to its network namespace: {errno}");
+                    std::process::abort();
+                }
+            }
+        }
+        let _back = Return(home);
+        Ok(f())
+    }
+}
+
+thread_local! {
+    /// The namespace each thread started in, opened on its first [`Netns::enter`].
+    static HOME: std::cell::OnceCell<OwnedFd> = const { std::cell::OnceCell::new() };
+}
+
 impl AsFd for Netns {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -254,6 +254,14 @@ impl WorkloadStates {
         self.count(Status::Pending)
     }
 
+    /// The pods awaiting a retry, with what the agent said about them.
+    pub fn pending(&self) -> impl Iterator<Item = (&str, &WorkloadInfo)> {
+        self.workloads
+            .iter()
+            .filter(|(_, e)| e.status == Status::Pending)
+            .map(|(uid, e)| (uid.as_str(), &e.info))
+    }
+
     /// Pods with a running proxy.
     pub fn active_count(&self) -> usize {
         self.count(Status::Running)

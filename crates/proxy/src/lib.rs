@@ -6,11 +6,12 @@ pub mod config;
 pub mod copy;
 pub mod drain;
 mod inbound;
+pub mod inpod;
 pub mod inputs;
 pub mod metrics;
 mod outbound;
 mod plaintext;
-mod proxy;
+pub mod proxy;
 pub mod socket;
 pub mod telemetry;
 

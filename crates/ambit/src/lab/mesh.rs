@@ -209,17 +209,7 @@ impl TwoNodes {
         let listener = Lab::in_netns(&self.server_ns, || {
             TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, APP_PORT))
         })?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { return };
-                if let Ok(peer) = conn.peer_addr() {
-                    let _ = tx.send(peer);
-                }
-                std::thread::spawn(move || echo(conn, mode));
-            }
-        });
-        Ok(rx)
+        Ok(serve_echo(listener, mode))
     }
 
     /// A TCP connection made from the client node, the way an unmodified app makes it.
@@ -283,6 +273,22 @@ impl PacketCapture {
         let data = std::fs::read(&self.file).context("reading the packet capture")?;
         super::pcap::parse(&data)
     }
+}
+
+/// Serves `listener` with the echo app on background threads; each accepted connection's
+/// peer address is sent on the returned channel.
+pub fn serve_echo(listener: TcpListener, mode: EchoMode) -> mpsc::Receiver<SocketAddr> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            if let Ok(peer) = conn.peer_addr() {
+                let _ = tx.send(peer);
+            }
+            std::thread::spawn(move || echo(conn, mode));
+        }
+    });
+    rx
 }
 
 fn echo(mut conn: TcpStream, mode: EchoMode) {

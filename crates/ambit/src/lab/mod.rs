@@ -2,6 +2,7 @@
 //! started inside them, and everything removed again when the lab is dropped, on error
 //! and on Ctrl-C alike. Used by `ambit demo` and the end-to-end tests.
 
+pub mod inpod;
 pub mod mesh;
 pub mod pcap;
 
@@ -79,6 +80,11 @@ impl Lab {
             owned: Arc::default(),
             dir,
         })
+    }
+
+    /// The unique prefix of everything this lab names.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     pub fn cleanup_handle(&self) -> Cleanup {

@@ -31,3 +31,67 @@ pub(crate) fn excerpt(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Random and mutated inputs never panic any parser (a cheap stand-in for a fuzz target).
+    #[test]
+    fn parsers_survive_random_input() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x0048_424f_4e45);
+        let seeds = [
+            "10.0.0.1:80",
+            "[ff06::c3]:80",
+            "svc.ns.svc.cluster.local:8080",
+            "k8s.cluster.name=c,k8s.deployment.name=w;p=1",
+            r#"for="[::1]:80";host="a\"b",for=x"#,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ];
+        let alphabet: Vec<char> = ":[]%.,;=\"\\ -0123456789abcdefxyzé\u{0}\u{7f}\u{10ffff}"
+            .chars()
+            .collect();
+        for i in 0..20_000 {
+            let s: String = if i % 2 == 0 {
+                let len = rng.gen_range(0..80);
+                (0..len)
+                    .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
+                    .collect()
+            } else {
+                let mut s: Vec<char> = seeds[rng.gen_range(0..seeds.len())].chars().collect();
+                for _ in 0..rng.gen_range(1..4) {
+                    let c = alphabet[rng.gen_range(0..alphabet.len())];
+                    match rng.gen_range(0..3) {
+                        0 if !s.is_empty() => {
+                            let at = rng.gen_range(0..s.len());
+                            s[at] = c;
+                        }
+                        1 if !s.is_empty() => {
+                            s.remove(rng.gen_range(0..s.len()));
+                        }
+                        _ => {
+                            let at = rng.gen_range(0..=s.len());
+                            s.insert(at, c);
+                        }
+                    }
+                }
+                s.into_iter().collect()
+            };
+            if let Ok(a) = parse_authority(&s) {
+                // Whatever parses displays as something that parses to the same value.
+                assert_eq!(parse_authority(&a.to_string()).as_ref(), Ok(&a), "{s:?}");
+            }
+            let b = Baggage::parse([s.as_str()]);
+            assert!(
+                http::HeaderValue::from_str(&b.to_header_value()).is_ok(),
+                "{s:?}"
+            );
+            let _ = forwarded_host(&s);
+            if let Ok(t) = TraceParent::parse(&s) {
+                assert_eq!(TraceParent::parse(&t.to_string()), Ok(t));
+            }
+            let _ = excerpt(&s);
+        }
+    }
+}

@@ -20,8 +20,8 @@ impl TraceParent {
     /// A random trace context (non-zero ids).
     pub fn random() -> TraceParent {
         TraceParent {
-            trace_id: nonzero(rand::random::<u128>, 1),
-            parent_id: nonzero(rand::random::<u64>, 1),
+            trace_id: rand::random::<u128>().max(1),
+            parent_id: rand::random::<u64>().max(1),
         }
     }
 
@@ -49,19 +49,6 @@ impl TraceParent {
             parent_id: u64::try_from(parent_id).map_err(|_| err())?,
         })
     }
-}
-
-fn nonzero<T: PartialEq + Copy>(mut f: impl FnMut() -> T, fallback: T) -> T
-where
-    T: Default,
-{
-    for _ in 0..4 {
-        let v = f();
-        if v != T::default() {
-            return v;
-        }
-    }
-    fallback
 }
 
 /// Decodes up to 32 hex digits; `None` on any other byte.

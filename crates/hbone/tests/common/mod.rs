@@ -188,3 +188,81 @@ pub fn payload(len: usize, seed: u32) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A one-connection TCP forwarder that can be frozen (stops moving bytes in one direction,
+/// sockets stay open) or cut (both sockets dropped).
+pub struct Forwarder {
+    pub addr: SocketAddr,
+    freeze_up: Arc<std::sync::atomic::AtomicBool>,
+    freeze_down: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    pub async fn start(upstream: SocketAddr) -> Forwarder {
+        use std::sync::atomic::AtomicBool;
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let freeze_up = Arc::new(AtomicBool::new(false));
+        let freeze_down = Arc::new(AtomicBool::new(false));
+        let (fu, fd) = (freeze_up.clone(), freeze_down.clone());
+        let task = tokio::spawn(async move {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let Ok(server) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            async fn pump(
+                r: &mut tokio::net::tcp::OwnedReadHalf,
+                w: &mut tokio::net::tcp::OwnedWriteHalf,
+                frozen: &AtomicBool,
+            ) {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match r.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    while frozen.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    if w.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            tokio::join!(pump(&mut cr, &mut sw, &fu), pump(&mut sr, &mut cw, &fd));
+        });
+        Forwarder {
+            addr,
+            freeze_up,
+            freeze_down,
+            task,
+        }
+    }
+
+    /// Stop forwarding client→server bytes.
+    pub fn freeze_up(&self) {
+        self.freeze_up.store(true, Ordering::SeqCst);
+    }
+
+    /// Stop forwarding server→client bytes.
+    pub fn freeze_down(&self) {
+        self.freeze_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Drop both connections.
+    pub fn cut(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

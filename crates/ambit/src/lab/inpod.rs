@@ -1,0 +1,549 @@
+//! In-pod mode on one machine: "nodes" as network namespaces joined by a veth pair, each
+//! running the node agent and a node proxy in shared mode; "pods" as network namespaces
+//! wired by a real CNI chain (containernetworking-plugins `bridge` + `host-local`, then
+//! `ambit-cni`) driven the way a container runtime drives it.
+
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use super::mesh::EchoMode;
+use super::{http_get, wait_until, Lab, Process};
+
+/// Where Debian's containernetworking-plugins live.
+pub const CNI_PLUGIN_DIR: &str = "/usr/lib/cni";
+
+#[derive(Clone, Debug)]
+pub struct PodSpec {
+    pub name: String,
+    pub service_account: String,
+    /// Index into the cluster's nodes.
+    pub node: usize,
+}
+
+impl PodSpec {
+    pub fn new(name: &str, node: usize) -> PodSpec {
+        PodSpec {
+            name: name.into(),
+            service_account: name.into(),
+            node,
+        }
+    }
+}
+
+pub struct Node {
+    pub name: String,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub dir: PathBuf,
+    pub agent: Option<Process>,
+    pub ztunnel: Option<Process>,
+    next_pod: u8,
+}
+
+impl Node {
+    pub fn zds_socket(&self) -> PathBuf {
+        self.dir.join("ztunnel.sock")
+    }
+
+    pub fn events_socket(&self) -> PathBuf {
+        self.dir.join("cni.sock")
+    }
+
+    pub fn pod_subnet(index: usize) -> String {
+        format!("10.88.{}.0/24", index + 1)
+    }
+}
+
+pub struct Pod {
+    pub name: String,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub uid: String,
+    pub container_id: String,
+    pub node: usize,
+    pub service_account: String,
+    /// The chain's result from ADD, replayed to DEL as the runtime would.
+    result: Value,
+}
+
+impl Pod {
+    pub fn netns_path(&self) -> PathBuf {
+        Lab::netns_path(&self.ns)
+    }
+}
+
+pub struct Cluster {
+    pub lab: Lab,
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+    ambit: PathBuf,
+    cni_bin: PathBuf,
+    network: String,
+    config_path: PathBuf,
+    ca_dir: PathBuf,
+}
+
+/// The address the n-th pod (from 0) of node `index` gets from host-local.
+pub fn predicted_ip(node: usize, nth: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 88, node as u8 + 1, 10 + nth)
+}
+
+fn mesh_yaml(specs: &[PodSpec]) -> String {
+    let mut counts = std::collections::HashMap::new();
+    let mut out = String::from("workloads:\n");
+    for spec in specs {
+        let nth = counts.entry(spec.node).or_insert(0u8);
+        let ip = predicted_ip(spec.node, *nth);
+        *nth += 1;
+        out.push_str(&format!(
+            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n",
+            name = spec.name,
+            sa = spec.service_account,
+            node = spec.node + 1,
+        ));
+    }
+    out
+}
+
+impl Cluster {
+    /// Builds `node_count` nodes with their agents and node proxies, then creates `pods`
+    /// through the CNI chain in the order given.
+    pub fn start(
+        ambit: &Path,
+        tag: &str,
+        node_count: usize,
+        pods: &[PodSpec],
+    ) -> anyhow::Result<Cluster> {
+        let lab = Lab::new(tag)?;
+        for (tool, package) in [
+            ("iptables", "iptables"),
+            ("ipset", "ipset"),
+            ("nsenter", "util-linux"),
+        ] {
+            super::require_tool(tool, package)?;
+        }
+        if !Path::new(CNI_PLUGIN_DIR).join("bridge").exists() {
+            bail!("the CNI plugins are missing from {CNI_PLUGIN_DIR}: install the Debian package containernetworking-plugins");
+        }
+        let cni_bin = lab.dir.path().join("cni-bin");
+        std::fs::create_dir_all(&cni_bin)?;
+        std::os::unix::fs::symlink(ambit, cni_bin.join("ambit-cni"))?;
+        let ca_dir = lab.dir.path().join("ca");
+        ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
+            .write_plugin_dir(&ca_dir)?;
+        let config_path = lab.dir.path().join("mesh.yaml");
+        std::fs::write(&config_path, mesh_yaml(pods))?;
+
+        let mut nodes = Vec::new();
+        for i in 0..node_count {
+            let name = format!("node{}", i + 1);
+            let ns = lab.netns(&name)?;
+            let dir = lab.dir.path().join(&name);
+            std::fs::create_dir_all(&dir)?;
+            for sysctl in [
+                "net.ipv4.ip_forward=1",
+                "net.ipv4.conf.all.rp_filter=0",
+                "net.ipv4.conf.default.rp_filter=0",
+            ] {
+                lab.exec(&ns, &["sysctl", "-q", "-w", sysctl])?;
+            }
+            nodes.push(Node {
+                name,
+                ns,
+                ip: Ipv4Addr::new(10, 78, 0, i as u8 + 1),
+                dir,
+                agent: None,
+                ztunnel: None,
+                next_pod: 0,
+            });
+        }
+        if node_count > 2 {
+            bail!("the lab joins at most two nodes");
+        }
+        if node_count == 2 {
+            lab.link(
+                &nodes[0].ns,
+                "10.78.0.1/24",
+                &nodes[1].ns,
+                "10.78.0.2/24",
+                "eth0",
+            )?;
+            lab.exec(
+                &nodes[0].ns,
+                &[
+                    "ip",
+                    "route",
+                    "add",
+                    &Node::pod_subnet(1),
+                    "via",
+                    "10.78.0.2",
+                ],
+            )?;
+            lab.exec(
+                &nodes[1].ns,
+                &[
+                    "ip",
+                    "route",
+                    "add",
+                    &Node::pod_subnet(0),
+                    "via",
+                    "10.78.0.1",
+                ],
+            )?;
+        }
+        let network = lab.prefix().to_string();
+        let mut cluster = Cluster {
+            lab,
+            nodes,
+            pods: Vec::new(),
+            ambit: ambit.to_path_buf(),
+            cni_bin,
+            network,
+            config_path,
+            ca_dir,
+        };
+        for i in 0..node_count {
+            cluster.start_agent(i)?;
+            cluster.start_ztunnel(i)?;
+        }
+        for spec in pods {
+            cluster.add_pod(spec)?;
+        }
+        Ok(cluster)
+    }
+
+    pub fn start_agent(&mut self, node: usize) -> anyhow::Result<()> {
+        let n = &self.nodes[node];
+        let args = [
+            "agent".to_string(),
+            "--zds-socket".into(),
+            n.zds_socket().display().to_string(),
+            "--events-socket".into(),
+            n.events_socket().display().to_string(),
+            "--state-dir".into(),
+            n.dir.join("agent-state").display().to_string(),
+            "--ipv6=false".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proc = self.lab.spawn(
+            &n.ns,
+            &format!("agent-{}", n.name),
+            &self.ambit,
+            &args,
+            &[("RUST_LOG", "info".to_string())],
+        )?;
+        let events = n.events_socket();
+        let pid = proc.pid;
+        let log = proc.log.clone();
+        wait_until("the node agent to listen", Duration::from_secs(15), || {
+            !self.lab.is_running(pid) || events.exists()
+        })?;
+        if !self.lab.is_running(pid) {
+            bail!(
+                "the node agent exited; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        self.nodes[node].agent = Some(proc);
+        Ok(())
+    }
+
+    pub fn stop_agent(&mut self, node: usize) -> anyhow::Result<()> {
+        if let Some(p) = self.nodes[node].agent.take() {
+            self.lab.signal_and_wait(
+                p.pid,
+                nix::sys::signal::Signal::SIGTERM,
+                Duration::from_secs(10),
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn start_ztunnel(&mut self, node: usize) -> anyhow::Result<()> {
+        let n = &self.nodes[node];
+        let env = vec![
+            ("PROXY_MODE", "shared".to_string()),
+            ("INPOD_UDS", n.zds_socket().display().to_string()),
+            ("LOCAL_XDS_PATH", self.config_path.display().to_string()),
+            ("LOCAL_CA_DIR", self.ca_dir.display().to_string()),
+            ("NODE_NAME", n.name.clone()),
+            ("IPV6_ENABLED", "false".to_string()),
+            ("RUST_LOG", "info".to_string()),
+        ];
+        let proc = self.lab.spawn(
+            &n.ns,
+            &format!("ztunnel-{}", n.name),
+            &self.ambit,
+            &["ztunnel"],
+            &env,
+        )?;
+        self.nodes[node].ztunnel = Some(proc);
+        self.wait_ztunnel_ready(node)
+    }
+
+    pub fn wait_ztunnel_ready(&self, node: usize) -> anyhow::Result<()> {
+        let n = &self.nodes[node];
+        let proc = n.ztunnel.as_ref().context("no node proxy started")?;
+        let ready = wait_until(
+            "the node proxy to be ready",
+            Duration::from_secs(20),
+            || {
+                !self.lab.is_running(proc.pid)
+                    || matches!(
+                        http_get(
+                            &n.ns,
+                            "127.0.0.1:15021".parse().expect("addr"),
+                            "/healthz/ready"
+                        ),
+                        Ok((200, _))
+                    )
+            },
+        );
+        if ready.is_err() || !self.lab.is_running(proc.pid) {
+            bail!(
+                "node proxy on {} did not become ready; its log:\n{}",
+                n.name,
+                std::fs::read_to_string(&proc.log).unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    /// Kills the node proxy at once (no drain), as a crash would.
+    pub fn kill_ztunnel(&mut self, node: usize) -> anyhow::Result<()> {
+        if let Some(p) = self.nodes[node].ztunnel.take() {
+            self.lab.signal_and_wait(
+                p.pid,
+                nix::sys::signal::Signal::SIGKILL,
+                Duration::from_secs(10),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn conflist(&self, node: usize) -> Value {
+        let n = &self.nodes[node];
+        json!({
+            "cniVersion": "1.0.0",
+            "name": self.network,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": Node::pod_subnet(node), "rangeStart": predicted_ip(node, 0).to_string()}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": n.dir.join("ipam").display().to_string(),
+                    }
+                },
+                {
+                    "type": "ambit-cni",
+                    "agent_socket": n.events_socket().display().to_string(),
+                }
+            ]
+        })
+    }
+
+    fn cni_args(pod: &Pod) -> String {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_UID={};AMBIT_SERVICE_ACCOUNT={}",
+            pod.name, pod.uid, pod.service_account
+        )
+    }
+
+    /// Runs one plugin the way a runtime does; returns (exit success, stdout).
+    pub fn exec_plugin(
+        &self,
+        node: usize,
+        command: &str,
+        pod: &Pod,
+        conf: &Value,
+    ) -> anyhow::Result<(bool, String)> {
+        let kind = conf["type"].as_str().context("plugin without type")?;
+        let program = if kind == "ambit-cni" {
+            self.cni_bin.join(kind)
+        } else {
+            Path::new(CNI_PLUGIN_DIR).join(kind)
+        };
+        let cni_path = format!("{}:{}", CNI_PLUGIN_DIR, self.cni_bin.display());
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.nodes[node].ns])
+            .arg(&program)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &pod.container_id)
+            .env("CNI_NETNS", pod.netns_path())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_ARGS", Self::cni_args(pod))
+            .env("CNI_PATH", cni_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running CNI plugin {}", program.display()))?;
+        child
+            .stdin
+            .take()
+            .context("plugin stdin")?
+            .write_all(conf.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
+    }
+
+    /// The chain: each plugin gets the network name and version, and the previous result.
+    fn run_chain(
+        &self,
+        node: usize,
+        command: &str,
+        pod: &Pod,
+        prev: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let list = self.conflist(node);
+        let mut plugins: Vec<Value> = list["plugins"].as_array().cloned().unwrap_or_default();
+        if command == "DEL" {
+            plugins.reverse();
+        }
+        let mut result = prev.cloned();
+        for mut conf in plugins {
+            conf["name"] = list["name"].clone();
+            conf["cniVersion"] = list["cniVersion"].clone();
+            if let Some(r) = &result {
+                conf["prevResult"] = r.clone();
+            }
+            let (ok, stdout) = self.exec_plugin(node, command, pod, &conf)?;
+            if !ok {
+                bail!("CNI {command} failed in plugin {}: {stdout}", conf["type"]);
+            }
+            if command == "ADD" {
+                result = Some(
+                    serde_json::from_str(&stdout)
+                        .with_context(|| format!("plugin {} printed {stdout:?}", conf["type"]))?,
+                );
+            }
+        }
+        Ok(result.unwrap_or(Value::Null))
+    }
+
+    /// Creates a pod's network namespace and runs CNI ADD for it.
+    pub fn add_pod(&mut self, spec: &PodSpec) -> anyhow::Result<usize> {
+        let ns = self.lab.netns(&format!("pod-{}", spec.name))?;
+        let nth = self.nodes[spec.node].next_pod;
+        self.nodes[spec.node].next_pod += 1;
+        let mut pod = Pod {
+            name: spec.name.clone(),
+            ns,
+            ip: predicted_ip(spec.node, nth),
+            uid: format!("uid-{}-{}", spec.name, rand::random::<u32>()),
+            container_id: format!("ctr-{}-{}", spec.name, rand::random::<u32>()),
+            node: spec.node,
+            service_account: spec.service_account.clone(),
+            result: Value::Null,
+        };
+        let result = self.run_chain(spec.node, "ADD", &pod, None)?;
+        let got = result["ips"][0]["address"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if !got.starts_with(&format!("{}/", pod.ip)) {
+            bail!(
+                "host-local gave {} the address {got}, the mesh expects {}",
+                pod.name,
+                pod.ip
+            );
+        }
+        pod.result = result;
+        self.pods.push(pod);
+        Ok(self.pods.len() - 1)
+    }
+
+    /// Runs CNI DEL for a pod (the namespace stays, as a runtime removes it afterwards).
+    pub fn del_pod(&self, pod: usize) -> anyhow::Result<()> {
+        let p = &self.pods[pod];
+        self.run_chain(p.node, "DEL", p, Some(&p.result))
+            .map(|_| ())
+    }
+
+    pub fn pod(&self, name: &str) -> &Pod {
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .expect("no such pod")
+    }
+
+    /// An app listening on `port` inside the pod; each connection's peer address is sent
+    /// on the returned channel.
+    pub fn serve_app(
+        &self,
+        pod: &str,
+        port: u16,
+        mode: EchoMode,
+    ) -> anyhow::Result<mpsc::Receiver<SocketAddr>> {
+        let listener = Lab::in_netns(&self.pod(pod).ns, move || {
+            TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+        })?;
+        Ok(super::mesh::serve_echo(listener, mode))
+    }
+
+    /// A plain TCP connection made by an app in `pod` (captured by its rules).
+    pub fn connect_from(&self, pod: &str, dst: SocketAddr) -> anyhow::Result<TcpStream> {
+        let s = Lab::in_netns(&self.pod(pod).ns, move || {
+            TcpStream::connect_timeout(&dst, Duration::from_secs(5))
+        })
+        .with_context(|| format!("connecting from {pod} to {dst}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(s)
+    }
+
+    /// A connection from a node's own network namespace (kubelet-style probes).
+    pub fn connect_from_node(&self, node: usize, dst: SocketAddr) -> anyhow::Result<TcpStream> {
+        let s = Lab::in_netns(&self.nodes[node].ns, move || {
+            TcpStream::connect_timeout(&dst, Duration::from_secs(5))
+        })?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(s)
+    }
+
+    pub fn metrics(&self, node: usize) -> anyhow::Result<String> {
+        let (status, body) =
+            http_get(&self.nodes[node].ns, "127.0.0.1:15020".parse()?, "/metrics")?;
+        if status != 200 {
+            bail!("metrics answered {status}");
+        }
+        Ok(body)
+    }
+
+    /// `iptables-save` inside a pod (counters stripped, so two runs compare equal).
+    pub fn iptables_save(&self, pod: &str) -> anyhow::Result<String> {
+        let out = self.lab.exec(&self.pod(pod).ns, &["iptables-save"])?;
+        Ok(out
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                if l.starts_with(':') {
+                    l.split(' ').take(2).collect::<Vec<_>>().join(" ")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+
+    pub fn node_exec(&self, node: usize, args: &[&str]) -> anyhow::Result<String> {
+        self.lab.exec(&self.nodes[node].ns, args)
+    }
+}

@@ -1,0 +1,26 @@
+//! `ambit-cni`: ambit's chained CNI plugin, and the small JSON API it (and the `ambit`
+//! CLI) uses to talk to the node agent.
+//!
+//! - [`api`]: the agent's "pod events" API: one newline-terminated JSON request per
+//!   connection over a Unix stream socket ([`api::DEFAULT_AGENT_SOCKET`]), one JSON
+//!   response line back. Client ([`api::call`]) and server-side helpers
+//!   ([`api::read_request`], [`api::write_response`]).
+//! - [`plugin`]: the CNI (spec 1.0, also 0.3.x/0.4.0) plugin logic, free of process
+//!   state so it is tested in-memory: [`plugin::run`] takes the CNI environment, stdin
+//!   and an [`plugin::Agent`] and returns what to print and the exit code.
+//!   [`plugin::main_with_process_env`] is the entry point the `ambit` binary calls when
+//!   it is invoked as `ambit-cni`.
+//!
+//! The plugin is the fail-closed gate for new pods: an ADD for a pod that should be
+//! captured succeeds only after the agent has confirmed the enrollment; when the agent
+//! cannot be reached the runtime gets a "try again later" error and retries the
+//! sandbox, so no pod starts uncaptured. DEL never fails.
+//!
+//! No async runtime and no logging here: stdout belongs to the CNI protocol.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod plugin;
+
+pub use api::{AgentCallError, AgentRequest, AgentResponse, PodInfo, DEFAULT_AGENT_SOCKET};
+pub use plugin::{run, Agent, CniEnv, Outcome, SocketAgent};
