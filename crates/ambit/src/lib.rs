@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod agent_cli;
 pub mod app;
 pub mod config;
 pub mod demo;

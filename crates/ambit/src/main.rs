@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use ambit::{app, config, demo, logging, version};
+use ambit::{agent_cli, app, config, demo, logging, version};
 
 #[derive(Parser)]
 #[command(
@@ -29,11 +29,20 @@ enum Command {
     /// Build a two-node mesh in network namespaces on this machine, send real traffic
     /// through it and report what happened. Needs root.
     Demo(demo::DemoArgs),
+    /// Run the node agent (enrolls pods into capture and hands their network namespaces to
+    /// the node proxy over ZDS), or talk to a running one: `enroll`, `remove`, `list`.
+    Agent(agent_cli::AgentArgs),
     /// Print the version.
     Version,
 }
 
 fn main() -> ExitCode {
+    // Container runtimes call CNI plugins by file name: as `ambit-cni`, be the plugin.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ambit-cni")) {
+        let code = ambit_cni::plugin::main_with_process_env();
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
@@ -41,6 +50,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Ztunnel => run_ztunnel(),
+        Command::Agent(args) => match agent_cli::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ambit agent: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Demo(args) => match demo::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -86,3 +86,70 @@ fn version_and_help() {
         assert!(text.contains(sub), "{text}");
     }
 }
+
+/// The binary acts as the CNI plugin when called `ambit-cni`, as runtimes do.
+fn cni(command: &str, stdin: &str) -> (i32, String) {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("ambit-cni-{}-{command}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plugin = dir.join("ambit-cni");
+    let _ = std::fs::remove_file(&plugin);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ambit"), &plugin).unwrap();
+    let mut child = Command::new(&plugin)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", "c1")
+        .env("CNI_NETNS", "/var/run/netns/none")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_ARGS", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn cni_plugin_answers_bad_json_with_a_cni_error() {
+    let (code, stdout) = cni("ADD", "{not json");
+    assert_ne!(code, 0);
+    let err: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON error result");
+    assert!(err["code"].as_u64().is_some(), "{stdout}");
+    assert!(err["msg"].as_str().unwrap().contains("JSON"), "{stdout}");
+}
+
+#[test]
+fn cni_plugin_add_fails_closed_when_the_agent_is_unreachable() {
+    let conf = r#"{"cniVersion":"1.0.0","name":"net","type":"ambit-cni",
+        "agent_socket":"/nonexistent/ambit-cni.sock",
+        "prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/24"}]}}"#;
+    let (code, stdout) = cni("ADD", conf);
+    assert_ne!(code, 0, "{stdout}");
+    let err: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(err["code"], 11, "{stdout}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/nonexistent/ambit-cni.sock")
+            || err["details"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("/nonexistent/ambit-cni.sock"),
+        "{stdout}"
+    );
+    let (code, version) = cni("VERSION", "");
+    assert_eq!(code, 0);
+    assert!(version.contains("1.0.0"));
+}

@@ -211,23 +211,23 @@ pub fn call(
         let left = remaining("waiting for the answer")?;
         reader_timeout(&stream, left).map_err(|e| io_err("waiting for the answer", e))
     };
-    let (buf, _) = read_line_capped(&mut reader, MAX_RESPONSE_BYTES, &mut before_read)
-        .map_err(|e| match e {
+    let (buf, _) = read_line_capped(&mut reader, MAX_RESPONSE_BYTES, &mut before_read).map_err(
+        |e| match e {
             LineError::TooLarge => AgentCallError::Protocol(format!(
                 "the answer is larger than {MAX_RESPONSE_BYTES} bytes"
             )),
             LineError::Io(e) => io_err("waiting for the answer", e),
             LineError::Hook(e) => e,
-        })?;
+        },
+    )?;
     let text = trim_line(&buf);
     if text.is_empty() {
         return Err(AgentCallError::Protocol(
             "the agent closed the connection without answering".into(),
         ));
     }
-    let resp: AgentResponse = serde_json::from_slice(text).map_err(|e| {
-        AgentCallError::Protocol(format!("{e} (answer: {})", preview(text)))
-    })?;
+    let resp: AgentResponse = serde_json::from_slice(text)
+        .map_err(|e| AgentCallError::Protocol(format!("{e} (answer: {})", preview(text))))?;
     if resp.ok {
         Ok(resp)
     } else {
@@ -298,14 +298,14 @@ pub enum RequestError {
 /// Server side: reads one request line (at most [`MAX_REQUEST_BYTES`]; a missing final
 /// newline at EOF is tolerated) and decodes it. Set a read timeout on the socket first.
 pub fn read_request(stream: &mut impl BufRead) -> Result<AgentRequest, RequestError> {
-    let (buf, _) =
-        read_line_capped(stream, MAX_REQUEST_BYTES, &mut || {
-            Ok::<(), std::convert::Infallible>(())
-        }).map_err(|e| match e {
-            LineError::TooLarge => RequestError::TooLarge,
-            LineError::Io(e) => RequestError::Io(e),
-            LineError::Hook(never) => match never {},
-        })?;
+    let (buf, _) = read_line_capped(stream, MAX_REQUEST_BYTES, &mut || {
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .map_err(|e| match e {
+        LineError::TooLarge => RequestError::TooLarge,
+        LineError::Io(e) => RequestError::Io(e),
+        LineError::Hook(never) => match never {},
+    })?;
     parse_request(&buf)
 }
 
@@ -326,8 +326,9 @@ pub fn encode_response(resp: &AgentResponse) -> Vec<u8> {
     let mut out = match serde_json::to_vec(resp) {
         Ok(v) => v,
         // Serializing these plain types cannot fail; answer something valid anyway.
-        Err(_) => br#"{"ok":false,"error":"internal error: cannot encode response","pods":[]}"#
-            .to_vec(),
+        Err(_) => {
+            br#"{"ok":false,"error":"internal error: cannot encode response","pods":[]}"#.to_vec()
+        }
     };
     out.push(b'\n');
     out
@@ -524,7 +525,10 @@ mod tests {
         let mut c = Cursor::new(b"\n".to_vec());
         assert!(matches!(read_request(&mut c), Err(RequestError::Empty)));
         let mut c = Cursor::new(b"{\"op\":\"fly\"}\n".to_vec());
-        assert!(matches!(read_request(&mut c), Err(RequestError::Invalid(_))));
+        assert!(matches!(
+            read_request(&mut c),
+            Err(RequestError::Invalid(_))
+        ));
         let mut big = vec![b' '; MAX_REQUEST_BYTES + 1];
         big.push(b'\n');
         let mut c = Cursor::new(big);
@@ -556,7 +560,10 @@ mod tests {
             call(&path, &AgentRequest::Add(pod()), t).unwrap(),
             AgentResponse::ok()
         );
-        assert_eq!(call(&path, &AgentRequest::List, t).unwrap().pods, vec![pod()]);
+        assert_eq!(
+            call(&path, &AgentRequest::List, t).unwrap().pods,
+            vec![pod()]
+        );
         match call(&path, &AgentRequest::Check { uid: "u".into() }, t) {
             Err(AgentCallError::Rejected(m)) => assert_eq!(m, "pod u is not enrolled"),
             other => panic!("{other:?}"),
@@ -606,10 +613,7 @@ mod tests {
         });
         let start = Instant::now();
         let err = call(&path, &AgentRequest::List, Duration::from_millis(200)).unwrap_err();
-        assert!(
-            matches!(err, AgentCallError::Timeout { .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, AgentCallError::Timeout { .. }), "{err:?}");
         assert!(start.elapsed() < Duration::from_millis(550));
         h.join().unwrap();
     }

@@ -190,7 +190,10 @@ impl CniError {
             details: &self.details,
         })
         .unwrap_or_else(|_| {
-            format!(r#"{{"cniVersion":"{IMPLEMENTED_VERSION}","code":{},"msg":"error"}}"#, self.code)
+            format!(
+                r#"{{"cniVersion":"{IMPLEMENTED_VERSION}","code":{},"msg":"error"}}"#,
+                self.code
+            )
         })
     }
 
@@ -245,18 +248,19 @@ pub fn main_with_process_env() -> i32 {
         Err(e) => return emit(&e.outcome(IMPLEMENTED_VERSION)),
     };
     let agent = SocketAgent::new(agent_socket_of(&stdin));
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run(&env, &stdin, &agent)
-    }))
-    .unwrap_or_else(|_| {
-        if env.command == "DEL" {
-            Outcome::success(String::new())
-        } else {
-            CniError::new(codes::INTERNAL, "ambit-cni hit an internal error (panic)")
-                .details("this is a bug in ambit-cni; please report it with the network configuration")
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&env, &stdin, &agent)))
+            .unwrap_or_else(|_| {
+                if env.command == "DEL" {
+                    Outcome::success(String::new())
+                } else {
+                    CniError::new(codes::INTERNAL, "ambit-cni hit an internal error (panic)")
+                .details(
+                    "this is a bug in ambit-cni; please report it with the network configuration",
+                )
                 .outcome(&best_effort_version(&stdin))
-        }
-    });
+                }
+            });
     emit(&outcome)
 }
 
@@ -270,7 +274,9 @@ fn read_stdin() -> Result<Vec<u8>, CniError> {
     if buf.len() > MAX_STDIN_BYTES {
         return Err(CniError::new(
             codes::IO_FAILURE,
-            format!("stdin is larger than {MAX_STDIN_BYTES} bytes; that is not a network configuration"),
+            format!(
+                "stdin is larger than {MAX_STDIN_BYTES} bytes; that is not a network configuration"
+            ),
         ));
     }
     Ok(buf)
@@ -389,9 +395,9 @@ fn parse_conf(stdin: &[u8]) -> Result<NetConf, CniError> {
                         return Err(CniError::new(
                             codes::INVALID_CONFIG,
                             format!(
-                                "\"exclude_namespaces\"[{i}] must be a namespace name (string), got {}",
-                                json_kind(other)
-                            ),
+                            "\"exclude_namespaces\"[{i}] must be a namespace name (string), got {}",
+                            json_kind(other)
+                        ),
                         ))
                     }
                 }
@@ -414,7 +420,10 @@ fn parse_conf(stdin: &[u8]) -> Result<NetConf, CniError> {
         Some(other) => {
             return Err(CniError::new(
                 codes::INVALID_CONFIG,
-                format!("\"prevResult\" must be a JSON object, got {}", json_kind(&other)),
+                format!(
+                    "\"prevResult\" must be a JSON object, got {}",
+                    json_kind(&other)
+                ),
             ))
         }
     };
@@ -591,7 +600,9 @@ fn result_ips(prev: &Map<String, Value>) -> Result<Vec<IpAddr>, CniError> {
         let ip = parse_cidr_ip(addr).ok_or_else(|| {
             CniError::new(
                 codes::INVALID_CONFIG,
-                format!("prevResult.ips[{i}].address {addr:?} is not an IP address in CIDR notation"),
+                format!(
+                    "prevResult.ips[{i}].address {addr:?} is not an IP address in CIDR notation"
+                ),
             )
         })?;
         if seen.insert(ip) {

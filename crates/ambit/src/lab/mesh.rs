@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use super::{http_get, wait_until, Lab, Process};
+use super::{http_get, wait_until, Lab, PacketCapture, Process};
 
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
@@ -224,54 +224,7 @@ impl TwoNodes {
 
     /// Starts `tcpdump` on the client node's link; stop it with [`PacketCapture::finish`].
     pub fn capture_link(&self) -> anyhow::Result<PacketCapture> {
-        super::require_tool("tcpdump", "tcpdump")?;
-        let file = self.lab.dir.path().join("link.pcap");
-        let tcpdump = PathBuf::from("tcpdump");
-        let file_arg = file.display().to_string();
-        let proc = self.lab.spawn(
-            &self.client_ns,
-            "tcpdump",
-            &tcpdump,
-            &[
-                "-i",
-                LINK_DEV,
-                "-n",
-                "-U",
-                "--immediate-mode",
-                "-s",
-                "0",
-                "-Z",
-                "root",
-                "-w",
-                &file_arg,
-            ],
-            &[],
-        )?;
-        wait_until(
-            "tcpdump to start listening",
-            Duration::from_secs(10),
-            || std::fs::read_to_string(&proc.log).is_ok_and(|l| l.contains("listening on")),
-        )?;
-        Ok(PacketCapture { proc, file })
-    }
-}
-
-pub struct PacketCapture {
-    proc: Process,
-    file: PathBuf,
-}
-
-impl PacketCapture {
-    pub fn finish(self, lab: &Lab) -> anyhow::Result<super::pcap::Capture> {
-        // Give the last packets a moment to be written before stopping tcpdump.
-        std::thread::sleep(Duration::from_millis(200));
-        lab.signal_and_wait(
-            self.proc.pid,
-            nix::sys::signal::Signal::SIGINT,
-            Duration::from_secs(5),
-        )?;
-        let data = std::fs::read(&self.file).context("reading the packet capture")?;
-        super::pcap::parse(&data)
+        self.lab.capture(&self.client_ns, LINK_DEV)
     }
 }
 

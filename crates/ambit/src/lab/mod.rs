@@ -218,6 +218,64 @@ impl Drop for Lab {
     }
 }
 
+/// A running `tcpdump`; [`PacketCapture::finish`] stops it and parses what it saw.
+pub struct PacketCapture {
+    proc: Process,
+    file: PathBuf,
+}
+
+impl Lab {
+    /// Starts `tcpdump` on `dev` inside `ns`, writing every packet as it arrives.
+    pub fn capture(&self, ns: &str, dev: &str) -> anyhow::Result<PacketCapture> {
+        require_tool("tcpdump", "tcpdump")?;
+        let file = self
+            .dir
+            .path()
+            .join(format!("{dev}-{}.pcap", rand::random::<u32>()));
+        let file_arg = file.display().to_string();
+        // -Z root: tcpdump would otherwise drop to its own user and fail to write here.
+        let proc = self.spawn(
+            ns,
+            &format!("tcpdump-{dev}"),
+            Path::new("tcpdump"),
+            &[
+                "-i",
+                dev,
+                "-n",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "0",
+                "-Z",
+                "root",
+                "-w",
+                &file_arg,
+            ],
+            &[],
+        )?;
+        wait_until(
+            "tcpdump to start listening",
+            Duration::from_secs(10),
+            || std::fs::read_to_string(&proc.log).is_ok_and(|l| l.contains("listening on")),
+        )?;
+        Ok(PacketCapture { proc, file })
+    }
+}
+
+impl PacketCapture {
+    pub fn finish(self, lab: &Lab) -> anyhow::Result<pcap::Capture> {
+        // Give the last packets a moment to be written before stopping tcpdump.
+        std::thread::sleep(Duration::from_millis(200));
+        lab.signal_and_wait(
+            self.proc.pid,
+            nix::sys::signal::Signal::SIGINT,
+            Duration::from_secs(5),
+        )?;
+        let data = std::fs::read(&self.file).context("reading the packet capture")?;
+        pcap::parse(&data)
+    }
+}
+
 pub fn require_tool(tool: &str, package: &str) -> anyhow::Result<()> {
     let found = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|p| p.join(tool).is_file()))

@@ -1,0 +1,138 @@
+//! `ambit agent`: the node agent, and the commands that talk to a running one.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use ambit_cni::api::{self, AgentRequest, PodInfo};
+
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    #[command(subcommand)]
+    pub action: Option<AgentAction>,
+    /// The ZDS socket the node proxies connect to (ztunnel's `INPOD_UDS`).
+    #[arg(
+        long,
+        env = "INPOD_UDS",
+        default_value = "/var/run/ztunnel/ztunnel.sock",
+        global = true
+    )]
+    pub zds_socket: PathBuf,
+    /// The socket the CNI plugin and these commands use to reach the agent.
+    #[arg(long, default_value = api::DEFAULT_AGENT_SOCKET, global = true)]
+    pub events_socket: PathBuf,
+    /// Where the agent keeps its enrolled pods across restarts.
+    #[arg(long, default_value = "/var/lib/ambit/agent")]
+    pub state_dir: PathBuf,
+    /// Also capture IPv6 (ip6tables rules, the v6 probe set).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub ipv6: bool,
+    /// Redirect pods' DNS to the node proxy's DNS port 15053.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub dns_capture: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum AgentAction {
+    /// Enroll a pod whose network namespace exists (hosts that run containers without CNI).
+    Enroll {
+        /// Path of the pod's network namespace, e.g. /var/run/netns/web or /proc/<pid>/ns/net.
+        #[arg(long)]
+        netns: PathBuf,
+        #[arg(long)]
+        uid: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        #[arg(long, default_value = "default")]
+        service_account: String,
+        /// The pod's IP addresses (repeat for several).
+        #[arg(long = "ip", required = true)]
+        ips: Vec<IpAddr>,
+    },
+    /// Remove a pod from capture.
+    Remove {
+        #[arg(long)]
+        uid: String,
+    },
+    /// List the enrolled pods.
+    List,
+}
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let request = match args.action {
+        None => return run_agent(args),
+        Some(AgentAction::Enroll {
+            netns,
+            uid,
+            name,
+            namespace,
+            service_account,
+            ips,
+        }) => AgentRequest::Add(PodInfo {
+            uid,
+            name,
+            namespace,
+            service_account,
+            netns: netns.display().to_string(),
+            ips,
+            container_id: String::new(),
+        }),
+        Some(AgentAction::Remove { uid }) => AgentRequest::Remove { uid },
+        Some(AgentAction::List) => AgentRequest::List,
+    };
+    let response = api::call(&args.events_socket, &request, CALL_TIMEOUT)
+        .with_context(|| format!("asking the node agent at {}", args.events_socket.display()))?;
+    if !response.ok {
+        bail!(
+            "the node agent refused: {}",
+            response.error.unwrap_or_else(|| "no reason given".into())
+        );
+    }
+    for pod in response.pods {
+        println!(
+            "{}\t{}/{}\t{}\t{}",
+            pod.uid,
+            pod.namespace,
+            pod.name,
+            pod.ips
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            pod.netns
+        );
+    }
+    Ok(())
+}
+
+fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    crate::logging::init().map_err(anyhow::Error::msg)?;
+    let cfg = ambit_agent::AgentConfig {
+        zds_socket: args.zds_socket,
+        events_socket: args.events_socket,
+        state_dir: args.state_dir,
+        ipv6: args.ipv6,
+        dns_capture: args.dns_capture,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("ambit-agent")
+        .build()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("node agent shutting down; pods stay enrolled and captured");
+        };
+        ambit_agent::run(cfg, shutdown).await
+    })
+}
