@@ -1,7 +1,28 @@
-//! The ambit node agent (the istio-cni node agent, minus Kubernetes).
+//! The ambit node agent: the istio-cni node agent's job, minus Kubernetes.
+//!
+//! It enrolls pods into the mesh: it installs the redirection rules inside each pod's
+//! network namespace, keeps the host-side probe SNAT rules and ipsets, and hands each pod's
+//! netns to the node proxy over ZDS. Pods are announced on a Unix socket by the CNI plugin
+//! ([`ambit_cni::api`]) and persisted, so a restarted agent resumes where it stopped.
+//!
+//! - [`rules`]: the rule sets, sans IO (golden-tested against Istio's), the `iptables-save`
+//!   parser and the idempotence comparison.
+//! - [`iptables`]: applying and removing them in a netns (`nsenter` + `iptables-restore`).
+//! - [`ipset`]: the host probe sets (`ipset` tool), UID-checked removal.
+//! - [`store`]: the enrolled pods on disk.
+//! - [`zds`]: the ZDS server node proxies connect to.
+//! - [`agent`]: the runtime ([`run`]).
+//! - [`exec`]: running the tools in a netns.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod exec;
 pub mod ipset;
 pub mod iptables;
 pub mod rules;
+pub mod store;
+pub mod zds;
+
+pub use agent::{run, run_with, uninstall_host, AgentConfig, RunOptions};
+pub use rules::InpodRuleOptions;
+pub use zds::{ZdsError, ZdsServer};

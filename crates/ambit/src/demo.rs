@@ -16,14 +16,22 @@ pub struct DemoArgs {
     /// Leave the mesh running and print commands to try by hand; Ctrl-C removes it.
     #[arg(long)]
     pub keep: bool,
+    /// Run the node proxies in dedicated mode (one workload per node, no agent) instead of
+    /// in-pod mode.
+    #[arg(long)]
+    pub dedicated: bool,
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let ambit = std::env::current_exe().context("locating the ambit binary")?;
-    println!("building two nodes in network namespaces...");
-    let nodes = TwoNodes::start(&ambit, "demo", &[])?;
-    let cleanup = nodes.lab.cleanup_handle();
-    // Ctrl-C (or SIGTERM) removes everything before exiting.
+    if args.dedicated {
+        run_dedicated(args)
+    } else {
+        crate::demo_inpod::run(args.keep)
+    }
+}
+
+/// Removes the lab's namespaces and processes on Ctrl-C or SIGTERM, then exits.
+pub fn remove_on_signal(cleanup: crate::lab::Cleanup) {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -44,6 +52,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             std::process::exit(130);
         }
     });
+}
+
+fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
+    let ambit = std::env::current_exe().context("locating the ambit binary")?;
+    println!("building two nodes in network namespaces (dedicated mode)...");
+    let nodes = TwoNodes::start(&ambit, "demo", &[])?;
+    remove_on_signal(nodes.lab.cleanup_handle());
     let accepted = nodes.start_app_server(EchoMode::Double)?;
     let capture = nodes.capture_link().ok();
     if capture.is_none() {

@@ -8,6 +8,7 @@ pub mod agent_cli;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod demo_inpod;
 pub mod http;
 pub mod lab;
 pub mod logging;

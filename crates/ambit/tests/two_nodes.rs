@@ -337,3 +337,34 @@ async fn hbone_server_answers_bad_requests_with_ztunnel_status_codes() {
     );
     assert!(nodes.lab.is_running(nodes.server_proxy.pid));
 }
+
+#[test]
+fn ipv6_client_reaches_server_through_ip6t_original_destination() {
+    use ambit::lab::mesh::SERVER_IP6;
+    let nodes = TwoNodes::start(ambit(), "e2e-v6", &[]).unwrap();
+    let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let capture = nodes.capture_link().unwrap();
+    let back = exchange(
+        &nodes,
+        SocketAddr::from((SERVER_IP6, APP_PORT)),
+        b"over ipv6",
+    );
+    assert_eq!(back, b"over ipv6");
+    accepted.recv_timeout(Duration::from_secs(5)).unwrap();
+    let wire = capture.finish(&nodes.lab).unwrap();
+    assert_eq!(
+        wire.tcp_ports().into_iter().collect::<Vec<_>>(),
+        vec![15008]
+    );
+    assert!(!wire.payload_contains(b"over ipv6"));
+    let labels = [("reporter", "destination"), ("source_principal", CLIENT_ID)];
+    wait_until(
+        "the v6 connection to be counted",
+        Duration::from_secs(5),
+        || {
+            let text = nodes.metrics(&nodes.server_ns).unwrap();
+            metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 1
+        },
+    )
+    .unwrap();
+}

@@ -513,7 +513,7 @@ fn decide(p: &PodArgs, container_id: &str, conf: &NetConf) -> Decision {
     if p.name.is_empty() || p.namespace.is_empty() {
         return Decision::NotKube;
     }
-    if conf.exclude_namespaces.iter().any(|n| *n == p.namespace) {
+    if conf.exclude_namespaces.contains(&p.namespace) {
         return Decision::ExcludedNamespace;
     }
     if p.opt_out {

@@ -132,11 +132,11 @@ pub(crate) async fn handle(
                 move || async move {
                     let tls_error =
                         |msg: String| HboneError::Tls(Arc::new(std::io::Error::other(msg)));
-                    let cert = pi.certs.fetch(&src_identity).map_err(|e| {
-                        tls_error(format!("no certificate for {src_identity}: {e}"))
-                    })?;
-                    let tls = ambit_identity::tls::client_config(&cert, &expected_identities)
-                        .map_err(|e| tls_error(e.to_string()))?;
+                    // Cached per (identity, expected peers): no config is built per dial.
+                    let tls = pi
+                        .certs
+                        .client_config(&src_identity, &expected_identities)
+                        .map_err(|e| tls_error(format!("no client TLS for {src_identity}: {e}")))?;
                     let tcp = socket::connect(&*pi.sockets, &pi.cfg, next_hop, None).await?;
                     ambit_hbone::tls::connect(tcp, tls).await
                 }

@@ -3,7 +3,7 @@
 //! to run an app server and an unmodified client there.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -14,6 +14,8 @@ use super::{http_get, wait_until, Lab, PacketCapture, Process};
 
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 2);
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x78, 0, 0, 0, 0, 0, 1);
+pub const SERVER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x78, 0, 0, 0, 0, 0, 2);
 pub const SERVICE_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 pub const SERVICE_HOST: &str = "echo.default.svc.cluster.local";
 pub const APP_PORT: u16 = 8080;
@@ -28,7 +30,7 @@ pub fn mesh_yaml() -> String {
   name: client
   namespace: default
   serviceAccount: client
-  workloadIps: ["{CLIENT_IP}"]
+  workloadIps: ["{CLIENT_IP}", "{CLIENT_IP6}"]
   protocol: HBONE
   node: node1
   canonicalName: client
@@ -37,7 +39,7 @@ pub fn mesh_yaml() -> String {
   name: server
   namespace: default
   serviceAccount: server
-  workloadIps: ["{SERVER_IP}"]
+  workloadIps: ["{SERVER_IP}", "{SERVER_IP6}"]
   protocol: HBONE
   node: node2
   canonicalName: server
@@ -91,6 +93,22 @@ impl TwoNodes {
             &format!("{SERVER_IP}/24"),
             LINK_DEV,
         )?;
+        // Dual stack: IPv6 too, without duplicate address detection so it is usable at once.
+        for (ns, ip) in [(&client_ns, CLIENT_IP6), (&server_ns, SERVER_IP6)] {
+            lab.exec(
+                ns,
+                &[
+                    "ip",
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip}/64"),
+                    "dev",
+                    LINK_DEV,
+                    "nodad",
+                ],
+            )?;
+        }
         // Service VIPs are not on any link: route them out so connect() gets as far as the
         // capture rule.
         lab.exec(
@@ -206,8 +224,9 @@ impl TwoNodes {
     /// An app server listening on `APP_PORT` in the server node. Each accepted
     /// connection's peer address is sent on the returned channel.
     pub fn start_app_server(&self, mode: EchoMode) -> anyhow::Result<mpsc::Receiver<SocketAddr>> {
+        // `[::]` takes IPv4 too (mapped addresses).
         let listener = Lab::in_netns(&self.server_ns, || {
-            TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, APP_PORT))
+            TcpListener::bind(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, APP_PORT, 0, 0))
         })?;
         Ok(serve_echo(listener, mode))
     }

@@ -5,10 +5,12 @@ use serde_json::json;
 
 use super::*;
 
+type Answer = Box<dyn Fn(&AgentRequest) -> Result<AgentResponse, AgentCallError>>;
+
 /// A scripted agent that records what it was asked.
 struct FakeAgent {
     calls: RefCell<Vec<AgentRequest>>,
-    answer: Box<dyn Fn(&AgentRequest) -> Result<AgentResponse, AgentCallError>>,
+    answer: Answer,
 }
 
 impl FakeAgent {
@@ -326,7 +328,7 @@ fn bad_configs_are_explained() {
     let e = env("ADD", KUBE_ARGS);
     let o = run(&e, b"", &agent);
     assert_error(&o, 6, "stdin is empty");
-    let o = run(&e, b"not json", &agent);
+    let o = run(&e, b"garbage", &agent);
     let v = assert_error(
         &o,
         6,
@@ -542,8 +544,8 @@ impl Rng {
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
     }
 }
 
@@ -642,7 +644,7 @@ fn random_json(rng: &mut Rng, depth: u32) -> Value {
         0 => Value::Null,
         1 => json!(rng.below(2) == 0),
         2 => json!(rng.next() as i64),
-        3 => json!(*rng.pick(&["1.0.0", "0.3.1", "10.1.0.5/24", "fd00::1/64", "", "x"])),
+        3 => json!(rng.pick(&["1.0.0", "0.3.1", "10.1.0.5/24", "fd00::1/64", "", "x"])),
         4 => json!(rng.next() as f64 / 7.0),
         5 => Value::Array(
             (0..rng.below(4))
@@ -696,7 +698,7 @@ fn fuzz_run_never_panics_and_speaks_cni() {
                 serde_json::to_vec(&v).unwrap()
             }
             _ => {
-                let seed = rng.pick(&seeds).clone();
+                let seed = seeds[rng.below(seeds.len())].clone();
                 mutate(&mut rng, seed)
             }
         };

@@ -1,0 +1,151 @@
+//! `ambit demo` in in-pod mode: two nodes, each with the node agent and a node proxy in
+//! shared mode; three pods created through a real CNI chain; real traffic within a node
+//! and across nodes, and what crossed the wires.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::lab::inpod::{Cluster, PodSpec};
+use crate::lab::mesh::{metric_sum, EchoMode};
+
+const APP_PORT: u16 = 8080;
+
+pub fn run(keep: bool) -> anyhow::Result<()> {
+    let ambit = std::env::current_exe().context("locating the ambit binary")?;
+    println!(
+        "building two nodes (agent + node proxy each) and three pods through the CNI chain..."
+    );
+    let cluster = Cluster::start(
+        &ambit,
+        "demo",
+        2,
+        &[
+            PodSpec::new("client", 0),
+            PodSpec::new("neighbour", 0),
+            PodSpec::new("server", 1),
+        ],
+    )?;
+    crate::demo::remove_on_signal(cluster.lab.cleanup_handle());
+    let seen_server = cluster.serve_app("server", APP_PORT, EchoMode::Double)?;
+    let seen_neighbour = cluster.serve_app("neighbour", APP_PORT, EchoMode::Double)?;
+    let bridge = cluster.lab.capture(&cluster.nodes[0].ns, "cni0").ok();
+    let link = cluster.lab.capture(&cluster.nodes[0].ns, "eth0").ok();
+    if bridge.is_none() || link.is_none() {
+        println!("(tcpdump not found: the wires will not be inspected; apt-get install tcpdump)");
+    }
+
+    let secret = b"the quick brown fox: plaintext that must never leave a pod".to_vec();
+    let mut rows = Vec::new();
+    for (target, seen) in [("neighbour", &seen_neighbour), ("server", &seen_server)] {
+        let dst = SocketAddr::from((cluster.pod(target).ip, APP_PORT));
+        let mut conn = cluster.connect_from("client", dst)?;
+        conn.write_all(&secret)?;
+        conn.shutdown(Shutdown::Write)?;
+        let mut back = Vec::new();
+        conn.read_to_end(&mut back)?;
+        if back.len() != secret.len() * 2 {
+            bail!(
+                "{target}: expected {} bytes back, got {}",
+                secret.len() * 2,
+                back.len()
+            );
+        }
+        let peer = seen
+            .recv_timeout(Duration::from_secs(5))
+            .context("the app saw no connection")?;
+        rows.push((target, dst, secret.len(), back.len(), peer));
+    }
+
+    let mut wires = Vec::new();
+    for (name, capture) in [("node1 bridge cni0", bridge), ("node1 link eth0", link)] {
+        if let Some(c) = capture {
+            let cap = c.finish(&cluster.lab)?;
+            let ports: Vec<String> = cap.tcp_ports().iter().map(u16::to_string).collect();
+            wires.push((
+                name,
+                cap.tcp.len(),
+                ports.join(","),
+                cap.payload_contains(&secret[..20]),
+            ));
+        }
+    }
+
+    println!();
+    for pod in &cluster.pods {
+        println!(
+            "  pod {:<10} {:<12} node{}  spiffe://cluster.local/ns/default/sa/{}",
+            pod.name,
+            pod.ip,
+            pod.node + 1,
+            pod.service_account
+        );
+    }
+    println!();
+    println!(
+        "  {:<22} {:<18} {:>6} {:>9}  {}",
+        "client ->", "address", "sent", "received", "app saw source"
+    );
+    for (target, dst, sent, recv, peer) in &rows {
+        println!(
+            "  {:<22} {dst:<18} {sent:>6} {recv:>9}  {}",
+            format!("{target}"),
+            peer.ip()
+        );
+    }
+    println!();
+    for (name, segments, ports, clear) in &wires {
+        println!(
+            "  wire {name}: {segments} TCP segments, ports: {ports}; plaintext seen: {}",
+            if *clear { "YES (bad!)" } else { "no, only TLS" }
+        );
+    }
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let text = cluster.metrics(i)?;
+        let mtls = [("connection_security_policy", "mutual_tls")];
+        let src = [("reporter", "source"), mtls[0]];
+        let dst = [("reporter", "destination"), mtls[0]];
+        println!(
+            "  {} metrics: source opened {} closed {}, destination opened {} closed {}, pods proxied {}",
+            node.name,
+            metric_sum(&text, "istio_tcp_connections_opened_total", &src),
+            metric_sum(&text, "istio_tcp_connections_closed_total", &src),
+            metric_sum(&text, "istio_tcp_connections_opened_total", &dst),
+            metric_sum(&text, "istio_tcp_connections_closed_total", &dst),
+            text.lines()
+                .find_map(|l| l.strip_prefix("workload_manager_active_proxy_count "))
+                .unwrap_or("?"),
+        );
+    }
+    println!();
+    if keep {
+        let client = &cluster.pod("client").ns;
+        let server = cluster.pod("server");
+        println!("The mesh keeps running. Try:");
+        println!(
+            "  ip netns exec {client} curl -v http://{}:{APP_PORT}/   # the app echoes twice",
+            server.ip
+        );
+        println!(
+            "  ip netns exec {client} iptables-save -t nat            # the in-pod capture rules"
+        );
+        println!("  ip netns exec {} curl -s 127.0.0.1:15020/metrics | grep -e istio_tcp -e workload_manager", cluster.nodes[0].ns);
+        println!(
+            "  ip netns exec {} curl -s 127.0.0.1:15000/config_dump",
+            cluster.nodes[1].ns
+        );
+        println!(
+            "  ambit agent --events-socket {} list",
+            cluster.nodes[0].events_socket().display()
+        );
+        println!("  logs: {}", cluster.lab.dir.path().display());
+        println!("Press Ctrl-C to remove everything.");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    println!("removing the demo's namespaces");
+    Ok(())
+}
