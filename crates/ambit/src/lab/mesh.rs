@@ -122,33 +122,34 @@ impl TwoNodes {
         let config_path = lab.dir.path().join("mesh.yaml");
         std::fs::write(&config_path, mesh_yaml())?;
 
-        // The dedicated-mode capture rule: the client's outbound TCP goes to 15001,
-        // except what the proxy itself sends (marked 0x539).
-        lab.exec(
-            &client_ns,
-            &[
-                "iptables",
-                "-w",
-                "-t",
-                "nat",
-                "-A",
-                "OUTPUT",
-                "-p",
-                "tcp",
-                "!",
-                "-o",
-                "lo",
-                "-m",
-                "mark",
-                "!",
-                "--mark",
-                "0x539/0xfff",
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                "15001",
-            ],
-        )?;
+        // The dedicated-mode capture rule, IPv4 and IPv6: the client's outbound TCP goes to
+        // 15001, except what the proxy itself sends (marked 0x539).
+        const CAPTURE: &[&str] = &[
+            "-w",
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "!",
+            "-o",
+            "lo",
+            "-m",
+            "mark",
+            "!",
+            "--mark",
+            "0x539/0xfff",
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
+        ];
+        for iptables in ["iptables", "ip6tables"] {
+            let mut args = vec![iptables];
+            args.extend_from_slice(CAPTURE);
+            lab.exec(&client_ns, &args)?;
+        }
 
         let env = |workload: &str, node: &str| -> Vec<(&str, String)> {
             let mut env = vec![
