@@ -106,8 +106,8 @@ fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
     println!("  server: spiffe://cluster.local/ns/default/sa/server  at {SERVER_IP} (node2)");
     println!();
     println!(
-        "  {:<12} {:<18} {:>6} {:>9}  {}",
-        "dialed", "address", "sent", "received", "server app saw"
+        "  {:<12} {:<18} {:>6} {:>9}  server app saw",
+        "dialed", "address", "sent", "received"
     );
     for (what, dst, sent, recv, peer) in &rows {
         println!("  {what:<12} {dst:<18} {sent:>6} {recv:>9}  {peer}");

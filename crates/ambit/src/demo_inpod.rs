@@ -85,8 +85,8 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "  {:<22} {:<18} {:>6} {:>9}  {}",
-        "client ->", "address", "sent", "received", "app saw source"
+        "  {:<22} {:<18} {:>6} {:>9}  app saw source",
+        "client ->", "address", "sent", "received"
     );
     for (target, dst, sent, recv, peer) in &rows {
         println!(

@@ -31,7 +31,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run the node agent (enrolls pods into capture and hands their network namespaces to
     /// the node proxy over ZDS), or talk to a running one: `enroll`, `remove`, `list`.
-    Agent(agent_cli::AgentArgs),
+    Agent(Box<agent_cli::AgentArgs>),
     /// Print the version.
     Version,
 }
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Ztunnel => run_ztunnel(),
-        Command::Agent(args) => match agent_cli::run(args) {
+        Command::Agent(args) => match agent_cli::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("ambit agent: {e:#}");

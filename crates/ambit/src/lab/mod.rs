@@ -206,7 +206,7 @@ impl Lab {
         ns: &str,
         f: impl FnOnce() -> std::io::Result<T> + Send,
     ) -> anyhow::Result<T> {
-        let netns = ambit_inpod::netns::Netns::open(&Self::netns_path(ns))
+        let netns = ambit_inpod::netns::Netns::open(Self::netns_path(ns))
             .with_context(|| format!("opening network namespace {ns}"))?;
         Ok(netns.run_in(f)?)
     }
