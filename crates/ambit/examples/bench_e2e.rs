@@ -43,6 +43,8 @@ struct Args {
     out: PathBuf,
     seconds: u64,
     round_trips: usize,
+    /// Extra environment for both node proxies (`--proxy-env K=V`, repeatable).
+    proxy_env: Vec<(String, String)>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -50,6 +52,7 @@ fn parse_args() -> anyhow::Result<Args> {
     let mut out = None;
     let mut seconds = 5;
     let mut round_trips = 5000;
+    let mut proxy_env = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut val = || it.next().with_context(|| format!("{a} needs a value"));
@@ -58,9 +61,14 @@ fn parse_args() -> anyhow::Result<Args> {
             "--out" => out = Some(PathBuf::from(val()?)),
             "--seconds" => seconds = val()?.parse().context("--seconds")?,
             "--round-trips" => round_trips = val()?.parse().context("--round-trips")?,
+            "--proxy-env" => {
+                let kv = val()?;
+                let (k, v) = kv.split_once('=').context("--proxy-env takes KEY=VALUE")?;
+                proxy_env.push((k.to_string(), v.to_string()));
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: bench_e2e --ambit PATH --out FILE [--seconds N (5)] [--round-trips N (5000)]"
+                    "usage: bench_e2e --ambit PATH --out FILE [--seconds N (5)] [--round-trips N (5000)] [--proxy-env KEY=VALUE]..."
                 );
                 std::process::exit(0);
             }
@@ -74,6 +82,7 @@ fn parse_args() -> anyhow::Result<Args> {
         out: out.context("--out FILE is required")?,
         seconds,
         round_trips,
+        proxy_env,
     })
 }
 
@@ -111,6 +120,37 @@ fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Machine-wide CPU time from /proc/stat: (busy, steal, total) in ticks, all cores.
+fn machine_ticks() -> anyhow::Result<(u64, u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal [guest guest_nice, already in user]
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    let steal = v.get(7).copied().unwrap_or(0);
+    Ok((total - idle - steal, steal, total))
+}
+
+/// How busy the whole machine was while `f` ran: (busy %, steal %) of all cores.
+fn machine_busy<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, (f64, f64))> {
+    let a = machine_ticks()?;
+    let t = f()?;
+    let b = machine_ticks()?;
+    let total = (b.2 - a.2).max(1) as f64;
+    Ok((
+        t,
+        (
+            100.0 * (b.0 - a.0) as f64 / total,
+            100.0 * (b.1 - a.1) as f64 / total,
+        ),
+    ))
 }
 
 #[derive(Clone, Copy)]
@@ -325,6 +365,7 @@ fn connection_rate(
 struct Report {
     rows: Vec<[String; 5]>,
     resources: Vec<[String; 3]>,
+    busy: Vec<[String; 3]>,
     targets: Vec<[String; 4]>,
     notes: Vec<String>,
 }
@@ -365,7 +406,11 @@ impl Report {
                 format!("{what} {q}"),
                 format!("{d:.0} µs"),
                 format!("{m:.0} µs"),
-                pct(m, d),
+                if d > 0.0 {
+                    format!("{:.1}×", m / d)
+                } else {
+                    "n/a".into()
+                },
                 format!("{:+.0} µs", m - d),
             ]);
         }
@@ -396,13 +441,18 @@ impl Report {
     fn cpu(&mut self, phase: &str, cpu: Cpu, per: f64, unit: &str) {
         let f = |s: f64| {
             if per > 0.0 {
-                format!("{s:.2} s ({:.1} {unit})", s / per)
+                format!("{s:.2} s ({:.2} {unit})", s / per)
             } else {
                 format!("{s:.2} s")
             }
         };
         self.resources
             .push([phase.into(), f(cpu.client), f(cpu.server)]);
+    }
+
+    fn busy(&mut self, phase: &str, direct: (f64, f64), mesh: (f64, f64)) {
+        let f = |(b, st): (f64, f64)| format!("{b:.0} % (steal {st:.0} %)");
+        self.busy.push([phase.into(), f(direct), f(mesh)]);
     }
 
     fn render(&self, header: &str) -> String {
@@ -418,6 +468,10 @@ impl Report {
         }
         s.push_str("\n| node proxy CPU during the proxied phase | client node proxy | server node proxy |\n|---|---:|---:|\n");
         for r in &self.resources {
+            let _ = writeln!(s, "| {} | {} | {} |", r[0], r[1], r[2]);
+        }
+        s.push_str("\n| whole machine busy (all cores, every process) | direct run | proxied run |\n|---|---:|---:|\n");
+        for r in &self.busy {
             let _ = writeln!(s, "| {} | {} | {} |", r[0], r[1], r[2]);
         }
         s.push_str("\n| target | threshold | measured | met? |\n|---|---|---|---|\n");
@@ -471,7 +525,16 @@ fn main() -> anyhow::Result<()> {
     println!("machine: {machine}");
     println!("node proxy: {}", ambit.display());
 
-    let nodes = TwoNodes::start(&ambit, "bench", &[]).context("starting the two-node lab")?;
+    let extra_env: Vec<(&str, String)> = args
+        .proxy_env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    for (k, v) in &extra_env {
+        println!("node proxy environment: {k}={v}");
+    }
+    let nodes =
+        TwoNodes::start(&ambit, "bench", &extra_env).context("starting the two-node lab")?;
     // Ctrl-C or SIGTERM: remove the namespaces and processes, then exit.
     ambit::demo::remove_on_signal(nodes.lab.cleanup_handle());
 
@@ -488,6 +551,14 @@ fn main() -> anyhow::Result<()> {
     let idle = (
         status_kib(proxies.client, "VmRSS")?,
         status_kib(proxies.server, "VmRSS")?,
+    );
+    let idle_anon = (
+        status_kib(proxies.client, "RssAnon")?,
+        status_kib(proxies.server, "RssAnon")?,
+    );
+    let idle_file = (
+        status_kib(proxies.client, "RssFile")?,
+        status_kib(proxies.server, "RssFile")?,
     );
     println!(
         "idle RSS: client node proxy {} KiB, server node proxy {} KiB",
@@ -533,6 +604,7 @@ fn main() -> anyhow::Result<()> {
     let mut report = Report {
         rows: Vec::new(),
         resources: Vec::new(),
+        busy: Vec::new(),
         targets: Vec::new(),
         notes: Vec::new(),
     };
@@ -542,8 +614,9 @@ fn main() -> anyhow::Result<()> {
     let mut single = (0.0, 0.0);
     for streams in [1u32, 4] {
         println!("iperf3, {streams} stream(s), {secs} s each way ...");
-        let direct = iperf(&nodes, DIRECT_IPERF_PORT, streams, secs)?;
-        let (mesh, cpu) = proxies.measure(|| iperf(&nodes, MESH_IPERF_PORT, streams, secs))?;
+        let (direct, busy_d) = machine_busy(|| iperf(&nodes, DIRECT_IPERF_PORT, streams, secs))?;
+        let ((mesh, cpu), busy_m) =
+            machine_busy(|| proxies.measure(|| iperf(&nodes, MESH_IPERF_PORT, streams, secs)))?;
         println!(
             "  direct {:.2} Gbit/s, proxied {:.2} Gbit/s",
             direct / 1e9,
@@ -556,6 +629,7 @@ fn main() -> anyhow::Result<()> {
         report.throughput(&what, direct, mesh);
         let gbytes = mesh * secs as f64 / 8.0 / 1e9;
         report.cpu(&what, cpu, gbytes, "s/GB");
+        report.busy(&what, busy_d, busy_m);
         if streams == 1 {
             single = (direct, mesh);
         }
@@ -566,17 +640,20 @@ fn main() -> anyhow::Result<()> {
     for size in [64usize, 1024] {
         let label = if size == 64 { "64 B" } else { "1 KiB" };
         println!("{} round trips of {label} ...", args.round_trips);
-        let direct = round_trips(&nodes, direct_echo, size, args.round_trips)?;
-        let (mesh, cpu) =
-            proxies.measure(|| round_trips(&nodes, mesh_echo, size, args.round_trips))?;
+        let (direct, busy_d) =
+            machine_busy(|| round_trips(&nodes, direct_echo, size, args.round_trips))?;
+        let ((mesh, cpu), busy_m) = machine_busy(|| {
+            proxies.measure(|| round_trips(&nodes, mesh_echo, size, args.round_trips))
+        })?;
         println!(
             "  p50 direct {:.0} µs, proxied {:.0} µs",
             direct.p50, mesh.p50
         );
         let what = format!("request/response {label}, reused connection");
         report.latency(&what, direct, mesh);
-        let per_k = args.round_trips as f64 / 1000.0;
-        report.cpu(&format!("{label} round trips"), cpu, per_k, "ms/1k req");
+        let per_req = (args.round_trips + WARMUP_ROUND_TRIPS) as f64 / 1e6;
+        report.cpu(&format!("{label} round trips"), cpu, per_req, "µs/request");
+        report.busy(&format!("{label} round trips"), busy_d, busy_m);
         rr_p50.push((label, mesh.p50 - direct.p50));
     }
 
@@ -584,17 +661,20 @@ fn main() -> anyhow::Result<()> {
     let mut rate8 = (0.0, 0.0);
     for concurrency in [1usize, 8] {
         println!("new connections, concurrency {concurrency}, {secs} s each way ...");
-        let direct = connection_rate(&nodes, direct_echo, concurrency, secs)?;
-        let (mesh, cpu) =
-            proxies.measure(|| connection_rate(&nodes, mesh_echo, concurrency, secs))?;
+        let (direct, busy_d) =
+            machine_busy(|| connection_rate(&nodes, direct_echo, concurrency, secs))?;
+        let ((mesh, cpu), busy_m) = machine_busy(|| {
+            proxies.measure(|| connection_rate(&nodes, mesh_echo, concurrency, secs))
+        })?;
         println!(
             "  direct {:.0}/s, proxied {:.0}/s",
             direct.per_second, mesh.per_second
         );
         let what = format!("new connections, concurrency {concurrency}");
         report.rate(&what, &direct, &mesh);
-        let conns_k = mesh.per_second * secs as f64 / 1000.0;
-        report.cpu(&what, cpu, conns_k, "s/1k conns");
+        let conns_m = mesh.per_second * secs as f64 / 1e6;
+        report.cpu(&what, cpu, conns_m, "µs/connection");
+        report.busy(&what, busy_d, busy_m);
         if concurrency == 8 {
             rate8 = (direct.per_second, mesh.per_second);
         }
@@ -611,6 +691,8 @@ fn main() -> anyhow::Result<()> {
     let mib = |k: u64| format!("{:.1} MiB", k as f64 / 1024.0);
     for (what, v) in [
         ("RSS right after start (idle)", idle),
+        ("  of which anonymous (heap, stacks)", idle_anon),
+        ("  of which file-backed (binary, libraries)", idle_file),
         ("peak RSS (VmHWM)", peak),
         ("RSS at the end", end),
     ] {

@@ -266,6 +266,14 @@ async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {
         _ = int_fut => tracing::info!("received SIGINT"),
         _ = quit.recv() => tracing::info!("shutdown requested through /quitquitquit"),
     }
+    // A second Ctrl-C means "now": skip the rest of the drain.
+    tokio::spawn(async {
+        if let Ok(mut int) = signal(SignalKind::interrupt()) {
+            int.recv().await;
+            tracing::warn!("second SIGINT: exiting without waiting for open connections");
+            std::process::exit(1);
+        }
+    });
 }
 
 /// In-pod mode enters pod namespaces and marks sockets: check both work before announcing

@@ -272,6 +272,17 @@ impl Config {
                 because: "no xDS server is configured",
             });
         }
+        let node_name = env
+            .get("NODE_NAME")
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
+        if proxy_mode == ProxyMode::Shared && node_name.is_none() {
+            // Pods are matched to the workloads configured on this node only.
+            return Err(ConfigError::Missing {
+                var: "NODE_NAME",
+                because: "PROXY_MODE=shared",
+            });
+        }
         let packet_mark =
             match env.parse::<u32>("PACKET_MARK", "a 32-bit unsigned integer such as 1337")? {
                 Some(m) => Some(m),
@@ -389,7 +400,7 @@ impl Config {
             local_config,
             xds_address,
             trust_domain,
-            node_name: env.get("NODE_NAME").map(str::to_string),
+            node_name,
             istio_version: env
                 .get("ISTIO_META_ISTIO_VERSION")
                 .unwrap_or("unknown")
@@ -433,6 +444,8 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         m.entry("LOCAL_XDS".into()).or_insert_with(|| "{}".into());
+        m.entry("NODE_NAME".into())
+            .or_insert_with(|| "node1".into());
         m
     }
 
@@ -528,6 +541,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("LOCAL_XDS_PATH"));
+    }
+
+    #[test]
+    fn shared_mode_needs_the_node_name() {
+        let mut vars = env(&[]);
+        vars.remove("NODE_NAME");
+        assert_eq!(
+            Config::from_env(&vars).unwrap_err().to_string(),
+            "NODE_NAME is required when PROXY_MODE=shared"
+        );
     }
 
     #[test]

@@ -273,3 +273,55 @@ fn host_probe_reaches_the_pod_from_the_probe_address() {
         std::net::IpAddr::V4(Ipv4Addr::new(169, 254, 7, 127))
     );
 }
+
+#[test]
+fn plaintext_from_outside_the_mesh_is_authorized_without_identity() {
+    // Deny anything from node2's own address; mesh pods are not affected.
+    let policy = r#"policies:
+- name: no-node2-host
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules: [[[ {sourceIps: ["10.78.0.2/32"]} ]]]
+"#;
+    let cluster = Cluster::start_with(
+        ambit(),
+        "inpod-plain",
+        2,
+        &[PodSpec::new("a", 0), PodSpec::new("c", 1)],
+        policy,
+    )
+    .unwrap();
+    let seen = cluster.serve_app("a", APP_PORT, EchoMode::Mirror).unwrap();
+    // From node2's host to pod a on node1: plaintext from outside the mesh (not a probe:
+    // only node1's own host traffic is SNATed), captured on a's 15006 and denied.
+    let denied = cluster
+        .connect_from_node(1, app_addr(&cluster, "a"))
+        .and_then(|mut s| {
+            s.write_all(b"plain")?;
+            s.shutdown(Shutdown::Write)?;
+            let mut back = Vec::new();
+            let _ = s.read_to_end(&mut back);
+            Ok(back)
+        });
+    assert!(
+        matches!(&denied, Ok(b) if b.is_empty()) || denied.is_err(),
+        "{denied:?}"
+    );
+    assert!(seen.try_recv().is_err(), "the app saw denied plaintext");
+    let labels = [("reporter", "destination"), ("response_flags", "DENY")];
+    wait_until("the denial to be counted", Duration::from_secs(5), || {
+        let text = cluster.metrics(0).unwrap();
+        metric_sum(&text, "istio_tcp_connections_failed_total", &labels) == 1
+    })
+    .unwrap();
+    // The mesh pod on node2 still gets through (its source is its pod IP, over HBONE).
+    assert_eq!(
+        exchange(&cluster, "c", app_addr(&cluster, "a"), b"mesh").unwrap(),
+        b"mesh"
+    );
+    assert_eq!(
+        seen.recv_timeout(Duration::from_secs(5)).unwrap().ip(),
+        cluster.pod("c").ip
+    );
+}

@@ -368,3 +368,60 @@ fn ipv6_client_reaches_server_through_ip6t_original_destination() {
     )
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_policy_denies_with_401_and_counts_deny() {
+    // Only a service account nobody runs may reach the default namespace.
+    let policy = r#"policies:
+- name: only-nobody
+  namespace: default
+  scope: Namespace
+  action: Allow
+  rules: [[[ {principals: [{exact: "cluster.local/ns/default/sa/nobody"}]} ]]]
+"#;
+    let nodes = TwoNodes::start_with(ambit(), "e2e-rbac", &[], policy).unwrap();
+    let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let raw = RawHbone::new(&nodes);
+    assert_eq!(
+        raw.status_of(connect_request(&format!("{SERVER_IP}:{APP_PORT}")))
+            .await,
+        401
+    );
+
+    // Through the client's node proxy: the app never sees the connection.
+    let back = tokio::task::spawn_blocking({
+        let dst = SocketAddr::from((SERVER_IP, APP_PORT));
+        let ns = nodes.client_ns.clone();
+        move || {
+            let mut s = Lab::in_netns(&ns, move || {
+                std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(5))
+            })
+            .unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = s.write_all(b"let me in");
+            let _ = s.shutdown(Shutdown::Write);
+            let mut back = Vec::new();
+            let _ = s.read_to_end(&mut back);
+            back
+        }
+    })
+    .await
+    .unwrap();
+    assert!(back.is_empty(), "denied traffic reached the app: {back:?}");
+    assert!(
+        accepted.try_recv().is_err(),
+        "the app accepted a denied connection"
+    );
+
+    let labels = [("reporter", "destination"), ("response_flags", "DENY")];
+    let mut text = String::new();
+    wait_until("both denials to be counted", Duration::from_secs(5), || {
+        text = nodes.metrics(&nodes.server_ns).unwrap();
+        metric_sum(&text, "istio_tcp_connections_failed_total", &labels) == 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        metric_sum(&text, "istio_tcp_connections_closed_total", &labels),
+        2
+    );
+}

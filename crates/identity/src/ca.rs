@@ -502,6 +502,57 @@ mod tests {
     use rcgen::{KeyIdMethod, PKCS_ECDSA_P384_SHA384, PKCS_RSA_SHA256};
     use std::process::Command;
 
+    /// A leaf signed by `ca` whose SAN carries two SPIFFE ids: legal X.509, not a valid SVID.
+    fn two_id_leaf(
+        ca: &CertificateAuthority,
+        first: &SpiffeId,
+        second: &SpiffeId,
+    ) -> WorkloadCertificate {
+        let key = leaf::new_key().unwrap();
+        let now = SystemTime::now();
+        let mut params = leaf::leaf_params(first, now, now + Duration::from_secs(3600), true);
+        params.custom_extensions.clear();
+        params.subject_alt_names = vec![
+            rcgen::SanType::URI(first.to_string().try_into().unwrap()),
+            rcgen::SanType::URI(second.to_string().try_into().unwrap()),
+        ];
+        let cert = params.signed_by(&key, &ca.issuer, &ca.key).unwrap();
+        WorkloadCertificate {
+            identity: first.clone(),
+            chain: vec![cert.der().clone()],
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+            roots: ca.roots.clone(),
+            not_before: now,
+            not_after: now + Duration::from_secs(3600),
+        }
+    }
+
+    #[tokio::test]
+    async fn certificates_with_several_spiffe_ids_are_refused_both_ways() {
+        let ca = CertificateAuthority::ephemeral("cluster.local").unwrap();
+        let admin = SpiffeId::parse("spiffe://other.td/ns/prod/sa/admin").unwrap();
+        let plain = SpiffeId::new("cluster.local", "default", "web").unwrap();
+        let sneaky = two_id_leaf(&ca, &admin, &plain);
+        let honest = ca.issue(&plain, Duration::from_secs(3600)).unwrap();
+        // As a client: passes a naive "any SAN in our trust domain" check, must be refused.
+        let err = exchange(
+            server_config(&honest).unwrap(),
+            client_config(&sneaky, std::slice::from_ref(&plain)).unwrap(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.contains("SeveralSpiffeIds"), "{err}");
+        // As a server: one of its ids is expected, must be refused all the same.
+        let err = exchange(
+            server_config(&sneaky).unwrap(),
+            client_config(&honest, &[plain.clone(), admin.clone()]).unwrap(),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.contains("SeveralSpiffeIds"), "{err}");
+        assert_eq!(crate::tls::peer_identity(Some(&sneaky.chain)), None);
+    }
+
     const HOUR: Duration = Duration::from_secs(3600);
 
     /// Two leaves of `ca` (or of `ca` and `peer`) complete a real mTLS exchange.

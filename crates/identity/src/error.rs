@@ -140,6 +140,12 @@ pub enum ManagerError {
 pub enum PeerError {
     #[error("peer certificate has no SPIFFE URI SAN")]
     NoSpiffeId,
+    /// An X.509 SVID carries exactly one SPIFFE id; with several, which one would
+    /// authorization see?
+    #[error(
+        "peer certificate has several SPIFFE URI SANs {found:?}; an SVID must have exactly one"
+    )]
+    SeveralSpiffeIds { found: Vec<String> },
     #[error("server identities {found:?} are not among the expected {expected:?}")]
     UnexpectedServer {
         found: Vec<String>,

@@ -106,10 +106,14 @@ pub fn placeholder_server_name() -> ServerName<'static> {
     ServerName::from(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
-/// The first SPIFFE id of the peer's leaf certificate.
+/// The SPIFFE id of the peer's leaf certificate (None unless it has exactly one).
 pub fn peer_identity(peer_certs: Option<&[CertificateDer<'_>]>) -> Option<SpiffeId> {
     let leaf = peer_certs?.first()?;
-    spiffe_ids_of(leaf).into_iter().next()
+    // The handshake refused leaves with several ids; stay strict here too.
+    match spiffe_ids_of(leaf).as_slice() {
+        [only] => Some(only.clone()),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -77,6 +77,11 @@ impl ServerCertVerifier for ExpectedServerVerifier {
         if found.is_empty() {
             return Err(refuse(PeerError::NoSpiffeId));
         }
+        if found.len() > 1 {
+            return Err(refuse(PeerError::SeveralSpiffeIds {
+                found: strings(&found),
+            }));
+        }
         if found.iter().any(|id| self.expected.contains(id)) {
             Ok(ServerCertVerified::assertion())
         } else {
@@ -163,6 +168,11 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
         let found = spiffe_ids_of(end_entity);
         if found.is_empty() {
             return Err(refuse(PeerError::NoSpiffeId));
+        }
+        if found.len() > 1 {
+            return Err(refuse(PeerError::SeveralSpiffeIds {
+                found: strings(&found),
+            }));
         }
         if found
             .iter()

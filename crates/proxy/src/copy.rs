@@ -1,14 +1,27 @@
 //! Bidirectional byte copy between the two legs of a proxied connection, keeping TCP
-//! half-close: EOF on one side becomes a write shutdown on the other.
+//! half-close: EOF on one side becomes a write shutdown on the other. An error in either
+//! direction ends both, so a reset on one leg is never left hanging on the other.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Per-direction buffer. Large enough for line-rate copies over loopback and veth, small
-/// enough that an idle connection costs little (buffers exist only while copying).
-const BUFFER_SIZE: usize = 64 * 1024;
+/// Buffers grow with the traffic: an idle or chatty connection keeps a small one, a bulk
+/// transfer gets a large one for fewer syscalls and larger TLS records.
+const BUFFER_STEPS: [(u64, usize); 3] = [
+    (0, 8 * 1024),
+    (256 * 1024, 64 * 1024),
+    (16 << 20, 256 * 1024),
+];
+
+fn buffer_size_for(copied: u64) -> usize {
+    BUFFER_STEPS
+        .iter()
+        .rev()
+        .find(|(after, _)| copied >= *after)
+        .map_or(BUFFER_STEPS[0].1, |(_, size)| *size)
+}
 
 /// Copies `client` <-> `server` until both directions finished. Counts bytes into
 /// `client_to_server` and `server_to_client` as they move.
@@ -26,8 +39,8 @@ where
     let (mut server_r, mut server_w) = tokio::io::split(server);
     let upstream = copy_one_way(&mut client_r, &mut server_w, client_to_server);
     let downstream = copy_one_way(&mut server_r, &mut client_w, server_to_client);
-    let (up, down) = tokio::join!(upstream, downstream);
-    up.and(down)
+    // The first error drops both directions (and with them both connections).
+    tokio::try_join!(upstream, downstream).map(|_| ())
 }
 
 async fn copy_one_way<R, W>(reader: &mut R, writer: &mut W, counter: &AtomicU64) -> io::Result<()>
@@ -35,22 +48,40 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; BUFFER_SIZE];
+    let mut copied = 0u64;
+    let mut buf = vec![0u8; buffer_size_for(0)];
     loop {
-        let n = reader.read(&mut buf).await?;
+        let n = match reader.read(&mut buf).await {
+            Ok(n) => n,
+            Err(e) => {
+                // Tell the other side we are done before reporting the failure.
+                let _ = writer.shutdown().await;
+                return Err(e);
+            }
+        };
         if n == 0 {
             // Pass the half-close on; the other direction keeps going.
-            return writer.shutdown().await;
+            return match writer.shutdown().await {
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+                other => other,
+            };
         }
         writer.write_all(&buf[..n]).await?;
         counter.fetch_add(n as u64, Ordering::Relaxed);
+        copied += n as u64;
+        let wanted = buffer_size_for(copied);
+        if wanted > buf.len() {
+            buf.resize(wanted, 0);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::duplex;
+    use tokio::net::{TcpListener, TcpStream};
 
     #[tokio::test]
     async fn half_close_passes_through_and_bytes_are_counted() {
@@ -79,5 +110,46 @@ mod tests {
         tokio::join!(copier, peers);
         assert_eq!(up.load(Ordering::Relaxed), 5);
         assert_eq!(down.load(Ordering::Relaxed), 6);
+    }
+
+    async fn tcp_pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn a_reset_on_one_leg_closes_the_other() {
+        let (app, proxy_client_side) = tcp_pair().await;
+        let (proxy_server_side, upstream) = tcp_pair().await;
+        let up = AtomicU64::new(0);
+        let down = AtomicU64::new(0);
+        let copier = tokio::spawn(async move {
+            copy_bidirectional(proxy_client_side, proxy_server_side, &up, &down).await
+        });
+        // The upstream aborts (RST) while the app is idle and would otherwise wait forever.
+        socket2::SockRef::from(&upstream)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(upstream);
+        let result = tokio::time::timeout(Duration::from_secs(5), copier)
+            .await
+            .expect("the copy ended")
+            .unwrap();
+        assert!(result.is_err(), "a reset is reported as an error");
+        let mut app = app;
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), app.read(&mut buf))
+            .await
+            .expect("the app's connection was closed, not left hanging");
+        assert!(matches!(read, Ok(0) | Err(_)));
+    }
+
+    #[test]
+    fn buffers_grow_with_the_traffic() {
+        assert_eq!(buffer_size_for(0), 8 * 1024);
+        assert_eq!(buffer_size_for(256 * 1024), 64 * 1024);
+        assert_eq!(buffer_size_for(100 << 20), 256 * 1024);
     }
 }

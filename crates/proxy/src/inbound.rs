@@ -15,7 +15,7 @@ use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
 use crate::outbound::{baggage_of, proxy_bytes};
-use crate::socket;
+use crate::socket::{self, Spoof};
 use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
 
 /// Handles one CONNECT stream. Status codes follow ztunnel: 400 malformed or aimed at
@@ -35,13 +35,9 @@ pub(crate) async fn handle_connect(
         Err(rejection) => return reject(incoming, src, rejection.status, rejection.reason),
     };
     let state = pi.state.get();
-    let Some(dst_workload) = state.workload_by_ip(&pi.cfg.network, local_ip) else {
-        return reject(
-            incoming,
-            src,
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no workload with address {local_ip} in the configuration"),
-        );
+    let dst_workload = match pi.serving_workload(&state, local_ip) {
+        Ok(w) => w,
+        Err(e) => return reject(incoming, src, StatusCode::SERVICE_UNAVAILABLE, e),
     };
     let (target_port, hostname_service) = match &request.authority {
         Authority::Addr(addr) => {
@@ -150,13 +146,17 @@ pub(crate) fn spoof_source(
     transparent: bool,
     client: IpAddr,
     local: IpAddr,
-) -> Option<IpAddr> {
+) -> Option<Spoof> {
     let wanted = match pi.cfg.original_source {
         OriginalSource::Off => false,
         OriginalSource::Required => true,
         OriginalSource::Auto => transparent && pi.spoof_by_default,
     };
-    (wanted && client != local).then_some(client)
+    // Hairpin (a workload calling itself) keeps our address.
+    (wanted && client != local).then_some(Spoof {
+        ip: client,
+        required: pi.cfg.original_source == OriginalSource::Required,
+    })
 }
 
 /// A hostname authority: the workload must back that service; the service port maps to

@@ -61,6 +61,29 @@ pub struct ProxyInputs {
 }
 
 impl ProxyInputs {
+    /// The workload an inbound connection to `local_ip` reaches: this proxy's own workload,
+    /// and only if `local_ip` is one of its addresses. Never another workload that happens
+    /// to own the address in the configuration.
+    pub fn serving_workload(
+        &self,
+        state: &ProxyState,
+        local_ip: std::net::IpAddr,
+    ) -> Result<Arc<Workload>, String> {
+        let local = self.local_workload(state).ok_or_else(|| {
+            format!(
+                "this proxy's workload {}/{} (service account {}) is not in the configuration",
+                self.local.namespace, self.local.name, self.local.service_account
+            )
+        })?;
+        if !local.workload_ips.contains(&local_ip) {
+            return Err(format!(
+                "{local_ip} is not an address of workload {}/{}",
+                local.namespace, local.name
+            ));
+        }
+        Ok(local)
+    }
+
     /// The workload this proxy serves, as currently configured.
     pub fn local_workload(&self, state: &ProxyState) -> Option<Arc<Workload>> {
         state.find_local_workload(

@@ -72,6 +72,7 @@ pub(crate) async fn handle(
                     src_addr: Some(src),
                     src_workload: Some(local),
                     dst_addr: Some(target),
+                    dst_identity: destination.as_ref().map(|w| w.identity()),
                     dst_workload: destination,
                     dst_service: service,
                     ..Default::default()

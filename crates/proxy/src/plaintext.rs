@@ -36,7 +36,12 @@ pub(crate) async fn handle(
         );
     }
     let state = pi.state.get();
-    let dst_workload = state.workload_by_ip(&pi.cfg.network, dst.ip());
+    // Only our own workload is reachable here, and always through its policies: an
+    // address we cannot attribute is refused, never forwarded unchecked.
+    let dst_workload = match pi.serving_workload(&state, dst.ip()) {
+        Ok(w) => w,
+        Err(e) => return failed(src, Some(dst), e),
+    };
     let result = ConnectionResult::open(
         &pi.metrics,
         Reporter::Destination,
@@ -44,23 +49,21 @@ pub(crate) async fn handle(
             src_addr: Some(src),
             src_workload: state.workload_by_ip(&pi.cfg.network, src.ip()),
             dst_addr: Some(dst),
-            dst_identity: dst_workload.as_ref().map(|w| w.identity()),
-            dst_workload: dst_workload.clone(),
+            dst_identity: Some(dst_workload.identity()),
+            dst_workload: Some(dst_workload.clone()),
             ..Default::default()
         },
     );
-    if let Some(w) = &dst_workload {
-        let ctx = RbacContext {
-            source_identity: None,
-            source_ip: src.ip(),
-            destination: dst,
-        };
-        if let Err(denied) = state.authorize(&ctx, w) {
-            return result.finish(Err((
-                ResponseFlag::Deny,
-                format!("connection closed due to policy rejection: {denied}"),
-            )));
-        }
+    let ctx = RbacContext {
+        source_identity: None,
+        source_ip: src.ip(),
+        destination: dst,
+    };
+    if let Err(denied) = state.authorize(&ctx, &dst_workload) {
+        return result.finish(Err((
+            ResponseFlag::Deny,
+            format!("connection closed due to policy rejection: {denied}"),
+        )));
     }
     drop(state);
     let source = spoof_source(&pi, transparent, src.ip(), dst.ip());

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
+use crate::config::OriginalSource;
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::{inbound, outbound, plaintext, socket};
@@ -46,6 +47,15 @@ impl BoundProxy {
                 )
             })?;
             let transparent = socket::is_transparent(&sock, v6);
+            if !transparent && pi.cfg.original_source == OriginalSource::Required {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "ENABLE_ORIG_SRC=true but the {what} listener on {addr} cannot be made \
+                         transparent (IP_TRANSPARENT needs CAP_NET_ADMIN)"
+                    ),
+                ));
+            }
             Ok(Listener {
                 listener: socket::into_listener(sock)?,
                 transparent,

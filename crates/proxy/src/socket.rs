@@ -118,6 +118,14 @@ fn apply_keepalive(socket: &socket2::SockRef<'_>, keepalive: &Keepalive) -> io::
     Ok(())
 }
 
+/// Connect to the app from the client's own address (original-source preservation).
+#[derive(Clone, Copy, Debug)]
+pub struct Spoof {
+    pub ip: IpAddr,
+    /// `ENABLE_ORIG_SRC=true`: fail rather than fall back to our own address.
+    pub required: bool,
+}
+
 /// Outgoing connect timeout (ztunnel: 10 s).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -129,11 +137,23 @@ pub async fn connect(
     factory: &dyn SocketFactory,
     cfg: &ProxyConfig,
     dst: SocketAddr,
-    source: Option<IpAddr>,
+    source: Option<Spoof>,
 ) -> io::Result<TcpStream> {
-    let socket = factory.new_tcp(dst)?;
-    if let Some(src) = source {
-        bind_transparent_source(&socket, src, dst)?;
+    let mut socket = factory.new_tcp(dst)?;
+    if let Some(spoof) = source {
+        if let Err(e) = bind_transparent_source(&socket, spoof.ip, dst) {
+            if spoof.required {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot connect from the client's address {} (ENABLE_ORIG_SRC=true): {e}",
+                        spoof.ip
+                    ),
+                ));
+            }
+            tracing::debug!(client = %spoof.ip, "original source not preserved: {e}");
+            socket = factory.new_tcp(dst)?;
+        }
     }
     let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
     let stream = match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst)).await {

@@ -248,8 +248,9 @@ impl ProxyState {
     }
 
     /// The workload this proxy acts for (from `PROXY_WORKLOAD_INFO` or ZDS): same name,
-    /// namespace and service account ("" means `default`); one on `node` is preferred
-    /// when a node is given. Ties go to the smallest uid.
+    /// namespace and service account ("" means `default`). When `node` is given only a
+    /// workload on that node qualifies: a pod is never served with another node's copy of
+    /// its identity and addresses. Ties go to the smallest uid.
     pub fn find_local_workload(
         &self,
         namespace: &str,
@@ -262,17 +263,11 @@ impl ProxyState {
         } else {
             service_account
         };
-        let mut candidates = self
-            .workloads
+        self.workloads
             .values()
-            .filter(|w| w.namespace == namespace && w.name == name && w.service_account == sa);
-        let first = candidates.next()?;
-        match node {
-            Some(node) if first.node != node => {
-                candidates.find(|w| w.node == node).or(Some(first)).cloned()
-            }
-            _ => Some(first.clone()),
-        }
+            .filter(|w| w.namespace == namespace && w.name == name && w.service_account == sa)
+            .find(|w| node.is_none_or(|node| w.node == node))
+            .cloned()
     }
 
     /// The service with this VIP in this network that a workload in `src_namespace` may
@@ -467,10 +462,10 @@ policies:
             .find_local_workload("ns1", "a", "sa-a", Some("node1"))
             .unwrap();
         assert_eq!(w.uid, "Kubernetes//v1/Pod/ns1/a");
-        let w = s
+        // Not on this node: no workload, rather than another node's copy.
+        assert!(s
             .find_local_workload("ns1", "a", "sa-a", Some("node9"))
-            .unwrap();
-        assert_eq!(w.uid, "Kubernetes//v1/Pod/ns1/a");
+            .is_none());
         assert!(s.find_local_workload("ns1", "a", "other", None).is_none());
         assert!(s.find_local_workload("ns1", "host", "", None).is_some());
     }

@@ -121,6 +121,18 @@ impl Cluster {
         node_count: usize,
         pods: &[PodSpec],
     ) -> anyhow::Result<Cluster> {
+        Self::start_with(ambit, tag, node_count, pods, "")
+    }
+
+    /// Like [`Cluster::start`], with `extra_yaml` (e.g. a `policies:` section) appended to
+    /// the mesh the node proxies load.
+    pub fn start_with(
+        ambit: &Path,
+        tag: &str,
+        node_count: usize,
+        pods: &[PodSpec],
+        extra_yaml: &str,
+    ) -> anyhow::Result<Cluster> {
         let lab = Lab::new(tag)?;
         for (tool, package) in [
             ("iptables", "iptables"),
@@ -139,7 +151,7 @@ impl Cluster {
         ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
             .write_plugin_dir(&ca_dir)?;
         let config_path = lab.dir.path().join("mesh.yaml");
-        std::fs::write(&config_path, mesh_yaml(pods))?;
+        std::fs::write(&config_path, mesh_yaml(pods) + extra_yaml)?;
 
         let mut nodes = Vec::new();
         for i in 0..node_count {

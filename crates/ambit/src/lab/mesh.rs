@@ -82,6 +82,17 @@ impl TwoNodes {
         tag: &str,
         extra_env: &[(&str, String)],
     ) -> anyhow::Result<TwoNodes> {
+        Self::start_with(ambit, tag, extra_env, "")
+    }
+
+    /// Like [`TwoNodes::start`], with `extra_yaml` (e.g. a `policies:` section) appended to
+    /// the mesh both nodes load.
+    pub fn start_with(
+        ambit: &Path,
+        tag: &str,
+        extra_env: &[(&str, String)],
+        extra_yaml: &str,
+    ) -> anyhow::Result<TwoNodes> {
         let lab = Lab::new(tag)?;
         super::require_tool("iptables", "iptables")?;
         let client_ns = lab.netns("node1")?;
@@ -120,7 +131,7 @@ impl TwoNodes {
         ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
             .write_plugin_dir(&ca_dir)?;
         let config_path = lab.dir.path().join("mesh.yaml");
-        std::fs::write(&config_path, mesh_yaml())?;
+        std::fs::write(&config_path, mesh_yaml() + extra_yaml)?;
 
         // The dedicated-mode capture rule, IPv4 and IPv6: the client's outbound TCP goes to
         // 15001, except what the proxy itself sends (marked 0x539).

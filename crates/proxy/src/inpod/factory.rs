@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use ambit_identity::CertManager;
+use ambit_identity::{CertManager, SpiffeId};
 use ambit_inpod::proto::WorkloadInfo;
 use ambit_inpod::Netns;
 
@@ -28,6 +28,8 @@ pub struct PodProxyFactory {
 
 pub struct RunningPod {
     pub info: WorkloadInfo,
+    /// The identity its certificate was minted for.
+    pub identity: SpiffeId,
     drain: DrainTrigger,
 }
 
@@ -54,15 +56,12 @@ impl PodProxyFactory {
             service_account: info.service_account.clone(),
         };
         let state = self.state.get();
-        if state
-            .find_local_workload(
-                &local.namespace,
-                &local.name,
-                &local.service_account,
-                self.node.as_deref(),
-            )
-            .is_none()
-        {
+        let Some(workload) = state.find_local_workload(
+            &local.namespace,
+            &local.name,
+            &local.service_account,
+            self.node.as_deref(),
+        ) else {
             return Err(format!(
                 "workload {}/{} (service account {}) is not in the configuration{}",
                 local.namespace,
@@ -73,7 +72,7 @@ impl PodProxyFactory {
                     .map(|n| format!(" of node {n}"))
                     .unwrap_or_default()
             ));
-        }
+        };
         let pi = Arc::new(ProxyInputs {
             cfg: self.cfg.clone(),
             state: self.state.clone(),
@@ -94,6 +93,7 @@ impl PodProxyFactory {
         tokio::spawn(bound.run(watcher));
         Ok(RunningPod {
             info: info.clone(),
+            identity: workload.identity(),
             drain: trigger,
         })
     }

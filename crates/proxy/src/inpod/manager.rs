@@ -173,6 +173,11 @@ impl WorkloadManager {
                 }
             };
             let reply = match decode_request(&bytes, fds) {
+                Err(e @ ambit_inpod::ProtocolError::MissingWorkloadInfo { .. }) => {
+                    // An Add that cannot name its workload: ztunnel treats it as fatal.
+                    let _ = socket.send(&encode_ack(Some(&e.to_string())), None).await;
+                    return Err(ManagerError::Protocol(e.to_string()));
+                }
                 Err(e) => {
                     tracing::warn!("malformed message from the node agent: {e}");
                     Some(e.to_string())
@@ -210,6 +215,10 @@ impl WorkloadManager {
                     if let Some(pod) = self.pods.remove(&uid) {
                         tracing::info!(%uid, pod = %pod.info.name, "stopping pod proxy");
                         self.metrics.proxies_stopped.inc();
+                        // The last pod with this identity is gone: stop renewing its cert.
+                        if !self.pods.values().any(|p| p.identity == pod.identity) {
+                            self.factory.certs.forget(&pod.identity);
+                        }
                         tokio::spawn(pod.stop_now());
                     }
                 }

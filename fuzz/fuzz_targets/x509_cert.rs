@@ -1,0 +1,19 @@
+//! Peer certificates (DER): the SPIFFE ids in their URI SANs and the `/config_dump` view.
+//!
+//! Input: one DER certificate.
+#![no_main]
+
+use ambit_identity::{spiffe_ids_of, CertInfo, SpiffeId};
+use libfuzzer_sys::fuzz_target;
+use rustls::pki_types::CertificateDer;
+
+fuzz_target!(|data: &[u8]| {
+    let der = CertificateDer::from(data);
+    for id in spiffe_ids_of(&der) {
+        let shown = id.to_string();
+        assert_eq!(SpiffeId::parse(&shown).as_ref(), Ok(&id));
+    }
+    let info = CertInfo::of(&der);
+    assert!(!info.pem.is_empty());
+    assert!(info.serial_number.bytes().all(|c| c.is_ascii_hexdigit()));
+});
