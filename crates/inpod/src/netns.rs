@@ -131,14 +131,13 @@ impl Netns {
     /// If switching back fails the process aborts: a worker stuck in a pod namespace would
     /// create every later socket in the wrong place.
     pub fn enter<T>(&self, f: impl FnOnce() -> T) -> io::Result<T> {
-        let home = HOME.with(|home| -> io::Result<OwnedFd> {
-            if let Some(fd) = home.get() {
-                return fd.try_clone();
+        // Remember where this thread lives, once per thread (no per-call open/dup).
+        HOME.with(|home| -> io::Result<()> {
+            if home.get().is_none() {
+                let fd: OwnedFd = File::open("/proc/thread-self/ns/net")?.into();
+                let _ = home.set(fd);
             }
-            let fd: OwnedFd = File::open("/proc/thread-self/ns/net")?.into();
-            let copy = fd.try_clone()?;
-            let _ = home.set(fd);
-            Ok(copy)
+            Ok(())
         })?;
         setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|errno| {
             io::Error::new(
@@ -146,16 +145,20 @@ impl Netns {
                 format!("setns(CLONE_NEWNET) into {}: {errno}", self.id),
             )
         })?;
-        struct Return(OwnedFd);
+        struct Return;
         impl Drop for Return {
             fn drop(&mut self) {
-                if let Err(errno) = setns(self.0.as_fd(), CloneFlags::CLONE_NEWNET) {
+                let back = HOME.with(|home| match home.get() {
+                    Some(fd) => setns(fd.as_fd(), CloneFlags::CLONE_NEWNET),
+                    None => Err(nix::errno::Errno::EBADF),
+                });
+                if let Err(errno) = back {
                     eprintln!("fatal: cannot return a thread to its network namespace: {errno}");
                     std::process::abort();
                 }
             }
         }
-        let _back = Return(home);
+        let _back = Return;
         Ok(f())
     }
 }
@@ -258,6 +261,41 @@ mod tests {
         assert!(!ns.is_net_namespace());
         let err = ns.run_in(|| Ok(())).unwrap_err();
         assert!(err.to_string().contains("setns"), "{err}");
+    }
+
+    #[test]
+    fn enter_switches_the_calling_thread_and_always_returns() {
+        require_root("enter_switches_the_calling_thread_and_always_returns");
+        let test_ns = TestNetns::new();
+        let ns = Netns::open(test_ns.path()).unwrap();
+        let host = Netns::current().unwrap();
+        for _ in 0..3 {
+            let (inside, listener) = ns
+                .enter(|| {
+                    (
+                        Netns::current().map(|n| n.id()),
+                        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)),
+                    )
+                })
+                .unwrap();
+            assert_eq!(inside.unwrap(), ns.id(), "inside the pod's namespace");
+            assert_eq!(
+                Netns::current().unwrap().id(),
+                host.id(),
+                "and back home after"
+            );
+            // The socket made inside lives there: the pod reaches it on its loopback.
+            let listener = listener.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            ns.run_in(|| TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map(drop))
+                .unwrap();
+        }
+        // A panic inside still brings the thread home.
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = ns.enter(|| panic!("boom"));
+        }));
+        assert!(caught.is_err());
+        assert_eq!(Netns::current().unwrap().id(), host.id());
     }
 
     #[test]
