@@ -87,6 +87,9 @@ pub enum HboneError {
     /// The TLS or HTTP/2 handshake did not complete in time.
     #[error("TLS/HTTP2 handshake with the peer did not complete within {0:?}; the peer may not speak HBONE")]
     HandshakeTimeout(Duration),
+    /// The peer took the CONNECT stream but never answered it.
+    #[error("the HBONE peer did not answer the CONNECT within {0:?}; the peer proxy may be overloaded or hung")]
+    ResponseTimeout(Duration),
     /// The peer did not negotiate ALPN `h2`.
     #[error("peer negotiated ALPN {0:?} instead of \"h2\": it is not an HBONE endpoint")]
     Alpn(String),
@@ -130,6 +133,7 @@ impl HboneError {
             HboneError::Connect(_)
             | HboneError::ConnectTimeout(_)
             | HboneError::HandshakeTimeout(_)
+            | HboneError::ResponseTimeout(_)
             | HboneError::PingTimeout(_) => Fault::Network,
             HboneError::Tls(_) | HboneError::Alpn(_) | HboneError::NoClientCertificate => {
                 Fault::Peer
@@ -150,6 +154,7 @@ impl HboneError {
             HboneError::Connect(_)
             | HboneError::ConnectTimeout(_)
             | HboneError::HandshakeTimeout(_)
+            | HboneError::ResponseTimeout(_)
             | HboneError::PingTimeout(_) => true,
             HboneError::H2(e) => {
                 e.is_go_away() || e.is_io() || e.reason() == Some(h2::Reason::REFUSED_STREAM)

@@ -71,6 +71,9 @@ pub struct ClientSettings {
     pub idle_timeout: Duration,
     /// Limit for the caller's connect function plus the HTTP/2 handshake (10 s).
     pub connect_timeout: Duration,
+    /// How long a CONNECT may wait for its status (15 s: the server answers only after its
+    /// own 10 s upstream connect, so it gets room to say 503 first).
+    pub response_timeout: Duration,
 }
 
 impl Default for ClientSettings {
@@ -80,6 +83,7 @@ impl Default for ClientSettings {
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -398,7 +402,8 @@ impl Pool {
                 Step::CannotDial => return Err(refused(last_err)),
             };
             let state = slot.0.clone();
-            match open_stream(send, request, slot).await {
+            let timeout = self.settings().response_timeout;
+            match open_stream(send, request, slot, timeout).await {
                 Ok(stream) => return Ok(stream),
                 Err(e) if e.is_unprocessed() && retries < MAX_UNPROCESSED_RETRIES => {
                     tracing::debug!(error = %e, dst = %key.dst, "HBONE connection is going away; retrying on another");
@@ -470,12 +475,15 @@ async fn open_stream(
     send: SendRequest<Bytes>,
     request: &ConnectRequest,
     slot: Slot,
+    timeout: Duration,
 ) -> Result<H2Stream, HboneError> {
     let req = request.to_http()?;
     let mut send = send.ready().await?;
     let (response, stream) = send.send_request(req, false)?;
     drop(send);
-    let response = response.await?;
+    let response = tokio::time::timeout(timeout, response)
+        .await
+        .map_err(|_| HboneError::ResponseTimeout(timeout))??;
     if response.status() != StatusCode::OK {
         return Err(HboneError::Status(response.status()));
     }

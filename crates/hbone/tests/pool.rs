@@ -468,6 +468,7 @@ async fn extreme_settings_do_not_panic() {
         max_streams_per_connection: 0,
         idle_timeout: Duration::MAX,
         connect_timeout: Duration::MAX,
+        response_timeout: Duration::MAX,
     });
     let dials = Arc::new(AtomicUsize::new(0));
     for _ in 0..2 {
@@ -482,4 +483,37 @@ async fn extreme_settings_do_not_panic() {
             .unwrap();
         round_trip(&mut s, b"extreme").await;
     }
+}
+
+/// A peer that takes the CONNECT stream but never answers it does not hang the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_connect_times_out() {
+    let c = certs();
+    let server = TestServer::start(
+        c.server_config(),
+        fast_settings(),
+        |inc: ambit_hbone::IncomingConnect| async move {
+            // Hold the request without answering, longer than the client waits.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(inc);
+        },
+    )
+    .await;
+    let pool = Pool::new(ClientSettings {
+        response_timeout: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let dials = Arc::new(AtomicUsize::new(0));
+    let cfg = c.client_config();
+    let started = std::time::Instant::now();
+    let err = pool
+        .connect(
+            key(&c, server.addr),
+            || dial(server.addr, cfg, dials.clone()),
+            &request(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HboneError::ResponseTimeout(_)), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
 }
