@@ -55,9 +55,9 @@ pub struct Config {
     pub istio_version: String,
     /// ambit's local CA: a directory in Istio's plug-in CA layout (`LOCAL_CA_DIR`).
     pub local_ca_dir: Option<PathBuf>,
-    #[serde(with = "secs")]
+    #[serde(with = "ambit_proxy::config::secs")]
     pub secret_ttl: Duration,
-    #[serde(with = "secs")]
+    #[serde(with = "ambit_proxy::config::secs")]
     pub termination_deadline: Duration,
     pub inpod_uds: PathBuf,
     /// `SO_REUSEPORT` on pod listeners (`INPOD_PORT_REUSE`).
@@ -66,13 +66,6 @@ pub struct Config {
     pub stats_addr: SocketAddr,
     pub readiness_addr: SocketAddr,
     pub proxy: ProxyConfig,
-}
-
-mod secs {
-    use std::time::Duration;
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format!("{}s", d.as_secs_f64()))
-    }
 }
 
 struct Env<'a>(&'a HashMap<String, String>);

@@ -108,7 +108,8 @@ impl ProxyConfig {
     }
 }
 
-pub(crate) mod secs {
+/// Durations in `/config_dump` as seconds, e.g. `"5s"`.
+pub mod secs {
     use std::time::Duration;
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format!("{}s", d.as_secs_f64()))

@@ -186,13 +186,11 @@ fn intended_service(state: &ProxyState, workload: &Workload, host: &str) -> Opti
 }
 
 fn reject(incoming: IncomingConnect, src: SocketAddr, status: StatusCode, reason: String) {
-    tracing::warn!(
-        target: "access",
-        direction = "inbound",
-        src.addr = %src,
-        status = status.as_u16(),
-        error = %reason,
-        "connection failed"
+    crate::telemetry::early_failure(
+        Reporter::Destination,
+        src,
+        None,
+        format!("{} {reason}", status.as_u16()),
     );
     incoming.reject(status);
 }

@@ -16,7 +16,7 @@ use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
 use crate::socket;
-use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
+use crate::telemetry::{early_failure, ConnectionResult, Endpoints, ResponseFlag};
 
 pub(crate) async fn handle(
     pi: Arc<ProxyInputs>,
@@ -30,10 +30,18 @@ pub(crate) async fn handle(
     }
     let dst = match socket::original_destination(&downstream) {
         Ok(dst) => dst,
-        Err(e) => return early_failure(src, None, format!("no original destination: {e}")),
+        Err(e) => {
+            return early_failure(
+                Reporter::Source,
+                src,
+                None,
+                format!("no original destination: {e}"),
+            )
+        }
     };
     if is_loop(&pi, &downstream, dst) {
         return early_failure(
+            Reporter::Source,
             src,
             Some(dst),
             format!("refusing connection to the proxy's own port {}", dst.port()),
@@ -42,6 +50,7 @@ pub(crate) async fn handle(
     let state = pi.state.get();
     let Some(local) = pi.local_workload(&state) else {
         return early_failure(
+            Reporter::Source,
             src,
             Some(dst),
             format!(
@@ -59,7 +68,7 @@ pub(crate) async fn handle(
     let decision = route(&state, &input, &mut rand::thread_rng());
     drop(state);
     match decision {
-        Err(e) => early_failure(src, Some(dst), e.to_string()),
+        Err(e) => early_failure(Reporter::Source, src, Some(dst), e.to_string()),
         Ok(Route::Tcp {
             target,
             destination,
@@ -190,11 +199,7 @@ pub(crate) fn baggage_of(w: &Workload) -> Baggage {
         cluster_id: some(&w.cluster_id),
         namespace: some(&w.namespace),
         workload_type: some(&w.workload_type),
-        workload_name: some(if w.workload_name.is_empty() {
-            &w.name
-        } else {
-            &w.workload_name
-        }),
+        workload_name: some(crate::telemetry::workload_name(w)),
         service_name: some(&w.canonical_name),
         service_version: some(&w.canonical_revision),
         region: some(&w.locality.region),
@@ -209,16 +214,4 @@ fn is_loop(pi: &ProxyInputs, downstream: &TcpStream, dst: SocketAddr) -> bool {
     }
     let local = downstream.local_addr().map(socket::canonical).ok();
     dst.ip().is_loopback() || Some(dst) == local
-}
-
-/// Failures before there is enough context for metrics: a warning, as ztunnel logs them.
-pub(crate) fn early_failure(src: SocketAddr, dst: Option<SocketAddr>, error: String) {
-    tracing::warn!(
-        target: "access",
-        direction = "outbound",
-        src.addr = %src,
-        dst.addr = ?dst,
-        error = %error,
-        "connection failed"
-    );
 }

@@ -13,7 +13,7 @@ use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
 use crate::outbound::proxy_bytes;
 use crate::socket;
-use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
+use crate::telemetry::{early_failure, ConnectionResult, Endpoints, ResponseFlag};
 
 pub(crate) async fn handle(
     pi: Arc<ProxyInputs>,
@@ -26,10 +26,18 @@ pub(crate) async fn handle(
     let _ = socket::tune_stream(&downstream, &pi.cfg.keepalive);
     let dst = match socket::original_destination(&downstream) {
         Ok(d) => d,
-        Err(e) => return failed(src, None, format!("no original destination: {e}")),
+        Err(e) => {
+            return early_failure(
+                Reporter::Destination,
+                src,
+                None,
+                format!("no original destination: {e}"),
+            )
+        }
     };
     if pi.cfg.loop_ports().contains(&dst.port()) {
-        return failed(
+        return early_failure(
+            Reporter::Destination,
             src,
             Some(dst),
             format!("refusing connection to the proxy's own port {}", dst.port()),
@@ -40,7 +48,7 @@ pub(crate) async fn handle(
     // address we cannot attribute is refused, never forwarded unchecked.
     let dst_workload = match pi.serving_workload(&state, dst.ip()) {
         Ok(w) => w,
-        Err(e) => return failed(src, Some(dst), e),
+        Err(e) => return early_failure(Reporter::Destination, src, Some(dst), e),
     };
     let result = ConnectionResult::open(
         &pi.metrics,
@@ -78,15 +86,4 @@ pub(crate) async fn handle(
     };
     let outcome = proxy_bytes(&result, downstream, upstream, &drain).await;
     result.finish(outcome);
-}
-
-fn failed(src: SocketAddr, dst: Option<SocketAddr>, error: String) {
-    tracing::warn!(
-        target: "access",
-        direction = "inbound",
-        src.addr = %src,
-        dst.addr = ?dst,
-        error = %error,
-        "connection failed"
-    );
 }

@@ -80,7 +80,8 @@ fn or_unknown(s: &str) -> String {
     }
 }
 
-fn workload_name(w: &Workload) -> &str {
+/// The workload's name for telemetry: its workload (deployment) name, else the pod name.
+pub(crate) fn workload_name(w: &Workload) -> &str {
     if w.workload_name.is_empty() {
         &w.name
     } else {
@@ -214,6 +215,24 @@ impl Drop for ConnectionResult {
     fn drop(&mut self) {
         self.record(Err((ResponseFlag::None, "connection dropped".into())));
     }
+}
+
+/// A connection that failed before there was enough context for metrics: one warning
+/// line, as ztunnel logs them (no metrics).
+pub(crate) fn early_failure(
+    reporter: Reporter,
+    src: SocketAddr,
+    dst: Option<SocketAddr>,
+    error: impl std::fmt::Display,
+) {
+    tracing::warn!(
+        target: "access",
+        direction = direction(reporter),
+        src.addr = %src,
+        dst.addr = ?dst,
+        error = %error,
+        "connection failed"
+    );
 }
 
 fn direction(reporter: Reporter) -> &'static str {
