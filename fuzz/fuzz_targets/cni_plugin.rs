@@ -34,7 +34,9 @@ impl Agent for FakeAgent {
         }
         match self.mode {
             0 => Ok(AgentResponse::ok()),
-            1 => Err(AgentCallError::Rejected("pod refused by the fuzz agent".into())),
+            1 => Err(AgentCallError::Rejected(
+                "pod refused by the fuzz agent".into(),
+            )),
             2 => Err(AgentCallError::Unreachable(io::Error::from(
                 io::ErrorKind::ConnectionRefused,
             ))),

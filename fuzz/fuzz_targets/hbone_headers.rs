@@ -61,7 +61,9 @@ fn baggage(s: &str) {
 /// `forwarded_host`; a host it returns survives `forwarded_value` (minus the characters
 /// `forwarded_value` documents it drops).
 fn forwarded(s: &str) {
-    let Some(host) = forwarded_host(s) else { return };
+    let Some(host) = forwarded_host(s) else {
+        return;
+    };
     assert!(!host.is_empty());
     let client: SocketAddr = "[2001:db8::1]:4444".parse().expect("literal");
     let built = forwarded_value(client, Some(&host));
@@ -141,8 +143,14 @@ fn connect_request(data: &[u8]) {
         }
     };
     assert_eq!(parts.method, Method::CONNECT);
-    let authority = parts.uri.authority().expect("validated CONNECT has an authority");
-    assert_eq!(parse_authority(authority.as_str()).as_ref(), Ok(&v.authority));
+    let authority = parts
+        .uri
+        .authority()
+        .expect("validated CONNECT has an authority");
+    assert_eq!(
+        parse_authority(authority.as_str()).as_ref(),
+        Ok(&v.authority)
+    );
     if let Some(n) = &v.forwarded_network {
         assert!(!n.is_empty() && n.trim() == n);
     }

@@ -17,7 +17,11 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     let shown = id.to_string();
-    assert_eq!(SpiffeId::parse(&shown).as_ref(), Ok(&id), "{s:?} via {shown:?}");
+    assert_eq!(
+        SpiffeId::parse(&shown).as_ref(),
+        Ok(&id),
+        "{s:?} via {shown:?}"
+    );
     // Byte-exact: no normalisation, so the id displays as the very string it came from.
     assert_eq!(shown, s, "parsing changed the id");
     assert_eq!(

@@ -9,8 +9,8 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 
 use ambit_inpod::protocol::{
-    decode_hello, decode_request, decode_response, encode_ack, encode_add, encode_del,
-    encode_keep, encode_snapshot_sent,
+    decode_hello, decode_request, decode_response, encode_ack, encode_add, encode_del, encode_keep,
+    encode_snapshot_sent,
 };
 use ambit_inpod::{Incoming, ProtocolError};
 use libfuzzer_sys::fuzz_target;
