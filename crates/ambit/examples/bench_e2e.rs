@@ -466,7 +466,7 @@ impl Report {
                 r[0], r[1], r[2], r[3], r[4]
             );
         }
-        s.push_str("\n| node proxy CPU during the proxied phase | client node proxy | server node proxy |\n|---|---:|---:|\n");
+        s.push_str("\n| node proxy CPU during the proxied run, and memory | client node proxy | server node proxy |\n|---|---:|---:|\n");
         for r in &self.resources {
             let _ = writeln!(s, "| {} | {} | {} |", r[0], r[1], r[2]);
         }
