@@ -112,7 +112,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 }
 
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    crate::logging::init().map_err(anyhow::Error::msg)?;
+    let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
     let cfg = ambit_agent::AgentConfig {
         zds_socket: args.zds_socket,
         events_socket: args.events_socket,

@@ -33,7 +33,13 @@ impl LogHandle {
     }
 }
 
-pub fn init() -> Result<LogHandle, String> {
+/// Flushes the log writer when dropped: keep it until the process ends.
+pub type LogGuard = tracing_appender::non_blocking::WorkerGuard;
+
+/// Installs the subscriber. Lines go to stdout from a writer thread, so a worker never
+/// blocks on stdout for an access log line; when its buffer is full writers wait rather
+/// than drop lines.
+pub fn init() -> Result<(LogHandle, LogGuard), String> {
     let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_FILTER.to_string());
     let filter =
         EnvFilter::try_new(&spec).map_err(|e| format!("RUST_LOG={spec:?} is not valid: {e}"))?;
@@ -47,6 +53,11 @@ pub fn init() -> Result<LogHandle, String> {
             ))
         }
     };
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(10_000)
+        .thread_name("ambit-log")
+        .finish(std::io::stdout());
     let registry = tracing_subscriber::registry().with(filter);
     if json {
         registry
@@ -54,16 +65,24 @@ pub fn init() -> Result<LogHandle, String> {
                 tracing_subscriber::fmt::layer()
                     .json()
                     .flatten_event(true)
-                    .with_current_span(false),
+                    .with_current_span(false)
+                    .with_writer(writer),
             )
             .init();
     } else {
         registry
-            .with(tracing_subscriber::fmt::layer().with_ansi(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(writer),
+            )
             .init();
     }
-    Ok(LogHandle {
-        handle,
-        initial: spec,
-    })
+    Ok((
+        LogHandle {
+            handle,
+            initial: spec,
+        },
+        guard,
+    ))
 }
