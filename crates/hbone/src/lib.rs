@@ -18,6 +18,7 @@ pub mod pool;
 pub mod request;
 pub mod server;
 mod settings;
+mod splice;
 pub mod status;
 pub mod stream;
 pub mod tls;

@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Most bytes taken from one `poll_write` call. Bounds the capacity one stream asks for at a
 /// time so one writer cannot starve the others on the connection.
-const MAX_WRITE: usize = 1024 * 1024;
+pub(crate) const MAX_WRITE: usize = 1024 * 1024;
 
 /// Something kept alive for as long as the stream (the pool's slot on its connection).
 pub(crate) type Guard = Box<dyn Any + Send + Sync>;
@@ -89,6 +89,23 @@ impl H2Stream {
         self.send.stream_id().as_u32()
     }
 
+    /// The two directions, borrowed separately so a splice can drive both at once.
+    pub(crate) fn halves(&mut self) -> (crate::splice::SendHalf<'_>, crate::splice::RecvHalf<'_>) {
+        (
+            crate::splice::SendHalf {
+                send: &mut self.send,
+                write_closed: &mut self.write_closed,
+                bytes_sent: &mut self.bytes_sent,
+            },
+            crate::splice::RecvHalf {
+                recv: &mut self.recv,
+                pending: &mut self.pending,
+                read_eof: &mut self.read_eof,
+                bytes_received: &mut self.bytes_received,
+            },
+        )
+    }
+
     /// Why a send-side operation is impossible: the reset reason if the peer reset us.
     fn send_closed_error(&mut self, cx: &mut Context<'_>) -> io::Error {
         if self.write_closed {
@@ -131,7 +148,7 @@ fn reset_to_io(reason: Reason, what: &str) -> io::Error {
 }
 
 /// Maps an h2 error to an I/O error, keeping the kind of underlying I/O errors.
-fn h2_to_io(e: h2::Error) -> io::Error {
+pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
         return e
             .into_io()
@@ -145,7 +162,7 @@ fn h2_to_io(e: h2::Error) -> io::Error {
 }
 
 /// What a receive-side error means: end of stream, or a real error.
-fn classify_recv_error(e: h2::Error) -> Result<(), io::Error> {
+pub(crate) fn classify_recv_error(e: h2::Error) -> Result<(), io::Error> {
     if e.is_reset() && matches!(e.reason(), Some(Reason::NO_ERROR | Reason::CANCEL)) {
         return Ok(());
     }

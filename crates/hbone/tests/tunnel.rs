@@ -385,3 +385,69 @@ async fn non_connect_gets_400_over_the_wire() {
     assert_eq!(resp.await.unwrap().status(), StatusCode::OK);
     let _ = HboneError::Status(StatusCode::OK);
 }
+
+/// `H2Stream::splice` joins a tunnel to an app stream without copies: 1 MiB each way, the
+/// app half-closes first, the tunnel's END_STREAM reaches the app as EOF, and both sides
+/// count every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn splice_carries_both_directions_with_half_close() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let c = certs();
+    let up = payload(MIB, 3);
+    let down = payload(MIB, 4);
+    let (counts_tx, counts_rx) = oneshot::channel::<(u64, u64, Vec<u8>)>();
+    let counts_tx = Arc::new(std::sync::Mutex::new(Some(counts_tx)));
+    let down_app = down.clone();
+    let server = TestServer::start(c.server_config(), fast_settings(), move |inc| {
+        let counts_tx = counts_tx.clone();
+        let down = down_app.clone();
+        async move {
+            let mut tunnel = inc.accept(HeaderMap::new()).unwrap();
+            // The "app": reads everything, then answers and closes.
+            let (proxy_side, mut app) = tokio::io::duplex(64 * 1024);
+            let app_task = tokio::spawn(async move {
+                let mut got = Vec::new();
+                app.read_to_end(&mut got).await.unwrap();
+                app.write_all(&down).await.unwrap();
+                app.shutdown().await.unwrap();
+                got
+            });
+            let to_tunnel = AtomicU64::new(0);
+            let from_tunnel = AtomicU64::new(0);
+            tunnel
+                .splice(proxy_side, &to_tunnel, &from_tunnel)
+                .await
+                .unwrap();
+            let got = app_task.await.unwrap();
+            let _ = counts_tx.lock().unwrap().take().unwrap().send((
+                to_tunnel.load(Ordering::Relaxed),
+                from_tunnel.load(Ordering::Relaxed),
+                got,
+            ));
+        }
+    })
+    .await;
+    let pool = Pool::new(ClientSettings::default());
+    let dials = Arc::new(AtomicUsize::new(0));
+    let cfg = c.client_config();
+    let mut s = pool
+        .connect(
+            key(&c, server.addr),
+            || dial(server.addr, cfg, dials.clone()),
+            &request(80),
+        )
+        .await
+        .unwrap();
+    s.write_all(&up).await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).await.unwrap();
+    assert!(back == down, "the app's answer arrived intact");
+    let (to_tunnel, from_tunnel, got) = tokio::time::timeout(Duration::from_secs(10), counts_rx)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got == up, "the client's bytes reached the app intact");
+    assert_eq!(from_tunnel, MIB as u64);
+    assert_eq!(to_tunnel, MIB as u64);
+}

@@ -14,7 +14,7 @@ use crate::config::OriginalSource;
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
-use crate::outbound::{baggage_of, proxy_bytes};
+use crate::outbound::{baggage_of, proxy_tunnel, TunnelSide};
 use crate::socket::{self, Spoof};
 use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
 
@@ -129,13 +129,13 @@ pub(crate) async fn handle_connect(
             headers.insert("baggage", v);
         }
     }
-    let tunnel = match incoming.accept(headers) {
+    let mut tunnel = match incoming.accept(headers) {
         Ok(t) => t,
         Err(e) => {
             return result.finish(Err((ResponseFlag::None, format!("client went away: {e}"))))
         }
     };
-    let outcome = proxy_bytes(&result, tunnel, upstream, &drain).await;
+    let outcome = proxy_tunnel(&result, &mut tunnel, upstream, TunnelSide::Client, &drain).await;
     result.finish(outcome);
 }
 

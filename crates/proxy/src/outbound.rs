@@ -151,11 +151,12 @@ pub(crate) async fn handle(
                     ambit_hbone::tls::connect(tcp, tls).await
                 }
             };
-            let tunnel = match pi.pool.connect(key, connector, &request).await {
+            let mut tunnel = match pi.pool.connect(key, connector, &request).await {
                 Ok(t) => t,
                 Err(e) => return result.finish(Err((flag_of(&e), e.to_string()))),
             };
-            let outcome = proxy_bytes(&result, downstream, tunnel, &drain).await;
+            let outcome =
+                proxy_tunnel(&result, &mut tunnel, downstream, TunnelSide::Server, &drain).await;
             result.finish(outcome);
         }
     }
@@ -175,6 +176,39 @@ where
     let bytes = result.bytes.clone();
     tokio::select! {
         r = copy_bidirectional(client, server, &bytes.client_to_server, &bytes.server_to_client) => {
+            r.map_err(|e| (ResponseFlag::None, format!("io error: {e}")))
+        }
+        _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
+    }
+}
+
+/// Which end of the connection the tunnel leads to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TunnelSide {
+    /// Outbound: the tunnel leads to the server, `io` is the client.
+    Server,
+    /// Inbound: the tunnel comes from the client, `io` is the server (the app).
+    Client,
+}
+
+/// Like [`proxy_bytes`] for a leg that is an HBONE tunnel: spliced without extra copies.
+pub(crate) async fn proxy_tunnel<S>(
+    result: &ConnectionResult,
+    tunnel: &mut ambit_hbone::H2Stream,
+    io: S,
+    side: TunnelSide,
+    drain: &DrainWatcher,
+) -> Result<(), (ResponseFlag, String)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let bytes = result.bytes.clone();
+    let (to_tunnel, from_tunnel) = match side {
+        TunnelSide::Server => (&bytes.client_to_server, &bytes.server_to_client),
+        TunnelSide::Client => (&bytes.server_to_client, &bytes.client_to_server),
+    };
+    tokio::select! {
+        r = tunnel.splice(io, to_tunnel, from_tunnel) => {
             r.map_err(|e| (ResponseFlag::None, format!("io error: {e}")))
         }
         _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
