@@ -134,7 +134,16 @@ where
     }
     let addr = tcp.peer_addr().map_err(HboneError::io)?;
     let local_addr = tcp.local_addr().map_err(HboneError::io)?;
-    serve(tcp, addr, local_addr, tls, settings, shutdown, handler).await
+    serve(
+        tokio::io::BufReader::with_capacity(crate::tls::READ_BUFFER, tcp),
+        addr,
+        local_addr,
+        tls,
+        settings,
+        shutdown,
+        handler,
+    )
+    .await
 }
 
 /// Serves one accepted connection over any transport: TLS handshake with `tls` (ALPN `h2` and

@@ -186,6 +186,11 @@ fn bind_transparent_source(socket: &Socket, src: IpAddr, dst: SocketAddr) -> io:
         &true,
     )
     .map_err(io::Error::from)?;
+    // The app is local, so this connection runs over `lo` anyway. Saying so lets the
+    // kernel's default `tcp_tw_reuse=2` ("loopback only") reuse its TIME_WAIT ports: the
+    // proxy closes first towards the app, and every connection would otherwise hold one
+    // (client IP, port) for 60 s until the ports for that client run out.
+    socket.bind_device(Some(b"lo"))?;
     socket.bind(&SockAddr::from(SocketAddr::new(src, 0)))
 }
 

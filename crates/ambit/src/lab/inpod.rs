@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
@@ -71,6 +71,9 @@ pub struct Pod {
     pub service_account: String,
     /// The chain's result from ADD, replayed to DEL as the runtime would.
     result: Value,
+    /// How long each step of [`Cluster::add_pod`] took: creating the netns, then each
+    /// plugin of the chain (for the benchmark).
+    pub add_timings: Vec<(String, Duration)>,
 }
 
 impl Pod {
@@ -131,6 +134,21 @@ impl Cluster {
         tag: &str,
         node_count: usize,
         pods: &[PodSpec],
+        extra_yaml: &str,
+    ) -> anyhow::Result<Cluster> {
+        Self::start_configured(ambit, tag, node_count, pods, pods.len(), extra_yaml)
+    }
+
+    /// Like [`Cluster::start_with`], but creates only the first `create` of `pods`; the
+    /// others are in the mesh configuration only, for [`Cluster::add_pod`] later. Create
+    /// them in the order given (per node): host-local hands out addresses in order, and
+    /// the mesh expects each pod at the address its place in `pods` predicts.
+    pub fn start_configured(
+        ambit: &Path,
+        tag: &str,
+        node_count: usize,
+        pods: &[PodSpec],
+        create: usize,
         extra_yaml: &str,
     ) -> anyhow::Result<Cluster> {
         let lab = Lab::new(tag)?;
@@ -225,7 +243,7 @@ impl Cluster {
             cluster.start_agent(i)?;
             cluster.start_ztunnel(i)?;
         }
-        for spec in pods {
+        for spec in &pods[..create.min(pods.len())] {
             cluster.add_pod(spec)?;
         }
         Ok(cluster)
@@ -423,6 +441,7 @@ impl Cluster {
         command: &str,
         pod: &Pod,
         prev: Option<&Value>,
+        timings: &mut Vec<(String, Duration)>,
     ) -> anyhow::Result<Value> {
         let list = self.conflist(node);
         let mut plugins: Vec<Value> = list["plugins"].as_array().cloned().unwrap_or_default();
@@ -436,7 +455,12 @@ impl Cluster {
             if let Some(r) = &result {
                 conf["prevResult"] = r.clone();
             }
+            let started = Instant::now();
             let (ok, stdout) = self.exec_plugin(node, command, pod, &conf)?;
+            timings.push((
+                conf["type"].as_str().unwrap_or_default().to_string(),
+                started.elapsed(),
+            ));
             if !ok {
                 bail!("CNI {command} failed in plugin {}: {stdout}", conf["type"]);
             }
@@ -452,7 +476,9 @@ impl Cluster {
 
     /// Creates a pod's network namespace and runs CNI ADD for it.
     pub fn add_pod(&mut self, spec: &PodSpec) -> anyhow::Result<usize> {
+        let started = Instant::now();
         let ns = self.lab.netns(&format!("pod-{}", spec.name))?;
+        let mut timings = vec![("netns".to_string(), started.elapsed())];
         let nth = self.nodes[spec.node].next_pod;
         self.nodes[spec.node].next_pod += 1;
         let mut pod = Pod {
@@ -464,8 +490,9 @@ impl Cluster {
             node: spec.node,
             service_account: spec.service_account.clone(),
             result: Value::Null,
+            add_timings: Vec::new(),
         };
-        let result = self.run_chain(spec.node, "ADD", &pod, None)?;
+        let result = self.run_chain(spec.node, "ADD", &pod, None, &mut timings)?;
         let got = result["ips"][0]["address"]
             .as_str()
             .unwrap_or_default()
@@ -478,6 +505,7 @@ impl Cluster {
             );
         }
         pod.result = result;
+        pod.add_timings = timings;
         self.pods.push(pod);
         Ok(self.pods.len() - 1)
     }
@@ -485,7 +513,7 @@ impl Cluster {
     /// Runs CNI DEL for a pod (the namespace stays, as a runtime removes it afterwards).
     pub fn del_pod(&self, pod: usize) -> anyhow::Result<()> {
         let p = &self.pods[pod];
-        self.run_chain(p.node, "DEL", p, Some(&p.result))
+        self.run_chain(p.node, "DEL", p, Some(&p.result), &mut Vec::new())
             .map(|_| ())
     }
 
