@@ -86,7 +86,13 @@ fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
         let peer = accepted
             .recv_timeout(Duration::from_secs(5))
             .context("the server app saw no connection")?;
-        rows.push((what, dst, secret.len(), back.len(), peer));
+        rows.push((
+            what,
+            dst,
+            secret.len(),
+            back.len(),
+            ambit_proxy::socket::canonical(peer),
+        ));
     }
 
     let wire = match capture {
