@@ -1,11 +1,76 @@
-//! Bidirectional byte copy between the two legs of a proxied connection, keeping TCP
+//! Relaying a proxied connection: the drain-aware relays the listeners use, and the
+//! bidirectional byte copy between two sockets, keeping TCP
 //! half-close: EOF on one side becomes a write shutdown on the other. An error in either
 //! direction ends both, so a reset on one leg is never left hanging on the other.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ambit_hbone::H2Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::drain::DrainWatcher;
+use crate::telemetry::{ConnectionResult, ResponseFlag};
+
+/// Relays `client` <-> `server` until both finish, or the drain deadline forces a close;
+/// bytes are counted into the connection's record as they move.
+pub(crate) async fn proxy_bytes<C, S>(
+    result: &ConnectionResult,
+    client: C,
+    server: S,
+    drain: &DrainWatcher,
+) -> Result<(), (ResponseFlag, String)>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let bytes = &result.bytes;
+    let copy = copy_bidirectional(
+        client,
+        server,
+        &bytes.client_to_server,
+        &bytes.server_to_client,
+    );
+    until_forced(copy, drain).await
+}
+
+/// Which end of the connection an HBONE tunnel leads to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TunnelSide {
+    /// Outbound: the tunnel leads to the server, `io` is the client.
+    Server,
+    /// Inbound: the tunnel comes from the client, `io` is the server (the app).
+    Client,
+}
+
+/// Like [`proxy_bytes`] for a leg that is an HBONE tunnel: spliced without extra copies.
+pub(crate) async fn proxy_tunnel<S>(
+    result: &ConnectionResult,
+    tunnel: &mut H2Stream,
+    io: S,
+    side: TunnelSide,
+    drain: &DrainWatcher,
+) -> Result<(), (ResponseFlag, String)>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let bytes = &result.bytes;
+    let (to_tunnel, from_tunnel) = match side {
+        TunnelSide::Server => (&bytes.client_to_server, &bytes.server_to_client),
+        TunnelSide::Client => (&bytes.server_to_client, &bytes.client_to_server),
+    };
+    until_forced(tunnel.splice(io, to_tunnel, from_tunnel), drain).await
+}
+
+async fn until_forced(
+    copy: impl std::future::Future<Output = io::Result<()>>,
+    drain: &DrainWatcher,
+) -> Result<(), (ResponseFlag, String)> {
+    tokio::select! {
+        r = copy => r.map_err(|e| (ResponseFlag::None, format!("io error: {e}"))),
+        _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
+    }
+}
 
 /// Buffers grow with the traffic: an idle or chatty connection keeps a small one, a bulk
 /// transfer gets a large one for fewer syscalls and larger TLS records.

@@ -2,7 +2,9 @@
 //! forwarded to the local workload.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use ambit_identity::SpiffeId;
 
 use ambit_hbone::headers::Authority;
 use ambit_hbone::request::validate;
@@ -11,10 +13,11 @@ use ambit_state::{ProxyState, RbacContext, Service, Workload};
 use http::StatusCode;
 
 use crate::config::OriginalSource;
+use crate::copy::{proxy_tunnel, TunnelSide};
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
-use crate::outbound::{baggage_of, proxy_tunnel, TunnelSide};
+use crate::outbound::baggage_of;
 use crate::socket::{self, Spoof};
 use crate::telemetry::{ConnectionResult, Endpoints, ResponseFlag};
 
@@ -26,6 +29,7 @@ pub(crate) async fn handle_connect(
     incoming: IncomingConnect,
     drain: DrainWatcher,
     transparent: bool,
+    peer_identity: Arc<OnceLock<Option<SpiffeId>>>,
 ) {
     let peer = incoming.peer().clone();
     let src = socket::canonical(peer.addr);
@@ -78,7 +82,9 @@ pub(crate) async fn handle_connect(
         );
     }
     let target = SocketAddr::new(local_ip, target_port);
-    let src_identity = ambit_identity::tls::peer_identity(Some(&peer.certificates));
+    let src_identity = peer_identity
+        .get_or_init(|| ambit_identity::tls::peer_identity(Some(&peer.certificates)))
+        .clone();
     let src_workload = state.workload_by_ip(&pi.cfg.network, src.ip());
     let dst_service = hostname_service.or_else(|| {
         let host = request.forwarded_host.as_deref()?;

@@ -69,12 +69,7 @@ impl ProxyInputs {
         state: &ProxyState,
         local_ip: std::net::IpAddr,
     ) -> Result<Arc<Workload>, String> {
-        let local = self.local_workload(state).ok_or_else(|| {
-            format!(
-                "this proxy's workload {}/{} (service account {}) is not in the configuration",
-                self.local.namespace, self.local.name, self.local.service_account
-            )
-        })?;
+        let local = self.require_local_workload(state)?;
         if !local.workload_ips.contains(&local_ip) {
             return Err(format!(
                 "{local_ip} is not an address of workload {}/{}",
@@ -82,6 +77,16 @@ impl ProxyInputs {
             ));
         }
         Ok(local)
+    }
+
+    /// [`ProxyInputs::local_workload`], or the error that says which workload is missing.
+    pub fn require_local_workload(&self, state: &ProxyState) -> Result<Arc<Workload>, String> {
+        self.local_workload(state).ok_or_else(|| {
+            format!(
+                "this proxy's workload {}/{} (service account {}) is not in the configuration",
+                self.local.namespace, self.local.name, self.local.service_account
+            )
+        })
     }
 
     /// The workload this proxy serves, as currently configured.

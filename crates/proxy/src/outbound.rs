@@ -11,7 +11,7 @@ use ambit_hbone::HboneError;
 use ambit_state::{route, Route, RouteInput, Workload};
 use tokio::net::TcpStream;
 
-use crate::copy::copy_bidirectional;
+use crate::copy::{proxy_bytes, proxy_tunnel, TunnelSide};
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
@@ -48,16 +48,9 @@ pub(crate) async fn handle(
         );
     }
     let state = pi.state.get();
-    let Some(local) = pi.local_workload(&state) else {
-        return early_failure(
-            Reporter::Source,
-            src,
-            Some(dst),
-            format!(
-                "workload {}/{} (service account {}) is not in the configuration",
-                pi.local.namespace, pi.local.name, pi.local.service_account
-            ),
-        );
+    let local = match pi.require_local_workload(&state) {
+        Ok(w) => w,
+        Err(e) => return early_failure(Reporter::Source, src, Some(dst), e),
     };
     let input = RouteInput {
         source: &local,
@@ -161,59 +154,6 @@ pub(crate) async fn handle(
                 proxy_tunnel(&result, &mut tunnel, downstream, TunnelSide::Server, &drain).await;
             result.finish(outcome);
         }
-    }
-}
-
-/// Copies until both sides finish, or the drain deadline forces a close.
-pub(crate) async fn proxy_bytes<C, S>(
-    result: &ConnectionResult,
-    client: C,
-    server: S,
-    drain: &DrainWatcher,
-) -> Result<(), (ResponseFlag, String)>
-where
-    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let bytes = result.bytes.clone();
-    tokio::select! {
-        r = copy_bidirectional(client, server, &bytes.client_to_server, &bytes.server_to_client) => {
-            r.map_err(|e| (ResponseFlag::None, format!("io error: {e}")))
-        }
-        _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
-    }
-}
-
-/// Which end of the connection the tunnel leads to.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TunnelSide {
-    /// Outbound: the tunnel leads to the server, `io` is the client.
-    Server,
-    /// Inbound: the tunnel comes from the client, `io` is the server (the app).
-    Client,
-}
-
-/// Like [`proxy_bytes`] for a leg that is an HBONE tunnel: spliced without extra copies.
-pub(crate) async fn proxy_tunnel<S>(
-    result: &ConnectionResult,
-    tunnel: &mut ambit_hbone::H2Stream,
-    io: S,
-    side: TunnelSide,
-    drain: &DrainWatcher,
-) -> Result<(), (ResponseFlag, String)>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let bytes = result.bytes.clone();
-    let (to_tunnel, from_tunnel) = match side {
-        TunnelSide::Server => (&bytes.client_to_server, &bytes.server_to_client),
-        TunnelSide::Client => (&bytes.server_to_client, &bytes.client_to_server),
-    };
-    tokio::select! {
-        r = tunnel.splice(io, to_tunnel, from_tunnel) => {
-            r.map_err(|e| (ResponseFlag::None, format!("io error: {e}")))
-        }
-        _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
     }
 }
 

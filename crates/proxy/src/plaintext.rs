@@ -7,11 +7,11 @@ use std::sync::Arc;
 use ambit_state::RbacContext;
 use tokio::net::TcpStream;
 
+use crate::copy::proxy_bytes;
 use crate::drain::DrainWatcher;
 use crate::inbound::spoof_source;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
-use crate::outbound::proxy_bytes;
 use crate::socket;
 use crate::telemetry::{early_failure, ConnectionResult, Endpoints, ResponseFlag};
 

@@ -112,12 +112,12 @@ async fn serve_hbone(
     let peer = stream.peer_addr().ok();
     let tls = {
         let state = pi.state.get();
-        let Some(local) = pi.local_workload(&state) else {
-            tracing::warn!(
-                ?peer,
-                "HBONE connection refused: this proxy's workload is not configured"
-            );
-            return;
+        let local = match pi.require_local_workload(&state) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(?peer, "HBONE connection refused: {e}");
+                return;
+            }
         };
         match pi.certs.server_config(&local.identity()) {
             Ok(tls) => tls,
@@ -127,10 +127,21 @@ async fn serve_hbone(
             }
         }
     };
+    // The client certificate is the same for every stream of the connection: parse its
+    // identity once, on the first stream, not per CONNECT.
+    let peer_identity = Arc::new(std::sync::OnceLock::new());
     let handler = {
         let pi = pi.clone();
         let drain = drain.clone();
-        move |incoming| inbound::handle_connect(pi.clone(), incoming, drain.clone(), transparent)
+        move |incoming| {
+            inbound::handle_connect(
+                pi.clone(),
+                incoming,
+                drain.clone(),
+                transparent,
+                peer_identity.clone(),
+            )
+        }
     };
     let forced = drain.clone();
     tokio::select! {
