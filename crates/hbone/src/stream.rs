@@ -224,10 +224,9 @@ impl AsyncWrite for H2Stream {
             let capacity = this.send.capacity();
             if capacity > 0 {
                 let n = capacity.min(want);
-                if let Err(e) = this
-                    .send
-                    .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                {
+                let mut payload = crate::splice::payload_buffer(n);
+                payload.extend_from_slice(&buf[..n]);
+                if let Err(e) = this.send.send_data(payload.freeze(), false) {
                     // Prefer the peer's reset reason over h2's "inactive stream".
                     if let Poll::Ready(Ok(reason)) = this.send.poll_reset(cx) {
                         return Poll::Ready(Err(reset_to_io(
