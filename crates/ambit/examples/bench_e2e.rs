@@ -15,7 +15,9 @@
 //! - throughput with iperf3, 1 and 4 parallel streams, client node → server node;
 //! - request/response latency of 64 B and 1 KiB exchanges on one reused connection;
 //! - new-connection rate, one 64 B exchange per connection, at concurrency 1 and 8;
-//! - CPU seconds of each node proxy per phase, idle RSS right after start, peak RSS.
+//! - CPU seconds of each node proxy per phase, idle RSS right after start, peak RSS;
+//! - the ceiling of the path for any two-hop user-space proxy: one iperf3 stream through two
+//!   plain TCP relays (socat: read/write, no TLS, no HTTP/2) where the node proxies sit.
 
 mod common;
 
@@ -32,6 +34,13 @@ const DIRECT_ECHO_PORT: u16 = 9080;
 /// iperf3 servers: captured (through the proxies) and exempted (direct).
 const MESH_IPERF_PORT: u16 = 5201;
 const DIRECT_IPERF_PORT: u16 = 5202;
+/// The relay ceiling: the client dials this port, redirected to the client node's relay...
+const RELAY_DIAL_PORT: u16 = 5301;
+const CLIENT_RELAY_PORT: u16 = 16001;
+/// ...which connects (uncaptured) to the server node's relay, which connects to iperf3.
+const SERVER_RELAY_PORT: u16 = 16008;
+/// socat's buffer: as large as the node proxy's largest reads.
+const RELAY_BUFFER: &str = "262144";
 
 struct Args {
     ambit: PathBuf,
@@ -86,6 +95,7 @@ fn main() -> anyhow::Result<()> {
     let ambit = std::fs::canonicalize(&args.ambit)
         .with_context(|| format!("no ambit binary at {}", args.ambit.display()))?;
     ambit::lab::require_tool("iperf3", "iperf3")?;
+    ambit::lab::require_tool("socat", "socat")?;
     ambit::lab::require_tool("ss", "iproute2")?;
     let machine = common::machine();
     println!("machine: {machine}");
@@ -166,6 +176,17 @@ fn main() -> anyhow::Result<()> {
     let secs = args.seconds;
     let summary = common::run_suite(&target, &proxies, secs, args.round_trips, &mut report)?;
 
+    let (ceiling_direct, ceiling_relays) = relay_ceiling(&nodes, secs)?;
+    let (single_d, single_m) = summary.single;
+    report.notes.push(format!(
+        "Ceiling of this path for two user-space proxies: one iperf3 stream through two plain TCP relays (socat, read/write with {RELAY_BUFFER}-byte buffers, no TLS, no HTTP/2) in place of the node proxies: {:.2} Gbit/s, {} of direct ({:.2} Gbit/s, measured right before it). The node proxies' single stream ({:.2} Gbit/s) is {} of the relays'.",
+        ceiling_relays / 1e9,
+        common::pct(ceiling_relays, ceiling_direct),
+        ceiling_direct / 1e9,
+        single_m / 1e9,
+        common::pct(single_m, ceiling_relays),
+    ));
+
     let peak = proxies.status_kib("VmHWM")?;
     let end = proxies.status_kib("VmRSS")?;
     for (what, v) in [
@@ -179,7 +200,6 @@ fn main() -> anyhow::Result<()> {
     }
 
     // The targets of the issue.
-    let (single_d, single_m) = summary.single;
     let ratio1 = single_m / single_d;
     report.targets.push([
         "single-stream throughput".into(),
@@ -226,4 +246,69 @@ fn main() -> anyhow::Result<()> {
     println!("written to {}", args.out.display());
     drop(nodes);
     Ok(())
+}
+
+/// One iperf3 stream direct, then through two plain TCP relays standing where the node
+/// proxies stand (client node: a redirected port; server node: reached over the veth,
+/// uncaptured): what any two-hop user-space proxy could reach here before TLS and HTTP/2.
+/// Returns (direct, relays) in bits per second.
+fn relay_ceiling(nodes: &TwoNodes, secs: u64) -> anyhow::Result<(f64, f64)> {
+    let (dial, hop) = (RELAY_DIAL_PORT.to_string(), SERVER_RELAY_PORT.to_string());
+    let to_relay = CLIENT_RELAY_PORT.to_string();
+    // Inserted above the capture rule: the relays' hop is not captured, the dialed port is
+    // redirected to the relay instead of the node proxy.
+    for rule in [
+        &["--dport", &hop, "-j", "RETURN"][..],
+        &["--dport", &dial, "-j", "REDIRECT", "--to-ports", &to_relay][..],
+    ] {
+        let mut args = vec!["iptables", "-w", "-t", "nat", "-I", "OUTPUT", "-p", "tcp"];
+        args.extend_from_slice(rule);
+        nodes.lab.exec(&nodes.client_ns, &args)?;
+    }
+    let socat = std::path::Path::new("socat");
+    let server_relay = [
+        format!("TCP-LISTEN:{SERVER_RELAY_PORT},fork,reuseaddr"),
+        format!("TCP:127.0.0.1:{DIRECT_IPERF_PORT}"),
+    ];
+    let client_relay = [
+        format!("TCP-LISTEN:{CLIENT_RELAY_PORT},fork,reuseaddr"),
+        format!("TCP:{SERVER_IP}:{SERVER_RELAY_PORT}"),
+    ];
+    for (ns, name, ends, port) in [
+        (
+            &nodes.server_ns,
+            "relay-server",
+            &server_relay,
+            SERVER_RELAY_PORT,
+        ),
+        (
+            &nodes.client_ns,
+            "relay-client",
+            &client_relay,
+            CLIENT_RELAY_PORT,
+        ),
+    ] {
+        let args = ["-b", RELAY_BUFFER, ends[0].as_str(), ends[1].as_str()];
+        nodes.lab.spawn(ns, name, socat, &args, &[])?;
+        let filter = format!("sport = :{port}");
+        ambit::lab::wait_until(
+            "socat to listen",
+            std::time::Duration::from_secs(10),
+            || {
+                nodes
+                    .lab
+                    .exec(ns, &["ss", "-Hltn", &filter])
+                    .is_ok_and(|o| !o.trim().is_empty())
+            },
+        )?;
+    }
+    let direct = common::iperf(&nodes.client_ns, SERVER_IP, DIRECT_IPERF_PORT, 1, secs)?;
+    let relays = common::iperf(&nodes.client_ns, SERVER_IP, RELAY_DIAL_PORT, 1, secs)
+        .context("iperf3 through the two socat relays")?;
+    println!(
+        "relay ceiling: direct {:.2} Gbit/s, two plain relays {:.2} Gbit/s",
+        direct / 1e9,
+        relays / 1e9
+    );
+    Ok((direct, relays))
 }
