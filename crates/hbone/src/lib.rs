@@ -7,7 +7,8 @@
 //! - [`stream::H2Stream`]: a tunnel as `AsyncRead + AsyncWrite`;
 //! - [`server`]: serve one accepted connection;
 //! - [`pool`]: the client connection pool;
-//! - [`tls`]: the TLS handshakes with HBONE's extra checks.
+//! - [`tls`]: the TLS handshakes with HBONE's extra checks;
+//! - [`ReadAhead`]: the socket under TLS, read in chunks that grow with the traffic.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -15,6 +16,7 @@ pub mod error;
 pub mod headers;
 mod keepalive;
 pub mod pool;
+mod read_ahead;
 pub mod request;
 pub mod server;
 mod settings;
@@ -28,6 +30,7 @@ pub use headers::{
     forwarded_host, forwarded_value, parse_authority, Authority, Baggage, TraceParent,
 };
 pub use pool::{ClientSettings, Pool, PoolKey};
+pub use read_ahead::{ReadAhead, MAX_READ_AHEAD, MIN_READ_AHEAD};
 pub use request::{validate, ConnectRequest, Rejection, ValidatedConnect};
 pub use server::{serve, serve_connection, IncomingConnect, PeerInfo};
 pub use settings::H2Settings;

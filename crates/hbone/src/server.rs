@@ -135,7 +135,7 @@ where
     let addr = tcp.peer_addr().map_err(HboneError::io)?;
     let local_addr = tcp.local_addr().map_err(HboneError::io)?;
     serve(
-        tokio::io::BufReader::with_capacity(crate::tls::READ_BUFFER, tcp),
+        crate::ReadAhead::new(tcp),
         addr,
         local_addr,
         tls,

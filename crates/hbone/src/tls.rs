@@ -34,10 +34,6 @@ fn check_alpn(alpn: Option<&[u8]>) -> Result<(), HboneError> {
     }
 }
 
-/// Socket reads under TLS go through a buffer this large: rustls asks for one record
-/// (about 16 KiB) at a time, and a bulk transfer would otherwise make one `recv` per record.
-pub const READ_BUFFER: usize = 64 * 1024;
-
 /// Client handshake over an established transport (TCP made by the caller with its socket
 /// options). The config's verifier must check the server's SPIFFE identity; this function
 /// checks that ALPN `h2` was negotiated.

@@ -141,8 +141,7 @@ pub(crate) async fn handle(
                         .client_config(&src_identity, &expected_identities)
                         .map_err(|e| tls_error(format!("no client TLS for {src_identity}: {e}")))?;
                     let tcp = socket::connect(&*pi.sockets, &pi.cfg, next_hop, None).await?;
-                    let tcp =
-                        tokio::io::BufReader::with_capacity(ambit_hbone::tls::READ_BUFFER, tcp);
+                    let tcp = ambit_hbone::ReadAhead::new(tcp);
                     ambit_hbone::tls::connect(tcp, tls).await
                 }
             };
