@@ -12,7 +12,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Size of the first buffer: two full TLS records.
+/// Size of the first buffer: about two full TLS records (16,406 bytes each on the wire).
 pub const MIN_READ_AHEAD: usize = 32 * 1024;
 
 /// Largest buffer. Measured end to end (BENCHMARKS.md): 256 KiB reads cut the receiving node
