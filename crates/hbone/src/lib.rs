@@ -15,6 +15,7 @@
 pub mod error;
 pub mod headers;
 mod keepalive;
+mod payload;
 pub mod pool;
 mod read_ahead;
 pub mod request;
@@ -30,7 +31,7 @@ pub use headers::{
     forwarded_host, forwarded_value, parse_authority, Authority, Baggage, TraceParent,
 };
 pub use pool::{ClientSettings, Pool, PoolKey};
-pub use read_ahead::{ReadAhead, MAX_READ_AHEAD, MIN_READ_AHEAD};
+pub use read_ahead::ReadAhead;
 pub use request::{validate, ConnectRequest, Rejection, ValidatedConnect};
 pub use server::{serve, serve_connection, IncomingConnect, PeerInfo};
 pub use settings::H2Settings;

@@ -13,12 +13,12 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Size of the first buffer: about two full TLS records (16,406 bytes each on the wire).
-pub const MIN_READ_AHEAD: usize = 32 * 1024;
+const MIN_READ_AHEAD: usize = 32 * 1024;
 
 /// Largest buffer. Measured end to end (BENCHMARKS.md): 256 KiB reads cut the receiving node
 /// proxy's CPU per GB by 3-10 % against a fixed 64 KiB buffer; 128 KiB gained nothing
 /// measurable.
-pub const MAX_READ_AHEAD: usize = 256 * 1024;
+const MAX_READ_AHEAD: usize = 256 * 1024;
 
 /// A transport whose reads go through a buffer that grows from [`MIN_READ_AHEAD`] to
 /// [`MAX_READ_AHEAD`] while reads keep filling it.
@@ -41,11 +41,6 @@ impl<IO> ReadAhead<IO> {
             pos: 0,
             filled: 0,
         }
-    }
-
-    /// The transport.
-    pub fn get_ref(&self) -> &IO {
-        &self.io
     }
 
     /// The current read size (0 before the first buffered read).
@@ -191,6 +186,19 @@ mod tests {
             [32, 64, 128, 256].map(|k| k * 1024),
             "doubling from the first size to the cap, never beyond"
         );
+    }
+
+    #[tokio::test]
+    async fn a_large_read_with_nothing_buffered_goes_straight_to_the_transport() {
+        let (mut tx, rx) = duplex(1 << 20);
+        let mut reader = ReadAhead::new(rx);
+        tx.write_all(&pattern(300 * 1024)).await.unwrap();
+        let mut large = vec![0u8; 512 * 1024];
+        let n = reader.read(&mut large).await.unwrap();
+        // More than the largest buffer could have handed over, and no buffer was made.
+        assert_eq!(n, 300 * 1024);
+        assert_eq!(&large[..n], &pattern(300 * 1024)[..]);
+        assert_eq!(reader.read_size(), 0);
     }
 
     #[tokio::test]

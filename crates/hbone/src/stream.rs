@@ -224,7 +224,7 @@ impl AsyncWrite for H2Stream {
             let capacity = this.send.capacity();
             if capacity > 0 {
                 let n = capacity.min(want);
-                let mut payload = crate::splice::payload_buffer(n);
+                let mut payload = crate::payload::payload_buffer(n);
                 payload.extend_from_slice(&buf[..n]);
                 if let Err(e) = this.send.send_data(payload.freeze(), false) {
                     // Prefer the peer's reset reason over h2's "inactive stream".
