@@ -3,7 +3,7 @@
 //! rustls asks its transport for at most a few KiB at a time, so without a buffer in between a
 //! bulk transfer costs one `recv` per TLS record or less. A fixed buffer is a trade between
 //! syscalls and memory: every pooled or accepted HBONE connection keeps one. This one starts
-//! small and doubles whenever a read fills it, up to [`MAX_READ_AHEAD`]; an idle or chatty
+//! small and doubles whenever a read fills it, up to `MAX_READ_AHEAD`; an idle or chatty
 //! connection never grows it. Writes pass straight through.
 
 use std::io;
@@ -20,8 +20,8 @@ const MIN_READ_AHEAD: usize = 32 * 1024;
 /// measurable.
 const MAX_READ_AHEAD: usize = 256 * 1024;
 
-/// A transport whose reads go through a buffer that grows from [`MIN_READ_AHEAD`] to
-/// [`MAX_READ_AHEAD`] while reads keep filling it.
+/// A transport whose reads go through a buffer that grows from 32 KiB to 256 KiB while reads
+/// keep filling it.
 #[derive(Debug)]
 pub struct ReadAhead<IO> {
     io: IO,
