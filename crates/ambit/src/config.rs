@@ -65,6 +65,8 @@ pub struct Config {
     pub admin_addr: SocketAddr,
     pub stats_addr: SocketAddr,
     pub readiness_addr: SocketAddr,
+    /// Data-plane worker threads (`ZTUNNEL_WORKER_THREADS` and the CPU limit variables).
+    pub worker_threads: usize,
     pub proxy: ProxyConfig,
 }
 
@@ -180,6 +182,83 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     Some(total)
 }
 
+/// A Kubernetes CPU quantity (`2`, `1.5`, `500m`) as whole cores, rounded up.
+fn cpu_quantity_cores(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let millis: u64 = match s.strip_suffix('m') {
+        Some(m) => m.parse().ok()?,
+        None => {
+            let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+            if whole.is_empty() && frac.is_empty() || frac.len() > 3 {
+                return None;
+            }
+            let whole: u64 = if whole.is_empty() {
+                0
+            } else {
+                whole.parse().ok()?
+            };
+            let frac: u64 = if frac.is_empty() {
+                0
+            } else {
+                format!("{frac:0<3}").parse().ok()?
+            };
+            whole.checked_mul(1000)?.checked_add(frac)?
+        }
+    };
+    usize::try_from(millis.div_ceil(1000)).ok()
+}
+
+/// Data-plane worker threads, sized the way ztunnel sizes them from the same variables,
+/// except that the default keeps one thread where ztunnel keeps two: ambit's data path
+/// never blocks a worker, and on small nodes one worker leaves the cores to the workloads
+/// (on 2 cores: 42 % instead of 24 % of the direct new-connection rate, see
+/// BENCHMARKS.md). `cores` is the machine's logical core count.
+fn worker_threads(env: &Env<'_>, cores: usize) -> Result<usize, ConfigError> {
+    const THREADS: &str = "a thread count such as 2, a share of the cores such as 50%, \
+                           or 0 for one thread per core";
+    if let Some(v) = env.get("ZTUNNEL_WORKER_THREADS") {
+        let invalid = || ConfigError::Invalid {
+            var: "ZTUNNEL_WORKER_THREADS",
+            value: v.to_string(),
+            expected: THREADS,
+        };
+        let v = v.trim();
+        return match v.strip_suffix('%') {
+            Some(pct) => {
+                let pct: usize = pct.parse().map_err(|_| invalid())?;
+                if !(1..=100).contains(&pct) {
+                    return Err(invalid());
+                }
+                Ok((cores * pct).div_ceil(100).max(1))
+            }
+            None => match v.parse::<usize>().map_err(|_| invalid())? {
+                0 => Ok(cores.max(1)),
+                n if n <= 1024 => Ok(n),
+                _ => Err(invalid()),
+            },
+        };
+    }
+    let quantity = |var: &'static str| -> Result<Option<usize>, ConfigError> {
+        match env.get(var) {
+            None => Ok(None),
+            Some(v) => cpu_quantity_cores(v).map(Some).ok_or(ConfigError::Invalid {
+                var,
+                value: v.to_string(),
+                expected: "a CPU quantity such as 2, 1.5 or 500m",
+            }),
+        }
+    };
+    let request = quantity("ZTUNNEL_RESOURCE_CPU_REQUEST")?.unwrap_or(0);
+    if let Some(limit) = quantity("ZTUNNEL_RESOURCE_CPU_LIMIT")? {
+        return Ok(limit.max(request).max(1));
+    }
+    let cpus = env
+        .parse::<usize>("ZTUNNEL_CPU_LIMIT", "a whole number of cores")?
+        .filter(|n| *n > 0)
+        .unwrap_or(cores);
+    Ok(cpus.div_ceil(4).max(request).max(1))
+}
+
 /// `TERMINATION_GRACE_PERIOD_SECONDS` to a drain deadline, as ztunnel derives it.
 fn deadline_from_grace(secs: u64) -> Duration {
     let d = if secs > 10 {
@@ -196,6 +275,15 @@ impl Config {
     }
 
     pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Config::from_env_on(vars, cores)
+    }
+
+    /// As [`Config::from_env`], on a machine with `cores` logical cores.
+    pub fn from_env_on(
+        vars: &HashMap<String, String>,
+        cores: usize,
+    ) -> Result<Config, ConfigError> {
         let env = Env(vars);
         let proxy_mode = match env.get("PROXY_MODE").unwrap_or("shared") {
             "shared" => ProxyMode::Shared,
@@ -411,6 +499,7 @@ impl Config {
             admin_addr,
             stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:15020"))?,
             readiness_addr: env.addr("AMBIT_READINESS_ADDR", &format!("{wildcard}:15021"))?,
+            worker_threads: worker_threads(&env, cores)?,
             proxy: ProxyConfig {
                 ports,
                 packet_mark,
@@ -572,6 +661,63 @@ mod tests {
         assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
         for bad in ["", "m", "5x", "-5s", "1.5s", "99999999999999999999h"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn worker_threads_follow_ztunnel_forms() {
+        let threads = |pairs: &[(&str, &str)], cores: usize| {
+            Config::from_env_on(&env(pairs), cores)
+                .unwrap()
+                .worker_threads
+        };
+        // Default: a quarter of the cores, rounded up, at least one.
+        assert_eq!(threads(&[], 2), 1);
+        assert_eq!(threads(&[], 16), 4);
+        assert_eq!(threads(&[], 17), 5);
+        // Explicit count, a share of the cores, or every core.
+        assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "3")], 16), 3);
+        assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "50%")], 6), 3);
+        assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "10%")], 4), 1);
+        assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "0")], 6), 6);
+        // The count overrides the CPU limits.
+        let over = [
+            ("ZTUNNEL_WORKER_THREADS", "2"),
+            ("ZTUNNEL_RESOURCE_CPU_LIMIT", "8"),
+        ];
+        assert_eq!(threads(&over, 16), 2);
+        // An explicit limit is used as it is, raised to the request; quantities round up.
+        assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "3")], 64), 3);
+        assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "1500m")], 64), 2);
+        assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "0.5")], 64), 1);
+        let limit_and_request = [
+            ("ZTUNNEL_RESOURCE_CPU_LIMIT", "2"),
+            ("ZTUNNEL_RESOURCE_CPU_REQUEST", "4"),
+        ];
+        assert_eq!(threads(&limit_and_request, 64), 4);
+        // Otherwise the CPU count (ZTUNNEL_CPU_LIMIT over the machine's) is quartered,
+        // and the request is a floor.
+        assert_eq!(threads(&[("ZTUNNEL_CPU_LIMIT", "8")], 64), 2);
+        assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_REQUEST", "3")], 4), 3);
+    }
+
+    #[test]
+    fn bad_worker_thread_values_name_the_variable() {
+        for bad in ["two", "-1", "150%", "0%", "%", "1.5", "100000"] {
+            let e = err(&[("ZTUNNEL_WORKER_THREADS", bad)]);
+            assert!(
+                e.starts_with("ZTUNNEL_WORKER_THREADS=") && e.contains("share of the cores"),
+                "{bad}: {e}"
+            );
+        }
+        for (var, bad) in [
+            ("ZTUNNEL_RESOURCE_CPU_LIMIT", "lots"),
+            ("ZTUNNEL_RESOURCE_CPU_REQUEST", "1.2345"),
+            ("ZTUNNEL_RESOURCE_CPU_LIMIT", "."),
+            ("ZTUNNEL_CPU_LIMIT", "2.5"),
+        ] {
+            let e = err(&[(var, bad)]);
+            assert!(e.starts_with(&format!("{var}=")), "{var}={bad}: {e}");
         }
     }
 }

@@ -92,7 +92,7 @@ fn run_ztunnel() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ambit-worker")
-        .worker_threads(worker_threads())
+        .worker_threads(cfg.worker_threads)
         .build()
     {
         Ok(r) => r,
@@ -109,22 +109,6 @@ fn run_ztunnel() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `ZTUNNEL_WORKER_THREADS` if set, else a quarter of the cores (rounded up). ztunnel
-/// keeps at least 2; ambit's data path never blocks a worker, and on small nodes one
-/// worker leaves the cores to the workloads (on 2 cores: 42 % instead of 24 % of the
-/// direct new-connection rate, see BENCHMARKS.md).
-fn worker_threads() -> usize {
-    if let Some(n) = std::env::var("ZTUNNEL_WORKER_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| *n > 0)
-    {
-        return n;
-    }
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    cores.div_ceil(4).max(1)
 }
 
 /// Many connections mean many descriptors: lift the soft limit to the hard one.
