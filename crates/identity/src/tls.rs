@@ -18,17 +18,18 @@ use crate::verify::{ExpectedServerVerifier, TrustDomainClientVerifier};
 /// The only ALPN protocol spoken on HBONE.
 pub const ALPN_H2: &[u8] = b"h2";
 
-/// aws-lc-rs with exactly `TLS13_AES_128_GCM_SHA256` and `TLS13_AES_256_GCM_SHA384`
-/// (key exchange groups: the provider's defaults). AES-128 comes first: it is the faster
-/// of the two (fewer rounds) and both are allowed; a peer that prefers AES-256 gets it.
+/// aws-lc-rs with exactly `TLS13_AES_256_GCM_SHA384` and `TLS13_AES_128_GCM_SHA256`, in
+/// ztunnel's order (key exchange groups: the provider's defaults). The client's order
+/// decides, so two ambit or ztunnel peers agree on AES-256, which regimes that require
+/// 256-bit keys (CNSA) expect; AES-128 remains for peers that offer only it.
 pub fn crypto_provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
     PROVIDER
         .get_or_init(|| {
             let mut provider = aws_lc_rs::default_provider();
             provider.cipher_suites = vec![
-                aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
                 aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
+                aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
             ];
             Arc::new(provider)
         })
@@ -148,8 +149,8 @@ mod tests {
         assert_eq!(
             suites,
             [
-                rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
-                rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
+                rustls::CipherSuite::TLS13_AES_256_GCM_SHA384,
+                rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
             ]
         );
     }
@@ -191,13 +192,11 @@ mod tests {
         assert_eq!(out.server_id, Some(server.identity.clone()));
         assert_eq!(out.alpn.as_deref(), Some(&b"h2"[..]));
         assert_eq!(out.version, Some(rustls::ProtocolVersion::TLSv1_3));
-        assert!(matches!(
+        // Both ends offer ztunnel's order, so they agree on AES-256.
+        assert_eq!(
             out.suite,
-            Some(
-                rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
-                    | rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
-            )
-        ));
+            Some(rustls::CipherSuite::TLS13_AES_256_GCM_SHA384)
+        );
         assert_eq!(out.sni, None, "SNI must not be sent");
         assert_eq!(out.client_kind, Some(rustls::HandshakeKind::Full));
         // A second connection with the same configs is a full handshake again: no resumption.
