@@ -67,9 +67,28 @@ async fn until_forced(
     drain: &DrainWatcher,
 ) -> Result<(), (ResponseFlag, String)> {
     tokio::select! {
-        r = copy => r.map_err(|e| (ResponseFlag::None, format!("io error: {e}"))),
+        r = copy => match r {
+            Ok(()) => Ok(()),
+            Err(e) if peer_went_away(&e) => {
+                tracing::debug!(error = %e, "a peer went away mid-connection");
+                Ok(())
+            }
+            Err(e) => Err((ResponseFlag::None, format!("io error: {e}"))),
+        },
         _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
     }
+}
+
+/// A reset, a broken pipe or an abrupt EOF from a peer ends the connection as ztunnel ends
+/// it: closed, not failed (access log at info, no error).
+fn peer_went_away(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::NotConnected
+    )
 }
 
 /// Buffers grow with the traffic: an idle or chatty connection keeps a small one, a bulk
@@ -209,6 +228,33 @@ mod tests {
             .await
             .expect("the app's connection was closed, not left hanging");
         assert!(matches!(read, Ok(0) | Err(_)));
+    }
+
+    #[tokio::test]
+    async fn a_peer_reset_closes_the_connection_without_failing_it() {
+        let (app, proxy_client_side) = tcp_pair().await;
+        let (proxy_server_side, upstream) = tcp_pair().await;
+        let (_trigger, watcher) = crate::drain::new();
+        let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+        let copy = copy_bidirectional(proxy_client_side, proxy_server_side, &up, &down);
+        socket2::SockRef::from(&upstream)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(upstream);
+        let outcome = tokio::time::timeout(Duration::from_secs(5), until_forced(copy, &watcher))
+            .await
+            .expect("the copy ended");
+        assert_eq!(outcome, Ok(()));
+        drop(app);
+    }
+
+    #[tokio::test]
+    async fn other_io_errors_fail_the_connection() {
+        let (_trigger, watcher) = crate::drain::new();
+        let copy = async { Err(io::Error::new(io::ErrorKind::InvalidData, "bad record")) };
+        let (flag, message) = until_forced(copy, &watcher).await.unwrap_err();
+        assert_eq!(flag, ResponseFlag::None);
+        assert!(message.contains("bad record"), "{message}");
     }
 
     #[test]
