@@ -129,6 +129,19 @@ impl Env<'_> {
         }
     }
 
+    /// A keepalive time or interval: whole seconds as the kernel takes them, 1 to 32767.
+    fn keepalive_seconds(&self, var: &'static str, default: u64) -> Result<Duration, ConfigError> {
+        let d = self.duration(var)?.unwrap_or(Duration::from_secs(default));
+        if d.subsec_nanos() != 0 || !(1..=32_767).contains(&d.as_secs()) {
+            return Err(ConfigError::Invalid {
+                var,
+                value: self.get(var).unwrap_or_default().to_string(),
+                expected: "a whole number of seconds from 1s to 32767s, such as 180s or 3m",
+            });
+        }
+        Ok(d)
+    }
+
     fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
         Ok(self
             .parse::<SocketAddr>(var, "an address such as 127.0.0.1:15000 or [::]:15020")?
@@ -373,14 +386,14 @@ impl Config {
         let stream_window = env.u32_in(
             "HTTP2_STREAM_WINDOW_SIZE",
             4 * 1024 * 1024,
-            1..=(i32::MAX as u32),
-            "a window size in bytes, 1 to 2147483647",
+            65_535..=(i32::MAX as u32),
+            "a window size in bytes, 65535 (HTTP/2's initial window) to 2147483647",
         )?;
         let connection_window = env.u32_in(
             "HTTP2_CONNECTION_WINDOW_SIZE",
             16 * 1024 * 1024,
-            1..=(i32::MAX as u32),
-            "a window size in bytes, 1 to 2147483647",
+            65_535..=(i32::MAX as u32),
+            "a window size in bytes, 65535 (HTTP/2's initial window) to 2147483647",
         )?;
         let frame_size = env.u32_in(
             "HTTP2_FRAME_SIZE",
@@ -419,15 +432,14 @@ impl Config {
         };
         let keepalive = Keepalive {
             enabled: env.bool("KEEPALIVE_ENABLED", true)?,
-            time: env
-                .duration("KEEPALIVE_TIME")?
-                .unwrap_or(Duration::from_secs(180)),
-            interval: env
-                .duration("KEEPALIVE_INTERVAL")?
-                .unwrap_or(Duration::from_secs(180)),
-            retries: env
-                .parse("KEEPALIVE_RETRIES", "a whole number of probes")?
-                .unwrap_or(9),
+            time: env.keepalive_seconds("KEEPALIVE_TIME", 180)?,
+            interval: env.keepalive_seconds("KEEPALIVE_INTERVAL", 180)?,
+            retries: env.u32_in(
+                "KEEPALIVE_RETRIES",
+                9,
+                1..=127,
+                "a number of probes, 1 to 127",
+            )?,
             user_timeout: env.bool("USER_TIMEOUT_ENABLED", false)?,
         };
         let ipv6_enabled = env.bool("IPV6_ENABLED", true)?;
@@ -487,9 +499,17 @@ impl Config {
                 .unwrap_or("unknown")
                 .to_string(),
             local_ca_dir: env.get("LOCAL_CA_DIR").map(PathBuf::from),
-            secret_ttl: env
-                .duration("SECRET_TTL")?
-                .unwrap_or(Duration::from_secs(86400)),
+            secret_ttl: match env.duration("SECRET_TTL")? {
+                None => Duration::from_secs(86400),
+                Some(ttl) if ttl >= Duration::from_secs(60) => ttl,
+                Some(_) => {
+                    return Err(ConfigError::Invalid {
+                        var: "SECRET_TTL",
+                        value: env.get("SECRET_TTL").unwrap_or_default().to_string(),
+                        expected: "a certificate lifetime of at least 1m, such as 24h",
+                    })
+                }
+            },
             termination_deadline,
             inpod_uds: env
                 .get("INPOD_UDS")
@@ -587,6 +607,13 @@ mod tests {
             ("HTTP2_FRAME_SIZE", "100", "16384 to 16777215"),
             ("HTTP2_STREAM_WINDOW_SIZE", "-1", "window size"),
             ("HTTP2_CONNECTION_WINDOW_SIZE", "big", "window size"),
+            ("HTTP2_STREAM_WINDOW_SIZE", "1024", "65535"),
+            ("KEEPALIVE_TIME", "0s", "1s to 32767s"),
+            ("KEEPALIVE_TIME", "500ms", "1s to 32767s"),
+            ("KEEPALIVE_INTERVAL", "10h", "1s to 32767s"),
+            ("KEEPALIVE_RETRIES", "0", "1 to 127"),
+            ("KEEPALIVE_RETRIES", "1000", "1 to 127"),
+            ("SECRET_TTL", "0", "at least 1m"),
             ("POOL_MAX_STREAMS_PER_CONNECTION", "0", "1 to 65535"),
             ("POOL_UNUSED_RELEASE_TIMEOUT", "5 minutes", "duration"),
             ("ENABLE_ORIG_SRC", "yes", "true or false"),

@@ -112,7 +112,9 @@ fn apply_keepalive(socket: &socket2::SockRef<'_>, keepalive: &Keepalive) -> io::
         .with_retries(keepalive.retries);
     socket.set_tcp_keepalive(&params)?;
     if keepalive.user_timeout {
-        let timeout = keepalive.time + keepalive.interval * keepalive.retries;
+        let timeout = keepalive
+            .time
+            .saturating_add(keepalive.interval.saturating_mul(keepalive.retries));
         socket.set_tcp_user_timeout(Some(timeout))?;
     }
     Ok(())
