@@ -108,8 +108,10 @@ async fn serve_hbone(
     goaway: tokio::sync::watch::Receiver<bool>,
     transparent: bool,
 ) {
-    let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().ok();
+    if let Err(e) = crate::socket::tune_stream(&stream, &pi.cfg.keepalive) {
+        tracing::debug!(?peer, "socket options on an HBONE connection: {e}");
+    }
     let tls = {
         let state = pi.state.get();
         let local = match pi.require_local_workload(&state) {
