@@ -57,6 +57,24 @@ async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListe
         .with_context(|| format!("cannot bind the {what} endpoint on {addr}"))
 }
 
+/// ztunnel serves admin on `::1` as well as `127.0.0.1`: with IPv6 enabled and the default
+/// IPv4 loopback address, bind the IPv6 loopback on the same port too. A node without
+/// IPv6 (no `::1`) keeps the IPv4 endpoint alone; any other failure stops start-up.
+async fn bind_admin_ipv6(cfg: &Config, port: u16) -> anyhow::Result<Option<TcpListener>> {
+    if !cfg.proxy.ipv6_enabled || cfg.admin_addr.ip() != std::net::Ipv4Addr::LOCALHOST {
+        return Ok(None);
+    }
+    let addr = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    match TcpListener::bind(addr).await {
+        Ok(l) => Ok(Some(l)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+            tracing::debug!("no IPv6 loopback: admin on {} only", cfg.admin_addr);
+            Ok(None)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot bind the admin endpoint on {addr}")),
+    }
+}
+
 pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let ready = Ready::default();
@@ -103,6 +121,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 
     // Bind everything before serving anything, so a conflict fails start-up cleanly.
     let admin = bind(cfg.admin_addr, "admin").await?;
+    let admin_v6 = bind_admin_ipv6(&cfg, admin.local_addr()?.port()).await?;
     let stats = bind(cfg.stats_addr, "metrics").await?;
     let readiness = bind(cfg.readiness_addr, "readiness").await?;
 
@@ -195,11 +214,15 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         static_config,
         workload_state,
     };
-    tokio::spawn(crate::http::serve(
-        admin,
-        admin_handler(admin_ctx),
-        watcher.clone(),
-    ));
+    let admin_handler = admin_handler(admin_ctx);
+    if let Some(admin_v6) = admin_v6 {
+        tokio::spawn(crate::http::serve(
+            admin_v6,
+            admin_handler.clone(),
+            watcher.clone(),
+        ));
+    }
+    tokio::spawn(crate::http::serve(admin, admin_handler, watcher.clone()));
     tokio::spawn(crate::http::serve(
         stats,
         metrics_handler(registry),
