@@ -20,6 +20,17 @@ pub struct DemoArgs {
     /// in-pod mode.
     #[arg(long)]
     pub dedicated: bool,
+    /// Extra environment for both node proxies, e.g. `RUST_LOG=debug` (repeatable;
+    /// dedicated mode).
+    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = parse_env_pair)]
+    pub proxy_env: Vec<(String, String)>,
+}
+
+fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -57,7 +68,12 @@ pub fn remove_on_signal(cleanup: crate::lab::Cleanup) {
 fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
     let ambit = std::env::current_exe().context("locating the ambit binary")?;
     println!("building two nodes in network namespaces (dedicated mode)...");
-    let nodes = TwoNodes::start(&ambit, "demo", &[])?;
+    let extra_env: Vec<(&str, String)> = args
+        .proxy_env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    let nodes = TwoNodes::start(&ambit, "demo", &extra_env)?;
     remove_on_signal(nodes.lab.cleanup_handle());
     let accepted = nodes.start_app_server(EchoMode::Double)?;
     let capture = nodes.capture_link().ok();
