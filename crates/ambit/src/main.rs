@@ -31,6 +31,13 @@ enum Command {
     /// PROXY_MODE, PROXY_WORKLOAD_INFO, LOCAL_XDS_PATH or LOCAL_XDS, PACKET_MARK,
     /// TRUST_DOMAIN, LOCAL_CA_DIR, HTTP2_*, POOL_*, ... (see README).
     Ztunnel,
+    /// ztunnel's own command line, as Istio's chart runs it: `proxy ztunnel` is
+    /// `ambit ztunnel`.
+    Proxy {
+        /// The kind of proxy: only `ztunnel`.
+        #[arg(value_parser = ["ztunnel"], default_value = "ztunnel")]
+        kind: String,
+    },
     /// Build a two-node mesh in network namespaces on this machine, send real traffic
     /// through it and report what happened. Needs root.
     Demo(demo::DemoArgs),
@@ -48,13 +55,20 @@ fn main() -> ExitCode {
         let code = ambit_cni::plugin::main_with_process_env();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // Installed as `ztunnel` (an image that replaces ztunnel's binary), no argument runs
+    // the node proxy, as it does for ztunnel.
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ztunnel"))
+        && std::env::args_os().len() == 1
+    {
+        return run_ztunnel();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
             println!("ambit {}", version::VERSION);
             ExitCode::SUCCESS
         }
-        Command::Ztunnel => run_ztunnel(),
+        Command::Ztunnel | Command::Proxy { .. } => run_ztunnel(),
         Command::Agent(args) => match agent_cli::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

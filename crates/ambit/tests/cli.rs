@@ -30,6 +30,46 @@ fn invalid_environment_names_the_variable() {
     assert!(err.contains("16384 to 16777215"), "{err}");
 }
 
+/// Runs the node proxy the way Istio's chart runs ztunnel's image (`proxy ztunnel`, or no
+/// argument when installed as `ztunnel`): an empty environment must reach the node
+/// proxy's configuration check, not a command-line error.
+#[test]
+fn ztunnel_command_lines_run_the_node_proxy() {
+    let dir = std::env::temp_dir().join(format!("ambit-cli-ztunnel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let as_ztunnel = dir.join("ztunnel");
+    let _ = std::fs::remove_file(&as_ztunnel);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ambit"), &as_ztunnel).unwrap();
+    let ambit = std::path::PathBuf::from(env!("CARGO_BIN_EXE_ambit"));
+    let runs: [(&std::path::Path, &[&str]); 4] = [
+        (&ambit, &["proxy", "ztunnel"]),
+        (&ambit, &["proxy"]),
+        (&as_ztunnel, &["proxy", "ztunnel"]),
+        (&as_ztunnel, &[]),
+    ];
+    for (program, args) in runs {
+        let out = Command::new(program)
+            .args(args)
+            .env_clear()
+            .output()
+            .expect("run the binary");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{program:?} {args:?}: {stderr}");
+        assert!(
+            stderr.contains("LOCAL_XDS_PATH (or LOCAL_XDS) is required"),
+            "{program:?} {args:?}: {stderr}"
+        );
+    }
+    let other = Command::new(&ambit)
+        .args(["proxy", "router"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_ne!(other.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&other.stderr).contains("invalid value 'router'"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn bad_local_config_names_file_position_and_field() {
     let dir = std::env::temp_dir().join(format!("ambit-cli-{}", std::process::id()));
