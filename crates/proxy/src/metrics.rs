@@ -49,6 +49,10 @@ pub struct TrafficLabels {
     pub request_protocol: &'static str,
     pub response_flags: &'static str,
     pub connection_security_policy: &'static str,
+    /// `source_region`, `source_zone`, `destination_region`, `destination_zone`: present
+    /// only once workload information was applied, as in ztunnel, so it comes last.
+    #[prometheus(flatten)]
+    pub locality: Vec<(&'static str, String)>,
 }
 
 pub const UNKNOWN: &str = "unknown";
@@ -80,7 +84,23 @@ impl TrafficLabels {
             request_protocol: "tcp",
             response_flags: "-",
             connection_security_policy: UNKNOWN,
+            locality: Vec::new(),
         }
+    }
+
+    /// Adds the four locality labels from the workloads' `region`/`zone` (`unknown` when
+    /// a workload or its locality is not known).
+    pub fn set_locality(&mut self, src: Option<(&str, &str)>, dst: Option<(&str, &str)>) {
+        let value = |s: Option<&str>| match s {
+            Some(v) if !v.is_empty() => v.to_string(),
+            _ => UNKNOWN.to_string(),
+        };
+        self.locality = vec![
+            ("source_region", value(src.map(|l| l.0))),
+            ("source_zone", value(src.map(|l| l.1))),
+            ("destination_region", value(dst.map(|l| l.0))),
+            ("destination_zone", value(dst.map(|l| l.1))),
+        ];
     }
 }
 
@@ -174,5 +194,36 @@ mod tests {
         ));
         // Families without samples are not printed as samples.
         assert!(!out.contains("istio_tcp_sent_bytes_total{"));
+    }
+
+    #[test]
+    fn locality_labels_come_last_and_only_with_workload_information() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry, "1.24.0");
+        let mut known = TrafficLabels::new(Reporter::Destination);
+        known.set_locality(Some(("eu-west", "")), None);
+        m.connections_opened.get_or_create(&known).inc();
+        m.connections_closed
+            .get_or_create(&TrafficLabels::new(Reporter::Destination))
+            .inc();
+        let mut out = String::new();
+        encode(&mut out, &registry).unwrap();
+        let sample = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("{name} in {out}"))
+                .to_string()
+        };
+        assert!(sample("istio_tcp_connections_opened_total{").ends_with(
+            "connection_security_policy=\"unknown\",source_region=\"eu-west\",\
+             source_zone=\"unknown\",destination_region=\"unknown\",\
+             destination_zone=\"unknown\"} 1"
+        ));
+        let closed = sample("istio_tcp_connections_closed_total{");
+        assert!(
+            closed.ends_with("connection_security_policy=\"unknown\"} 1"),
+            "{closed}"
+        );
+        assert!(!closed.contains("region"), "{closed}");
     }
 }

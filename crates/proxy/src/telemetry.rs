@@ -80,6 +80,10 @@ fn or_unknown(s: &str) -> String {
     }
 }
 
+fn region_and_zone(w: &Workload) -> (&str, &str) {
+    (&w.locality.region, &w.locality.zone)
+}
+
 /// The workload's name for telemetry: its workload (deployment) name, else the pod name.
 pub(crate) fn workload_name(w: &Workload) -> &str {
     if w.workload_name.is_empty() {
@@ -125,12 +129,18 @@ impl ConnectionResult {
         if endpoints.mtls {
             l.connection_security_policy = "mutual_tls";
         }
+        if endpoints.src_workload.is_some() || endpoints.dst_workload.is_some() {
+            l.set_locality(
+                endpoints.src_workload.as_deref().map(region_and_zone),
+                endpoints.dst_workload.as_deref().map(region_and_zone),
+            );
+        }
         metrics.connections_opened.get_or_create(&l).inc();
         tracing::debug!(
             target: "access",
             direction = direction(reporter),
-            src.addr = ?endpoints.src_addr,
-            dst.addr = ?endpoints.dst_addr,
+            src.addr = endpoints.src_addr.map(tracing::field::display),
+            dst.addr = endpoints.dst_addr.map(tracing::field::display),
             "connection opened"
         );
         ConnectionResult {
@@ -184,13 +194,13 @@ impl ConnectionResult {
                 tracing::$level!(
                     target: "access",
                     direction = direction(self.reporter),
-                    src.addr = ?e.src_addr,
+                    src.addr = e.src_addr.map(tracing::field::display),
                     src.workload = src_workload.map(|w| workload_name(w)),
                     src.namespace = src_workload.map(|w| w.namespace.as_str()),
                     // Identities are logged only when mTLS proved them.
                     src.identity = e.src_identity.as_ref().filter(|_| e.mtls).map(tracing::field::display),
                     src.cluster = src_workload.map(|w| w.cluster_id.as_str()),
-                    dst.addr = ?e.dst_addr,
+                    dst.addr = e.dst_addr.map(tracing::field::display),
                     dst.hbone_addr = e.dst_hbone_addr.as_deref(),
                     dst.service = e.dst_service.as_ref().map(|s| s.hostname.as_str()),
                     dst.workload = dst_workload.map(|w| workload_name(w)),
@@ -229,7 +239,7 @@ pub(crate) fn early_failure(
         target: "access",
         direction = direction(reporter),
         src.addr = %src,
-        dst.addr = ?dst,
+        dst.addr = dst.map(tracing::field::display),
         error = %error,
         "connection failed"
     );
@@ -239,5 +249,168 @@ fn direction(reporter: Reporter) -> &'static str {
     match reporter {
         Reporter::Source => "outbound",
         Reporter::Destination => "inbound",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::registry::Registry;
+    use std::sync::Mutex;
+
+    const MESH: &str = r#"
+workloads:
+- uid: c1
+  name: client-7d9
+  workloadName: client
+  namespace: shop
+  serviceAccount: client
+  workloadIps: [10.0.0.1]
+  canonicalName: client
+  canonicalRevision: v1
+  locality: {region: eu-west, zone: eu-west-1a}
+- uid: s1
+  name: server-5f6
+  namespace: shop
+  serviceAccount: server
+  workloadIps: [10.0.0.2]
+  protocol: HBONE
+"#;
+
+    fn workloads() -> (Arc<Workload>, Arc<Workload>) {
+        let mut cfg = ambit_state::parse_local_config("test", MESH).unwrap();
+        let server = Arc::new(cfg.workloads.pop().unwrap());
+        let client = Arc::new(cfg.workloads.pop().unwrap());
+        (client, server)
+    }
+
+    /// The JSON lines `f` logs, with the metrics text it left behind.
+    fn run_logged(f: impl FnOnce(&Metrics)) -> (Vec<serde_json::Value>, String) {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || writer.clone())
+            .finish();
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry, "test");
+        tracing::subscriber::with_default(subscriber, || f(&metrics));
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let out = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let logged = out
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON log line"))
+            .collect();
+        (logged, text)
+    }
+
+    fn outbound_hbone() -> Endpoints {
+        let (client, server) = workloads();
+        Endpoints {
+            src_addr: Some("10.0.0.1:40000".parse().unwrap()),
+            src_identity: Some(client.identity()),
+            src_workload: Some(client),
+            dst_addr: Some("10.0.0.2:8080".parse().unwrap()),
+            dst_hbone_addr: Some("10.0.0.2:15008".into()),
+            dst_identity: Some(server.identity()),
+            dst_workload: Some(server),
+            dst_service: None,
+            mtls: true,
+        }
+    }
+
+    #[test]
+    fn a_completed_connection_logs_one_info_line_with_ztunnel_fields() {
+        let (logs, metrics) = run_logged(|m| {
+            let c = ConnectionResult::open(m, Reporter::Source, outbound_hbone());
+            c.bytes.client_to_server.store(100, Ordering::Relaxed);
+            c.bytes.server_to_client.store(7, Ordering::Relaxed);
+            c.finish(Ok(()));
+        });
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        let line = &logs[0];
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["target"], "access");
+        let f = &line["fields"];
+        assert_eq!(f["message"], "connection complete");
+        assert_eq!(f["direction"], "outbound");
+        assert_eq!(f["src.addr"], "10.0.0.1:40000");
+        assert_eq!(f["src.workload"], "client");
+        assert_eq!(f["src.namespace"], "shop");
+        assert_eq!(
+            f["src.identity"],
+            "spiffe://cluster.local/ns/shop/sa/client"
+        );
+        assert_eq!(f["dst.addr"], "10.0.0.2:8080");
+        assert_eq!(f["dst.hbone_addr"], "10.0.0.2:15008");
+        assert_eq!(f["dst.workload"], "server-5f6");
+        assert_eq!(
+            f["dst.identity"],
+            "spiffe://cluster.local/ns/shop/sa/server"
+        );
+        // The outbound side sent what the client sent.
+        assert_eq!(f["bytes_sent"], 100);
+        assert_eq!(f["bytes_recv"], 7);
+        assert!(f["duration"].as_str().unwrap().ends_with("ms"));
+        assert!(f.get("error").is_none());
+        // Istio's orientation in metrics: received = client to server.
+        let received = metrics
+            .lines()
+            .find(|l| l.starts_with("istio_tcp_received_bytes_total{"))
+            .unwrap();
+        assert!(received.ends_with(" 100"), "{received}");
+        assert!(received.contains("source_workload=\"client\",source_canonical_service=\"client\",source_canonical_revision=\"v1\""));
+        assert!(received.contains("connection_security_policy=\"mutual_tls\",source_region=\"eu-west\",source_zone=\"eu-west-1a\",destination_region=\"unknown\",destination_zone=\"unknown\""), "{received}");
+    }
+
+    #[test]
+    fn a_failed_connection_logs_at_error_and_counts_as_failed() {
+        let (logs, metrics) = run_logged(|m| {
+            let c = ConnectionResult::open(m, Reporter::Source, outbound_hbone());
+            c.finish(Err((ResponseFlag::Connect, "upstream refused".into())));
+        });
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        assert_eq!(logs[0]["level"], "ERROR");
+        assert_eq!(logs[0]["fields"]["error"], "upstream refused");
+        let failed = metrics
+            .lines()
+            .find(|l| l.starts_with("istio_tcp_connections_failed_total{"))
+            .expect("a failed-connection sample");
+        assert!(failed.contains("response_flags=\"CONNECT\""), "{failed}");
+    }
+
+    #[test]
+    fn identities_are_logged_only_when_mtls_proved_them() {
+        let (logs, metrics) = run_logged(|m| {
+            let mut e = outbound_hbone();
+            e.mtls = false;
+            e.src_workload = None;
+            e.dst_workload = None;
+            ConnectionResult::open(m, Reporter::Destination, e).finish(Ok(()));
+        });
+        let f = &logs[0]["fields"];
+        assert_eq!(f["direction"], "inbound");
+        assert!(f.get("src.identity").is_none(), "{f}");
+        assert!(f.get("dst.identity").is_none(), "{f}");
+        // No workload information: no locality labels.
+        let closed = metrics
+            .lines()
+            .find(|l| l.starts_with("istio_tcp_connections_closed_total{"))
+            .unwrap();
+        assert!(!closed.contains("region"), "{closed}");
     }
 }
