@@ -87,8 +87,12 @@ pub(crate) async fn handle_connect(
         .clone();
     let src_workload = state.workload_by_ip(&pi.cfg.network, src.ip());
     let dst_service = hostname_service.or_else(|| {
-        let host = request.forwarded_host.as_deref()?;
-        intended_service(&state, &dst_workload, host)
+        intended_service(
+            &state,
+            &dst_workload,
+            request.forwarded_host.as_deref(),
+            target_port,
+        )
     });
     let result = ConnectionResult::open(
         &pi.metrics,
@@ -185,10 +189,29 @@ fn resolve_hostname_port(
 }
 
 /// The service named in `forwarded: host=`, if the destination workload backs it.
-fn intended_service(state: &ProxyState, workload: &Workload, host: &str) -> Option<Arc<Service>> {
-    let service = state.service_by_hostname(host)?;
-    let key = format!("{}/{}", service.namespace, service.hostname);
-    workload.services.contains_key(&key).then_some(service)
+/// The service the client meant, for telemetry, guessed as ztunnel guesses it: the
+/// `forwarded` host when it is one of the workload's services, else the first of them
+/// (by `namespace/hostname`) with a port that leads to `target_port`, directly or through
+/// the workload's mapping of a named port.
+fn intended_service(
+    state: &ProxyState,
+    workload: &Workload,
+    forwarded_host: Option<&str>,
+    target_port: u16,
+) -> Option<Arc<Service>> {
+    if let Some(service) = forwarded_host.and_then(|h| state.service_by_hostname(h)) {
+        let key = format!("{}/{}", service.namespace, service.hostname);
+        if workload.services.contains_key(&key) {
+            return Some(service);
+        }
+    }
+    workload.services.iter().find_map(|(key, endpoint_ports)| {
+        let service = state.service_by_key(key)?;
+        let leads_there = service.ports.iter().any(|(service_port, port)| {
+            *port == target_port || endpoint_ports.get(service_port) == Some(&target_port)
+        });
+        leads_there.then_some(service)
+    })
 }
 
 fn reject(incoming: IncomingConnect, src: SocketAddr, status: StatusCode, reason: String) {
@@ -199,4 +222,75 @@ fn reject(incoming: IncomingConnect, src: SocketAddr, status: StatusCode, reason
         format!("{} {reason}", status.as_u16()),
     );
     incoming.reject(status);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MESH: &str = r#"
+workloads:
+- uid: s1
+  name: server
+  namespace: shop
+  serviceAccount: server
+  workloadIps: [10.0.0.2]
+  protocol: HBONE
+  services:
+    shop/admin.shop.svc.cluster.local: {9000: 9090}
+    shop/api.shop.svc.cluster.local: {80: 8080}
+    shop/web.shop.svc.cluster.local: {80: 8080, 443: 8443}
+services:
+- name: admin
+  namespace: shop
+  hostname: admin.shop.svc.cluster.local
+  vips: ["/10.96.0.9"]
+  ports: {9000: 0}
+- name: api
+  namespace: shop
+  hostname: api.shop.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports: {80: 8080}
+- name: web
+  namespace: shop
+  hostname: web.shop.svc.cluster.local
+  vips: ["/10.96.0.11"]
+  ports: {80: 8080, 443: 8443}
+- name: other
+  namespace: shop
+  hostname: other.shop.svc.cluster.local
+  vips: ["/10.96.0.12"]
+  ports: {80: 8080}
+"#;
+
+    fn guess(host: Option<&str>, port: u16) -> Option<String> {
+        let cfg = ambit_state::parse_local_config("test", MESH).unwrap();
+        let state = ProxyState::from_config(cfg).unwrap();
+        let server = state
+            .workload_by_ip("", "10.0.0.2".parse().unwrap())
+            .unwrap();
+        intended_service(&state, &server, host, port).map(|s| s.name.clone())
+    }
+
+    #[test]
+    fn the_forwarded_host_wins_when_it_is_one_of_the_workloads_services() {
+        assert_eq!(
+            guess(Some("web.shop.svc.cluster.local"), 8080).as_deref(),
+            Some("web")
+        );
+        // A service the workload is not part of is not believed.
+        assert_eq!(
+            guess(Some("other.shop.svc.cluster.local"), 8080).as_deref(),
+            Some("api")
+        );
+    }
+
+    #[test]
+    fn without_a_host_the_first_service_leading_to_the_port_is_taken() {
+        assert_eq!(guess(None, 8080).as_deref(), Some("api"));
+        assert_eq!(guess(None, 8443).as_deref(), Some("web"));
+        // A named port (target 0) resolves through the workload's own mapping.
+        assert_eq!(guess(None, 9090).as_deref(), Some("admin"));
+        assert_eq!(guess(None, 7000), None);
+    }
 }
