@@ -117,8 +117,9 @@ fn logging(
     } else if query == "reset" {
         logs.reset()
     } else if let Some(level) = query.strip_prefix("level=") {
-        let level = level.replace("%3D", "=").replace("%2C", ",");
-        logs.set(&level)
+        percent_decode(level)
+            .ok_or_else(|| format!("level {level:?} is not valid percent-encoded UTF-8"))
+            .and_then(|level| logs.set(&level))
     } else {
         Err(format!(
             "unknown query {query:?}: use ?level=<filter> or ?reset"
@@ -131,6 +132,24 @@ fn logging(
         ),
         Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
     }
+}
+
+/// `%XX` escapes (and `+` as a space) decoded; `None` for a broken escape or bytes that are
+/// not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        out.push(match b {
+            b'%' => {
+                let hex = [bytes.next()?, bytes.next()?];
+                u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?
+            }
+            b'+' => b' ',
+            b => b,
+        });
+    }
+    String::from_utf8(out).ok()
 }
 
 fn config_dump(ctx: &AdminContext) -> serde_json::Value {
@@ -155,4 +174,218 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
         }
     }
     dump
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue, Uri};
+
+    fn call(
+        handler: &Handler,
+        method: Method,
+        uri: &str,
+        headers: HeaderMap,
+    ) -> (StatusCode, String, String) {
+        let response = handler(&method, &uri.parse::<Uri>().unwrap(), &headers);
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let status = response.status();
+        let body = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(http_body_util::BodyExt::collect(response.into_body()))
+            .unwrap()
+            .to_bytes();
+        (
+            status,
+            content_type,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    fn get(handler: &Handler, uri: &str) -> (StatusCode, String) {
+        let (status, _, body) = call(handler, Method::GET, uri, HeaderMap::new());
+        (status, body)
+    }
+
+    fn post(handler: &Handler, uri: &str) -> (StatusCode, String) {
+        let (status, _, body) = call(handler, Method::POST, uri, HeaderMap::new());
+        (status, body)
+    }
+
+    #[test]
+    fn readiness_names_what_is_pending_until_it_is_done() {
+        let ready = Ready::default();
+        let handler = readiness_handler(ready.clone());
+        let proxy = ready.register("proxy");
+        let state = ready.register("state manager");
+        assert_eq!(
+            get(&handler, "/healthz/ready"),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "not ready, pending: proxy, state manager\n".to_string()
+            )
+        );
+        drop(state);
+        drop(proxy);
+        assert_eq!(
+            get(&handler, "/healthz/ready"),
+            (StatusCode::OK, "ready\n".to_string())
+        );
+        assert_eq!(get(&handler, "/healthz/live").0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            post(&handler, "/healthz/ready").0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[test]
+    fn metrics_on_both_paths_in_the_format_asked_for() {
+        let mut registry = Registry::default();
+        let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, "1.24.0");
+        metrics
+            .connections_opened
+            .get_or_create(&ambit_proxy::metrics::TrafficLabels::new(
+                ambit_proxy::metrics::Reporter::Source,
+            ))
+            .inc();
+        let handler = metrics_handler(Arc::new(registry));
+        for path in ["/metrics", "/stats/prometheus"] {
+            let (status, content_type, body) = call(&handler, Method::GET, path, HeaderMap::new());
+            assert_eq!(status, StatusCode::OK, "{path}");
+            assert_eq!(content_type, "text/plain; charset=utf-8");
+            assert!(
+                body.contains("istio_build{component=\"ztunnel\",tag=\"1.24.0\"} 1"),
+                "{body}"
+            );
+            assert!(
+                body.contains("istio_tcp_connections_opened_total{reporter=\"source\""),
+                "{body}"
+            );
+        }
+        let mut accept = HeaderMap::new();
+        accept.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static(
+                "text/plain;q=0.5, application/openmetrics-text;version=1.0.0",
+            ),
+        );
+        let (_, content_type, body) = call(&handler, Method::GET, "/metrics", accept);
+        assert!(
+            content_type.starts_with("application/openmetrics-text"),
+            "{content_type}"
+        );
+        assert!(body.ends_with("# EOF\n"), "{body}");
+        assert_eq!(get(&handler, "/stats").0, StatusCode::NOT_FOUND);
+    }
+
+    fn admin(logs: Option<LogHandle>) -> (Handler, mpsc::Receiver<()>) {
+        let vars = std::collections::HashMap::from([
+            ("PROXY_MODE".to_string(), "dedicated".to_string()),
+            (
+                "PROXY_WORKLOAD_INFO".to_string(),
+                "shop/web/web".to_string(),
+            ),
+            ("LOCAL_XDS".to_string(), "{}".to_string()),
+        ]);
+        let config = Arc::new(Config::from_env(&vars).unwrap());
+        let state = ambit_state::ProxyState::from_config(Default::default()).unwrap();
+        let ca =
+            Arc::new(ambit_identity::CertificateAuthority::ephemeral("cluster.local").unwrap());
+        let (shutdown, shutdown_rx) = mpsc::channel(1);
+        let ctx = AdminContext {
+            config,
+            state: SharedState::new(state),
+            certs: CertManager::new(ca, std::time::Duration::from_secs(3600)),
+            logs,
+            shutdown,
+            static_config: serde_json::json!({"source": "test"}),
+            workload_state: None,
+        };
+        (admin_handler(ctx), shutdown_rx)
+    }
+
+    #[test]
+    fn config_dump_has_ztunnels_sections() {
+        let (handler, _) = admin(None);
+        let (status, content_type, body) =
+            call(&handler, Method::GET, "/config_dump", HeaderMap::new());
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "application/json");
+        let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+        for key in [
+            "workloads",
+            "services",
+            "policies",
+            "certificates",
+            "config",
+            "version",
+        ] {
+            assert!(dump.get(key).is_some(), "no {key} in {dump}");
+        }
+        assert_eq!(dump["staticConfig"]["source"], "test");
+        assert_eq!(get(&handler, "/nope").0, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn quitquitquit_takes_only_post_and_starts_the_shutdown() {
+        let (handler, mut shutdown) = admin(None);
+        assert_eq!(
+            get(&handler, "/quitquitquit").0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert!(shutdown.try_recv().is_err(), "a GET must not shut down");
+        assert_eq!(
+            post(&handler, "/quitquitquit"),
+            (StatusCode::OK, "shutdown now\n".to_string())
+        );
+        assert!(shutdown.try_recv().is_ok());
+    }
+
+    #[test]
+    fn logging_prints_sets_and_resets_the_level() {
+        let (logs, _layer) = LogHandle::detached("info");
+        let (handler, _) = admin(Some(logs));
+        assert_eq!(get(&handler, "/logging").0, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(
+            post(&handler, "/logging"),
+            (StatusCode::OK, "current log level is info\n".to_string())
+        );
+        let (status, body) = post(&handler, "/logging?level=warn,access%3Ddebug");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            body.contains("access=debug") && body.contains("warn"),
+            "{body}"
+        );
+        let (status, body) = post(&handler, "/logging?level=ambit=trace");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains("ambit=trace"), "{body}");
+        assert_eq!(
+            post(&handler, "/logging?reset"),
+            (StatusCode::OK, "current log level is info\n".to_string())
+        );
+        // Bad input is refused and changes nothing.
+        for bad in [
+            "/logging?level=%zz",
+            "/logging?level=a=b=c",
+            "/logging?verbose",
+        ] {
+            let (status, body) = post(&handler, bad);
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        }
+        assert_eq!(post(&handler, "/logging").1, "current log level is info\n");
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%3Db%2cc+d").as_deref(), Some("a=b,c d"));
+        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
+        for bad in ["%", "%4", "%zz", "%ff"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
+    }
 }

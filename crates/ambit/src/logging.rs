@@ -31,6 +31,18 @@ impl LogHandle {
     pub fn reset(&self) -> Result<(), String> {
         self.set(&self.initial.clone())
     }
+
+    /// A handle on a filter layer of its own, not installed as the process's subscriber
+    /// (for tests of the admin endpoint): the layer must outlive the handle's use.
+    #[cfg(test)]
+    pub(crate) fn detached(spec: &str) -> (LogHandle, reload::Layer<EnvFilter, Registry>) {
+        let (layer, handle) = reload::Layer::new(EnvFilter::new(spec));
+        let handle = LogHandle {
+            handle,
+            initial: spec.to_string(),
+        };
+        (handle, layer)
+    }
 }
 
 /// Flushes the log writer when dropped: keep it until the process ends.
