@@ -1,18 +1,23 @@
 //! Running the network tools (`iptables-restore`, `ip`, `ipset`, ...) in a network
-//! namespace: `nsenter --net=<path> <program> <args>` for a pod, the program itself for the
-//! agent's own netns. Blocking: call from a blocking thread (`spawn_blocking`).
+//! namespace. For a pod, the calling thread switches into the pod's netns just long enough
+//! to start the tool, which inherits it (one process per tool, not `nsenter` and then the
+//! tool: enrollment runs a dozen of them per pod). Blocking: call from a blocking thread
+//! (`spawn_blocking`).
 
 use std::io::{self, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
+
+use ambit_inpod::Netns;
 
 /// A tool that could not be run, or that failed. Always names the netns and the command,
 /// and carries the tool's stderr.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExecError {
-    /// The program could not be started (missing binary, no `nsenter`).
-    #[error("cannot run `{command}` in netns {netns}: {source} (is it installed and on PATH?)")]
+    /// The program could not be started (missing binary, or a netns that cannot be
+    /// entered).
+    #[error("cannot run `{command}` in netns {netns}: {source} (is it installed and on PATH, and the netns there?)")]
     Spawn {
         netns: String,
         command: String,
@@ -55,14 +60,7 @@ pub fn run(
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<String, ExecError> {
-    let mut cmd = match netns {
-        Some(path) => {
-            let mut c = Command::new("nsenter");
-            c.arg(format!("--net={}", path.display())).arg(program);
-            c
-        }
-        None => Command::new(program),
-    };
+    let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -80,7 +78,12 @@ pub fn run(
         command: command.clone(),
         source,
     };
-    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let mut child = match netns {
+        Some(path) => Netns::open(path)
+            .and_then(|ns| ns.enter(|| cmd.spawn())?)
+            .map_err(spawn_err)?,
+        None => cmd.spawn().map_err(spawn_err)?,
+    };
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         // The tools read all of stdin before writing much, so writing first cannot
         // deadlock on our inputs (a few KiB). A write error shows up as a failed exit.

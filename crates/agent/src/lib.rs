@@ -7,7 +7,7 @@
 //!
 //! - [`rules`]: the rule sets, sans IO (golden-tested against Istio's), the `iptables-save`
 //!   parser and the idempotence comparison.
-//! - [`iptables`]: applying and removing them in a netns (`nsenter` + `iptables-restore`).
+//! - [`iptables`]: applying and removing them in a netns (`iptables-restore`, started inside it).
 //! - [`ipset`]: the host probe sets (`ipset` tool), UID-checked removal.
 //! - [`store`]: the enrolled pods on disk.
 //! - [`zds`]: the ZDS server node proxies connect to.

@@ -21,6 +21,30 @@ fn opts(dns_capture: bool) -> InpodRuleOptions {
 }
 
 #[test]
+fn tools_run_inside_the_pod_netns_and_the_agent_stays_outside() {
+    require_root("tools_run_inside_the_pod_netns_and_the_agent_stays_outside");
+    let ns = TestNetns::new();
+    let pod_ns = ambit_inpod::Netns::open(ns.path()).unwrap().id().inode;
+    let seen =
+        ambit_agent::exec::run(Some(&ns.path()), "readlink", &["/proc/self/ns/net"], None).unwrap();
+    assert_eq!(seen.trim(), format!("net:[{pod_ns}]"));
+    // The calling thread came back to its own namespace.
+    let own = ambit_inpod::Netns::current().unwrap().id().inode;
+    assert_ne!(own, pod_ns);
+    let seen = ambit_agent::exec::run(None, "readlink", &["/proc/self/ns/net"], None).unwrap();
+    assert_eq!(seen.trim(), format!("net:[{own}]"));
+    // A netns that does not exist is named in the error.
+    let err = ambit_agent::exec::run(
+        Some(std::path::Path::new("/var/run/netns/ambit-no-such-netns")),
+        "true",
+        &[],
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("ambit-no-such-netns"), "{err}");
+}
+
+#[test]
 fn inpod_rules_are_idempotent_replaceable_and_removable() {
     require_root("inpod_rules_are_idempotent_replaceable_and_removable");
     let ns = TestNetns::new();

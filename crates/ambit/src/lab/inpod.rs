@@ -152,11 +152,7 @@ impl Cluster {
         extra_yaml: &str,
     ) -> anyhow::Result<Cluster> {
         let lab = Lab::new(tag)?;
-        for (tool, package) in [
-            ("iptables", "iptables"),
-            ("ipset", "ipset"),
-            ("nsenter", "util-linux"),
-        ] {
+        for (tool, package) in [("iptables", "iptables"), ("ipset", "ipset")] {
             super::require_tool(tool, package)?;
         }
         if !Path::new(CNI_PLUGIN_DIR).join("bridge").exists() {
