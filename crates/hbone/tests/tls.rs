@@ -266,3 +266,27 @@ async fn connect_timeout_applies_to_dial() {
     assert!(matches!(e, HboneError::Connect(_)), "{e}");
     assert_eq!(pool.connection_count(), 0);
 }
+
+/// One `write` of 1 MiB into each side of a fresh connection whose transport holds only
+/// 4 KiB and is never read: what rustls accepts is what it buffers for the socket.
+#[tokio::test]
+async fn a_blocked_connection_buffers_a_bounded_large_piece_each_way() {
+    let certs = certs();
+    let (client_io, server_io) = tokio::io::duplex(4096);
+    let (client, server) = tokio::join!(
+        ambit_hbone::tls::connect(client_io, certs.client_config()),
+        ambit_hbone::tls::accept(server_io, certs.server_config()),
+    );
+    let (mut client, mut server) = (client.unwrap(), server.unwrap());
+    let bulk = vec![7u8; 1 << 20];
+    for (side, accepted) in [
+        ("client", client.write(&bulk).await.unwrap()),
+        ("server", server.write(&bulk).await.unwrap()),
+    ] {
+        // rustls' own default stops at 64 KiB of records; ours at 256 KiB.
+        assert!(
+            (192 * 1024..=256 * 1024).contains(&accepted),
+            "{side} accepted {accepted} bytes in one write"
+        );
+    }
+}
