@@ -138,13 +138,18 @@ impl fmt::Debug for H2Stream {
 }
 
 /// Maps a reset reason to an I/O error (for writes, where even a graceful reset means the
-/// peer will not take more bytes).
+/// peer will not take more bytes). A graceful reason reads as a peer that went away; an
+/// error reason (protocol, flow control, internal, keepalive timeout) as an aborted
+/// connection, so the proxy reports it as a failure rather than a close.
 fn reset_to_io(reason: Reason, what: &str) -> io::Error {
-    let kind = match reason {
+    io::Error::new(reset_kind(reason), format!("{what}: {reason}"))
+}
+
+fn reset_kind(reason: Reason) -> io::ErrorKind {
+    match reason {
         Reason::NO_ERROR | Reason::CANCEL | Reason::STREAM_CLOSED => io::ErrorKind::BrokenPipe,
-        _ => io::ErrorKind::ConnectionReset,
-    };
-    io::Error::new(kind, format!("{what}: {reason}"))
+        _ => io::ErrorKind::ConnectionAborted,
+    }
 }
 
 /// Maps an h2 error to an I/O error, keeping the kind of underlying I/O errors.
@@ -155,8 +160,7 @@ pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
             .unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"));
     }
     match e.reason() {
-        Some(Reason::STREAM_CLOSED) => io::Error::new(io::ErrorKind::BrokenPipe, e),
-        Some(_) => io::Error::new(io::ErrorKind::ConnectionReset, e),
+        Some(reason) => io::Error::new(reset_kind(reason), e),
         None => io::Error::other(e),
     }
 }
@@ -305,7 +309,7 @@ mod tests {
             classify_recv_error(h2::Error::from(Reason::PROTOCOL_ERROR))
                 .unwrap_err()
                 .kind(),
-            io::ErrorKind::ConnectionReset
+            io::ErrorKind::ConnectionAborted
         );
         assert_eq!(
             reset_to_io(Reason::STREAM_CLOSED, "x").kind(),
@@ -313,7 +317,11 @@ mod tests {
         );
         assert_eq!(
             reset_to_io(Reason::INTERNAL_ERROR, "x").kind(),
-            io::ErrorKind::ConnectionReset
+            io::ErrorKind::ConnectionAborted
+        );
+        assert_eq!(
+            h2_to_io(h2::Error::from(Reason::FLOW_CONTROL_ERROR)).kind(),
+            io::ErrorKind::ConnectionAborted
         );
         assert_eq!(
             h2_to_io(h2::Error::from(Reason::STREAM_CLOSED)).kind(),
