@@ -112,12 +112,20 @@ fn apply_keepalive(socket: &socket2::SockRef<'_>, keepalive: &Keepalive) -> io::
         .with_retries(keepalive.retries);
     socket.set_tcp_keepalive(&params)?;
     if keepalive.user_timeout {
-        let timeout = keepalive
-            .time
-            .saturating_add(keepalive.interval.saturating_mul(keepalive.retries));
-        socket.set_tcp_user_timeout(Some(timeout))?;
+        socket.set_tcp_user_timeout(Some(user_timeout(keepalive)))?;
     }
     Ok(())
+}
+
+/// How long unacknowledged data may sit before the kernel drops the connection: as long as
+/// keepalive takes to give up. The kernel takes a signed 32-bit count of milliseconds and
+/// rejects more, so the longest allowed keepalive settings are clamped to ~24.8 days.
+fn user_timeout(keepalive: &Keepalive) -> Duration {
+    const KERNEL_MAX: Duration = Duration::from_millis(i32::MAX as u64);
+    keepalive
+        .time
+        .saturating_add(keepalive.interval.saturating_mul(keepalive.retries))
+        .min(KERNEL_MAX)
 }
 
 /// Connect to the app from the client's own address (original-source preservation).
@@ -245,6 +253,31 @@ mod tests {
         assert_eq!(canonical(mapped), "10.0.0.1:80".parse().unwrap());
         let v6: SocketAddr = "[fd00::1]:80".parse().unwrap();
         assert_eq!(canonical(v6), v6);
+    }
+
+    #[tokio::test]
+    async fn the_longest_keepalive_settings_fit_the_kernels_user_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let longest = Keepalive {
+            enabled: true,
+            time: Duration::from_secs(32767),
+            interval: Duration::from_secs(32767),
+            retries: 127,
+            user_timeout: true,
+        };
+        tune_stream(&stream, &longest).expect("the kernel takes the clamped user timeout");
+        let set = socket2::SockRef::from(&stream).tcp_user_timeout().unwrap();
+        assert_eq!(set, Some(Duration::from_millis(i32::MAX as u64)));
+        let usual = Keepalive {
+            user_timeout: true,
+            ..Keepalive::default()
+        };
+        tune_stream(&stream, &usual).unwrap();
+        let set = socket2::SockRef::from(&stream).tcp_user_timeout().unwrap();
+        assert_eq!(set, Some(usual.time + usual.interval * usual.retries));
     }
 
     #[tokio::test]
