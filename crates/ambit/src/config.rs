@@ -131,15 +131,17 @@ impl Env<'_> {
 
     /// A keepalive time or interval: whole seconds as the kernel takes them, 1 to 32767.
     fn keepalive_seconds(&self, var: &'static str, default: u64) -> Result<Duration, ConfigError> {
+        // The kernel counts keepalive in whole seconds: a fraction is dropped, as it would
+        // be by the socket option, but less than a second would mean "never" and is refused.
         let d = self.duration(var)?.unwrap_or(Duration::from_secs(default));
-        if d.subsec_nanos() != 0 || !(1..=32_767).contains(&d.as_secs()) {
+        if !(1..=32_767).contains(&d.as_secs()) {
             return Err(ConfigError::Invalid {
                 var,
                 value: self.get(var).unwrap_or_default().to_string(),
-                expected: "a whole number of seconds from 1s to 32767s, such as 180s or 3m",
+                expected: "a duration from 1s to 32767s, such as 180s or 3m (whole seconds count)",
             });
         }
-        Ok(d)
+        Ok(Duration::from_secs(d.as_secs()))
     }
 
     fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
@@ -221,14 +223,23 @@ fn cpu_quantity_cores(s: &str) -> Option<usize> {
     usize::try_from(millis.div_ceil(1000)).ok()
 }
 
+/// The most worker threads any setting yields.
+const MAX_WORKER_THREADS: usize = 1024;
+
 /// Data-plane worker threads, sized the way ztunnel sizes them from the same variables,
 /// except that the default keeps one thread where ztunnel keeps two: ambit's data path
 /// never blocks a worker, and on small nodes one worker leaves the cores to the workloads
 /// (on 2 cores: 42 % instead of 24 % of the direct new-connection rate, see
-/// BENCHMARKS.md). `cores` is the machine's logical core count.
+/// BENCHMARKS.md). `cores` is the machine's logical core count; `ZTUNNEL_CPU_LIMIT`
+/// (set from the pod's limit by the Helm chart) stands in for it when set.
 fn worker_threads(env: &Env<'_>, cores: usize) -> Result<usize, ConfigError> {
-    const THREADS: &str = "a thread count such as 2, a share of the cores such as 50%, \
-                           or 0 for one thread per core";
+    const THREADS: &str = "a thread count from 1 to 1024 such as 2, a share of the CPUs \
+                           such as 50% or 12.5%, or 0 for one thread per CPU";
+    let cpus = env
+        .parse::<usize>("ZTUNNEL_CPU_LIMIT", "a whole number of cores")?
+        .filter(|n| *n > 0)
+        .unwrap_or(cores)
+        .max(1);
     if let Some(v) = env.get("ZTUNNEL_WORKER_THREADS") {
         let invalid = || ConfigError::Invalid {
             var: "ZTUNNEL_WORKER_THREADS",
@@ -238,15 +249,16 @@ fn worker_threads(env: &Env<'_>, cores: usize) -> Result<usize, ConfigError> {
         let v = v.trim();
         return match v.strip_suffix('%') {
             Some(pct) => {
-                let pct: usize = pct.parse().map_err(|_| invalid())?;
-                if !(1..=100).contains(&pct) {
+                let pct: f64 = pct.trim().parse().map_err(|_| invalid())?;
+                if !(pct > 0.0 && pct <= 100.0) {
                     return Err(invalid());
                 }
-                Ok((cores * pct).div_ceil(100).max(1))
+                let threads = (cpus as f64 * pct / 100.0).ceil() as usize;
+                Ok(threads.clamp(1, MAX_WORKER_THREADS))
             }
             None => match v.parse::<usize>().map_err(|_| invalid())? {
-                0 => Ok(cores.max(1)),
-                n if n <= 1024 => Ok(n),
+                0 => Ok(cpus.min(MAX_WORKER_THREADS)),
+                n if n <= MAX_WORKER_THREADS => Ok(n),
                 _ => Err(invalid()),
             },
         };
@@ -262,14 +274,11 @@ fn worker_threads(env: &Env<'_>, cores: usize) -> Result<usize, ConfigError> {
         }
     };
     let request = quantity("ZTUNNEL_RESOURCE_CPU_REQUEST")?.unwrap_or(0);
-    if let Some(limit) = quantity("ZTUNNEL_RESOURCE_CPU_LIMIT")? {
-        return Ok(limit.max(request).max(1));
-    }
-    let cpus = env
-        .parse::<usize>("ZTUNNEL_CPU_LIMIT", "a whole number of cores")?
-        .filter(|n| *n > 0)
-        .unwrap_or(cores);
-    Ok(cpus.div_ceil(4).max(request).max(1))
+    let threads = match quantity("ZTUNNEL_RESOURCE_CPU_LIMIT")? {
+        Some(limit) => limit.max(request),
+        None => cpus.div_ceil(4).max(request),
+    };
+    Ok(threads.clamp(1, MAX_WORKER_THREADS))
 }
 
 /// `TERMINATION_GRACE_PERIOD_SECONDS` to a drain deadline, as ztunnel derives it.
@@ -284,7 +293,18 @@ fn deadline_from_grace(secs: u64) -> Duration {
 
 impl Config {
     pub fn from_process_env() -> Result<Config, ConfigError> {
-        Config::from_env(&std::env::vars().collect())
+        // Not `std::env::vars()`, which panics on a value that is not UTF-8: such a value
+        // in a variable we read becomes an "is not valid" error naming it, and one in any
+        // other variable is none of our business.
+        let vars = std::env::vars_os()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        Config::from_env(&vars)
     }
 
     pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
@@ -610,6 +630,7 @@ mod tests {
             ("HTTP2_STREAM_WINDOW_SIZE", "1024", "65535"),
             ("KEEPALIVE_TIME", "0s", "1s to 32767s"),
             ("KEEPALIVE_TIME", "500ms", "1s to 32767s"),
+            ("KEEPALIVE_TIME", "32768s", "1s to 32767s"),
             ("KEEPALIVE_INTERVAL", "10h", "1s to 32767s"),
             ("KEEPALIVE_RETRIES", "0", "1 to 127"),
             ("KEEPALIVE_RETRIES", "1000", "1 to 127"),
@@ -635,6 +656,17 @@ mod tests {
             assert!(msg.starts_with(&format!("{var}=")), "{var}: {msg}");
             assert!(msg.contains(expected), "{var}={value}: {msg}");
         }
+    }
+
+    #[test]
+    fn keepalive_counts_whole_seconds() {
+        let c = Config::from_env(&env(&[
+            ("KEEPALIVE_TIME", "1500ms"),
+            ("KEEPALIVE_INTERVAL", "1m30s"),
+        ]))
+        .unwrap();
+        assert_eq!(c.proxy.keepalive.time, Duration::from_secs(1));
+        assert_eq!(c.proxy.keepalive.interval, Duration::from_secs(90));
     }
 
     #[test]
@@ -707,6 +739,16 @@ mod tests {
         assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "50%")], 6), 3);
         assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "10%")], 4), 1);
         assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "0")], 6), 6);
+        assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "12.5%")], 16), 2);
+        assert_eq!(threads(&[("ZTUNNEL_WORKER_THREADS", "0")], 4096), 1024);
+        // A share or "all" counts ZTUNNEL_CPU_LIMIT's CPUs rather than the machine's.
+        let of_limit = [
+            ("ZTUNNEL_WORKER_THREADS", "50%"),
+            ("ZTUNNEL_CPU_LIMIT", "4"),
+        ];
+        assert_eq!(threads(&of_limit, 64), 2);
+        let all_of_limit = [("ZTUNNEL_WORKER_THREADS", "0"), ("ZTUNNEL_CPU_LIMIT", "3")];
+        assert_eq!(threads(&all_of_limit, 64), 3);
         // The count overrides the CPU limits.
         let over = [
             ("ZTUNNEL_WORKER_THREADS", "2"),
@@ -717,6 +759,7 @@ mod tests {
         assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "3")], 64), 3);
         assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "1500m")], 64), 2);
         assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "0.5")], 64), 1);
+        assert_eq!(threads(&[("ZTUNNEL_RESOURCE_CPU_LIMIT", "5000")], 64), 1024);
         let limit_and_request = [
             ("ZTUNNEL_RESOURCE_CPU_LIMIT", "2"),
             ("ZTUNNEL_RESOURCE_CPU_REQUEST", "4"),
@@ -730,10 +773,12 @@ mod tests {
 
     #[test]
     fn bad_worker_thread_values_name_the_variable() {
-        for bad in ["two", "-1", "150%", "0%", "%", "1.5", "100000"] {
+        for bad in [
+            "two", "-1", "150%", "0%", "%", "1.5", "100000", "1025", "NaN%", "-5%",
+        ] {
             let e = err(&[("ZTUNNEL_WORKER_THREADS", bad)]);
             assert!(
-                e.starts_with("ZTUNNEL_WORKER_THREADS=") && e.contains("share of the cores"),
+                e.starts_with("ZTUNNEL_WORKER_THREADS=") && e.contains("share of the CPUs"),
                 "{bad}: {e}"
             );
         }
