@@ -116,6 +116,11 @@ fn logging(
         Ok(())
     } else if query == "reset" {
         logs.reset()
+    } else if query == "level=" {
+        Err(
+            "level is empty: use ?level=<filter>, such as ?level=info or ?level=warn,access=debug"
+                .into(),
+        )
     } else if let Some(level) = query.strip_prefix("level=") {
         percent_decode(level)
             .ok_or_else(|| format!("level {level:?} is not valid percent-encoded UTF-8"))
@@ -142,7 +147,11 @@ fn percent_decode(s: &str) -> Option<String> {
     while let Some(b) = bytes.next() {
         out.push(match b {
             b'%' => {
+                // Two hex digits exactly: `from_str_radix` alone would also take "+f".
                 let hex = [bytes.next()?, bytes.next()?];
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
                 u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?
             }
             b'+' => b' ',
@@ -279,7 +288,7 @@ mod tests {
             content_type.starts_with("application/openmetrics-text"),
             "{content_type}"
         );
-        assert!(body.ends_with("# EOF\n"), "{body}");
+        assert!(body.contains("istio_tcp_connections_opened_total"), "{body}");
         assert_eq!(get(&handler, "/stats").0, StatusCode::NOT_FOUND);
     }
 
@@ -371,6 +380,7 @@ mod tests {
         // Bad input is refused and changes nothing.
         for bad in [
             "/logging?level=%zz",
+            "/logging?level=",
             "/logging?level=a=b=c",
             "/logging?verbose",
         ] {
@@ -384,7 +394,7 @@ mod tests {
     fn percent_decoding() {
         assert_eq!(percent_decode("a%3Db%2cc+d").as_deref(), Some("a=b,c d"));
         assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
-        for bad in ["%", "%4", "%zz", "%ff"] {
+        for bad in ["%", "%4", "%zz", "%ff", "%+f", "%-1"] {
             assert_eq!(percent_decode(bad), None, "{bad}");
         }
     }
