@@ -188,7 +188,6 @@ fn resolve_hostname_port(
     Some((target, service))
 }
 
-/// The service named in `forwarded: host=`, if the destination workload backs it.
 /// The service the client meant, for telemetry, guessed as ztunnel guesses it: the
 /// `forwarded` host when it is one of the workload's services, else the first of them
 /// (by `namespace/hostname`) with a port that leads to `target_port`, directly or through
@@ -199,9 +198,14 @@ fn intended_service(
     forwarded_host: Option<&str>,
     target_port: u16,
 ) -> Option<Arc<Service>> {
-    if let Some(service) = forwarded_host.and_then(|h| state.service_by_hostname(h)) {
-        let key = format!("{}/{}", service.namespace, service.hostname);
-        if workload.services.contains_key(&key) {
+    // Matched against the workload's own services, so a hostname that several namespaces
+    // use names the one this workload backs.
+    if let Some(host) = forwarded_host {
+        let backed = workload.services.keys().find(|key| {
+            key.split_once('/')
+                .is_some_and(|(_, hostname)| hostname == host)
+        });
+        if let Some(service) = backed.and_then(|key| state.service_by_key(key)) {
             return Some(service);
         }
     }
@@ -240,7 +244,18 @@ workloads:
     shop/admin.shop.svc.cluster.local: {9000: 9090}
     shop/api.shop.svc.cluster.local: {80: 8080}
     shop/web.shop.svc.cluster.local: {80: 8080, 443: 8443}
+    shop/shared.example.com: {80: 8080}
 services:
+- name: shared-legacy
+  namespace: legacy
+  hostname: shared.example.com
+  vips: ["/10.96.0.20"]
+  ports: {80: 8080}
+- name: shared-shop
+  namespace: shop
+  hostname: shared.example.com
+  vips: ["/10.96.0.21"]
+  ports: {80: 8080}
 - name: admin
   namespace: shop
   hostname: admin.shop.svc.cluster.local
@@ -282,6 +297,11 @@ services:
         assert_eq!(
             guess(Some("other.shop.svc.cluster.local"), 8080).as_deref(),
             Some("api")
+        );
+        // A hostname two namespaces use names the service this workload backs.
+        assert_eq!(
+            guess(Some("shared.example.com"), 8080).as_deref(),
+            Some("shared-shop")
         );
     }
 
