@@ -288,7 +288,10 @@ mod tests {
             content_type.starts_with("application/openmetrics-text"),
             "{content_type}"
         );
-        assert!(body.contains("istio_tcp_connections_opened_total"), "{body}");
+        assert!(
+            body.contains("istio_tcp_connections_opened_total"),
+            "{body}"
+        );
         assert_eq!(get(&handler, "/stats").0, StatusCode::NOT_FOUND);
     }
 
