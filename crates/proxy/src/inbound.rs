@@ -177,9 +177,8 @@ fn resolve_hostname_port(
     host: &str,
     port: u16,
 ) -> Option<(u16, Arc<Service>)> {
-    let service = state.service_by_hostname(host)?;
-    let key = format!("{}/{}", service.namespace, service.hostname);
-    let ports = workload.services.get(&key)?;
+    let (key, service) = state.workload_service_by_hostname(workload, host)?;
+    let ports = workload.services.get(key)?;
     let target = ports
         .get(&port)
         .copied()
@@ -198,16 +197,10 @@ fn intended_service(
     forwarded_host: Option<&str>,
     target_port: u16,
 ) -> Option<Arc<Service>> {
-    // Matched against the workload's own services, so a hostname that several namespaces
-    // use names the one this workload backs.
-    if let Some(host) = forwarded_host {
-        let backed = workload.services.keys().find(|key| {
-            key.split_once('/')
-                .is_some_and(|(_, hostname)| hostname == host)
-        });
-        if let Some(service) = backed.and_then(|key| state.service_by_key(key)) {
-            return Some(service);
-        }
+    if let Some((_, service)) =
+        forwarded_host.and_then(|host| state.workload_service_by_hostname(workload, host))
+    {
+        return Some(service);
     }
     workload.services.iter().find_map(|(key, endpoint_ports)| {
         let service = state.service_by_key(key)?;
@@ -278,13 +271,38 @@ services:
   ports: {80: 8080}
 "#;
 
-    fn guess(host: Option<&str>, port: u16) -> Option<String> {
+    fn mesh() -> (ProxyState, Arc<Workload>) {
         let cfg = ambit_state::parse_local_config("test", MESH).unwrap();
         let state = ProxyState::from_config(cfg).unwrap();
         let server = state
             .workload_by_ip("", "10.0.0.2".parse().unwrap())
             .unwrap();
+        (state, server)
+    }
+
+    fn guess(host: Option<&str>, port: u16) -> Option<String> {
+        let (state, server) = mesh();
         intended_service(&state, &server, host, port).map(|s| s.name.clone())
+    }
+
+    #[test]
+    fn a_hostname_authority_resolves_to_the_service_the_workload_backs() {
+        let (state, server) = mesh();
+        let resolve = |host: &str, port: u16| {
+            resolve_hostname_port(&state, &server, host, port).map(|(p, s)| (p, s.name.clone()))
+        };
+        // Two namespaces use this hostname; only shop's has the workload as an endpoint.
+        assert_eq!(
+            resolve("shared.example.com", 80),
+            Some((8080, "shared-shop".to_string()))
+        );
+        assert_eq!(
+            resolve("web.shop.svc.cluster.local", 443),
+            Some((8443, "web".to_string()))
+        );
+        // Not one of the workload's services, or no such port: refused.
+        assert_eq!(resolve("other.shop.svc.cluster.local", 80), None);
+        assert_eq!(resolve("web.shop.svc.cluster.local", 8080), None);
     }
 
     #[test]

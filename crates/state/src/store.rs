@@ -319,6 +319,20 @@ impl ProxyState {
             .cloned()
     }
 
+    /// The service with this hostname that `workload` backs (a hostname several
+    /// namespaces use names the one the workload is an endpoint of), with its key.
+    pub fn workload_service_by_hostname(
+        &self,
+        workload: &Workload,
+        hostname: &str,
+    ) -> Option<(&str, Arc<Service>)> {
+        self.service_by_hostname
+            .get(hostname)?
+            .iter()
+            .filter(|k| workload.services.contains_key(k.as_str()))
+            .find_map(|k| Some((k.as_str(), self.services.get(k)?.clone())))
+    }
+
     /// The service `namespace/hostname`.
     pub fn service_by_key(&self, key: &str) -> Option<Arc<Service>> {
         self.services.get(key).cloned()
