@@ -2,7 +2,8 @@
 //! meanings and defaults. Every value is checked before anything is bound; a bad one is
 //! an error that names the variable and the form it accepts.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -70,11 +71,24 @@ pub struct Config {
     pub proxy: ProxyConfig,
 }
 
-struct Env<'a>(&'a HashMap<String, String>);
+struct Env<'a> {
+    vars: &'a HashMap<String, String>,
+    /// Every variable asked for, so values that could not be read are refused only where
+    /// they matter (see [`Config::from_process_env`]).
+    read: RefCell<BTreeSet<&'static str>>,
+}
 
-impl Env<'_> {
-    fn get(&self, var: &str) -> Option<&str> {
-        self.0.get(var).map(String::as_str)
+impl<'a> Env<'a> {
+    fn new(vars: &'a HashMap<String, String>) -> Env<'a> {
+        Env {
+            vars,
+            read: RefCell::default(),
+        }
+    }
+
+    fn get(&self, var: &'static str) -> Option<&str> {
+        self.read.borrow_mut().insert(var);
+        self.vars.get(var).map(String::as_str)
     }
 
     fn parse<T: std::str::FromStr>(
@@ -281,6 +295,10 @@ fn worker_threads(env: &Env<'_>, cores: usize) -> Result<usize, ConfigError> {
     Ok(threads.clamp(1, MAX_WORKER_THREADS))
 }
 
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 /// `TERMINATION_GRACE_PERIOD_SECONDS` to a drain deadline, as ztunnel derives it.
 fn deadline_from_grace(secs: u64) -> Duration {
     let d = if secs > 10 {
@@ -293,23 +311,36 @@ fn deadline_from_grace(secs: u64) -> Duration {
 
 impl Config {
     pub fn from_process_env() -> Result<Config, ConfigError> {
-        // Not `std::env::vars()`, which panics on a value that is not UTF-8: such a value
-        // in a variable we read becomes an "is not valid" error naming it, and one in any
-        // other variable is none of our business.
-        let vars = std::env::vars_os()
-            .map(|(k, v)| {
-                (
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                )
-            })
-            .collect();
-        Config::from_env(&vars)
+        // Not `std::env::vars()`, which panics on a value that is not UTF-8. Such a value
+        // is left out, and refused by name if it is one of ours (a path must not silently
+        // become another); in any other variable it is none of our business.
+        let mut vars = HashMap::new();
+        let mut unreadable = BTreeSet::new();
+        for (k, v) in std::env::vars_os() {
+            match (k.into_string(), v.into_string()) {
+                (Ok(k), Ok(v)) => {
+                    vars.insert(k, v);
+                }
+                (Ok(k), Err(_)) => {
+                    unreadable.insert(k);
+                }
+                (Err(_), _) => {}
+            }
+        }
+        let env = Env::new(&vars);
+        let result = Config::from_checked_env(&env, available_cores());
+        if let Some(var) = env.read.borrow().iter().find(|v| unreadable.contains(**v)) {
+            return Err(ConfigError::Invalid {
+                var,
+                value: "(not UTF-8)".into(),
+                expected: "a UTF-8 value",
+            });
+        }
+        result
     }
 
     pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Config::from_env_on(vars, cores)
+        Config::from_env_on(vars, available_cores())
     }
 
     /// As [`Config::from_env`], on a machine with `cores` logical cores.
@@ -317,7 +348,10 @@ impl Config {
         vars: &HashMap<String, String>,
         cores: usize,
     ) -> Result<Config, ConfigError> {
-        let env = Env(vars);
+        Config::from_checked_env(&Env::new(vars), cores)
+    }
+
+    fn from_checked_env(env: &Env<'_>, cores: usize) -> Result<Config, ConfigError> {
         let proxy_mode = match env.get("PROXY_MODE").unwrap_or("shared") {
             "shared" => ProxyMode::Shared,
             "dedicated" => ProxyMode::Dedicated,
@@ -539,7 +573,7 @@ impl Config {
             admin_addr,
             stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:15020"))?,
             readiness_addr: env.addr("AMBIT_READINESS_ADDR", &format!("{wildcard}:15021"))?,
-            worker_threads: worker_threads(&env, cores)?,
+            worker_threads: worker_threads(env, cores)?,
             proxy: ProxyConfig {
                 ports,
                 packet_mark,

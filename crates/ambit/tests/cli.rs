@@ -30,27 +30,31 @@ fn invalid_environment_names_the_variable() {
     assert!(err.contains("16384 to 16777215"), "{err}");
 }
 
-/// A value that is not UTF-8 is refused by name in a variable we read, and ignored in any
-/// other; it never panics the binary.
+/// A value that is not UTF-8 is refused by name in a variable we read (a path must not
+/// silently become another), and ignored in any other; it never panics the binary.
 #[test]
 fn non_utf8_environment_values_are_named_not_fatal() {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    let not_utf8 = OsStr::from_bytes(b"shar\xffd");
-    let out = Command::new(env!("CARGO_BIN_EXE_ambit"))
-        .arg("ztunnel")
-        .env_clear()
-        .env("UNRELATED", not_utf8)
-        .env("PROXY_MODE", not_utf8)
-        .output()
-        .expect("run ambit");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("PROXY_MODE=") && stderr.contains("is not valid"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let not_utf8 = OsStr::from_bytes(b"/etc/mesh\xff.yaml");
+    for var in ["PROXY_MODE", "LOCAL_XDS_PATH"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ambit"))
+            .arg("ztunnel")
+            .env_clear()
+            .env("UNRELATED", not_utf8)
+            .env(var, not_utf8)
+            .output()
+            .expect("run ambit");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{var}=\"(not UTF-8)\" is not valid: expected a UTF-8 value"
+            )),
+            "{var}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
 }
 
 /// Runs the node proxy the way Istio's chart runs ztunnel's image (`proxy ztunnel`, or no
