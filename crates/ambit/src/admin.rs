@@ -116,15 +116,17 @@ fn logging(
         Ok(())
     } else if query == "reset" {
         logs.reset()
-    } else if query == "level=" {
-        Err(
-            "level is empty: use ?level=<filter>, such as ?level=info or ?level=warn,access=debug"
-                .into(),
-        )
     } else if let Some(level) = query.strip_prefix("level=") {
         percent_decode(level)
             .ok_or_else(|| format!("level {level:?} is not valid percent-encoded UTF-8"))
-            .and_then(|level| logs.set(&level))
+            .and_then(|level| {
+                if level.trim().is_empty() {
+                    return Err("level is empty: use ?level=<filter>, such as ?level=info \
+                                or ?level=warn,access=debug"
+                        .into());
+                }
+                logs.set(&level)
+            })
     } else {
         Err(format!(
             "unknown query {query:?}: use ?level=<filter> or ?reset"
@@ -384,6 +386,8 @@ mod tests {
         for bad in [
             "/logging?level=%zz",
             "/logging?level=",
+            "/logging?level=+",
+            "/logging?level=%20",
             "/logging?level=a=b=c",
             "/logging?verbose",
         ] {
