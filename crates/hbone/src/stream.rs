@@ -6,7 +6,8 @@
 //! - `shutdown` sends an empty DATA frame with END_STREAM: a TCP half-close.
 //! - Reads release flow-control capacity as bytes are handed to the reader, skip zero-length
 //!   DATA frames, and treat END_STREAM and RST_STREAM `NO_ERROR`/`CANCEL` as EOF; other resets
-//!   are I/O errors (`STREAM_CLOSED` is `BrokenPipe`).
+//!   are I/O errors: `STREAM_CLOSED` is `BrokenPipe` (a peer that went away), an error
+//!   reason (protocol, flow control, internal, ...) is `ConnectionAborted` (a failure).
 //! - Dropping a stream that was not shut down for writing resets it with `CANCEL`.
 
 use std::any::Any;

@@ -91,10 +91,7 @@ impl TrafficLabels {
     /// Adds the four locality labels from the workloads' `region`/`zone` (`unknown` when
     /// a workload or its locality is not known).
     pub fn set_locality(&mut self, src: Option<(&str, &str)>, dst: Option<(&str, &str)>) {
-        let value = |s: Option<&str>| match s {
-            Some(v) if !v.is_empty() => v.to_string(),
-            _ => UNKNOWN.to_string(),
-        };
+        let value = |s: Option<&str>| crate::telemetry::or_unknown(s.unwrap_or(""));
         self.locality = vec![
             ("source_region", value(src.map(|l| l.0))),
             ("source_zone", value(src.map(|l| l.1))),

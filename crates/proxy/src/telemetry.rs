@@ -72,7 +72,7 @@ pub struct ConnectionResult {
     recorded: bool,
 }
 
-fn or_unknown(s: &str) -> String {
+pub(crate) fn or_unknown(s: &str) -> String {
     if s.is_empty() {
         crate::metrics::UNKNOWN.to_string()
     } else {
