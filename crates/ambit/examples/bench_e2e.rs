@@ -66,7 +66,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--seconds" => seconds = val()?.parse().context("--seconds")?,
             "--round-trips" => round_trips = val()?.parse().context("--round-trips")?,
             "--proxy-env" => {
-                proxy_env.push(common::parse_env(&val()?)?);
+                proxy_env.push(ambit::lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?);
             }
             "-h" | "--help" => {
                 println!(

@@ -22,15 +22,8 @@ pub struct DemoArgs {
     pub dedicated: bool,
     /// Extra environment for both node proxies, e.g. `RUST_LOG=debug` (repeatable;
     /// dedicated mode).
-    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = parse_env_pair)]
+    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = crate::lab::parse_env_pair)]
     pub proxy_env: Vec<(String, String)>,
-}
-
-fn parse_env_pair(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
-    }
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {

@@ -703,9 +703,3 @@ pub fn machine() -> String {
         .join(" ");
     format!("{cores} cores, {cpu}, Linux {kernel}, load average before the run {load}")
 }
-
-/// `--proxy-env KEY=VALUE` parsed.
-pub fn parse_env(kv: &str) -> anyhow::Result<(String, String)> {
-    let (k, v) = kv.split_once('=').context("--proxy-env takes KEY=VALUE")?;
-    Ok((k.to_string(), v.to_string()))
-}

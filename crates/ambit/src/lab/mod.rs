@@ -367,3 +367,25 @@ pub mod tempfile_dir {
         }
     }
 }
+
+/// `--proxy-env KEY=VALUE` (the demo's and the benchmark driver's): extra environment
+/// for the node proxies.
+pub fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod env_pair_tests {
+    #[test]
+    fn key_value_pairs() {
+        let pair = |k: &str, v: &str| Ok((k.to_string(), v.to_string()));
+        assert_eq!(super::parse_env_pair("A=1"), pair("A", "1"));
+        assert_eq!(super::parse_env_pair("A=b=c"), pair("A", "b=c"));
+        assert_eq!(super::parse_env_pair("A="), pair("A", ""));
+        assert!(super::parse_env_pair("=1").is_err());
+        assert!(super::parse_env_pair("A").is_err());
+    }
+}
