@@ -16,10 +16,12 @@
 //! - request/response latency of 64 B and 1 KiB exchanges on one reused connection;
 //! - new-connection rate, one 64 B exchange per connection, at concurrency 1 and 8;
 //! - CPU seconds of each node proxy per phase, idle RSS right after start, peak RSS;
-//! - the ceiling of the path for any two-hop user-space proxy: one iperf3 stream through two
-//!   plain TCP relays (socat: read/write, no TLS, no HTTP/2) where the node proxies sit.
+//! - the ceiling of the path: one iperf3 stream through two plain TCP relays (socat), then
+//!   through two bare TLS relays (the node proxies' TLS, no HTTP/2), where the node proxies
+//!   sit, with each relay's CPU per GB (module `relays`).
 
 mod common;
+mod relays;
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::path::PathBuf;
@@ -29,18 +31,16 @@ use ambit::lab::Lab;
 use anyhow::{bail, Context};
 use common::{mib, yes, Columns, Proxies, Report, Target};
 
+/// The TLS relays of the ceiling run in this process and stand in for the node proxies:
+/// they allocate as the proxies do (crates/ambit/src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The echo app through the mesh is `APP_PORT` (8080); the same app, direct, listens here.
 const DIRECT_ECHO_PORT: u16 = 9080;
 /// iperf3 servers: captured (through the proxies) and exempted (direct).
 const MESH_IPERF_PORT: u16 = 5201;
 const DIRECT_IPERF_PORT: u16 = 5202;
-/// The relay ceiling: the client dials this port, redirected to the client node's relay...
-const RELAY_DIAL_PORT: u16 = 5301;
-const CLIENT_RELAY_PORT: u16 = 16001;
-/// ...which connects (uncaptured) to the server node's relay, which connects to iperf3.
-const SERVER_RELAY_PORT: u16 = 16008;
-/// socat's buffer: as large as the node proxy's largest reads.
-const RELAY_BUFFER: &str = "262144";
 
 struct Args {
     ambit: PathBuf,
@@ -176,15 +176,37 @@ fn main() -> anyhow::Result<()> {
     let secs = args.seconds;
     let summary = common::run_suite(&target, &proxies, secs, args.round_trips, &mut report)?;
 
-    let (ceiling_direct, ceiling_relays) = relay_ceiling(&nodes, secs)?;
+    let ceiling = relays::measure(
+        &nodes,
+        DIRECT_IPERF_PORT,
+        DIRECT_ECHO_PORT,
+        APP_PORT,
+        secs,
+        args.round_trips,
+    )?;
     let (single_d, single_m) = summary.single;
+    report
+        .notes
+        .push(ceiling_note(&ceiling, single_d, single_m));
+    let [direct, plain, tls, meshed] = ceiling.round_trip_p50;
     report.notes.push(format!(
-        "Ceiling of this path for two user-space proxies: one iperf3 stream through two plain TCP relays (socat, read/write with {RELAY_BUFFER}-byte buffers, no TLS, no HTTP/2) in place of the node proxies: {:.2} Gbit/s, {} of direct ({:.2} Gbit/s, measured right before it). The node proxies' single stream ({:.2} Gbit/s) is {} of the relays'.",
-        ceiling_relays / 1e9,
-        common::pct(ceiling_relays, ceiling_direct),
-        ceiling_direct / 1e9,
-        single_m / 1e9,
-        common::pct(single_m, ceiling_relays),
+        "64 B round trips on one reused connection, p50, each the median of {} runs taken in turn after the relays' throughput runs: direct {direct:.0} µs; two plain relays (socat) {plain:.0} µs (+{:.0} µs); two TLS relays {tls:.0} µs (+{:.0} µs); the two node proxies {meshed:.0} µs (+{:.0} µs).",
+        relays::LATENCY_ROUNDS,
+        plain - direct,
+        tls - direct,
+        meshed - direct,
+    ));
+    report.notes.push(format!(
+        "Per GB carried, the CPU each pair spent (client node + server node), and the whole machine busy meanwhile: plain relays {:.2} + {:.2} s/GB, {}; TLS relays {:.2} + {:.2} s/GB, {}; node proxies {:.2} + {:.2} s/GB, {}.",
+        ceiling.plain.client_cpu_per_gb,
+        ceiling.plain.server_cpu_per_gb,
+        common::busy_text(ceiling.plain.busy),
+        ceiling.tls.client_cpu_per_gb,
+        ceiling.tls.server_cpu_per_gb,
+        common::busy_text(ceiling.tls.busy),
+        summary.single_cpu_per_gb.0,
+        summary.single_cpu_per_gb.1,
+        common::busy_text(summary.single_busy),
     ));
 
     let peak = proxies.status_kib("VmHWM")?;
@@ -248,67 +270,21 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One iperf3 stream direct, then through two plain TCP relays standing where the node
-/// proxies stand (client node: a redirected port; server node: reached over the veth,
-/// uncaptured): what any two-hop user-space proxy could reach here before TLS and HTTP/2.
-/// Returns (direct, relays) in bits per second.
-fn relay_ceiling(nodes: &TwoNodes, secs: u64) -> anyhow::Result<(f64, f64)> {
-    let (dial, hop) = (RELAY_DIAL_PORT.to_string(), SERVER_RELAY_PORT.to_string());
-    let to_relay = CLIENT_RELAY_PORT.to_string();
-    // Inserted above the capture rule: the relays' hop is not captured, the dialed port is
-    // redirected to the relay instead of the node proxy.
-    for rule in [
-        &["--dport", &hop, "-j", "RETURN"][..],
-        &["--dport", &dial, "-j", "REDIRECT", "--to-ports", &to_relay][..],
-    ] {
-        let mut args = vec!["iptables", "-w", "-t", "nat", "-I", "OUTPUT", "-p", "tcp"];
-        args.extend_from_slice(rule);
-        nodes.lab.exec(&nodes.client_ns, &args)?;
-    }
-    let socat = std::path::Path::new("socat");
-    let server_relay = [
-        format!("TCP-LISTEN:{SERVER_RELAY_PORT},fork,reuseaddr"),
-        format!("TCP:127.0.0.1:{DIRECT_IPERF_PORT}"),
-    ];
-    let client_relay = [
-        format!("TCP-LISTEN:{CLIENT_RELAY_PORT},fork,reuseaddr"),
-        format!("TCP:{SERVER_IP}:{SERVER_RELAY_PORT}"),
-    ];
-    for (ns, name, ends, port) in [
-        (
-            &nodes.server_ns,
-            "relay-server",
-            &server_relay,
-            SERVER_RELAY_PORT,
-        ),
-        (
-            &nodes.client_ns,
-            "relay-client",
-            &client_relay,
-            CLIENT_RELAY_PORT,
-        ),
-    ] {
-        let args = ["-b", RELAY_BUFFER, ends[0].as_str(), ends[1].as_str()];
-        nodes.lab.spawn(ns, name, socat, &args, &[])?;
-        let filter = format!("sport = :{port}");
-        ambit::lab::wait_until(
-            "socat to listen",
-            std::time::Duration::from_secs(10),
-            || {
-                nodes
-                    .lab
-                    .exec(ns, &["ss", "-Hltn", &filter])
-                    .is_ok_and(|o| !o.trim().is_empty())
-            },
-        )?;
-    }
-    let direct = common::iperf(&nodes.client_ns, SERVER_IP, DIRECT_IPERF_PORT, 1, secs)?;
-    let relays = common::iperf(&nodes.client_ns, SERVER_IP, RELAY_DIAL_PORT, 1, secs)
-        .context("iperf3 through the two socat relays")?;
-    println!(
-        "relay ceiling: direct {:.2} Gbit/s, two plain relays {:.2} Gbit/s",
+/// The relays' rates beside the node proxies' single stream, each against the direct run
+/// measured right before it.
+fn ceiling_note(c: &relays::Ceiling, direct: f64, proxied: f64) -> String {
+    format!(
+        "Ceiling of this path, one iperf3 stream through two relays in place of the node proxies ({} KiB reads): two plain TCP relays (socat, no TLS, no HTTP/2) {:.2} Gbit/s, {} of direct ({:.2} Gbit/s, measured right before); two bare TLS relays (the node proxies' own rustls configuration, certificates and read-ahead, {}, no HTTP/2) {:.2} Gbit/s, {} of direct ({:.2} Gbit/s). The node proxies: {:.2} Gbit/s, {} of direct ({:.2} Gbit/s).",
+        relays::RELAY_BUFFER / 1024,
+        c.plain.bits_per_second / 1e9,
+        common::pct(c.plain.bits_per_second, c.direct_plain),
+        c.direct_plain / 1e9,
+        c.tls_suite,
+        c.tls.bits_per_second / 1e9,
+        common::pct(c.tls.bits_per_second, c.direct_tls),
+        c.direct_tls / 1e9,
+        proxied / 1e9,
+        common::pct(proxied, direct),
         direct / 1e9,
-        relays / 1e9
-    );
-    Ok((direct, relays))
+    )
 }

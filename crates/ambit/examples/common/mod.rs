@@ -26,7 +26,7 @@ pub const WARMUP_ROUND_TRIPS: usize = 200;
 // ---------------------------------------------------------------------------------------
 // Process accounting from /proc.
 
-fn clock_ticks() -> f64 {
+pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 {
@@ -36,17 +36,28 @@ fn clock_ticks() -> f64 {
     }
 }
 
-/// utime + stime of a whole process (all threads), in seconds.
-pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // Fields after the command name (which is in parentheses and may contain spaces).
-    let rest = stat.rsplit_once(')').context("malformed stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state); utime is field 14, stime field 15.
+/// The fields of a `/proc/.../stat` file after the command name (which is in parentheses
+/// and may contain spaces): index 0 is field 3 (state).
+pub fn stat_fields(path: &str) -> anyhow::Result<Vec<String>> {
+    let stat = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let rest = stat
+        .rsplit_once(')')
+        .with_context(|| format!("malformed {path}"))?
+        .1;
+    Ok(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// utime + stime (fields 14 and 15) of a process's or a thread's stat file, in seconds.
+pub fn stat_cpu_seconds(path: &str) -> anyhow::Result<f64> {
+    let f = stat_fields(path)?;
     let utime: f64 = f.get(11).context("no utime")?.parse()?;
     let stime: f64 = f.get(12).context("no stime")?.parse()?;
     Ok((utime + stime) / clock_ticks())
+}
+
+/// utime + stime of a whole process (all threads), in seconds.
+pub fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
 }
 
 /// A `Vm*:` / `Rss*:` line of /proc/<pid>/status, in KiB.
@@ -159,11 +170,20 @@ pub fn start_iperf_server(lab: &Lab, ns: &str, port: u16) -> anyhow::Result<()> 
         &["-s", "-p", &p],
         &[],
     )?;
+    wait_listening(lab, ns, port)
+}
+
+/// Waits until something listens on TCP `port` in `ns`.
+pub fn wait_listening(lab: &Lab, ns: &str, port: u16) -> anyhow::Result<()> {
     let filter = format!("sport = :{port}");
-    wait_until("iperf3 to listen", Duration::from_secs(10), || {
-        lab.exec(ns, &["ss", "-Hltn", &filter])
-            .is_ok_and(|o| !o.trim().is_empty())
-    })
+    wait_until(
+        &format!("a listener on port {port} in {ns}"),
+        Duration::from_secs(10),
+        || {
+            lab.exec(ns, &["ss", "-Hltn", &filter])
+                .is_ok_and(|o| !o.trim().is_empty())
+        },
+    )
 }
 
 /// One iperf3 run from `ns` to `server`:`port`; returns received bits per second.
@@ -419,6 +439,10 @@ impl Target<'_> {
 pub struct Summary {
     /// (direct, proxied) bits per second, one stream.
     pub single: (f64, f64),
+    /// The node proxies' CPU seconds per GB during the proxied single stream: (client, server).
+    pub single_cpu_per_gb: (f64, f64),
+    /// The whole machine busy during the proxied single stream (`machine_busy`).
+    pub single_busy: (f64, f64),
     /// Added p50 latency (µs) per request size label.
     pub rr_p50_added: Vec<(&'static str, f64)>,
     /// Concurrency 8: (direct, proxied).
@@ -436,6 +460,8 @@ pub fn run_suite(
 ) -> anyhow::Result<Summary> {
     // Throughput.
     let mut single = (0.0, 0.0);
+    let mut single_cpu_per_gb = (0.0, 0.0);
+    let mut single_busy = (0.0, 0.0);
     for streams in [1u32, 4] {
         println!("iperf3, {streams} stream(s), {secs} s each way ...");
         let (direct, busy_d) =
@@ -458,6 +484,8 @@ pub fn run_suite(
         report.busy(&what, busy_d, busy_m);
         if streams == 1 {
             single = (direct, mesh);
+            single_cpu_per_gb = (cpu.client / gbytes, cpu.server / gbytes);
+            single_busy = busy_m;
         }
     }
 
@@ -507,6 +535,8 @@ pub fn run_suite(
     }
     Ok(Summary {
         single,
+        single_cpu_per_gb,
+        single_busy,
         rr_p50_added,
         rate8: rate8.expect("concurrency 8 ran"),
     })
@@ -530,6 +560,11 @@ pub struct Report {
     pub busy: Vec<[String; 3]>,
     pub targets: Vec<[String; 4]>,
     pub notes: Vec<String>,
+}
+
+/// A `machine_busy` figure: "80 % busy (steal 2 %)".
+pub fn busy_text((busy, steal): (f64, f64)) -> String {
+    format!("{busy:.0} % (steal {steal:.0} %)")
 }
 
 pub fn pct(mesh: f64, direct: f64) -> String {
@@ -621,8 +656,8 @@ impl Report {
     }
 
     pub fn busy(&mut self, phase: &str, direct: (f64, f64), mesh: (f64, f64)) {
-        let f = |(b, st): (f64, f64)| format!("{b:.0} % (steal {st:.0} %)");
-        self.busy.push([phase.into(), f(direct), f(mesh)]);
+        self.busy
+            .push([phase.into(), busy_text(direct), busy_text(mesh)]);
     }
 
     /// The figure, CPU/memory and machine-busy tables.

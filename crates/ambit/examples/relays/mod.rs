@@ -1,0 +1,458 @@
+//! The ceiling of the benchmark's path: one iperf3 stream through two relays standing where
+//! the node proxies stand (client node: a port redirected to the relay; server node: reached
+//! over the veth, uncaptured), each pair measured right after a direct run:
+//!
+//! - two plain TCP relays (socat, read/write): what any two-hop user-space proxy could reach
+//!   here before paying for encryption;
+//! - two bare TLS relays: the node proxies' own TLS (their rustls configuration and
+//!   certificates, `ambit_hbone::tls::{connect, accept}` over `ReadAhead`, mutual TLS 1.3),
+//!   the same 256 KiB copies, no HTTP/2 and no proxy logic: what any proxy that encrypts
+//!   with this TLS stack could reach here.
+//!
+//! The CPU each relay spent and how busy the machine was are measured too, and the p50 of
+//! 64 B round trips on one reused connection through each pair (the latency any two
+//! user-space hops add on this machine).
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ambit::lab::mesh::{TwoNodes, SERVER_IP};
+use ambit::lab::Lab;
+use ambit_identity::{CertificateAuthority, SpiffeId};
+use anyhow::Context;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::common;
+
+/// The ports of one relay pair: the client dials `dial` (redirected to the client node's
+/// relay on `client`), which connects uncaptured to the server node's relay on `server`,
+/// which connects to the app.
+#[derive(Clone, Copy)]
+struct Hop {
+    dial: u16,
+    client: u16,
+    server: u16,
+}
+
+const PLAIN_IPERF: Hop = Hop {
+    dial: 5301,
+    client: 16001,
+    server: 16008,
+};
+const TLS_IPERF: Hop = Hop {
+    dial: 5302,
+    client: 16002,
+    server: 16009,
+};
+const PLAIN_ECHO: Hop = Hop {
+    dial: 5303,
+    client: 16003,
+    server: 16010,
+};
+const TLS_ECHO: Hop = Hop {
+    dial: 5304,
+    client: 16004,
+    server: 16011,
+};
+/// Bytes per read of every relay: as large as the node proxy's largest reads.
+pub const RELAY_BUFFER: usize = 256 * 1024;
+/// Where a TLS relay's copy buffer starts in its allocation: a quarter page in, as the node
+/// proxy's bulk buffers do, so that rustls' copy of the payload into its record does not
+/// hit the slow path of 4 KiB aliasing (BENCHMARKS.md, "4K aliasing").
+const BUFFER_OFFSET: usize = 1024;
+
+/// One relayed iperf3 stream: its rate, how busy the machine was, and the CPU seconds each
+/// relay spent per GB carried.
+pub struct Relayed {
+    pub bits_per_second: f64,
+    /// Whole machine busy during the run: (busy, steal), fractions of all cores.
+    pub busy: (f64, f64),
+    pub client_cpu_per_gb: f64,
+    pub server_cpu_per_gb: f64,
+}
+
+pub struct Ceiling {
+    /// One direct stream, measured right before the plain relays.
+    pub direct_plain: f64,
+    pub plain: Relayed,
+    /// One direct stream, measured right before the TLS relays.
+    pub direct_tls: f64,
+    pub tls: Relayed,
+    /// The TLS 1.3 suite the TLS relays negotiated.
+    pub tls_suite: String,
+    /// p50 of 64 B round trips on one reused connection, µs: direct, plain relays, TLS
+    /// relays, node proxies (each the median of `LATENCY_ROUNDS` interleaved runs).
+    pub round_trip_p50: [f64; 4],
+}
+
+/// Latency runs of each path, interleaved so that all four see the same moments of this
+/// machine (whose wake-up costs drift within minutes).
+pub const LATENCY_ROUNDS: usize = 3;
+
+/// Measures both relay pairs. `iperf_port` and `echo_port` are uncaptured ports of an iperf3
+/// server and of a mirroring echo app in the server node; `mesh_echo_port` reaches an echo
+/// app through the node proxies.
+pub fn measure(
+    nodes: &TwoNodes,
+    iperf_port: u16,
+    echo_port: u16,
+    mesh_echo_port: u16,
+    secs: u64,
+    round_trips: usize,
+) -> anyhow::Result<Ceiling> {
+    // Inserted above the capture rule: each pair's hop over the veth is not captured, and its
+    // dialed port is redirected to its client relay instead of the node proxy.
+    for hop in [PLAIN_IPERF, TLS_IPERF, PLAIN_ECHO, TLS_ECHO] {
+        let (dial, to, server) = (
+            hop.dial.to_string(),
+            hop.client.to_string(),
+            hop.server.to_string(),
+        );
+        for rule in [
+            &["--dport", &server, "-j", "RETURN"][..],
+            &["--dport", &dial, "-j", "REDIRECT", "--to-ports", &to][..],
+        ] {
+            let mut args = vec!["iptables", "-w", "-t", "nat", "-I", "OUTPUT", "-p", "tcp"];
+            args.extend_from_slice(rule);
+            nodes.lab.exec(&nodes.client_ns, &args)?;
+        }
+    }
+    let iperf = |port| common::iperf(&nodes.client_ns, SERVER_IP, port, 1, secs);
+    let p50_64b = |port| -> anyhow::Result<f64> {
+        let dst = SocketAddr::from((SERVER_IP, port));
+        Ok(common::round_trips(&nodes.client_ns, dst, 64, round_trips)?.p50)
+    };
+
+    let socats = start_socat_relays(nodes, PLAIN_IPERF, iperf_port)?;
+    start_socat_relays(nodes, PLAIN_ECHO, echo_port)?;
+    let direct_plain = iperf(iperf_port)?;
+    let before = socats.map(children_cpu_seconds).map(Result::ok);
+    let (plain_bps, plain_busy) = common::machine_busy(|| {
+        iperf(PLAIN_IPERF.dial).context("iperf3 through the two socat relays")
+    })?;
+    let gbytes = plain_bps * secs as f64 / 8e9;
+    let mut plain_cpu = [0.0; 2];
+    for (i, pid) in socats.into_iter().enumerate() {
+        // socat serves each connection in a child; the parent counts a child's CPU once it
+        // has reaped it.
+        wait_children_reaped(pid)?;
+        let spent = children_cpu_seconds(pid)? - before[i].context("socat's CPU before")?;
+        plain_cpu[i] = spent / gbytes;
+    }
+    println!(
+        "relay ceiling: direct {:.2} Gbit/s, two plain relays {:.2} Gbit/s",
+        direct_plain / 1e9,
+        plain_bps / 1e9
+    );
+
+    let tls = TlsRelays::start(nodes, TLS_IPERF, iperf_port)?;
+    let _tls_echo = TlsRelays::start(nodes, TLS_ECHO, echo_port)?;
+    let direct_tls = iperf(iperf_port)?;
+    let before = tls.cpu_seconds()?;
+    let (tls_bps, tls_busy) = common::machine_busy(|| {
+        iperf(TLS_IPERF.dial).context("iperf3 through the two TLS relays")
+    })?;
+    let after = tls.cpu_seconds()?;
+    let gbytes = tls_bps * secs as f64 / 8e9;
+    let tls_suite = tls.suite();
+    drop(tls);
+    println!(
+        "relay ceiling: direct {:.2} Gbit/s, two TLS relays {:.2} Gbit/s ({tls_suite})",
+        direct_tls / 1e9,
+        tls_bps / 1e9
+    );
+
+    println!(
+        "{LATENCY_ROUNDS} x {round_trips} round trips of 64 B: direct, plain relays, TLS relays, node proxies ..."
+    );
+    let ports = [echo_port, PLAIN_ECHO.dial, TLS_ECHO.dial, mesh_echo_port];
+    let mut p50s: [Vec<f64>; 4] = Default::default();
+    for _ in 0..LATENCY_ROUNDS {
+        for (samples, port) in p50s.iter_mut().zip(ports) {
+            samples
+                .push(p50_64b(port).with_context(|| format!("64 B round trips via port {port}"))?);
+        }
+    }
+    let round_trip_p50 = p50s.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    });
+
+    Ok(Ceiling {
+        direct_plain,
+        plain: Relayed {
+            bits_per_second: plain_bps,
+            busy: plain_busy,
+            client_cpu_per_gb: plain_cpu[0],
+            server_cpu_per_gb: plain_cpu[1],
+        },
+        direct_tls,
+        tls: Relayed {
+            bits_per_second: tls_bps,
+            busy: tls_busy,
+            client_cpu_per_gb: (after[0] - before[0]) / gbytes,
+            server_cpu_per_gb: (after[1] - before[1]) / gbytes,
+        },
+        tls_suite,
+        round_trip_p50,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Plain relays: socat.
+
+/// Starts the two socat relays of `hop` towards `app_port`; returns their pids, client
+/// node's first.
+fn start_socat_relays(nodes: &TwoNodes, hop: Hop, app_port: u16) -> anyhow::Result<[u32; 2]> {
+    let socat = std::path::Path::new("socat");
+    let client_relay = [
+        format!("TCP-LISTEN:{},fork,reuseaddr", hop.client),
+        format!("TCP:{SERVER_IP}:{}", hop.server),
+    ];
+    let server_relay = [
+        format!("TCP-LISTEN:{},fork,reuseaddr", hop.server),
+        format!("TCP:127.0.0.1:{app_port}"),
+    ];
+    let buffer = RELAY_BUFFER.to_string();
+    let mut pids = [0; 2];
+    for (i, (ns, side, ends, port)) in [
+        (&nodes.client_ns, "client", &client_relay, hop.client),
+        (&nodes.server_ns, "server", &server_relay, hop.server),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let args = ["-b", buffer.as_str(), ends[0].as_str(), ends[1].as_str()];
+        let name = format!("relay-{side}-{port}");
+        pids[i] = nodes.lab.spawn(ns, &name, socat, &args, &[])?.pid;
+        common::wait_listening(&nodes.lab, ns, port)?;
+    }
+    Ok(pids)
+}
+
+/// utime + stime of the reaped children of a process (fields 16 and 17 of its stat).
+fn children_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let f = common::stat_fields(&format!("/proc/{pid}/stat"))?;
+    // `stat_fields` starts at field 3.
+    let cutime: f64 = f.get(13).context("no cutime")?.parse()?;
+    let cstime: f64 = f.get(14).context("no cstime")?.parse()?;
+    Ok((cutime + cstime) / common::clock_ticks())
+}
+
+fn wait_children_reaped(pid: u32) -> anyhow::Result<()> {
+    ambit::lab::wait_until(
+        "socat to reap its children",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .is_ok_and(|c| c.trim().is_empty())
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Bare TLS relays: the node proxies' TLS stack without HTTP/2.
+
+/// Two relays, each a current-thread tokio runtime on its own thread (as the node proxy runs
+/// one worker here) inside its node's namespace. Stopped when dropped.
+struct TlsRelays {
+    /// Thread ids, client node's first.
+    tids: [i32; 2],
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<anyhow::Result<()>>>,
+    suite: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    /// Accepts plaintext, dials the server relay with TLS.
+    Client,
+    /// Accepts TLS, dials the app in plaintext.
+    Server,
+}
+
+impl TlsRelays {
+    fn start(nodes: &TwoNodes, hop: Hop, app_port: u16) -> anyhow::Result<TlsRelays> {
+        let td = "cluster.local";
+        let ca = CertificateAuthority::ephemeral(td)?;
+        let client_id = SpiffeId::new(td, "default", "relay-client")?;
+        let server_id = SpiffeId::new(td, "default", "relay-server")?;
+        let day = Duration::from_secs(86_400);
+        let client_tls = ambit_identity::client_config(
+            &ca.issue(&client_id, day)?,
+            std::slice::from_ref(&server_id),
+        )?;
+        let server_tls = ambit_identity::server_config(&ca.issue(&server_id, day)?)?;
+        let suite = Arc::new(std::sync::Mutex::new(None));
+
+        let mut relays = TlsRelays {
+            tids: [0; 2],
+            stops: Vec::new(),
+            threads: Vec::new(),
+            suite: suite.clone(),
+        };
+        let upstream = |side| match side {
+            Side::Client => SocketAddr::from((SERVER_IP, hop.server)),
+            Side::Server => SocketAddr::from((Ipv4Addr::LOCALHOST, app_port)),
+        };
+        for (i, (side, ns, port)) in [
+            (Side::Client, nodes.client_ns.clone(), hop.client),
+            (Side::Server, nodes.server_ns.clone(), hop.server),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+            let (ready_tx, ready_rx) = mpsc::channel();
+            let relay = Relay {
+                side,
+                upstream: upstream(side),
+                client_tls: client_tls.clone(),
+                server_tls: server_tls.clone(),
+                suite: suite.clone(),
+            };
+            let thread = std::thread::spawn(move || {
+                Lab::in_netns(&ns, || relay.run(port, ready_tx, stop_rx))?
+            });
+            relays.stops.push(stop_tx);
+            relays.threads.push(thread);
+            relays.tids[i] = ready_rx
+                .recv_timeout(Duration::from_secs(10))
+                .context("a TLS relay did not start listening")?;
+        }
+        Ok(relays)
+    }
+
+    /// CPU seconds each relay thread has spent, client node's first.
+    fn cpu_seconds(&self) -> anyhow::Result<[f64; 2]> {
+        let mut out = [0.0; 2];
+        for (o, tid) in out.iter_mut().zip(self.tids) {
+            *o = common::stat_cpu_seconds(&format!("/proc/self/task/{tid}/stat"))?;
+        }
+        Ok(out)
+    }
+
+    fn suite(&self) -> String {
+        let suite = self.suite.lock().unwrap_or_else(|e| e.into_inner());
+        suite.clone().unwrap_or_else(|| "no TLS connection".into())
+    }
+}
+
+impl Drop for TlsRelays {
+    fn drop(&mut self) {
+        for stop in self.stops.drain(..) {
+            let _ = stop.send(());
+        }
+        for thread in self.threads.drain(..) {
+            match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("TLS relay: {e:#}"),
+                Err(_) => eprintln!("TLS relay thread panicked"),
+            }
+        }
+    }
+}
+
+struct Relay {
+    side: Side,
+    upstream: SocketAddr,
+    client_tls: Arc<rustls::ClientConfig>,
+    server_tls: Arc<rustls::ServerConfig>,
+    suite: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Relay {
+    /// Runs on a thread inside the relay's namespace until `stop` fires.
+    fn run(
+        self,
+        port: u16,
+        ready: mpsc::Sender<i32>,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> std::io::Result<anyhow::Result<()>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let this = Arc::new(self);
+        Ok(rt.block_on(async move {
+            let listener =
+                tokio::net::TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+                    .await?;
+            let _ = ready.send(nix::unistd::gettid().as_raw());
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return Ok(()),
+                    accepted = listener.accept() => {
+                        let (tcp, _) = accepted?;
+                        let relay = this.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = relay.serve(tcp).await {
+                                eprintln!("TLS relay connection: {e:#}");
+                            }
+                        });
+                    }
+                }
+            }
+        }))
+    }
+
+    async fn serve(&self, accepted: tokio::net::TcpStream) -> anyhow::Result<()> {
+        accepted.set_nodelay(true)?;
+        let upstream = tokio::net::TcpStream::connect(self.upstream).await?;
+        upstream.set_nodelay(true)?;
+        match self.side {
+            Side::Client => {
+                let tls = ambit_hbone::tls::connect(
+                    ambit_hbone::ReadAhead::new(upstream),
+                    self.client_tls.clone(),
+                )
+                .await?;
+                let suite = tls.get_ref().1.negotiated_cipher_suite();
+                *self.suite.lock().unwrap_or_else(|e| e.into_inner()) =
+                    suite.map(|s| format!("{:?}", s.suite()));
+                relay(accepted, tls).await
+            }
+            Side::Server => {
+                let tls = ambit_hbone::tls::accept(
+                    ambit_hbone::ReadAhead::new(accepted),
+                    self.server_tls.clone(),
+                )
+                .await?;
+                relay(tls, upstream).await
+            }
+        }
+    }
+}
+
+/// Copies both ways until both directions have ended, each end's write side shut down after
+/// its reader's EOF (iperf3's control connection runs alongside the data stream).
+async fn relay<A, B>(a: A, b: B) -> anyhow::Result<()>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    tokio::try_join!(copy(ar, bw), copy(br, aw))?;
+    Ok(())
+}
+
+async fn copy<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut storage = vec![0u8; BUFFER_OFFSET + RELAY_BUFFER];
+    let buf = &mut storage[BUFFER_OFFSET..];
+    loop {
+        let n = from.read(buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        to.write_all(&buf[..n]).await?;
+        // TLS holds records until flushed; a plain socket's flush does nothing.
+        to.flush().await?;
+    }
+}
