@@ -36,26 +36,20 @@ struct Hop {
     server: u16,
 }
 
-const PLAIN_IPERF: Hop = Hop {
-    dial: 5301,
-    client: 16001,
-    server: 16008,
-};
-const TLS_IPERF: Hop = Hop {
-    dial: 5302,
-    client: 16002,
-    server: 16009,
-};
-const PLAIN_ECHO: Hop = Hop {
-    dial: 5303,
-    client: 16003,
-    server: 16010,
-};
-const TLS_ECHO: Hop = Hop {
-    dial: 5304,
-    client: 16004,
-    server: 16011,
-};
+impl Hop {
+    const fn new(dial: u16, client: u16, server: u16) -> Hop {
+        Hop {
+            dial,
+            client,
+            server,
+        }
+    }
+}
+
+const PLAIN_IPERF: Hop = Hop::new(5301, 16001, 16008);
+const TLS_IPERF: Hop = Hop::new(5302, 16002, 16009);
+const PLAIN_ECHO: Hop = Hop::new(5303, 16003, 16010);
+const TLS_ECHO: Hop = Hop::new(5304, 16004, 16011);
 /// Bytes per read of every relay: as large as the node proxy's largest reads.
 pub const RELAY_BUFFER: usize = 256 * 1024;
 /// Where a TLS relay's copy buffer starts in its allocation: a quarter page in, as the node
