@@ -176,38 +176,16 @@ fn main() -> anyhow::Result<()> {
     let secs = args.seconds;
     let summary = common::run_suite(&target, &proxies, secs, args.round_trips, &mut report)?;
 
-    let ceiling = relays::measure(
-        &nodes,
-        DIRECT_IPERF_PORT,
-        DIRECT_ECHO_PORT,
-        APP_PORT,
-        secs,
-        args.round_trips,
-    )?;
+    let apps = relays::Apps {
+        iperf: DIRECT_IPERF_PORT,
+        echo: DIRECT_ECHO_PORT,
+        mesh_iperf: MESH_IPERF_PORT,
+        mesh_echo: APP_PORT,
+        proxies: [proxies.client, proxies.server],
+    };
+    let ceiling = relays::measure(&nodes, &apps, secs, args.round_trips)?;
+    report.notes.extend(ceiling_notes(&ceiling));
     let (single_d, single_m) = summary.single;
-    report
-        .notes
-        .push(ceiling_note(&ceiling, single_d, single_m));
-    let [direct, plain, tls, meshed] = ceiling.round_trip_p50;
-    report.notes.push(format!(
-        "64 B round trips on one reused connection, p50, each the median of {} runs taken in turn after the relays' throughput runs: direct {direct:.0} µs; two plain relays (socat) {plain:.0} µs (+{:.0} µs); two TLS relays {tls:.0} µs (+{:.0} µs); the two node proxies {meshed:.0} µs (+{:.0} µs).",
-        relays::LATENCY_ROUNDS,
-        plain - direct,
-        tls - direct,
-        meshed - direct,
-    ));
-    report.notes.push(format!(
-        "Per GB carried, the CPU each pair spent (client node + server node), and the whole machine busy meanwhile: plain relays {:.2} + {:.2} s/GB, {}; TLS relays {:.2} + {:.2} s/GB, {}; node proxies {:.2} + {:.2} s/GB, {}.",
-        ceiling.plain.client_cpu_per_gb,
-        ceiling.plain.server_cpu_per_gb,
-        common::busy_text(ceiling.plain.busy),
-        ceiling.tls.client_cpu_per_gb,
-        ceiling.tls.server_cpu_per_gb,
-        common::busy_text(ceiling.tls.busy),
-        summary.single_cpu_per_gb.0,
-        summary.single_cpu_per_gb.1,
-        common::busy_text(summary.single_busy),
-    ));
 
     let peak = proxies.status_kib("VmHWM")?;
     let end = proxies.status_kib("VmRSS")?;
@@ -270,21 +248,48 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The relays' rates beside the node proxies' single stream, each against the direct run
-/// measured right before it.
-fn ceiling_note(c: &relays::Ceiling, direct: f64, proxied: f64) -> String {
-    format!(
-        "Ceiling of this path, one iperf3 stream through two relays in place of the node proxies ({} KiB reads): two plain TCP relays (socat, no TLS, no HTTP/2) {:.2} Gbit/s, {} of direct ({:.2} Gbit/s, measured right before); two bare TLS relays (the node proxies' own rustls configuration, certificates and read-ahead, {}, no HTTP/2) {:.2} Gbit/s, {} of direct ({:.2} Gbit/s). The node proxies: {:.2} Gbit/s, {} of direct ({:.2} Gbit/s).",
-        relays::RELAY_BUFFER / 1024,
-        c.plain.bits_per_second / 1e9,
-        common::pct(c.plain.bits_per_second, c.direct_plain),
-        c.direct_plain / 1e9,
-        c.tls_suite,
-        c.tls.bits_per_second / 1e9,
-        common::pct(c.tls.bits_per_second, c.direct_tls),
-        c.direct_tls / 1e9,
-        proxied / 1e9,
-        common::pct(proxied, direct),
-        direct / 1e9,
-    )
+/// The ceiling rounds as notes under the tables.
+fn ceiling_notes(c: &relays::Ceiling) -> Vec<String> {
+    let rounds = relays::ROUNDS;
+    let rate = |s: &relays::Streams| {
+        format!(
+            "{:.2} Gbit/s, {} of direct",
+            s.bits_per_second / 1e9,
+            common::pct(s.of_direct, 1.0)
+        )
+    };
+    let cost = |s: &relays::Streams| {
+        format!(
+            "{:.2} + {:.2} s/GB, machine {}",
+            s.cpu_per_gb.0,
+            s.cpu_per_gb.1,
+            common::busy_text(s.busy)
+        )
+    };
+    let [direct, plain, tls, meshed] = c.round_trip_p50;
+    vec![
+        format!(
+            "Ceiling of this path: {rounds} rounds, each one iperf3 stream direct, then through two relays in place of the node proxies, then through the node proxies, taken in turn (medians; each percentage is the median of the rounds' ratios to that round's direct stream). Direct {:.2} Gbit/s. Two plain TCP relays (socat, {} KiB reads, no TLS): {}. Two bare TLS relays (the node proxies' own rustls configuration, certificates and read-ahead, {}, same reads, no HTTP/2): {}. The node proxies: {}, {} of the TLS relays.",
+            c.direct.bits_per_second / 1e9,
+            relays::RELAY_BUFFER / 1024,
+            rate(&c.plain),
+            c.tls_suite,
+            rate(&c.tls),
+            rate(&c.proxies),
+            common::pct(c.proxies_of_tls, 1.0),
+        ),
+        format!(
+            "CPU per GB carried in those rounds (client node + server node) and the whole machine busy: plain relays {}; TLS relays {}; node proxies {}; direct: machine {}.",
+            cost(&c.plain),
+            cost(&c.tls),
+            cost(&c.proxies),
+            common::busy_text(c.direct.busy),
+        ),
+        format!(
+            "64 B round trips on one reused connection, p50, median of {rounds} rounds of the four paths taken in turn: direct {direct:.0} µs; two plain relays {plain:.0} µs (+{:.0} µs); two TLS relays {tls:.0} µs (+{:.0} µs); the node proxies {meshed:.0} µs (+{:.0} µs).",
+            plain - direct,
+            tls - direct,
+            meshed - direct,
+        ),
+    ]
 }

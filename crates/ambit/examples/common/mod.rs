@@ -439,10 +439,6 @@ impl Target<'_> {
 pub struct Summary {
     /// (direct, proxied) bits per second, one stream.
     pub single: (f64, f64),
-    /// The node proxies' CPU seconds per GB during the proxied single stream: (client, server).
-    pub single_cpu_per_gb: (f64, f64),
-    /// The whole machine busy during the proxied single stream (`machine_busy`).
-    pub single_busy: (f64, f64),
     /// Added p50 latency (µs) per request size label.
     pub rr_p50_added: Vec<(&'static str, f64)>,
     /// Concurrency 8: (direct, proxied).
@@ -460,8 +456,6 @@ pub fn run_suite(
 ) -> anyhow::Result<Summary> {
     // Throughput.
     let mut single = (0.0, 0.0);
-    let mut single_cpu_per_gb = (0.0, 0.0);
-    let mut single_busy = (0.0, 0.0);
     for streams in [1u32, 4] {
         println!("iperf3, {streams} stream(s), {secs} s each way ...");
         let (direct, busy_d) =
@@ -484,8 +478,6 @@ pub fn run_suite(
         report.busy(&what, busy_d, busy_m);
         if streams == 1 {
             single = (direct, mesh);
-            single_cpu_per_gb = (cpu.client / gbytes, cpu.server / gbytes);
-            single_busy = busy_m;
         }
     }
 
@@ -535,8 +527,6 @@ pub fn run_suite(
     }
     Ok(Summary {
         single,
-        single_cpu_per_gb,
-        single_busy,
         rr_p50_added,
         rate8: rate8.expect("concurrency 8 ran"),
     })

@@ -9,9 +9,9 @@
 //!   the same 256 KiB copies, no HTTP/2 and no proxy logic: what any proxy that encrypts
 //!   with this TLS stack could reach here.
 //!
-//! The CPU each relay spent and how busy the machine was are measured too, and the p50 of
-//! 64 B round trips on one reused connection through each pair (the latency any two
-//! user-space hops add on this machine).
+//! The four paths (direct, both pairs, the node proxies) are measured in rounds taken in
+//! turn, with the CPU each relay spent, how busy the machine was, and the p50 of 64 B round
+//! trips on one reused connection (the latency any two user-space hops add here).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::mpsc;
@@ -50,6 +50,7 @@ const PLAIN_IPERF: Hop = Hop::new(5301, 16001, 16008);
 const TLS_IPERF: Hop = Hop::new(5302, 16002, 16009);
 const PLAIN_ECHO: Hop = Hop::new(5303, 16003, 16010);
 const TLS_ECHO: Hop = Hop::new(5304, 16004, 16011);
+
 /// Bytes per read of every relay: as large as the node proxy's largest reads.
 pub const RELAY_BUFFER: usize = 256 * 1024;
 /// Where a TLS relay's copy buffer starts in its allocation: a quarter page in, as the node
@@ -57,42 +58,54 @@ pub const RELAY_BUFFER: usize = 256 * 1024;
 /// hit the slow path of 4 KiB aliasing (BENCHMARKS.md, "4K aliasing").
 const BUFFER_OFFSET: usize = 1024;
 
-/// One relayed iperf3 stream: its rate, how busy the machine was, and the CPU seconds each
-/// relay spent per GB carried.
-pub struct Relayed {
+/// One path's single streams over the rounds.
+#[derive(Default)]
+pub struct Streams {
+    /// Median rate, bits per second.
     pub bits_per_second: f64,
-    /// Whole machine busy during the run: (busy, steal), fractions of all cores.
+    /// Median over the rounds of (this path's rate / the round's direct rate).
+    pub of_direct: f64,
+    /// Whole machine busy during the runs, mean (busy, steal) in percent.
     pub busy: (f64, f64),
-    pub client_cpu_per_gb: f64,
-    pub server_cpu_per_gb: f64,
+    /// CPU seconds per GB carried of the client node's and the server node's relay or node
+    /// proxy (zero for the direct path).
+    pub cpu_per_gb: (f64, f64),
 }
 
 pub struct Ceiling {
-    /// One direct stream, measured right before the plain relays.
-    pub direct_plain: f64,
-    pub plain: Relayed,
-    /// One direct stream, measured right before the TLS relays.
-    pub direct_tls: f64,
-    pub tls: Relayed,
+    pub direct: Streams,
+    pub plain: Streams,
+    pub tls: Streams,
+    pub proxies: Streams,
+    /// Median over the rounds of (node proxies' rate / the TLS relays' rate).
+    pub proxies_of_tls: f64,
     /// The TLS 1.3 suite the TLS relays negotiated.
     pub tls_suite: String,
     /// p50 of 64 B round trips on one reused connection, µs: direct, plain relays, TLS
-    /// relays, node proxies (each the median of `LATENCY_ROUNDS` interleaved runs).
+    /// relays, node proxies (each the median over the rounds).
     pub round_trip_p50: [f64; 4],
 }
 
-/// Latency runs of each path, interleaved so that all four see the same moments of this
-/// machine (whose wake-up costs drift within minutes).
-pub const LATENCY_ROUNDS: usize = 3;
+/// Rounds of the four paths (direct, plain relays, TLS relays, node proxies) taken in turn,
+/// so that all four see the same moments of this machine, whose speed drifts within
+/// minutes.
+pub const ROUNDS: usize = 3;
 
-/// Measures both relay pairs. `iperf_port` and `echo_port` are uncaptured ports of an iperf3
-/// server and of a mirroring echo app in the server node; `mesh_echo_port` reaches an echo
-/// app through the node proxies.
+/// What the rounds reach: uncaptured ports of an iperf3 server and of a mirroring echo app in
+/// the server node, captured ports reaching the same through the node proxies, and the node
+/// proxies' pids (client node's first).
+pub struct Apps {
+    pub iperf: u16,
+    pub echo: u16,
+    pub mesh_iperf: u16,
+    pub mesh_echo: u16,
+    pub proxies: [u32; 2],
+}
+
+/// Measures both relay pairs beside the direct path and the node proxies.
 pub fn measure(
     nodes: &TwoNodes,
-    iperf_port: u16,
-    echo_port: u16,
-    mesh_echo_port: u16,
+    apps: &Apps,
     secs: u64,
     round_trips: usize,
 ) -> anyhow::Result<Ceiling> {
@@ -113,85 +126,110 @@ pub fn measure(
             nodes.lab.exec(&nodes.client_ns, &args)?;
         }
     }
-    let iperf = |port| common::iperf(&nodes.client_ns, SERVER_IP, port, 1, secs);
-    let p50_64b = |port| -> anyhow::Result<f64> {
-        let dst = SocketAddr::from((SERVER_IP, port));
-        Ok(common::round_trips(&nodes.client_ns, dst, 64, round_trips)?.p50)
+    let socats = start_socat_relays(nodes, PLAIN_IPERF, apps.iperf)?;
+    start_socat_relays(nodes, PLAIN_ECHO, apps.echo)?;
+    let tls = TlsRelays::start(nodes, TLS_IPERF, apps.iperf)?;
+    let _tls_echo = TlsRelays::start(nodes, TLS_ECHO, apps.echo)?;
+
+    let proxies_cpu = || -> anyhow::Result<[f64; 2]> {
+        Ok([
+            common::cpu_seconds(apps.proxies[0])?,
+            common::cpu_seconds(apps.proxies[1])?,
+        ])
     };
-
-    let socats = start_socat_relays(nodes, PLAIN_IPERF, iperf_port)?;
-    start_socat_relays(nodes, PLAIN_ECHO, echo_port)?;
-    let direct_plain = iperf(iperf_port)?;
-    let before = socats.map(children_cpu_seconds).map(Result::ok);
-    let (plain_bps, plain_busy) = common::machine_busy(|| {
-        iperf(PLAIN_IPERF.dial).context("iperf3 through the two socat relays")
-    })?;
-    let gbytes = plain_bps * secs as f64 / 8e9;
-    let mut plain_cpu = [0.0; 2];
-    for (i, pid) in socats.into_iter().enumerate() {
-        // socat serves each connection in a child; the parent counts a child's CPU once it
-        // has reaped it.
-        wait_children_reaped(pid)?;
-        let spent = children_cpu_seconds(pid)? - before[i].context("socat's CPU before")?;
-        plain_cpu[i] = spent / gbytes;
+    // Per path: rates, machine busy, CPU seconds of its two hops, bytes.
+    let mut rates: [Vec<f64>; 4] = Default::default();
+    let mut busy = [(0.0, 0.0); 4];
+    let mut cpu = [[0.0; 2]; 4];
+    let mut gbytes = [0.0; 4];
+    let ports = [
+        apps.iperf,
+        PLAIN_IPERF.dial,
+        TLS_IPERF.dial,
+        apps.mesh_iperf,
+    ];
+    for round in 1..=ROUNDS {
+        println!("ceiling round {round}/{ROUNDS}: one iperf3 stream direct, through the plain relays, the TLS relays, the node proxies ...");
+        for path in 0..4 {
+            let before = match path {
+                1 => socats.map(|pid| children_cpu_seconds(pid).unwrap_or(f64::NAN)),
+                2 => tls.cpu_seconds()?,
+                3 => proxies_cpu()?,
+                _ => [0.0; 2],
+            };
+            let (bps, (b, st)) = common::machine_busy(|| {
+                common::iperf(&nodes.client_ns, SERVER_IP, ports[path], 1, secs)
+                    .with_context(|| format!("iperf3 via port {}", ports[path]))
+            })?;
+            let after = match path {
+                1 => {
+                    // socat serves each connection in a child; the parent counts a child's
+                    // CPU once it has reaped it.
+                    let mut after = [0.0; 2];
+                    for (a, pid) in after.iter_mut().zip(socats) {
+                        wait_children_reaped(pid)?;
+                        *a = children_cpu_seconds(pid)?;
+                    }
+                    after
+                }
+                2 => tls.cpu_seconds()?,
+                3 => proxies_cpu()?,
+                _ => [0.0; 2],
+            };
+            rates[path].push(bps);
+            busy[path].0 += b / ROUNDS as f64;
+            busy[path].1 += st / ROUNDS as f64;
+            for side in 0..2 {
+                cpu[path][side] += after[side] - before[side];
+            }
+            gbytes[path] += bps * secs as f64 / 8e9;
+        }
+        println!(
+            "  {:.2} / {:.2} / {:.2} / {:.2} Gbit/s",
+            rates[0][round - 1] / 1e9,
+            rates[1][round - 1] / 1e9,
+            rates[2][round - 1] / 1e9,
+            rates[3][round - 1] / 1e9,
+        );
     }
-    println!(
-        "relay ceiling: direct {:.2} Gbit/s, two plain relays {:.2} Gbit/s",
-        direct_plain / 1e9,
-        plain_bps / 1e9
-    );
-
-    let tls = TlsRelays::start(nodes, TLS_IPERF, iperf_port)?;
-    let _tls_echo = TlsRelays::start(nodes, TLS_ECHO, echo_port)?;
-    let direct_tls = iperf(iperf_port)?;
-    let before = tls.cpu_seconds()?;
-    let (tls_bps, tls_busy) = common::machine_busy(|| {
-        iperf(TLS_IPERF.dial).context("iperf3 through the two TLS relays")
-    })?;
-    let after = tls.cpu_seconds()?;
-    let gbytes = tls_bps * secs as f64 / 8e9;
     let tls_suite = tls.suite();
     drop(tls);
-    println!(
-        "relay ceiling: direct {:.2} Gbit/s, two TLS relays {:.2} Gbit/s ({tls_suite})",
-        direct_tls / 1e9,
-        tls_bps / 1e9
-    );
 
-    println!(
-        "{LATENCY_ROUNDS} x {round_trips} round trips of 64 B: direct, plain relays, TLS relays, node proxies ..."
-    );
-    let ports = [echo_port, PLAIN_ECHO.dial, TLS_ECHO.dial, mesh_echo_port];
+    let ratio_median =
+        |num: &[f64], den: &[f64]| median(num.iter().zip(den).map(|(n, d)| n / d).collect());
+    let streams = |path: usize| Streams {
+        bits_per_second: median(rates[path].clone()),
+        of_direct: ratio_median(&rates[path], &rates[0]),
+        busy: busy[path],
+        cpu_per_gb: (cpu[path][0] / gbytes[path], cpu[path][1] / gbytes[path]),
+    };
+
+    println!("{ROUNDS} x {round_trips} round trips of 64 B: direct, plain relays, TLS relays, node proxies ...");
+    let ports = [apps.echo, PLAIN_ECHO.dial, TLS_ECHO.dial, apps.mesh_echo];
     let mut p50s: [Vec<f64>; 4] = Default::default();
-    for _ in 0..LATENCY_ROUNDS {
+    for _ in 0..ROUNDS {
         for (samples, port) in p50s.iter_mut().zip(ports) {
-            samples
-                .push(p50_64b(port).with_context(|| format!("64 B round trips via port {port}"))?);
+            let dst = SocketAddr::from((SERVER_IP, port));
+            let pcts = common::round_trips(&nodes.client_ns, dst, 64, round_trips)
+                .with_context(|| format!("64 B round trips via port {port}"))?;
+            samples.push(pcts.p50);
         }
     }
-    let round_trip_p50 = p50s.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    });
 
     Ok(Ceiling {
-        direct_plain,
-        plain: Relayed {
-            bits_per_second: plain_bps,
-            busy: plain_busy,
-            client_cpu_per_gb: plain_cpu[0],
-            server_cpu_per_gb: plain_cpu[1],
-        },
-        direct_tls,
-        tls: Relayed {
-            bits_per_second: tls_bps,
-            busy: tls_busy,
-            client_cpu_per_gb: (after[0] - before[0]) / gbytes,
-            server_cpu_per_gb: (after[1] - before[1]) / gbytes,
-        },
+        direct: streams(0),
+        plain: streams(1),
+        tls: streams(2),
+        proxies: streams(3),
+        proxies_of_tls: ratio_median(&rates[3], &rates[2]),
         tls_suite,
-        round_trip_p50,
+        round_trip_p50: p50s.map(median),
     })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 // ---------------------------------------------------------------------------------------
