@@ -164,13 +164,65 @@ fn ipv6_disabled_on_lo(path: &Path) -> bool {
     }
 }
 
-fn ip(netns: &Path, args: &[String], ignore: &[&str]) -> Result<(), ExecError> {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    match exec::run(Some(netns), "ip", &args, None) {
-        Ok(_) => Ok(()),
-        Err(e) if ignore.iter().any(|s| e.stderr().contains(s)) => Ok(()),
-        Err(e) => Err(e),
+/// Runs `commands` (`ip` argument vectors of one family, each starting with the family flag,
+/// as [`inpod_netlink_add`] builds them) in one `ip -force -batch -`: one process where one
+/// per command used to run (enrollment is dominated by process starts). `-force` runs every
+/// line even after one failed; the run succeeds when each failed line's error contains one
+/// of `ignore`.
+fn ip_batch(
+    netns: &Path,
+    family: Family,
+    commands: &[Vec<String>],
+    ignore: &[&str],
+) -> Result<(), ExecError> {
+    let mut script = String::new();
+    for command in commands {
+        let Some((flag, args)) = command.split_first() else {
+            continue;
+        };
+        debug_assert_eq!(flag, family.ip_flag(), "one family per batch");
+        script.push_str(&args.join(" "));
+        script.push('\n');
     }
+    if script.is_empty() {
+        return Ok(());
+    }
+    let args = [family.ip_flag(), "-force", "-batch", "-"];
+    match exec::run(Some(netns), "ip", &args, Some(&script)) {
+        Ok(_) => Ok(()),
+        Err(e) if tolerable_batch_failures(e.stderr(), ignore) => Ok(()),
+        Err(mut e) => {
+            // Name the lines: the error's `-:N` counts them.
+            if let ExecError::Failed { command, .. } = &mut e {
+                let lines: Vec<&str> = script.lines().collect();
+                *command = format!("{command} with lines: {}", lines.join("; "));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Whether an `ip -batch` run that failed only failed in ways `ignore` tolerates. ip prints
+/// each failed line's error followed by `Command failed <file>:<line>`; anything else on
+/// stderr is an error of its own.
+fn tolerable_batch_failures(stderr: &str, ignore: &[&str]) -> bool {
+    let mut failures = Vec::new();
+    let mut text = String::new();
+    for line in stderr.lines() {
+        if line.starts_with("Command failed ") {
+            failures.push(std::mem::take(&mut text));
+        } else {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    if !text.trim().is_empty() {
+        failures.push(text);
+    }
+    !failures.is_empty()
+        && failures
+            .iter()
+            .all(|f| ignore.iter().any(|allowed| f.contains(allowed)))
 }
 
 /// What [`apply_inpod`] did, per family.
@@ -196,15 +248,13 @@ pub fn apply_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<InpodOutcome
     };
     for family in opts.families() {
         // Routing first (as Istio does): the return path must exist before capture starts.
-        let v6_off = family == Family::V6 && ipv6_disabled_on_lo(netns);
-        for (i, args) in inpod_netlink_add(family).iter().enumerate() {
-            let is_route = i == 1;
-            if is_route && v6_off {
-                tracing::info!(netns = %netns.display(), "IPv6 disabled on lo: no v6 local route");
-                continue;
-            }
-            ip(netns, args, &["File exists"])?;
+        let mut routing = inpod_netlink_add(family);
+        if family == Family::V6 && ipv6_disabled_on_lo(netns) {
+            tracing::info!(netns = %netns.display(), "IPv6 disabled on lo: no v6 local route");
+            // The second command is the local route.
+            routing.truncate(1);
         }
+        ip_batch(netns, family, &routing, &["File exists"])?;
         let o = apply_rule_set(Some(netns), &inpod_rules(family, opts))?;
         match family {
             Family::V4 => outcome.v4 = o,
@@ -227,9 +277,7 @@ pub fn remove_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<(), RulesEr
         let strict = family == Family::V4 || opts.ipv6;
         let result = (|| {
             remove_rule_set(Some(netns), &inpod_rules(family, opts))?;
-            for args in inpod_netlink_del(family) {
-                ip(netns, &args, GONE)?;
-            }
+            ip_batch(netns, family, &inpod_netlink_del(family), GONE)?;
             Ok::<(), RulesError>(())
         })();
         match result {
@@ -274,4 +322,39 @@ pub fn remove_host(
         remove_rule_set(netns, &host_probe_rules(f, sets.for_family(f)))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXISTS: &[&str] = &["File exists"];
+
+    #[test]
+    fn batch_failures_are_tolerated_only_when_each_is_allowed() {
+        // A rule that is already there (what a re-enrollment meets).
+        let rule_exists = "RTNETLINK answers: File exists\nCommand failed -:1\n";
+        assert!(tolerable_batch_failures(rule_exists, EXISTS));
+        // The same, and the next line failed for another reason: not tolerated.
+        let also_route = format!("{rule_exists}Cannot find device \"lo\"\nCommand failed -:2\n");
+        assert!(!tolerable_batch_failures(&also_route, EXISTS));
+        // An error ip printed outside any line (bad option, no stdin): not tolerated, even
+        // when it mentions an allowed text, unless it is one.
+        assert!(!tolerable_batch_failures(
+            "Option \"-forse\" is unknown\n",
+            EXISTS
+        ));
+        assert!(tolerable_batch_failures(
+            "RTNETLINK answers: File exists\n",
+            EXISTS
+        ));
+        // A failed run that said nothing is not a tolerated one.
+        assert!(!tolerable_batch_failures("", EXISTS));
+        // Removal: both already gone.
+        let gone = "RTNETLINK answers: No such file or directory\nCommand failed -:1\nRTNETLINK answers: No such process\nCommand failed -:2\n";
+        assert!(tolerable_batch_failures(
+            gone,
+            &["No such file or directory", "No such process"]
+        ));
+    }
 }

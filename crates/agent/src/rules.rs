@@ -118,7 +118,7 @@ impl Family {
     }
 
     /// `-4` / `-6` (the `ip` flag).
-    fn ip_flag(self) -> &'static str {
+    pub(crate) fn ip_flag(self) -> &'static str {
         match self {
             Family::V4 => "-4",
             Family::V6 => "-6",

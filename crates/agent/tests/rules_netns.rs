@@ -144,6 +144,27 @@ fn inpod_rules_are_idempotent_replaceable_and_removable() {
 }
 
 #[test]
+fn ipv6_disabled_on_lo_skips_only_the_v6_local_route() {
+    require_root("ipv6_disabled_on_lo_skips_only_the_v6_local_route");
+    let ns = TestNetns::new();
+    ns.exec(&["sysctl", "-qw", "net.ipv6.conf.lo.disable_ipv6=1"]);
+
+    let outcome = apply_inpod(&ns.path(), &opts(true)).unwrap();
+    assert_eq!(outcome.v6, Some(ApplyOutcome::Installed));
+    let rules6 = ns.exec(&["ip", "-6", "rule"]);
+    assert!(rules6.contains("fwmark 0x111/0xfff lookup 100"), "{rules6}");
+    assert!(ns
+        .exec(&["ip", "-6", "route", "show", "table", "100"])
+        .trim()
+        .is_empty());
+    assert!(ns
+        .exec(&["ip", "-4", "route", "show", "table", "100"])
+        .contains("local default dev lo"));
+    // Again: the existing rules are no error.
+    assert!(apply_inpod(&ns.path(), &opts(true)).unwrap().unchanged());
+}
+
+#[test]
 fn apply_errors_name_the_netns() {
     require_root("apply_errors_name_the_netns");
     let err = apply_inpod(
