@@ -294,6 +294,7 @@ mod tests {
             body.contains("istio_tcp_connections_opened_total"),
             "{body}"
         );
+        assert!(body.ends_with("# EOF\n"), "{body}");
         assert_eq!(get(&handler, "/stats").0, StatusCode::NOT_FOUND);
     }
 
