@@ -131,11 +131,23 @@ pub fn measure(
     let tls = TlsRelays::start(nodes, TLS_IPERF, apps.iperf)?;
     let _tls_echo = TlsRelays::start(nodes, TLS_ECHO, apps.echo)?;
 
-    let proxies_cpu = || -> anyhow::Result<[f64; 2]> {
-        Ok([
-            common::cpu_seconds(apps.proxies[0])?,
-            common::cpu_seconds(apps.proxies[1])?,
-        ])
+    // CPU seconds so far of a path's two hops, client node's first (none for direct).
+    let hop_cpu = |path: usize| -> anyhow::Result<[f64; 2]> {
+        let mut cpu = [0.0; 2];
+        for (side, c) in cpu.iter_mut().enumerate() {
+            *c = match path {
+                1 => {
+                    // socat serves each connection in a child; the parent counts a child's
+                    // CPU once it has reaped it.
+                    wait_children_reaped(socats[side])?;
+                    children_cpu_seconds(socats[side])?
+                }
+                2 => tls.cpu_seconds(side)?,
+                3 => common::cpu_seconds(apps.proxies[side])?,
+                _ => 0.0,
+            };
+        }
+        Ok(cpu)
     };
     // Per path: rates, machine busy, CPU seconds of its two hops, bytes.
     let mut rates: [Vec<f64>; 4] = Default::default();
@@ -151,31 +163,12 @@ pub fn measure(
     for round in 1..=ROUNDS {
         println!("ceiling round {round}/{ROUNDS}: one iperf3 stream direct, through the plain relays, the TLS relays, the node proxies ...");
         for path in 0..4 {
-            let before = match path {
-                1 => socats.map(|pid| children_cpu_seconds(pid).unwrap_or(f64::NAN)),
-                2 => tls.cpu_seconds()?,
-                3 => proxies_cpu()?,
-                _ => [0.0; 2],
-            };
+            let before = hop_cpu(path)?;
             let (bps, (b, st)) = common::machine_busy(|| {
                 common::iperf(&nodes.client_ns, SERVER_IP, ports[path], 1, secs)
                     .with_context(|| format!("iperf3 via port {}", ports[path]))
             })?;
-            let after = match path {
-                1 => {
-                    // socat serves each connection in a child; the parent counts a child's
-                    // CPU once it has reaped it.
-                    let mut after = [0.0; 2];
-                    for (a, pid) in after.iter_mut().zip(socats) {
-                        wait_children_reaped(pid)?;
-                        *a = children_cpu_seconds(pid)?;
-                    }
-                    after
-                }
-                2 => tls.cpu_seconds()?,
-                3 => proxies_cpu()?,
-                _ => [0.0; 2],
-            };
+            let after = hop_cpu(path)?;
             rates[path].push(bps);
             busy[path].0 += b / ROUNDS as f64;
             busy[path].1 += st / ROUNDS as f64;
@@ -357,13 +350,9 @@ impl TlsRelays {
         Ok(relays)
     }
 
-    /// CPU seconds each relay thread has spent, client node's first.
-    fn cpu_seconds(&self) -> anyhow::Result<[f64; 2]> {
-        let mut out = [0.0; 2];
-        for (o, tid) in out.iter_mut().zip(self.tids) {
-            *o = common::stat_cpu_seconds(&format!("/proc/self/task/{tid}/stat"))?;
-        }
-        Ok(out)
+    /// CPU seconds the relay thread of `side` (0: client node, 1: server node) has spent.
+    fn cpu_seconds(&self, side: usize) -> anyhow::Result<f64> {
+        common::stat_cpu_seconds(&format!("/proc/self/task/{}/stat", self.tids[side]))
     }
 
     fn suite(&self) -> String {
