@@ -147,7 +147,7 @@ pub struct CertificateDump {
 pub struct CertInfo {
     /// Base64 of the PEM text.
     pub pem: String,
-    /// Lower-case hex, no separators.
+    /// In decimal, as ztunnel shows it.
     pub serial_number: String,
     /// RFC 3339, UTC.
     pub valid_from: String,
@@ -164,7 +164,7 @@ impl CertInfo {
                 let (from, to) = x509::validity(&cert);
                 CertInfo {
                     pem,
-                    serial_number: cert.serial.to_str_radix(16),
+                    serial_number: cert.serial.to_str_radix(10),
                     valid_from: x509::rfc3339(from),
                     expiration_time: x509::rfc3339(to),
                 }
@@ -222,10 +222,9 @@ mod tests {
         assert_eq!(pem::parse_certs(pem_text.as_bytes()).unwrap(), cert.chain);
         let parsed = x509::parse(&cert.chain[0]).unwrap();
         let serial = leaf["serialNumber"].as_str().unwrap();
-        assert_eq!(serial, parsed.serial.to_str_radix(16));
-        assert!(serial
-            .chars()
-            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        // Decimal, as ztunnel writes it.
+        assert_eq!(serial, parsed.serial.to_str_radix(10));
+        assert!(serial.chars().all(|c| c.is_ascii_digit()), "{serial}");
         assert_eq!(leaf["validFrom"], x509::rfc3339(cert.not_before));
         assert_eq!(leaf["expirationTime"], x509::rfc3339(cert.not_after));
         let valid_from = leaf["validFrom"].as_str().unwrap();

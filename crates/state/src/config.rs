@@ -294,7 +294,7 @@ policies:
             (
                 "gateway bad address",
                 format!("{W}  waypoint: {{destination: \"nope\"}}\n"),
-                "f.yaml: line 4, column 27: workloads[0].waypoint.destination: \"nope\" is not a \"<network>/<ip>\" address",
+                "f.yaml: line 4, column 27: workloads[0].waypoint.destination: \"nope\" is not a \"<network>/<ip>\" address, nor a \"<namespace>/<hostname>\"",
             ),
             (
                 "gateway hostname unknown key",

@@ -4,14 +4,29 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
+use crate::service::LoadBalancerHealthPolicy;
 use crate::store::{PortMap, ProxyState};
+use crate::workload::HealthStatus;
 
 impl ProxyState {
     /// `{workloads, services, policies, stagedServices}`: workloads sorted by uid,
     /// services by hostname (then namespace) with their endpoints, policies by
     /// `namespace/name`, and endpoints of services referenced but not (yet) known.
+    ///
+    /// As ztunnel shows them: a workload's `services` appear as the services' endpoints,
+    /// not under the workload, and an unhealthy workload is an endpoint only of services
+    /// whose health policy is `AllowAll`.
     pub fn dump(&self) -> Value {
-        let workloads: Vec<Value> = self.workloads().map(|w| to_value(&**w)).collect();
+        let workloads: Vec<Value> = self
+            .workloads()
+            .map(|w| {
+                let mut v = to_value(&**w);
+                if let Value::Object(m) = &mut v {
+                    m.remove("services");
+                }
+                v
+            })
+            .collect();
 
         let mut services: Vec<_> = self.services().collect();
         services.sort_by(|a, b| (&a.hostname, &a.namespace).cmp(&(&b.hostname, &b.namespace)));
@@ -19,9 +34,10 @@ impl ProxyState {
             .into_iter()
             .map(|s| {
                 let mut v = to_value(&**s);
+                let allow_unhealthy = s.health_policy() == LoadBalancerHealthPolicy::AllowAll;
                 let endpoints = self
                     .endpoint_map(&s.key())
-                    .map(|eps| self.endpoints_value(eps))
+                    .map(|eps| self.endpoints_value(eps, allow_unhealthy))
                     .unwrap_or_else(|| Value::Object(Map::new()));
                 if let Value::Object(m) = &mut v {
                     m.insert("endpoints".into(), endpoints);
@@ -34,7 +50,7 @@ impl ProxyState {
 
         let staged: Map<String, Value> = self
             .staged_services()
-            .map(|(k, eps)| (k.clone(), self.endpoints_value(eps)))
+            .map(|(k, eps)| (k.clone(), self.endpoints_value(eps, false)))
             .collect();
 
         json!({
@@ -45,19 +61,20 @@ impl ProxyState {
         })
     }
 
-    /// uid → `{workloadUid, service, port, status}`.
-    fn endpoints_value(&self, eps: &BTreeMap<String, PortMap>) -> Value {
+    /// uid → `{workloadUid, port, status}`, unhealthy workloads only if allowed.
+    fn endpoints_value(&self, eps: &BTreeMap<String, PortMap>, allow_unhealthy: bool) -> Value {
         let m: Map<String, Value> = eps
             .iter()
-            .map(|(uid, ports)| {
-                let status = self
-                    .workload_by_uid(uid)
-                    .map(|w| w.status.as_str())
-                    .unwrap_or("Unknown");
-                (
+            .filter_map(|(uid, ports)| {
+                let status = self.workload_by_uid(uid).map(|w| w.status);
+                if status == Some(HealthStatus::Unhealthy) && !allow_unhealthy {
+                    return None;
+                }
+                let status = status.map_or("Unknown", |s| s.as_str());
+                Some((
                     uid.clone(),
                     json!({"workloadUid": uid, "port": ports, "status": status}),
-                )
+                ))
             })
             .collect();
         Value::Object(m)
@@ -93,6 +110,7 @@ services:
 - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["/10.96.0.10"], ports: {80: 8080}}
 policies:
 - {name: p, namespace: default, scope: Namespace, action: Deny, rules: [[[{destinationPorts: [22]}]]]}
+- {name: q, namespace: default, scope: Namespace, action: Allow, rules: [[[{principals: [!Exact a, !Presence ""]}]]]}
 "#;
         let s = ProxyState::from_config(parse_local_config("t", yaml).unwrap()).unwrap();
         let d = s.dump();
@@ -102,16 +120,31 @@ policies:
         assert_eq!(w[1]["workloadIps"], json!(["10.0.0.3"]));
         assert_eq!(w[1]["protocol"], "HBONE");
         assert_eq!(w[0]["protocol"], "TCP");
-        assert_eq!(w[1]["trustDomain"], "cluster.local");
-        assert_eq!(w[1]["serviceAccount"], "default");
-        assert_eq!(w[1]["clusterId"], "Kubernetes");
+        // As configured, with ztunnel's omissions: no trust domain, service account or
+        // workload type when empty, `clusterId` always, the services only as endpoints.
+        let keys: Vec<&str> = w[1]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "capacity",
+                "clusterId",
+                "name",
+                "namespace",
+                "networkMode",
+                "protocol",
+                "status",
+                "uid",
+                "workloadIps"
+            ]
+        );
+        assert_eq!(w[1]["clusterId"], "");
         assert_eq!(w[1]["status"], "Healthy");
         assert_eq!(w[1]["capacity"], 1);
-        assert_eq!(
-            w[1]["services"]["default/echo.default.svc.cluster.local"]["80"],
-            8080
-        );
-
         let svc = &d["services"];
         assert_eq!(svc[0]["hostname"], "echo.default.svc.cluster.local");
         assert_eq!(svc[1]["hostname"], "zeta");
@@ -129,10 +162,47 @@ policies:
         assert_eq!(p["action"], "Deny");
         assert_eq!(p["dryRun"], false);
         assert_eq!(p["rules"], json!([[[{"destinationPorts": [22]}]]]));
+        assert_eq!(
+            d["policies"][1]["rules"],
+            json!([[[{"principals": [{"Exact": "a"}, {"Presence": []}]}]]])
+        );
 
         assert_eq!(
             d["stagedServices"],
             json!({"default/later": {"Kubernetes//v1/Pod/default/b": {"workloadUid": "Kubernetes//v1/Pod/default/b", "port": {"90": 9090}, "status": "Healthy"}}})
         );
+    }
+
+    #[test]
+    fn unhealthy_endpoints_show_only_where_the_health_policy_allows_them() {
+        let yaml = r#"
+workloads:
+- name: sick
+  namespace: default
+  workloadIps: ["10.0.0.3"]
+  status: Unhealthy
+  services: {default/strict: {80: 8080}, default/lenient: {80: 8080}}
+services:
+- {name: strict, namespace: default, hostname: strict, vips: ["/10.96.0.1"], ports: {80: 8080}}
+- name: lenient
+  namespace: default
+  hostname: lenient
+  vips: ["/10.96.0.2"]
+  ports: {80: 8080}
+  loadBalancer: {routingPreferences: [], mode: Failover, healthPolicy: AllowAll}
+"#;
+        let s = ProxyState::from_config(parse_local_config("t", yaml).unwrap()).unwrap();
+        let d = s.dump();
+        assert_eq!(d["services"][0]["hostname"], "lenient");
+        assert_eq!(
+            d["services"][0]["endpoints"]["Kubernetes//v1/Pod/default/sick"]["status"],
+            "Unhealthy"
+        );
+        assert_eq!(
+            d["services"][0]["loadBalancer"],
+            json!({"routingPreferences": [], "mode": "Failover", "healthPolicy": "AllowAll"})
+        );
+        assert_eq!(d["services"][1]["hostname"], "strict");
+        assert_eq!(d["services"][1]["endpoints"], json!({}));
     }
 }

@@ -1,7 +1,5 @@
 //! L4 authorization policies, as ztunnel's `istio.security.Authorization`.
 
-use std::collections::BTreeMap;
-
 use ipnet::IpNet;
 use serde::ser::SerializeMap;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
@@ -30,9 +28,9 @@ string_enum! {
 
 /// A string comparison. `presence` matches any non-empty string.
 ///
-/// Written as a one-key map: `{exact: s}`, `{prefix: s}`, `{suffix: s}`,
-/// `{presence: {}}`; capitalized keys (`Exact`, ...) and YAML tags (`!exact s`) are
-/// accepted too.
+/// Read as ztunnel writes it, a YAML tag (`!Exact s`, `!Prefix s`, `!Suffix s`,
+/// `!Presence`), or as a one-key map (`{exact: s}`, `{Exact: s}`, `{presence: {}}`).
+/// Written as ztunnel's `/config_dump` shows it: `{"Exact": s}`, …, `{"Presence": []}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StringMatch {
     Exact(String),
@@ -47,12 +45,10 @@ impl Serialize for StringMatch {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(1))?;
         match self {
-            StringMatch::Exact(v) => m.serialize_entry("exact", v)?,
-            StringMatch::Prefix(v) => m.serialize_entry("prefix", v)?,
-            StringMatch::Suffix(v) => m.serialize_entry("suffix", v)?,
-            StringMatch::Presence => {
-                m.serialize_entry("presence", &BTreeMap::<String, String>::new())?
-            }
+            StringMatch::Exact(v) => m.serialize_entry("Exact", v)?,
+            StringMatch::Prefix(v) => m.serialize_entry("Prefix", v)?,
+            StringMatch::Suffix(v) => m.serialize_entry("Suffix", v)?,
+            StringMatch::Presence => m.serialize_entry("Presence", &[(); 0])?,
         }
         m.end()
     }

@@ -216,7 +216,7 @@ fn route_service(
         let prefs = svc
             .load_balancer
             .as_ref()
-            .map(|lb| lb.routing_preference.as_slice())
+            .map(|lb| lb.routing_preferences.as_slice())
             .unwrap_or_default();
         if mode == LoadBalancerMode::Strict {
             candidates.retain(|c| {

@@ -61,6 +61,13 @@ string_enum! {
     }
 }
 
+impl IpFamilies {
+    /// ztunnel leaves the default out of `/config_dump`.
+    pub fn is_automatic(&self) -> bool {
+        *self == IpFamilies::Automatic
+    }
+}
+
 string_enum! {
     /// Who may reach a service by its VIP.
     #[derive(Default)]
@@ -77,8 +84,10 @@ string_enum! {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoadBalancer {
-    #[serde(default)]
-    pub routing_preference: Vec<LoadBalancerScope>,
+    /// `routingPreferences`, as ztunnel's local config names it (`routingPreference`, the
+    /// name ambit read before, is still accepted).
+    #[serde(default, alias = "routingPreference")]
+    pub routing_preferences: Vec<LoadBalancerScope>,
     #[serde(default)]
     pub mode: LoadBalancerMode,
     #[serde(default)]
@@ -105,7 +114,7 @@ pub struct Service {
     pub waypoint: Option<GatewayAddress>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancer>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "IpFamilies::is_automatic")]
     pub ip_families: IpFamilies,
     /// Preferred when several services share a VIP or hostname.
     #[serde(default)]

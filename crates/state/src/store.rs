@@ -265,7 +265,14 @@ impl ProxyState {
         };
         self.workloads
             .values()
-            .filter(|w| w.namespace == namespace && w.name == name && w.service_account == sa)
+            .filter(|w| {
+                let configured = if w.service_account.is_empty() {
+                    DEFAULT_SERVICE_ACCOUNT
+                } else {
+                    &w.service_account
+                };
+                w.namespace == namespace && w.name == name && configured == sa
+            })
             .find(|w| node.is_none_or(|node| w.node == node))
             .cloned()
     }

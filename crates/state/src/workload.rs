@@ -99,27 +99,38 @@ pub enum GatewayDestination {
 }
 
 impl Serialize for GatewayDestination {
+    /// A string either way, as ztunnel writes it: `"<network>/<ip>"` or
+    /// `"<namespace>/<hostname>"`.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             GatewayDestination::Address(a) => a.serialize(s),
-            GatewayDestination::Hostname(h) => h.serialize(s),
+            GatewayDestination::Hostname(h) => s.collect_str(h),
         }
     }
 }
 
 impl<'de> Deserialize<'de> for GatewayDestination {
-    /// A string `"<network>/<ip>"`, or a map `{namespace, hostname}`.
+    /// A string `"<network>/<ip>"` or `"<namespace>/<hostname>"` (ztunnel's forms: an
+    /// address when the part after the slash is an IP), or a map `{namespace, hostname}`.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> de::Visitor<'de> for V {
             type Value = GatewayDestination;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("\"<network>/<ip>\" or {namespace, hostname}")
+                f.write_str(
+                    "\"<network>/<ip>\", \"<namespace>/<hostname>\" or {namespace, hostname}",
+                )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                v.parse()
-                    .map(GatewayDestination::Address)
-                    .map_err(E::custom)
+                match v.parse::<NetworkAddress>() {
+                    Ok(a) => Ok(GatewayDestination::Address(a)),
+                    Err(address_error) => v
+                        .parse::<NamespacedHostname>()
+                        .map(GatewayDestination::Hostname)
+                        .map_err(|_| {
+                            E::custom(format!("{address_error}, nor a \"<namespace>/<hostname>\""))
+                        }),
+                }
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                 NamespacedHostname::deserialize(de::value::MapAccessDeserializer::new(map))
@@ -148,36 +159,48 @@ fn default_capacity() -> u32 {
     1
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_default_locality(l: &Locality) -> bool {
+    *l == Locality::default()
+}
+
 /// A workload: one pod (or VM) of the mesh.
 ///
-/// As read from the local config YAML, empty strings mean "default"; call
-/// [`Workload::normalize`] (done by the store on insert) to apply the defaults and check
-/// the workload.
+/// Fields hold what the configuration says, empty strings included, and `/config_dump`
+/// shows them that way, as ztunnel does: the defaults an empty field stands for (trust
+/// domain, service account, workload type, cluster id) are applied where the value is
+/// used, by [`Workload::identity`], [`Workload::workload_type_or_default`] and the
+/// telemetry. Only the uid is filled in ([`Workload::normalize`]), since the store is keyed
+/// by it. Serialization omits the fields ztunnel omits when empty or default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
-    /// Unique id; defaults to `<clusterId>//v1/Pod/<namespace>/<name>`.
-    #[serde(default)]
+    /// Unique id; defaults to `<clusterId or Kubernetes>//v1/Pod/<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,
     pub name: String,
     pub namespace: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub service_account: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trust_domain: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub network: String,
+    /// As configured: ztunnel shows an empty cluster id as `""` and reports it as unknown.
     #[serde(default)]
     pub cluster_id: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub canonical_name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub canonical_revision: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub workload_name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub workload_type: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hostname: String,
@@ -189,15 +212,15 @@ pub struct Workload {
     pub network_mode: NetworkMode,
     #[serde(default)]
     pub status: HealthStatus,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default_locality")]
     pub locality: Locality,
     /// Relative load-balancing weight (unset ⇒ 1).
     #[serde(default = "default_capacity")]
     pub capacity: u32,
     /// `namespace/name` of the WORKLOAD_SELECTOR policies that select this workload.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub authorization_policies: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub native_tunnel: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
@@ -268,8 +291,13 @@ impl Workload {
         self.network_mode == NetworkMode::HostNetwork
     }
 
-    /// Applies the defaults for empty fields (trust domain, service account, cluster id,
-    /// workload type, uid) and checks the workload. The error names the field at fault.
+    /// The workload type baggage and telemetry name (`deployment` when empty).
+    pub fn workload_type_or_default(&self) -> &str {
+        or_default(&self.workload_type, DEFAULT_WORKLOAD_TYPE)
+    }
+
+    /// Fills in the uid when empty and checks the workload; other empty fields stay as
+    /// configured (see the type's documentation). The error names the field at fault.
     pub fn normalize(&mut self) -> Result<(), String> {
         if self.name.is_empty() {
             return Err("name: must not be empty".into());
@@ -277,14 +305,12 @@ impl Workload {
         if self.namespace.is_empty() {
             return Err("namespace: must not be empty".into());
         }
-        fill(&mut self.trust_domain, DEFAULT_TRUST_DOMAIN);
-        fill(&mut self.service_account, DEFAULT_SERVICE_ACCOUNT);
-        fill(&mut self.cluster_id, DEFAULT_CLUSTER_ID);
-        fill(&mut self.workload_type, DEFAULT_WORKLOAD_TYPE);
         if self.uid.is_empty() {
             self.uid = format!(
                 "{}//v1/Pod/{}/{}",
-                self.cluster_id, self.namespace, self.name
+                or_default(&self.cluster_id, DEFAULT_CLUSTER_ID),
+                self.namespace,
+                self.name
             );
         }
         self.try_identity()
@@ -344,12 +370,6 @@ fn or_default<'a>(v: &'a str, default: &'a str) -> &'a str {
     }
 }
 
-fn fill(v: &mut String, default: &str) {
-    if v.is_empty() {
-        *v = default.to_string();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,10 +379,15 @@ mod tests {
         let mut w = Workload::new("client", "default");
         w.normalize().unwrap();
         assert_eq!(w.uid, "Kubernetes//v1/Pod/default/client");
-        assert_eq!(w.trust_domain, "cluster.local");
-        assert_eq!(w.service_account, "default");
-        assert_eq!(w.cluster_id, "Kubernetes");
-        assert_eq!(w.workload_type, "deployment");
+        // As configured, as ztunnel keeps them; the defaults apply where they are used.
+        assert_eq!(w.trust_domain, "");
+        assert_eq!(w.service_account, "");
+        assert_eq!(w.cluster_id, "");
+        assert_eq!(w.workload_type_or_default(), "deployment");
+        w.uid.clear();
+        w.cluster_id = "c1".into();
+        w.normalize().unwrap();
+        assert_eq!(w.uid, "c1//v1/Pod/default/client");
         assert_eq!(
             w.identity().to_string(),
             "spiffe://cluster.local/ns/default/sa/default"
