@@ -47,6 +47,7 @@ pub fn metrics_handler(registry: Arc<Registry>) -> Handler {
                 format!("encoding metrics: {e}\n"),
             );
         }
+        let body = without_empty_families(&body);
         let openmetrics = headers
             .get_all(http::header::ACCEPT)
             .iter()
@@ -60,6 +61,40 @@ pub fn metrics_handler(registry: Arc<Registry>) -> Handler {
         };
         with_type(StatusCode::OK, content_type, body)
     })
+}
+
+/// The exposition without the `# HELP`/`# TYPE`/`# UNIT` lines of families that have no
+/// sample yet: ztunnel leaves such families out altogether.
+pub fn without_empty_families(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut header: Vec<&str> = Vec::new();
+    let mut family = "";
+    for line in text.lines() {
+        if let Some(rest) = line
+            .strip_prefix("# HELP ")
+            .or_else(|| line.strip_prefix("# TYPE "))
+            .or_else(|| line.strip_prefix("# UNIT "))
+        {
+            let name = rest.split(' ').next().unwrap_or("");
+            if name != family {
+                header.clear();
+                family = name;
+            }
+            header.push(line);
+            continue;
+        }
+        if !line.starts_with('#') {
+            for h in header.drain(..) {
+                out.push_str(h);
+                out.push('\n');
+            }
+        } else {
+            header.clear();
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 pub struct AdminContext {
@@ -173,7 +208,7 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
         obj.insert("staticConfig".into(), ctx.static_config.clone());
         obj.insert(
             "config".into(),
-            serde_json::to_value(&*ctx.config).unwrap_or_default(),
+            crate::config_dump::config_section(&ctx.config),
         );
         obj.insert("version".into(), crate::version::info());
         if let Some(pods) = &ctx.workload_state {
@@ -226,6 +261,17 @@ mod tests {
     fn post(handler: &Handler, uri: &str) -> (StatusCode, String) {
         let (status, _, body) = call(handler, Method::POST, uri, HeaderMap::new());
         (status, body)
+    }
+
+    #[test]
+    fn families_without_samples_are_left_out() {
+        let text = "# HELP a A.\n# TYPE a counter\n# HELP b B.\n# TYPE b gauge\nb 1\n# HELP c C.\n# TYPE c counter\n# EOF\n";
+        assert_eq!(
+            without_empty_families(text),
+            "# HELP b B.\n# TYPE b gauge\nb 1\n# EOF\n"
+        );
+        let labelled = "# HELP x X.\n# TYPE x counter\nx_total{k=\"v\"} 2\nx_total{k=\"w\"} 3\n";
+        assert_eq!(without_empty_families(labelled), labelled);
     }
 
     #[test]

@@ -30,7 +30,18 @@ pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<(ProxyState, ser
         LocalConfigSource::Inline(yaml) => ("LOCAL_XDS".to_string(), yaml.clone()),
     };
     let parsed = ambit_state::parse_local_config(&name, &yaml)?;
-    let static_config = serde_json::to_value(&parsed).unwrap_or_default();
+    let mut static_config = serde_json::to_value(&parsed).unwrap_or_default();
+    // ztunnel's `staticConfig` shows each service with an (always empty) `endpoints`.
+    if let Some(services) = static_config
+        .get_mut("services")
+        .and_then(|s| s.as_array_mut())
+    {
+        for service in services {
+            if let Some(m) = service.as_object_mut() {
+                m.insert("endpoints".into(), serde_json::json!({}));
+            }
+        }
+    }
     let state = ProxyState::from_config(parsed).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     Ok((state, static_config))
 }
@@ -120,6 +131,9 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let certs = CertManager::new(ca, cfg.secret_ttl);
 
     let mut registry = Registry::default();
+    registry.register_collector(Box::new(crate::process_metrics::ProcessAndRuntime {
+        runtime: tokio::runtime::Handle::current(),
+    }));
     let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
     let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
         .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));
@@ -153,6 +167,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 node: cfg.node_name.clone(),
                 pool: ambit_hbone::Pool::new(cfg.proxy.pool.clone()),
                 spoof_by_default: false,
+                connections: Default::default(),
             });
             let proxy = BoundProxy::bind(pi)?;
             let addrs = proxy.addresses()?;

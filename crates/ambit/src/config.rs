@@ -54,6 +54,9 @@ pub struct Config {
     pub trust_domain: String,
     pub node_name: Option<String>,
     pub istio_version: String,
+    /// Every `ISTIO_META_<X>` variable as `<X>`: ztunnel's proxy metadata (shown in
+    /// `/config_dump`; ambit itself reads `CLUSTER_ID` and `ISTIO_VERSION` of it).
+    pub proxy_metadata: std::collections::BTreeMap<String, String>,
     /// ambit's local CA: a directory in Istio's plug-in CA layout (`LOCAL_CA_DIR`).
     pub local_ca_dir: Option<PathBuf>,
     #[serde(with = "ambit_proxy::config::secs")]
@@ -552,6 +555,12 @@ impl Config {
                 .get("ISTIO_META_ISTIO_VERSION")
                 .unwrap_or("unknown")
                 .to_string(),
+            proxy_metadata: env
+                .vars
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix("ISTIO_META_")?.to_string(), v.clone())))
+                .filter(|(k, _)| !k.is_empty())
+                .collect(),
             local_ca_dir: env.get("LOCAL_CA_DIR").map(PathBuf::from),
             secret_ttl: match env.duration("SECRET_TTL")? {
                 None => Duration::from_secs(86400),

@@ -1,9 +1,12 @@
-//! Logs through `tracing`: `RUST_LOG` (default `info`), `LOG_FORMAT=plain|json`, and a
-//! handle the admin endpoint uses to change the level at run time.
+//! Logs through `tracing`: `RUST_LOG` (default `info`), `LOG_FORMAT=plain|json` in
+//! ztunnel's layouts ([`crate::log_format`]), and a handle the admin endpoint uses to
+//! change the level at run time.
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
+
+use crate::log_format::{Layout, ZtunnelFormat};
 
 pub const DEFAULT_FILTER: &str = "info";
 
@@ -70,26 +73,15 @@ pub fn init() -> Result<(LogHandle, LogGuard), String> {
         .buffered_lines_limit(10_000)
         .thread_name("ambit-log")
         .finish(std::io::stdout());
-    let registry = tracing_subscriber::registry().with(filter);
-    if json {
-        registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(false)
-                    .with_writer(writer),
-            )
-            .init();
-    } else {
-        registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .with_writer(writer),
-            )
-            .init();
-    }
+    let layout = if json { Layout::Json } else { Layout::Plain };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .event_format(ZtunnelFormat(layout))
+                .with_writer(writer),
+        )
+        .init();
     Ok((
         LogHandle {
             handle,

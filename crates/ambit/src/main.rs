@@ -65,7 +65,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            println!("ambit {}", version::VERSION);
+            // ztunnel's layout, so scripts that read `ztunnel version` read ours.
+            println!("{}", version::line());
             ExitCode::SUCCESS
         }
         Command::Ztunnel | Command::Proxy { .. } => run_ztunnel(),

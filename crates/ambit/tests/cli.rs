@@ -143,7 +143,14 @@ fn version_and_help() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ambit "));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.starts_with(&format!(
+            "version.BuildInfo{{Version:\"{}\", GitRevision:",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{printed}"
+    );
     let help = Command::new(env!("CARGO_BIN_EXE_ambit"))
         .arg("--help")
         .output()

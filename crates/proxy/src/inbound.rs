@@ -13,6 +13,7 @@ use ambit_state::{ProxyState, RbacContext, Service, Workload};
 use http::StatusCode;
 
 use crate::config::OriginalSource;
+use crate::connections::{Connection, Direction, Protocol};
 use crate::copy::{proxy_tunnel, TunnelSide};
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
@@ -34,14 +35,20 @@ pub(crate) async fn handle_connect(
     let peer = incoming.peer().clone();
     let src = socket::canonical(peer.addr);
     let local_ip = socket::canonical_ip(peer.local_addr.ip());
+    // The HBONE listener the connection arrived on: what ztunnel logs as `dst.addr`.
+    let listener = SocketAddr::new(local_ip, peer.local_addr.port());
+    let reject = |incoming: IncomingConnect, status: StatusCode, reason: String| {
+        crate::telemetry::early_failure(Reporter::Destination, src, Some(listener), reason);
+        incoming.reject(status);
+    };
     let request = match validate(incoming.request()) {
         Ok(r) => r,
-        Err(rejection) => return reject(incoming, src, rejection.status, rejection.reason),
+        Err(rejection) => return reject(incoming, rejection.status, rejection.reason),
     };
     let state = pi.state.get();
     let dst_workload = match pi.serving_workload(&state, local_ip) {
         Ok(w) => w,
-        Err(e) => return reject(incoming, src, StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e) => return reject(incoming, StatusCode::SERVICE_UNAVAILABLE, e),
     };
     let (target_port, hostname_service) = match &request.authority {
         Authority::Addr(addr) => {
@@ -49,7 +56,6 @@ pub(crate) async fn handle_connect(
             if requested != local_ip {
                 return reject(
                     incoming,
-                    src,
                     StatusCode::BAD_REQUEST,
                     format!("ip mismatch: {local_ip} != {requested}"),
                 );
@@ -62,7 +68,6 @@ pub(crate) async fn handle_connect(
                 None => {
                     return reject(
                         incoming,
-                        src,
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!(
                             "cannot resolve port {port} of {host} on {}",
@@ -76,7 +81,6 @@ pub(crate) async fn handle_connect(
     if pi.cfg.loop_ports().contains(&target_port) {
         return reject(
             incoming,
-            src,
             StatusCode::SERVICE_UNAVAILABLE,
             format!("refusing connection to the proxy's own port {target_port}"),
         );
@@ -94,19 +98,29 @@ pub(crate) async fn handle_connect(
             target_port,
         )
     });
-    let result = ConnectionResult::open(
+    let mut result = ConnectionResult::open(
         &pi.metrics,
         Reporter::Destination,
         Endpoints {
             src_addr: Some(src),
             src_workload,
             src_identity: src_identity.clone(),
-            dst_addr: Some(target),
+            dst_addr: Some(listener),
             dst_hbone_addr: Some(request.authority.to_string()),
             dst_identity: Some(dst_workload.identity()),
             dst_workload: Some(dst_workload.clone()),
             dst_service,
             mtls: true,
+        },
+    );
+    result.track(
+        &pi.connections,
+        Direction::Inbound,
+        Connection {
+            src,
+            original_dst: None,
+            actual_dst: target,
+            protocol: Protocol::Hbone,
         },
     );
     let ctx = RbacContext {
@@ -209,16 +223,6 @@ fn intended_service(
         });
         leads_there.then_some(service)
     })
-}
-
-fn reject(incoming: IncomingConnect, src: SocketAddr, status: StatusCode, reason: String) {
-    crate::telemetry::early_failure(
-        Reporter::Destination,
-        src,
-        None,
-        format!("{} {reason}", status.as_u16()),
-    );
-    incoming.reject(status);
 }
 
 #[cfg(test)]

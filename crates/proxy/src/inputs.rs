@@ -7,6 +7,7 @@ use ambit_identity::CertManager;
 use ambit_state::{ProxyState, Workload};
 
 use crate::config::ProxyConfig;
+use crate::connections::OpenConnections;
 use crate::metrics::Metrics;
 use crate::socket::SocketFactory;
 
@@ -58,6 +59,8 @@ pub struct ProxyInputs {
     /// In-pod the agent's connmark routing returns the replies to us; in dedicated mode
     /// nothing does, so there it stays off unless asked for.
     pub spoof_by_default: bool,
+    /// The connections open right now (`/config_dump`'s `workloadState`).
+    pub connections: Arc<OpenConnections>,
 }
 
 impl ProxyInputs {

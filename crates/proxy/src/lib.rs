@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod connections;
 pub mod copy;
 pub mod drain;
 mod inbound;

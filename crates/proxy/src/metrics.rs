@@ -102,6 +102,22 @@ impl TrafficLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReporterLabel {
+    pub reporter: &'static str,
+}
+
+/// One socket the proxy accepted, counted in `istio_tcp_sockets_open` while it lives: an
+/// app connection on the outbound listener (`source`), an HBONE or plaintext connection
+/// on the inbound listeners (`destination`), as ztunnel counts them.
+pub struct OpenSocket(Gauge);
+
+impl Drop for OpenSocket {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     component: &'static str,
     tag: String,
@@ -115,6 +131,7 @@ pub struct Metrics {
     pub connections_failed: Family<TrafficLabels, Counter>,
     pub received_bytes: Family<TrafficLabels, Counter>,
     pub sent_bytes: Family<TrafficLabels, Counter>,
+    pub sockets_open: Family<ReporterLabel, Gauge>,
 }
 
 impl Metrics {
@@ -134,6 +151,7 @@ impl Metrics {
             connections_failed: Family::default(),
             received_bytes: Family::default(),
             sent_bytes: Family::default(),
+            sockets_open: Family::default(),
         };
         registry.register(
             "istio_tcp_connections_opened",
@@ -152,15 +170,32 @@ impl Metrics {
         );
         registry.register(
             "istio_tcp_received_bytes",
-            "Size of total bytes received during request in case of a TCP connection",
+            "The size of total bytes received during request in case of a TCP connection",
             m.received_bytes.clone(),
         );
         registry.register(
             "istio_tcp_sent_bytes",
-            "Size of total bytes sent during response in case of a TCP connection",
+            "The size of total bytes sent during response in case of a TCP connection",
             m.sent_bytes.clone(),
         );
+        registry.register(
+            "istio_tcp_sockets_open",
+            "The current number of open TCP sockets (unstable)",
+            m.sockets_open.clone(),
+        );
         m
+    }
+
+    /// Counts an accepted socket until the returned guard is dropped.
+    pub fn socket_opened(&self, reporter: Reporter) -> OpenSocket {
+        let gauge = self
+            .sockets_open
+            .get_or_create(&ReporterLabel {
+                reporter: reporter.as_str(),
+            })
+            .clone();
+        gauge.inc();
+        OpenSocket(gauge)
     }
 }
 
@@ -191,6 +226,45 @@ mod tests {
         ));
         // Families without samples are not printed as samples.
         assert!(!out.contains("istio_tcp_sent_bytes_total{"));
+    }
+
+    #[test]
+    fn open_sockets_are_counted_while_their_guard_lives() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry, "x");
+        let text = |r: &Registry| {
+            let mut out = String::new();
+            encode(&mut out, r).unwrap();
+            let mut samples: Vec<String> = out
+                .lines()
+                .filter(|l| l.starts_with("istio_tcp_sockets_open{"))
+                .map(str::to_string)
+                .collect();
+            samples.sort();
+            samples
+        };
+        assert!(
+            text(&registry).is_empty(),
+            "no sample before the first socket"
+        );
+        let a = m.socket_opened(Reporter::Source);
+        let b = m.socket_opened(Reporter::Source);
+        let c = m.socket_opened(Reporter::Destination);
+        assert_eq!(
+            text(&registry),
+            [
+                "istio_tcp_sockets_open{reporter=\"destination\"} 1",
+                "istio_tcp_sockets_open{reporter=\"source\"} 2",
+            ]
+        );
+        drop((a, b, c));
+        assert_eq!(
+            text(&registry),
+            [
+                "istio_tcp_sockets_open{reporter=\"destination\"} 0",
+                "istio_tcp_sockets_open{reporter=\"source\"} 0",
+            ]
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use ambit_hbone::HboneError;
 use ambit_state::{route, Route, RouteInput, Workload};
 use tokio::net::TcpStream;
 
+use crate::connections::{Connection, Direction, Protocol};
 use crate::copy::{proxy_bytes, proxy_tunnel, TunnelSide};
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
@@ -67,7 +68,7 @@ pub(crate) async fn handle(
             destination,
             service,
         }) => {
-            let result = ConnectionResult::open(
+            let mut result = ConnectionResult::open(
                 &pi.metrics,
                 Reporter::Source,
                 Endpoints {
@@ -78,6 +79,16 @@ pub(crate) async fn handle(
                     dst_workload: destination,
                     dst_service: service,
                     ..Default::default()
+                },
+            );
+            result.track(
+                &pi.connections,
+                Direction::Outbound,
+                Connection {
+                    src,
+                    original_dst: Some(dst),
+                    actual_dst: target,
+                    protocol: Protocol::Tcp,
                 },
             );
             let upstream = match socket::connect(&*pi.sockets, &pi.cfg, target, None).await {
@@ -100,7 +111,7 @@ pub(crate) async fn handle(
             service,
         }) => {
             let src_identity = local.identity();
-            let result = ConnectionResult::open(
+            let mut result = ConnectionResult::open(
                 &pi.metrics,
                 Reporter::Source,
                 Endpoints {
@@ -113,6 +124,16 @@ pub(crate) async fn handle(
                     dst_workload: Some(destination),
                     dst_service: service.clone(),
                     mtls: true,
+                },
+            );
+            result.track(
+                &pi.connections,
+                Direction::Outbound,
+                Connection {
+                    src,
+                    original_dst: Some(dst),
+                    actual_dst: next_hop,
+                    protocol: Protocol::Hbone,
                 },
             );
             let request = ConnectRequest {
@@ -173,7 +194,7 @@ pub(crate) fn baggage_of(w: &Workload) -> Baggage {
     Baggage {
         cluster_id: some(&w.cluster_id),
         namespace: some(&w.namespace),
-        workload_type: some(&w.workload_type),
+        workload_type: some(w.workload_type_or_default()),
         workload_name: some(crate::telemetry::workload_name(w)),
         service_name: some(&w.canonical_name),
         service_version: some(&w.canonical_revision),

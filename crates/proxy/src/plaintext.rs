@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ambit_state::RbacContext;
 use tokio::net::TcpStream;
 
+use crate::connections::{Connection, Direction, Protocol};
 use crate::copy::proxy_bytes;
 use crate::drain::DrainWatcher;
 use crate::inbound::spoof_source;
@@ -50,7 +51,7 @@ pub(crate) async fn handle(
         Ok(w) => w,
         Err(e) => return early_failure(Reporter::Destination, src, Some(dst), e),
     };
-    let result = ConnectionResult::open(
+    let mut result = ConnectionResult::open(
         &pi.metrics,
         Reporter::Destination,
         Endpoints {
@@ -60,6 +61,16 @@ pub(crate) async fn handle(
             dst_identity: Some(dst_workload.identity()),
             dst_workload: Some(dst_workload.clone()),
             ..Default::default()
+        },
+    );
+    result.track(
+        &pi.connections,
+        Direction::Inbound,
+        Connection {
+            src,
+            original_dst: None,
+            actual_dst: dst,
+            protocol: Protocol::Tcp,
         },
     );
     let ctx = RbacContext {

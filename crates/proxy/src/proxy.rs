@@ -9,7 +9,9 @@ use tokio::net::TcpListener;
 use crate::config::OriginalSource;
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
+use crate::metrics::Reporter;
 use crate::{inbound, outbound, plaintext, socket};
+use ambit_hbone::HboneError;
 
 /// Where the listeners ended up (ports may be 0 in tests, chosen by the kernel).
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -81,17 +83,17 @@ impl BoundProxy {
     pub async fn run(self, drain: DrainWatcher) {
         let goaway = drain.draining_signal();
         let pi = self.pi;
-        let out = accept_loop(self.outbound, drain.clone(), {
+        let out = accept_loop(self.outbound, Reporter::Source, &pi, drain.clone(), {
             let pi = pi.clone();
             move |stream, src, drain, _| outbound::handle(pi.clone(), stream, src, drain)
         });
-        let plain = accept_loop(self.plaintext, drain.clone(), {
+        let plain = accept_loop(self.plaintext, Reporter::Destination, &pi, drain.clone(), {
             let pi = pi.clone();
             move |stream, src, drain, transparent| {
                 plaintext::handle(pi.clone(), stream, src, drain, transparent)
             }
         });
-        let hbone = accept_loop(self.hbone, drain.clone(), {
+        let hbone = accept_loop(self.hbone, Reporter::Destination, &pi, drain.clone(), {
             let pi = pi.clone();
             move |stream, _src, drain, transparent| {
                 serve_hbone(pi.clone(), stream, drain, goaway.clone(), transparent)
@@ -109,6 +111,7 @@ async fn serve_hbone(
     transparent: bool,
 ) {
     let peer = stream.peer_addr().ok();
+    let local = stream.local_addr().ok();
     if let Err(e) = crate::socket::tune_stream(&stream, &pi.cfg.keepalive) {
         tracing::debug!(?peer, "socket options on an HBONE connection: {e}");
     }
@@ -148,16 +151,37 @@ async fn serve_hbone(
     let forced = drain.clone();
     tokio::select! {
         r = ambit_hbone::server::serve_connection(stream, tls, pi.cfg.h2.clone(), goaway, handler) => {
-            if let Err(e) = r {
-                tracing::debug!(?peer, "HBONE connection ended: {e}");
+            match r {
+                // A client that never got through the handshake: an access log warning,
+                // as ztunnel writes one.
+                Err(e @ (HboneError::Tls(_)
+                | HboneError::HandshakeTimeout(_)
+                | HboneError::Alpn(_)
+                | HboneError::NoClientCertificate)) => {
+                    if let Some(src) = peer {
+                        crate::telemetry::early_failure(
+                            Reporter::Destination,
+                            socket::canonical(src),
+                            local.map(socket::canonical),
+                            e,
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!(?peer, "HBONE connection ended: {e}"),
+                Ok(()) => {}
             }
         }
         _ = forced.forced() => {}
     }
 }
 
-async fn accept_loop<F, Fut>(listener: Listener, drain: DrainWatcher, handle: F)
-where
+async fn accept_loop<F, Fut>(
+    listener: Listener,
+    reporter: Reporter,
+    pi: &ProxyInputs,
+    drain: DrainWatcher,
+    handle: F,
+) where
     F: Fn(tokio::net::TcpStream, SocketAddr, DrainWatcher, bool) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -167,7 +191,12 @@ where
             _ = drain.draining() => return,
             accepted = listener.listener.accept() => match accepted {
                 Ok((stream, src)) => {
-                    tokio::spawn(handle(stream, src, drain.clone(), listener.transparent));
+                    let open = pi.metrics.socket_opened(reporter);
+                    let served = handle(stream, src, drain.clone(), listener.transparent);
+                    tokio::spawn(async move {
+                        served.await;
+                        drop(open);
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.

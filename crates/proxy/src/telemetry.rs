@@ -9,6 +9,7 @@ use std::time::Instant;
 use ambit_identity::SpiffeId;
 use ambit_state::{Service, Workload};
 
+use crate::connections::{Connection, Direction, OpenConnections, Tracked};
 use crate::metrics::{Metrics, Reporter, TrafficLabels};
 
 /// Why a connection failed, as ztunnel's `response_flags` label names it.
@@ -70,6 +71,8 @@ pub struct ConnectionResult {
     started: Instant,
     pub bytes: Arc<ByteCounters>,
     recorded: bool,
+    /// The connection's entry in its proxy's open-connection list, while it lasts.
+    tracked: Option<Tracked>,
 }
 
 pub(crate) fn or_unknown(s: &str) -> String {
@@ -84,13 +87,10 @@ fn region_and_zone(w: &Workload) -> (&str, &str) {
     (&w.locality.region, &w.locality.zone)
 }
 
-/// The workload's name for telemetry: its workload (deployment) name, else the pod name.
+/// The workload's name for metrics and baggage: its workload (deployment) name, as
+/// configured; metrics report an empty one as `unknown`, as ztunnel does.
 pub(crate) fn workload_name(w: &Workload) -> &str {
-    if w.workload_name.is_empty() {
-        &w.name
-    } else {
-        &w.workload_name
-    }
+    &w.workload_name
 }
 
 impl ConnectionResult {
@@ -136,11 +136,12 @@ impl ConnectionResult {
             );
         }
         metrics.connections_opened.get_or_create(&l).inc();
-        tracing::debug!(
+        tracing::event!(
             target: "access",
-            direction = direction(reporter),
+            tracing::Level::DEBUG,
             src.addr = endpoints.src_addr.map(tracing::field::display),
             dst.addr = endpoints.dst_addr.map(tracing::field::display),
+            direction = direction(reporter),
             "connection opened"
         );
         ConnectionResult {
@@ -151,7 +152,13 @@ impl ConnectionResult {
             started: Instant::now(),
             bytes: Arc::new(ByteCounters::default()),
             recorded: false,
+            tracked: None,
         }
+    }
+
+    /// Lists the connection among `open`'s until it is recorded.
+    pub fn track(&mut self, open: &Arc<OpenConnections>, direction: Direction, c: Connection) {
+        self.tracked = Some(open.track(direction, c));
     }
 
     /// Records the close with the outcome; `flag` says why it failed.
@@ -164,6 +171,7 @@ impl ConnectionResult {
             return;
         }
         self.recorded = true;
+        self.tracked = None;
         let c2s = self.bytes.client_to_server.load(Ordering::Relaxed);
         let s2c = self.bytes.server_to_client.load(Ordering::Relaxed);
         let mut labels = self.labels.clone();
@@ -189,34 +197,52 @@ impl ConnectionResult {
         let src_workload = e.src_workload.as_deref();
         let dst_workload = e.dst_workload.as_deref();
         let duration = format!("{}ms", self.started.elapsed().as_millis());
+        // Identities are logged only when mTLS proved them.
+        let src_identity = e
+            .src_identity
+            .as_ref()
+            .filter(|_| e.mtls)
+            .map(|i| i.to_string());
+        let dst_identity = e
+            .dst_identity
+            .as_ref()
+            .filter(|_| e.mtls)
+            .map(|i| i.to_string());
+        // ztunnel's fields, order and formatting: addresses bare, names quoted.
         macro_rules! access {
-            ($level:ident, $($extra:tt)*) => {
-                tracing::$level!(
+            ($level:expr, $($extra:tt)*) => {
+                tracing::event!(
                     target: "access",
-                    direction = direction(self.reporter),
+                    $level,
                     src.addr = e.src_addr.map(tracing::field::display),
-                    src.workload = src_workload.map(|w| workload_name(w)),
+                    src.workload = src_workload.map(|w| w.name.as_str()),
                     src.namespace = src_workload.map(|w| w.namespace.as_str()),
-                    // Identities are logged only when mTLS proved them.
-                    src.identity = e.src_identity.as_ref().filter(|_| e.mtls).map(tracing::field::display),
-                    src.cluster = src_workload.map(|w| w.cluster_id.as_str()),
+                    src.identity = src_identity.as_deref(),
+                    src.cluster = cluster(src_workload),
                     dst.addr = e.dst_addr.map(tracing::field::display),
-                    dst.hbone_addr = e.dst_hbone_addr.as_deref(),
+                    dst.hbone_addr = e.dst_hbone_addr.as_deref().map(tracing::field::display),
                     dst.service = e.dst_service.as_ref().map(|s| s.hostname.as_str()),
-                    dst.workload = dst_workload.map(|w| workload_name(w)),
+                    dst.workload = dst_workload.map(|w| w.name.as_str()),
                     dst.namespace = dst_workload.map(|w| w.namespace.as_str()),
-                    dst.identity = e.dst_identity.as_ref().filter(|_| e.mtls).map(tracing::field::display),
-                    dst.cluster = dst_workload.map(|w| w.cluster_id.as_str()),
+                    dst.identity = dst_identity.as_deref(),
+                    dst.cluster = cluster(dst_workload),
+                    direction = direction(self.reporter),
                     bytes_sent,
                     bytes_recv,
-                    duration = %duration,
+                    duration = duration.as_str(),
                     $($extra)*
                 )
             };
         }
         match outcome {
-            Ok(()) => access!(info, "connection complete"),
-            Err((_, error)) => access!(error, error = %error, "connection complete"),
+            Ok(()) => access!(tracing::Level::INFO, "connection complete"),
+            Err((_, error)) => {
+                access!(
+                    tracing::Level::ERROR,
+                    error = error.as_str(),
+                    "connection complete"
+                )
+            }
         }
     }
 }
@@ -228,21 +254,28 @@ impl Drop for ConnectionResult {
 }
 
 /// A connection that failed before there was enough context for metrics: one warning
-/// line, as ztunnel logs them (no metrics).
+/// line, as ztunnel logs them (no metrics). `dst` is the listener it arrived on, inbound.
 pub(crate) fn early_failure(
     reporter: Reporter,
     src: SocketAddr,
     dst: Option<SocketAddr>,
     error: impl std::fmt::Display,
 ) {
-    tracing::warn!(
+    let error = error.to_string();
+    tracing::event!(
         target: "access",
-        direction = direction(reporter),
+        tracing::Level::WARN,
         src.addr = %src,
         dst.addr = dst.map(tracing::field::display),
-        error = %error,
+        direction = direction(reporter),
+        error = error.as_str(),
         "connection failed"
     );
+}
+
+/// A workload's cluster id for the access log; an empty one is left out.
+fn cluster(w: Option<&Workload>) -> Option<&str> {
+    w.map(|w| w.cluster_id.as_str()).filter(|c| !c.is_empty())
 }
 
 fn direction(reporter: Reporter) -> &'static str {
@@ -349,7 +382,8 @@ workloads:
         assert_eq!(f["message"], "connection complete");
         assert_eq!(f["direction"], "outbound");
         assert_eq!(f["src.addr"], "10.0.0.1:40000");
-        assert_eq!(f["src.workload"], "client");
+        // The access log names the pod; metrics name its workload (deployment).
+        assert_eq!(f["src.workload"], "client-7d9");
         assert_eq!(f["src.namespace"], "shop");
         assert_eq!(
             f["src.identity"],
@@ -374,6 +408,11 @@ workloads:
             .unwrap();
         assert!(received.ends_with(" 100"), "{received}");
         assert!(received.contains("source_workload=\"client\",source_canonical_service=\"client\",source_canonical_revision=\"v1\""));
+        // A workload without a workload name is reported as unknown, as ztunnel does.
+        assert!(
+            received.contains("destination_workload=\"unknown\""),
+            "{received}"
+        );
         assert!(received.contains("connection_security_policy=\"mutual_tls\",source_region=\"eu-west\",source_zone=\"eu-west-1a\",destination_region=\"unknown\",destination_zone=\"unknown\""), "{received}");
     }
 

@@ -1,6 +1,6 @@
 //! The in-pod workload manager against a scripted node agent, as root: a real network
-//! namespace handed over ZDS, listeners created inside it, and bad messages NACKed
-//! without disturbing the pods already served.
+//! namespace handed over ZDS, listeners created inside it, and bad messages NACKed (then
+//! the stream starts over) without disturbing the pods already served.
 
 use std::os::fd::AsFd;
 use std::process::Command;
@@ -91,7 +91,7 @@ fn hbone_listener_up(ns: &Netns) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_datagram_is_nacked_and_served_pods_keep_their_proxy() {
+async fn malformed_datagram_is_nacked_then_the_stream_restarts_and_served_pods_keep_their_proxy() {
     let pod_ns = TempNetns::new();
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("ztunnel.sock");
@@ -148,11 +148,26 @@ async fn malformed_datagram_is_nacked_and_served_pods_keep_their_proxy() {
         "the pod's HBONE listener lives in its namespace"
     );
 
-    // A datagram that is not a WorkloadRequest: NACKed, and the pod is still served.
+    // A datagram that is not a WorkloadRequest: NACKed, then the stream starts over (as
+    // ztunnel does), and the pod is still served.
     agent.send(&[0xff, 0xff, 0xff, 0x01], None).await.unwrap();
     let nack = ack(&agent).await.unwrap_err();
     assert!(nack.contains("decode"), "{nack}");
     assert!(hbone_listener_up(&netns));
+    let agent = listener.accept().await.unwrap();
+    let (hello, _) = agent.recv().await.unwrap();
+    assert!(
+        decode_hello(&hello).is_ok(),
+        "a fresh hello after the reconnect"
+    );
+    agent
+        .send(&encode_add("uid-web", &info), Some(netns.as_fd()))
+        .await
+        .unwrap();
+    assert_eq!(ack(&agent).await, Ok(()));
+    agent.send(&encode_snapshot_sent(), None).await.unwrap();
+    assert_eq!(ack(&agent).await, Ok(()));
+    assert!(hbone_listener_up(&netns), "the replayed pod kept its proxy");
 
     // An unknown workload cannot start: NACKed with the reason, and it stays pending.
     let ghost = WorkloadInfo {

@@ -7,6 +7,7 @@ use ambit_inpod::proto::WorkloadInfo;
 use ambit_inpod::Netns;
 
 use crate::config::ProxyConfig;
+use crate::connections::OpenConnections;
 use crate::drain::{self, DrainTrigger};
 use crate::inputs::{LocalIdentity, ProxyInputs, SharedState};
 use crate::metrics::Metrics;
@@ -30,6 +31,8 @@ pub struct RunningPod {
     pub info: WorkloadInfo,
     /// The identity its certificate was minted for.
     pub identity: SpiffeId,
+    /// Its open connections, for `/config_dump`.
+    pub connections: Arc<OpenConnections>,
     drain: DrainTrigger,
 }
 
@@ -87,13 +90,16 @@ impl PodProxyFactory {
             node: self.node.clone(),
             pool: ambit_hbone::Pool::new(self.cfg.pool.clone()),
             spoof_by_default: true,
+            connections: Arc::new(OpenConnections::default()),
         });
+        let connections = pi.connections.clone();
         let bound = BoundProxy::bind(pi).map_err(|e| e.to_string())?;
         let (trigger, watcher) = drain::new();
         tokio::spawn(bound.run(watcher));
         Ok(RunningPod {
             info: info.clone(),
             identity: workload.identity(),
+            connections,
             drain: trigger,
         })
     }

@@ -10,6 +10,7 @@ use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
 use ambit_inpod::state::RETRY_INTERVAL;
 use ambit_inpod::{Action, WireError, WorkloadStates, ZdsSocket};
 
+use crate::connections::OpenConnections;
 use crate::drain::DrainWatcher;
 
 use super::factory::{PodProxyFactory, RunningPod};
@@ -22,12 +23,36 @@ pub enum ManagerError {
     Protocol(String),
 }
 
-/// One pod as `/config_dump` shows it under `workloadState`.
-#[derive(Clone, Debug, serde::Serialize)]
+/// One pod as `/config_dump` shows it under `workloadState`: its state, who it is, and the
+/// connections it has open when the dump is read.
+#[derive(Clone, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodDump {
     pub state: &'static str,
     pub info: PodInfoDump,
+    #[serde(serialize_with = "serialize_connections")]
+    pub connections: Option<Arc<OpenConnections>>,
+}
+
+/// A pending pod has none: empty lists, as ztunnel shows them.
+fn serialize_connections<S: serde::Serializer>(
+    c: &Option<Arc<OpenConnections>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    match c {
+        Some(c) => c.dump().serialize(s),
+        None => OpenConnections::default().dump().serialize(s),
+    }
+}
+
+impl std::fmt::Debug for PodDump {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodDump")
+            .field("state", &self.state)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -179,8 +204,11 @@ impl WorkloadManager {
                     return Err(ManagerError::Protocol(e.to_string()));
                 }
                 Err(e) => {
+                    // Unreadable (a bad protobuf, a missing or unexpected fd): NACK, then
+                    // start over with a fresh snapshot, as ztunnel does.
                     tracing::warn!("malformed message from the node agent: {e}");
-                    Some(e.to_string())
+                    let _ = socket.send(&encode_ack(Some(&e.to_string())), None).await;
+                    return Ok(StreamEnd::Disconnected(format!("malformed message: {e}")));
                 }
                 Ok(msg) => {
                     tracing::debug!(kind = msg.kind(), uid = ?msg.uid(), "node agent message");
@@ -252,18 +280,26 @@ impl WorkloadManager {
         let mut dump = self.dump.lock().unwrap_or_else(|p| p.into_inner());
         dump.clear();
         for (uid, pod) in &self.pods {
-            dump.insert(uid.clone(), pod_dump("Up", &pod.info));
+            dump.insert(
+                uid.clone(),
+                pod_dump("Up", &pod.info, Some(pod.connections.clone())),
+            );
         }
         for (uid, info) in self.states.pending() {
             dump.entry(uid.to_string())
-                .or_insert_with(|| pod_dump("Pending", info));
+                .or_insert_with(|| pod_dump("Pending", info, None));
         }
     }
 }
 
-fn pod_dump(state: &'static str, info: &ambit_inpod::proto::WorkloadInfo) -> PodDump {
+fn pod_dump(
+    state: &'static str,
+    info: &ambit_inpod::proto::WorkloadInfo,
+    connections: Option<Arc<OpenConnections>>,
+) -> PodDump {
     PodDump {
         state,
+        connections,
         info: PodInfoDump {
             name: info.name.clone(),
             namespace: info.namespace.clone(),

@@ -18,22 +18,22 @@ impl InpodMetrics {
         let sub = registry.sub_registry_with_prefix("workload_manager");
         sub.register(
             "active_proxy_count",
-            "The total number current workloads with active proxies",
+            "The total number current workloads with active proxies (unstable)",
             m.active_proxy_count.clone(),
         );
         sub.register(
             "pending_proxy_count",
-            "The total number current workloads with pending proxies",
+            "The total number current workloads with pending proxies (unstable)",
             m.pending_proxy_count.clone(),
         );
         sub.register(
             "proxies_started",
-            "The total number of proxies that were started",
+            "The total number of proxies that were started (unstable)",
             m.proxies_started.clone(),
         );
         sub.register(
             "proxies_stopped",
-            "The total number of proxies that were stopped",
+            "The total number of proxies that were stopped (unstable)",
             m.proxies_stopped.clone(),
         );
         m
