@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
 use super::mesh::EchoMode;
+use super::peer::{write_lab_ca, NodeProxy};
 use super::{http_get, wait_until, Lab, Process};
 
 /// Where Debian's containernetworking-plugins live.
@@ -89,8 +90,21 @@ pub struct Cluster {
     ambit: PathBuf,
     cni_bin: PathBuf,
     network: String,
-    config_path: PathBuf,
-    ca_dir: PathBuf,
+    pub config_path: PathBuf,
+    pub ca_dir: PathBuf,
+    /// The node proxy each node runs.
+    pub node_proxies: Vec<NodeProxy>,
+}
+
+/// What a [`Cluster`] runs: the nodes' proxies (one per node; the agent and the CNI plugin
+/// are always ambit's), the pods of the mesh and how many of them to create at start.
+pub struct ClusterSpec<'a> {
+    pub ambit: &'a Path,
+    pub tag: &'a str,
+    pub node_proxies: Vec<NodeProxy>,
+    pub pods: &'a [PodSpec],
+    pub create: usize,
+    pub extra_yaml: &'a str,
 }
 
 /// The address the n-th pod (from 0) of node `index` gets from host-local.
@@ -106,7 +120,7 @@ fn mesh_yaml(specs: &[PodSpec]) -> String {
         let ip = predicted_ip(spec.node, *nth);
         *nth += 1;
         out.push_str(&format!(
-            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n",
+            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n  workloadName: {name}\n  services: {{}}\n",
             name = spec.name,
             sa = spec.service_account,
             node = spec.node + 1,
@@ -151,6 +165,28 @@ impl Cluster {
         create: usize,
         extra_yaml: &str,
     ) -> anyhow::Result<Cluster> {
+        Self::launch(ClusterSpec {
+            ambit,
+            tag,
+            node_proxies: vec![NodeProxy::Ambit(ambit.to_path_buf()); node_count],
+            pods,
+            create,
+            extra_yaml,
+        })
+    }
+
+    /// Builds the nodes of `spec` with their agents and node proxies, then creates the
+    /// first `spec.create` pods.
+    pub fn launch(spec: ClusterSpec) -> anyhow::Result<Cluster> {
+        let ClusterSpec {
+            ambit,
+            tag,
+            node_proxies,
+            pods,
+            create,
+            extra_yaml,
+        } = spec;
+        let node_count = node_proxies.len();
         let lab = Lab::new(tag)?;
         for (tool, package) in [("iptables", "iptables"), ("ipset", "ipset")] {
             super::require_tool(tool, package)?;
@@ -162,8 +198,7 @@ impl Cluster {
         std::fs::create_dir_all(&cni_bin)?;
         std::os::unix::fs::symlink(ambit, cni_bin.join("ambit-cni"))?;
         let ca_dir = lab.dir.path().join("ca");
-        ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
-            .write_plugin_dir(&ca_dir)?;
+        write_lab_ca(&ca_dir, &node_proxies.iter().collect::<Vec<_>>())?;
         let config_path = lab.dir.path().join("mesh.yaml");
         std::fs::write(&config_path, mesh_yaml(pods) + extra_yaml)?;
 
@@ -234,6 +269,7 @@ impl Cluster {
             network,
             config_path,
             ca_dir,
+            node_proxies,
         };
         for i in 0..node_count {
             cluster.start_agent(i)?;
@@ -294,20 +330,20 @@ impl Cluster {
 
     pub fn start_ztunnel(&mut self, node: usize) -> anyhow::Result<()> {
         let n = &self.nodes[node];
-        let env = vec![
+        let proxy = &self.node_proxies[node];
+        let mut env = proxy.env(&self.config_path, &self.ca_dir);
+        env.extend([
             ("PROXY_MODE", "shared".to_string()),
             ("INPOD_UDS", n.zds_socket().display().to_string()),
-            ("LOCAL_XDS_PATH", self.config_path.display().to_string()),
-            ("LOCAL_CA_DIR", self.ca_dir.display().to_string()),
             ("NODE_NAME", n.name.clone()),
             ("IPV6_ENABLED", "false".to_string()),
-            ("RUST_LOG", "info".to_string()),
-        ];
+        ]);
+        let (program, args) = proxy.command();
         let proc = self.lab.spawn(
             &n.ns,
-            &format!("ztunnel-{}", n.name),
-            &self.ambit,
-            &["ztunnel"],
+            &format!("ztunnel-{}-{}", n.name, rand::random::<u16>()),
+            program,
+            args,
             &env,
         )?;
         self.nodes[node].ztunnel = Some(proc);

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use super::peer::{write_lab_ca, NodeProxy};
 use super::{http_get, wait_until, Lab, PacketCapture, Process};
 
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
@@ -30,20 +31,25 @@ pub fn mesh_yaml() -> String {
   name: client
   namespace: default
   serviceAccount: client
+  trustDomain: cluster.local
   workloadIps: ["{CLIENT_IP}", "{CLIENT_IP6}"]
   protocol: HBONE
   node: node1
   canonicalName: client
   canonicalRevision: v1
+  workloadName: client
+  services: {{}}
 - uid: cluster1//v1/Pod/default/server
   name: server
   namespace: default
   serviceAccount: server
+  trustDomain: cluster.local
   workloadIps: ["{SERVER_IP}", "{SERVER_IP6}"]
   protocol: HBONE
   node: node2
   canonicalName: server
   canonicalRevision: v1
+  workloadName: server
   services:
     default/{SERVICE_HOST}:
       {SERVICE_PORT}: {APP_PORT}
@@ -65,7 +71,35 @@ pub struct TwoNodes {
     pub client_proxy: Process,
     pub server_proxy: Process,
     pub config_path: PathBuf,
+    /// The plug-in CA directory both proxies trust.
+    pub ca_dir: PathBuf,
+    pub client_impl: NodeProxy,
+    pub server_impl: NodeProxy,
 }
+
+/// The dedicated-mode capture rule (iptables arguments after the program): the client
+/// node's outbound TCP goes to 15001, except what the proxy itself sends (marked 0x539).
+pub const DEDICATED_CAPTURE: &[&str] = &[
+    "-w",
+    "-t",
+    "nat",
+    "-A",
+    "OUTPUT",
+    "-p",
+    "tcp",
+    "!",
+    "-o",
+    "lo",
+    "-m",
+    "mark",
+    "!",
+    "--mark",
+    "0x539/0xfff",
+    "-j",
+    "REDIRECT",
+    "--to-ports",
+    "15001",
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EchoMode {
@@ -73,6 +107,19 @@ pub enum EchoMode {
     Mirror,
     /// Writes back every chunk twice, so the two directions carry different byte counts.
     Double,
+}
+
+/// What a [`TwoNodes`] lab runs: which node proxy on each node, extra environment for both,
+/// and extra YAML for the mesh they load.
+pub struct TwoNodesSpec<'a> {
+    pub tag: &'a str,
+    pub client: NodeProxy,
+    pub server: NodeProxy,
+    pub env: &'a [(&'a str, String)],
+    pub extra_yaml: &'a str,
+    /// The mesh both nodes load instead of [`mesh_yaml`] (then `extra_yaml` is appended to
+    /// it); it must keep the client and server workloads at their addresses.
+    pub mesh: Option<&'a str>,
 }
 
 impl TwoNodes {
@@ -93,7 +140,19 @@ impl TwoNodes {
         extra_env: &[(&str, String)],
         extra_yaml: &str,
     ) -> anyhow::Result<TwoNodes> {
-        let lab = Lab::new(tag)?;
+        Self::launch(TwoNodesSpec {
+            tag,
+            client: NodeProxy::Ambit(ambit.to_path_buf()),
+            server: NodeProxy::Ambit(ambit.to_path_buf()),
+            env: extra_env,
+            extra_yaml,
+            mesh: None,
+        })
+    }
+
+    /// Builds the nodes and starts the node proxy `spec` names on each.
+    pub fn launch(spec: TwoNodesSpec) -> anyhow::Result<TwoNodes> {
+        let lab = Lab::new(spec.tag)?;
         super::require_tool("iptables", "iptables")?;
         let client_ns = lab.netns("node1")?;
         let server_ns = lab.netns("node2")?;
@@ -128,70 +187,50 @@ impl TwoNodes {
         )?;
 
         let ca_dir = lab.dir.path().join("ca");
-        ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
-            .write_plugin_dir(&ca_dir)?;
+        write_lab_ca(&ca_dir, &[&spec.client, &spec.server])?;
         let config_path = lab.dir.path().join("mesh.yaml");
-        std::fs::write(&config_path, mesh_yaml() + extra_yaml)?;
+        let mesh = spec.mesh.map_or_else(mesh_yaml, str::to_string);
+        std::fs::write(&config_path, mesh + spec.extra_yaml)?;
 
         // The dedicated-mode capture rule, IPv4 and IPv6: the client's outbound TCP goes to
         // 15001, except what the proxy itself sends (marked 0x539).
-        const CAPTURE: &[&str] = &[
-            "-w",
-            "-t",
-            "nat",
-            "-A",
-            "OUTPUT",
-            "-p",
-            "tcp",
-            "!",
-            "-o",
-            "lo",
-            "-m",
-            "mark",
-            "!",
-            "--mark",
-            "0x539/0xfff",
-            "-j",
-            "REDIRECT",
-            "--to-ports",
-            "15001",
-        ];
         for iptables in ["iptables", "ip6tables"] {
             let mut args = vec![iptables];
-            args.extend_from_slice(CAPTURE);
+            args.extend_from_slice(DEDICATED_CAPTURE);
             lab.exec(&client_ns, &args)?;
         }
 
-        let env = |workload: &str, node: &str| -> Vec<(&str, String)> {
-            let mut env = vec![
+        let env = |proxy: &NodeProxy, workload: &str, node: &str| -> Vec<(&str, String)> {
+            let mut env = proxy.env(&config_path, &ca_dir);
+            env.extend([
                 ("PROXY_MODE", "dedicated".to_string()),
                 (
                     "PROXY_WORKLOAD_INFO",
                     format!("default/{workload}/{workload}"),
                 ),
-                ("LOCAL_XDS_PATH", config_path.display().to_string()),
-                ("LOCAL_CA_DIR", ca_dir.display().to_string()),
                 ("PACKET_MARK", "1337".to_string()),
                 ("NODE_NAME", node.to_string()),
-                ("RUST_LOG", "info".to_string()),
-            ];
-            env.extend(extra_env.iter().cloned());
+                // The server's app shares the proxy's netns and nothing routes replies to
+                // a spoofed source back to the proxy: both implementations connect to it
+                // from their own address (ambit's default in dedicated mode; Istio's
+                // default would try the client's).
+                ("ENABLE_ORIG_SRC", "false".to_string()),
+            ]);
+            env.extend(spec.env.iter().cloned());
             env
         };
-        let client_proxy = lab.spawn(
-            &client_ns,
-            "proxy-node1",
-            ambit,
-            &["ztunnel"],
-            &env("client", "node1"),
-        )?;
-        let server_proxy = lab.spawn(
-            &server_ns,
-            "proxy-node2",
-            ambit,
-            &["ztunnel"],
-            &env("server", "node2"),
-        )?;
+        let start = |ns: &str, node: &str, proxy: &NodeProxy, workload: &str| {
+            let (program, args) = proxy.command();
+            lab.spawn(
+                ns,
+                &format!("proxy-{node}"),
+                program,
+                args,
+                &env(proxy, workload, node),
+            )
+        };
+        let client_proxy = start(&client_ns, "node1", &spec.client, "client")?;
+        let server_proxy = start(&server_ns, "node2", &spec.server, "server")?;
         let nodes = TwoNodes {
             lab,
             client_ns,
@@ -199,6 +238,9 @@ impl TwoNodes {
             client_proxy,
             server_proxy,
             config_path,
+            ca_dir,
+            client_impl: spec.client,
+            server_impl: spec.server,
         };
         nodes.wait_ready(&nodes.client_ns, &nodes.client_proxy)?;
         nodes.wait_ready(&nodes.server_ns, &nodes.server_proxy)?;

@@ -5,6 +5,7 @@
 pub mod inpod;
 pub mod mesh;
 pub mod pcap;
+pub mod peer;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -177,6 +178,15 @@ impl Lab {
         timeout: Duration,
     ) -> anyhow::Result<std::process::ExitStatus> {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)?;
+        self.wait_exit(pid, timeout)
+    }
+
+    /// Waits up to `timeout` for a started process to exit on its own.
+    pub fn wait_exit(
+        &self,
+        pid: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             {

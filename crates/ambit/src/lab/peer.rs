@@ -1,0 +1,157 @@
+//! Which node proxy a lab node runs: ambit's, or Istio's own ztunnel (the reference peer
+//! in `../shared/peers/istio-ztunnel`, a release build with `FAKE_CA` support), so the
+//! same lab can put either on each end of a wire.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+/// Istio's ztunnel: the binary and its test root (`ca/`, Istio's plug-in CA layout).
+#[derive(Clone, Debug)]
+pub struct IstioZtunnel {
+    pub bin: PathBuf,
+    pub ca_dir: PathBuf,
+}
+
+/// Where the peer lives relative to a checkout of this repository.
+pub const DEFAULT_PEER_DIR: &str = "../shared/peers/istio-ztunnel";
+
+impl IstioZtunnel {
+    /// The peer in `dir` (`dir/ztunnel`, `dir/ca/`); fails, naming what is missing.
+    pub fn find(dir: &Path) -> anyhow::Result<IstioZtunnel> {
+        let bin = dir.join("ztunnel");
+        let meta = std::fs::metadata(&bin).with_context(|| {
+            format!(
+                "Istio's ztunnel is not at {}: pass the directory holding `ztunnel` and `ca/`",
+                bin.display()
+            )
+        })?;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            bail!("{} is not an executable file", bin.display());
+        }
+        let ca_dir = dir.join("ca");
+        for f in [
+            "root-cert.pem",
+            "ca-cert.pem",
+            "ca-key.pem",
+            "cert-chain.pem",
+        ] {
+            if !ca_dir.join(f).is_file() {
+                bail!(
+                    "the peer's test CA is incomplete: {} is missing",
+                    ca_dir.join(f).display()
+                );
+            }
+        }
+        Ok(IstioZtunnel {
+            bin: std::fs::canonicalize(&bin)?,
+            ca_dir: std::fs::canonicalize(&ca_dir)?,
+        })
+    }
+
+    /// The peer named by `AMBIT_PEER_DIR`, else the default directory next to the
+    /// workspace (`CARGO_MANIFEST_DIR` of the caller locates the workspace).
+    pub fn from_env(workspace: &Path) -> anyhow::Result<IstioZtunnel> {
+        let dir = match std::env::var_os("AMBIT_PEER_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => workspace.join(DEFAULT_PEER_DIR),
+        };
+        Self::find(&dir)
+    }
+
+    /// Copies the peer's test root into `dest` with the key readable by its owner only
+    /// (the peer's files are read-only for everyone; a CA key must not be).
+    pub fn copy_ca(&self, dest: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dest)?;
+        for f in [
+            "root-cert.pem",
+            "ca-cert.pem",
+            "ca-key.pem",
+            "cert-chain.pem",
+        ] {
+            let to = dest.join(f);
+            std::fs::copy(self.ca_dir.join(f), &to)
+                .with_context(|| format!("copying the peer's {f}"))?;
+            let mode = if f == "ca-key.pem" { 0o600 } else { 0o644 };
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+        }
+        Ok(())
+    }
+}
+
+/// The implementation a lab node's proxy runs.
+#[derive(Clone, Debug)]
+pub enum NodeProxy {
+    /// `ambit ztunnel`, from this binary.
+    Ambit(PathBuf),
+    /// Istio's ztunnel with `FAKE_CA=true`: it signs its certificates with its test root,
+    /// which the lab then gives ambit as `LOCAL_CA_DIR` so the two trust each other.
+    Istio(IstioZtunnel),
+}
+
+impl NodeProxy {
+    /// `ambit` or `istio`, for names and reports.
+    pub fn label(&self) -> &'static str {
+        match self {
+            NodeProxy::Ambit(_) => "ambit",
+            NodeProxy::Istio(_) => "istio",
+        }
+    }
+
+    pub fn is_istio(&self) -> bool {
+        matches!(self, NodeProxy::Istio(_))
+    }
+
+    /// The program and arguments that run the node proxy.
+    pub fn command(&self) -> (&Path, &'static [&'static str]) {
+        match self {
+            NodeProxy::Ambit(bin) => (bin, &["ztunnel"]),
+            // As Istio's chart runs it.
+            NodeProxy::Istio(p) => (&p.bin, &["proxy", "ztunnel"]),
+        }
+    }
+
+    /// The process name (`/proc/<pid>/comm`) of a running node proxy.
+    pub fn comm(&self) -> &'static str {
+        match self {
+            NodeProxy::Ambit(_) => "ambit",
+            NodeProxy::Istio(_) => "ztunnel",
+        }
+    }
+
+    /// The environment every node proxy of the lab gets, whatever its implementation:
+    /// no xDS (the mesh comes from `config`), certificates from the lab's CA.
+    pub fn env(&self, config: &Path, ca_dir: &Path) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("LOCAL_XDS_PATH", config.display().to_string()),
+            // Empty disables xDS; Istio's default would dial istiod.
+            ("XDS_ADDRESS", String::new()),
+            ("RUST_LOG", "info".to_string()),
+            // ambit has no DNS proxy: Istio's stays off too, so both do the same work.
+            ("ISTIO_META_DNS_CAPTURE", "false".to_string()),
+        ];
+        match self {
+            NodeProxy::Ambit(_) => env.push(("LOCAL_CA_DIR", ca_dir.display().to_string())),
+            NodeProxy::Istio(_) => {
+                env.push(("FAKE_CA", "true".to_string()));
+            }
+        }
+        env
+    }
+}
+
+/// The CA directory a lab writes for its node proxies: the peer's test root when an Istio
+/// node takes part (Istio's fake CA signs with it), else a fresh root for this lab.
+pub fn write_lab_ca(dir: &Path, proxies: &[&NodeProxy]) -> anyhow::Result<()> {
+    match proxies.iter().find_map(|p| match p {
+        NodeProxy::Istio(peer) => Some(peer),
+        NodeProxy::Ambit(_) => None,
+    }) {
+        Some(peer) => peer.copy_ca(dir),
+        None => Ok(
+            ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
+                .write_plugin_dir(dir)?,
+        ),
+    }
+}
