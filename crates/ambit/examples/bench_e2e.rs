@@ -23,24 +23,17 @@
 mod common;
 mod relays;
 
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::path::PathBuf;
 
-use ambit::lab::mesh::{serve_echo, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
-use ambit::lab::Lab;
+use ambit::lab::mesh::{TwoNodes, APP_PORT};
 use anyhow::{bail, Context};
-use common::{mib, yes, Columns, Proxies, Report, Target};
+use common::setup::{self, DIRECT_ECHO_PORT, DIRECT_IPERF_PORT, MESH_IPERF_PORT};
+use common::{mib, yes, Columns, Proxies, Report};
 
 /// The TLS relays of the ceiling run in this process and stand in for the node proxies:
 /// they allocate as the proxies do (crates/ambit/src/main.rs).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The echo app through the mesh is `APP_PORT` (8080); the same app, direct, listens here.
-const DIRECT_ECHO_PORT: u16 = 9080;
-/// iperf3 servers: captured (through the proxies) and exempted (direct).
-const MESH_IPERF_PORT: u16 = 5201;
-const DIRECT_IPERF_PORT: u16 = 5202;
 
 struct Args {
     ambit: PathBuf,
@@ -130,47 +123,8 @@ fn main() -> anyhow::Result<()> {
     );
 
     // The direct path: the same veth between the same namespaces, with the destination
-    // ports exempted from the capture rule (inserted above it).
-    for port in [DIRECT_ECHO_PORT, DIRECT_IPERF_PORT] {
-        let p = port.to_string();
-        nodes.lab.exec(
-            &nodes.client_ns,
-            &[
-                "iptables", "-w", "-t", "nat", "-I", "OUTPUT", "-p", "tcp", "--dport", &p, "-j",
-                "RETURN",
-            ],
-        )?;
-    }
-    // Many short connections leave TIME_WAIT behind at the side that closes first (the
-    // client, and the server node proxy towards the app). Let connect() reuse those ports
-    // after 1 s (the default only does so on loopback) so neither path runs out of ports.
-    for ns in [&nodes.client_ns, &nodes.server_ns] {
-        nodes
-            .lab
-            .exec(ns, &["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
-    }
-
-    let _mesh_app = nodes.start_app_server(EchoMode::Mirror)?;
-    let direct_listener = Lab::in_netns(&nodes.server_ns, || {
-        TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, DIRECT_ECHO_PORT))
-    })?;
-    let _direct_app = serve_echo(direct_listener, EchoMode::Mirror);
-    common::start_iperf_server(&nodes.lab, &nodes.server_ns, MESH_IPERF_PORT)?;
-    common::start_iperf_server(&nodes.lab, &nodes.server_ns, DIRECT_IPERF_PORT)?;
-
-    let target = Target {
-        client_ns: &nodes.client_ns,
-        server_ip: SERVER_IP,
-        mesh_echo_port: APP_PORT,
-        direct_echo_port: DIRECT_ECHO_PORT,
-        mesh_iperf_port: MESH_IPERF_PORT,
-        direct_iperf_port: DIRECT_IPERF_PORT,
-    };
-    // Warm the HBONE pool (and check both paths work) before measuring.
-    for dst in [target.mesh_echo(), target.direct_echo()] {
-        common::round_trips(&nodes.client_ns, dst, 64, 100)
-            .with_context(|| format!("echo through {dst}"))?;
-    }
+    // ports exempted from the capture rule; both checked (and the HBONE pool warmed).
+    let target = setup::dedicated_paths(&nodes)?;
 
     let mut report = Report::default();
     let secs = args.seconds;

@@ -36,16 +36,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ambit::lab::inpod::{Cluster, PodSpec};
-use ambit::lab::mesh::{metric_sum, EchoMode, APP_PORT};
+use ambit::lab::mesh::{EchoMode, APP_PORT};
 use ambit::lab::{wait_until, Lab};
 use anyhow::{bail, Context};
-use common::{mib, pct, yes, Columns, Proxies, Report, Target};
+use common::setup;
+use common::{mib, pct, yes, Columns, Proxies, Report};
 
-/// The same echo app, direct (exempted from capture in both pods).
-const DIRECT_ECHO_PORT: u16 = 9080;
-/// iperf3 servers: captured (through the proxies) and exempted (direct).
-const MESH_IPERF_PORT: u16 = 5201;
-const DIRECT_IPERF_PORT: u16 = 5202;
 /// How long one pod may take to serve its first byte before the run fails.
 const ENROLL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -134,19 +130,6 @@ fn p50_max(v: &mut [Duration]) -> (Duration, Duration) {
         return (Duration::ZERO, Duration::ZERO);
     }
     (v[(v.len() - 1) / 2], v[v.len() - 1])
-}
-
-/// Connections the node proxies have opened (both nodes, every label).
-fn opened(cluster: &Cluster) -> anyhow::Result<u64> {
-    let mut n = 0;
-    for node in 0..cluster.nodes.len() {
-        n += metric_sum(
-            &cluster.metrics(node)?,
-            "istio_tcp_connections_opened_total",
-            &[],
-        );
-    }
-    Ok(n)
 }
 
 fn active_proxies(cluster: &Cluster, node: usize) -> Option<u64> {
@@ -335,61 +318,14 @@ fn main() -> anyhow::Result<()> {
         .trim()
         .to_string();
     // The direct path: the same pods, links and bridges, with the direct ports exempted
-    // from the in-pod capture (ACCEPT in the nat hooks, above the jumps to ISTIO_*):
-    // outbound in the client pod, inbound in the server pods.
-    for port in [DIRECT_ECHO_PORT, DIRECT_IPERF_PORT] {
-        let p = port.to_string();
-        let exempt = |ns: &str, hook: &str| {
-            cluster.lab.exec(
-                ns,
-                &[
-                    "iptables", "-w", "-t", "nat", "-I", hook, "1", "-p", "tcp", "--dport", &p,
-                    "-j", "ACCEPT",
-                ],
-            )
-        };
-        exempt(&client_ns, "OUTPUT")?;
-        for pod in [LOCAL, REMOTE] {
-            exempt(&cluster.pod(pod).ns, "PREROUTING")?;
-        }
-    }
-    for pod in [LOCAL, REMOTE] {
-        drop(cluster.serve_app(pod, APP_PORT, EchoMode::Mirror)?);
-        drop(cluster.serve_app(pod, DIRECT_ECHO_PORT, EchoMode::Mirror)?);
-        let ns = cluster.pod(pod).ns.clone();
-        common::start_iperf_server(&cluster.lab, &ns, MESH_IPERF_PORT)?;
-        common::start_iperf_server(&cluster.lab, &ns, DIRECT_IPERF_PORT)?;
-    }
+    // from the in-pod capture; both paths checked (and the HBONE pools warmed).
+    setup::inpod_paths(&cluster, CLIENT, &[LOCAL, REMOTE])?;
     let soak_seen = cluster.serve_app(SOAK, APP_PORT, EchoMode::Mirror)?;
     let soak_client_ip = cluster.pod(SOAK_CLIENT).ip;
     let local_ip = cluster.pod(LOCAL).ip;
     let remote_ip = cluster.pod(REMOTE).ip;
     let soak_dst = SocketAddr::from((cluster.pod(SOAK).ip, APP_PORT));
 
-    // Both paths work, the direct one bypasses the proxies, the proxied one goes through
-    // them (and warms the HBONE pools).
-    for ip in [local_ip, remote_ip] {
-        let before = opened(&cluster)?;
-        common::round_trips(
-            &client_ns,
-            SocketAddr::from((ip, DIRECT_ECHO_PORT)),
-            64,
-            100,
-        )
-        .with_context(|| format!("direct echo to {ip}"))?;
-        std::thread::sleep(Duration::from_millis(300));
-        if opened(&cluster)? != before {
-            bail!("the direct path to {ip} went through a node proxy");
-        }
-        common::round_trips(&client_ns, SocketAddr::from((ip, APP_PORT)), 64, 100)
-            .with_context(|| format!("echo to {ip} through the proxies"))?;
-        wait_until(
-            "the proxied connection to be counted",
-            Duration::from_secs(5),
-            || opened(&cluster).is_ok_and(|n| n > before),
-        )
-        .with_context(|| format!("the proxied path to {ip} bypassed the node proxies"))?;
-    }
     common::round_trips(&soak_client_ns, soak_dst, 64, 100).context("echo to the soak pod")?;
     let soak_source = soak_seen
         .recv_timeout(Duration::from_secs(5))
@@ -449,13 +385,10 @@ fn main() -> anyhow::Result<()> {
         ("two pods on two nodes", remote_ip),
     ] {
         println!("--- {what}");
-        let target = Target {
+        let target = common::Target {
             client_ns: &client_ns,
             server_ip: ip,
-            mesh_echo_port: APP_PORT,
-            direct_echo_port: DIRECT_ECHO_PORT,
-            mesh_iperf_port: MESH_IPERF_PORT,
-            direct_iperf_port: DIRECT_IPERF_PORT,
+            ..setup::inpod_target(&cluster, CLIENT, LOCAL)
         };
         let mut report = Report::default();
         let summary = common::run_suite(&target, &proxies, secs, args.round_trips, &mut report)?;

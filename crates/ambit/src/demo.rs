@@ -36,6 +36,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 /// Removes the lab's namespaces and processes on Ctrl-C or SIGTERM, then exits.
 pub fn remove_on_signal(cleanup: crate::lab::Cleanup) {
+    remove_all_on_signal(vec![cleanup]);
+}
+
+/// [`remove_on_signal`] for several labs at once.
+pub fn remove_all_on_signal(cleanups: Vec<crate::lab::Cleanup>) {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -51,8 +56,10 @@ pub fn remove_on_signal(cleanup: crate::lab::Cleanup) {
                 };
                 tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
             });
-            eprintln!("\ninterrupted: removing the demo's namespaces");
-            cleanup.run();
+            eprintln!("\ninterrupted: removing the lab's namespaces");
+            for cleanup in &cleanups {
+                cleanup.run();
+            }
             std::process::exit(130);
         }
     });

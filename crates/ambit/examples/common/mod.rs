@@ -7,6 +7,8 @@
 // Each driver includes this module and uses most, not all, of it.
 #![allow(dead_code)]
 
+pub mod setup;
+
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};

@@ -94,6 +94,8 @@ pub struct Cluster {
     pub ca_dir: PathBuf,
     /// The node proxy each node runs.
     pub node_proxies: Vec<NodeProxy>,
+    /// Extra environment for every node proxy.
+    pub proxy_env: Vec<(String, String)>,
 }
 
 /// What a [`Cluster`] runs: the nodes' proxies (one per node; the agent and the CNI plugin
@@ -105,6 +107,8 @@ pub struct ClusterSpec<'a> {
     pub pods: &'a [PodSpec],
     pub create: usize,
     pub extra_yaml: &'a str,
+    /// Extra environment for every node proxy.
+    pub proxy_env: &'a [(&'a str, String)],
 }
 
 /// The address the n-th pod (from 0) of node `index` gets from host-local.
@@ -172,6 +176,7 @@ impl Cluster {
             pods,
             create,
             extra_yaml,
+            proxy_env: &[],
         })
     }
 
@@ -185,6 +190,7 @@ impl Cluster {
             pods,
             create,
             extra_yaml,
+            proxy_env,
         } = spec;
         let node_count = node_proxies.len();
         let lab = Lab::new(tag)?;
@@ -270,6 +276,10 @@ impl Cluster {
             config_path,
             ca_dir,
             node_proxies,
+            proxy_env: proxy_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
         };
         for i in 0..node_count {
             cluster.start_agent(i)?;
@@ -338,6 +348,7 @@ impl Cluster {
             ("NODE_NAME", n.name.clone()),
             ("IPV6_ENABLED", "false".to_string()),
         ]);
+        env.extend(self.proxy_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let (program, args) = proxy.command();
         let proc = self.lab.spawn(
             &n.ns,

@@ -1,0 +1,143 @@
+//! The two paths every driver measures, set up beside each other in a lab: the direct path
+//! (the same namespaces, links and bridges, with ports exempted from capture) and the path
+//! through the node proxies, with the apps (echo, iperf3) on both.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::time::Duration;
+
+use ambit::lab::inpod::Cluster;
+use ambit::lab::mesh::{metric_sum, serve_echo, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
+use ambit::lab::{wait_until, Lab};
+use anyhow::{bail, Context};
+
+use super::Target;
+
+/// The echo app through the mesh is `APP_PORT` (8080); the same app, direct, listens here.
+pub const DIRECT_ECHO_PORT: u16 = 9080;
+/// iperf3 servers: captured (through the proxies) and exempted (direct).
+pub const MESH_IPERF_PORT: u16 = 5201;
+pub const DIRECT_IPERF_PORT: u16 = 5202;
+
+/// Dedicated mode: the direct ports exempted from the client node's capture rule (a RETURN
+/// above it), the echo app and iperf3 on both ports in the server node, `tcp_tw_reuse=1` in
+/// both nodes, and both paths checked with a few round trips (which warms the HBONE pool).
+pub fn dedicated_paths(nodes: &TwoNodes) -> anyhow::Result<Target<'_>> {
+    for port in [DIRECT_ECHO_PORT, DIRECT_IPERF_PORT] {
+        let p = port.to_string();
+        nodes.lab.exec(
+            &nodes.client_ns,
+            &[
+                "iptables", "-w", "-t", "nat", "-I", "OUTPUT", "-p", "tcp", "--dport", &p, "-j",
+                "RETURN",
+            ],
+        )?;
+    }
+    // Many short connections leave TIME_WAIT behind at the side that closes first (the
+    // client, and the server node proxy towards the app). Let connect() reuse those ports
+    // after 1 s (the default only does so on loopback) so neither path runs out of ports.
+    for ns in [&nodes.client_ns, &nodes.server_ns] {
+        nodes
+            .lab
+            .exec(ns, &["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+    }
+    drop(nodes.start_app_server(EchoMode::Mirror)?);
+    let direct_listener = Lab::in_netns(&nodes.server_ns, || {
+        TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, DIRECT_ECHO_PORT))
+    })?;
+    drop(serve_echo(direct_listener, EchoMode::Mirror));
+    super::start_iperf_server(&nodes.lab, &nodes.server_ns, MESH_IPERF_PORT)?;
+    super::start_iperf_server(&nodes.lab, &nodes.server_ns, DIRECT_IPERF_PORT)?;
+    let target = Target {
+        client_ns: &nodes.client_ns,
+        server_ip: SERVER_IP,
+        mesh_echo_port: APP_PORT,
+        direct_echo_port: DIRECT_ECHO_PORT,
+        mesh_iperf_port: MESH_IPERF_PORT,
+        direct_iperf_port: DIRECT_IPERF_PORT,
+    };
+    for dst in [target.mesh_echo(), target.direct_echo()] {
+        super::round_trips(target.client_ns, dst, 64, 100)
+            .with_context(|| format!("echo through {dst}"))?;
+    }
+    Ok(target)
+}
+
+/// Connections the node proxies have opened (every node, every label).
+pub fn opened(cluster: &Cluster) -> anyhow::Result<u64> {
+    let mut n = 0;
+    for node in 0..cluster.nodes.len() {
+        n += metric_sum(
+            &cluster.metrics(node)?,
+            "istio_tcp_connections_opened_total",
+            &[],
+        );
+    }
+    Ok(n)
+}
+
+/// In-pod mode: the direct ports exempted from the in-pod capture (ACCEPT in the nat hooks,
+/// above the jumps to ISTIO_*) outbound in `client` and inbound in each of `servers`, the
+/// echo app and iperf3 on both ports in each server, and both paths checked: the direct one
+/// must bypass the node proxies, the proxied one must go through them.
+pub fn inpod_paths(cluster: &Cluster, client: &str, servers: &[&str]) -> anyhow::Result<()> {
+    let client_ns = cluster.pod(client).ns.clone();
+    for port in [DIRECT_ECHO_PORT, DIRECT_IPERF_PORT] {
+        let p = port.to_string();
+        let exempt = |ns: &str, hook: &str| {
+            cluster.lab.exec(
+                ns,
+                &[
+                    "iptables", "-w", "-t", "nat", "-I", hook, "1", "-p", "tcp", "--dport", &p,
+                    "-j", "ACCEPT",
+                ],
+            )
+        };
+        exempt(&client_ns, "OUTPUT")?;
+        for pod in servers {
+            exempt(&cluster.pod(pod).ns, "PREROUTING")?;
+        }
+    }
+    for pod in servers {
+        drop(cluster.serve_app(pod, APP_PORT, EchoMode::Mirror)?);
+        drop(cluster.serve_app(pod, DIRECT_ECHO_PORT, EchoMode::Mirror)?);
+        let ns = cluster.pod(pod).ns.clone();
+        super::start_iperf_server(&cluster.lab, &ns, MESH_IPERF_PORT)?;
+        super::start_iperf_server(&cluster.lab, &ns, DIRECT_IPERF_PORT)?;
+    }
+    for pod in servers {
+        let ip = cluster.pod(pod).ip;
+        let before = opened(cluster)?;
+        super::round_trips(
+            &client_ns,
+            SocketAddr::from((ip, DIRECT_ECHO_PORT)),
+            64,
+            100,
+        )
+        .with_context(|| format!("direct echo to {ip}"))?;
+        std::thread::sleep(Duration::from_millis(300));
+        if opened(cluster)? != before {
+            bail!("the direct path to {ip} went through a node proxy");
+        }
+        super::round_trips(&client_ns, SocketAddr::from((ip, APP_PORT)), 64, 100)
+            .with_context(|| format!("echo to {ip} through the proxies"))?;
+        wait_until(
+            "the proxied connection to be counted",
+            Duration::from_secs(5),
+            || opened(cluster).is_ok_and(|n| n > before),
+        )
+        .with_context(|| format!("the proxied path to {ip} bypassed the node proxies"))?;
+    }
+    Ok(())
+}
+
+/// In-pod targets: from `client` to `server` (the same ports as [`inpod_paths`]).
+pub fn inpod_target<'a>(cluster: &'a Cluster, client: &str, server: &str) -> Target<'a> {
+    Target {
+        client_ns: &cluster.pod(client).ns,
+        server_ip: cluster.pod(server).ip,
+        mesh_echo_port: APP_PORT,
+        direct_echo_port: DIRECT_ECHO_PORT,
+        mesh_iperf_port: MESH_IPERF_PORT,
+        direct_iperf_port: DIRECT_IPERF_PORT,
+    }
+}
