@@ -33,7 +33,7 @@ use common::{mib, yes, Columns, Proxies, Report};
 /// The TLS relays of the ceiling run in this process and stand in for the node proxies:
 /// they allocate as the proxies do (crates/ambit/src/main.rs).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 struct Args {
     ambit: PathBuf,

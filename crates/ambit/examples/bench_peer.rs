@@ -38,8 +38,8 @@ use ambit::lab::{wait_until, Lab};
 use anyhow::{bail, Context};
 use common::{setup, Cpu, Pcts, Proxies, Target};
 
-/// Both proxies allocate as they ship: ambit with mimalloc (its binary), ztunnel with
-/// jemalloc (its default feature); the driver itself uses the system allocator.
+/// The two implementations, in the order of every `[direct, ambit, Istio]` row. Both
+/// allocate as they ship, with jemalloc; the driver itself uses the system allocator.
 const IMPLS: [&str; 2] = ["ambit", "Istio"];
 
 struct Args {
@@ -882,7 +882,7 @@ fn main() -> anyhow::Result<()> {
     };
     let _ = write!(
         text,
-        "## ambit beside Istio's ztunnel ({})\n\nMachine: {machine}.\nIstio's ztunnel: {peer_version}, jemalloc; ambit {}, mimalloc; {env_text}. Both in the same lab layout, one lab per implementation up at once; every figure in {} interleaved rounds (direct first, then the two proxies, the order alternating), {} s per throughput and connection-rate run, {} round trips per latency run. Each cell: the median of the rounds, (lowest–highest).\n",
+        "## ambit beside Istio's ztunnel ({})\n\nMachine: {machine}.\nIstio's ztunnel: {peer_version}; ambit {}; both with jemalloc; {env_text}. Both in the same lab layout, one lab per implementation up at once; every figure in {} interleaved rounds (direct first, then the two proxies, the order alternating), {} s per throughput and connection-rate run, {} round trips per latency run. Each cell: the median of the rounds, (lowest–highest).\n",
         args.title,
         ambit::version::VERSION,
         args.rounds,
