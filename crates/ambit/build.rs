@@ -1,5 +1,6 @@
 //! Build information for `ambit version` and `/config_dump`'s `version`: the git revision
-//! and whether the tree had changes (when built from a git checkout), and rustc's version.
+//! and whether the tree had changes (when built from a git checkout: tracked files that
+//! differ from HEAD, as of the last commit, checkout or `git add`), and rustc's version.
 
 use std::path::Path;
 use std::process::Command;
@@ -13,7 +14,16 @@ fn output(cmd: &mut Command) -> Option<String> {
 
 fn main() {
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-    let git = |args: &[&str]| output(Command::new("git").arg("-C").arg(&manifest).args(args));
+    // `safe.directory`: a checkout owned by another user (a root build of a user's tree)
+    // still tells its revision.
+    let git = |args: &[&str]| {
+        output(
+            Command::new("git")
+                .args(["-c", "safe.directory=*", "-C"])
+                .arg(&manifest)
+                .args(args),
+        )
+    };
     let revision = git(&["rev-parse", "HEAD"]).filter(|r| !r.is_empty());
     let status = revision.as_ref().and_then(|_| {
         git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| {

@@ -39,8 +39,24 @@ pub fn remove_on_signal(cleanup: crate::lab::Cleanup) {
     remove_all_on_signal(vec![cleanup]);
 }
 
-/// [`remove_on_signal`] for several labs at once.
+/// [`remove_on_signal`] for several labs. One process-wide handler removes every lab ever
+/// registered, so a program that builds labs in phases cleans up all of them, whichever
+/// phase the signal finds it in.
 pub fn remove_all_on_signal(cleanups: Vec<crate::lab::Cleanup>) {
+    use std::sync::{Mutex, OnceLock};
+    static REGISTERED: OnceLock<Mutex<Vec<crate::lab::Cleanup>>> = OnceLock::new();
+    let mut first = false;
+    let registered = REGISTERED.get_or_init(|| {
+        first = true;
+        Mutex::new(Vec::new())
+    });
+    registered
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(cleanups);
+    if !first {
+        return;
+    }
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -57,7 +73,7 @@ pub fn remove_all_on_signal(cleanups: Vec<crate::lab::Cleanup>) {
                 tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
             });
             eprintln!("\ninterrupted: removing the lab's namespaces");
-            for cleanup in &cleanups {
+            for cleanup in registered.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 cleanup.run();
             }
             std::process::exit(130);

@@ -75,7 +75,10 @@ pub fn init() -> Result<(LogHandle, LogGuard), String> {
         // The worker flushes whenever it has drained its queue: through a BufWriter the lines
         // that queued up meanwhile reach stdout in one write, not one write each (at high
         // connection rates, a write per access log line was a syscall per connection).
-        .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout()));
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stdout(),
+        ));
     let layout = if json { Layout::Json } else { Layout::Plain };
     tracing_subscriber::registry()
         .with(filter)

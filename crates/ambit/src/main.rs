@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// glibc's allocator hands large buffers back to the kernel and faults them in again on
-/// every reuse (a quarter of the proxy's CPU under bulk transfer). jemalloc keeps them, and,
-/// unlike mimalloc (our allocator before), gives freed memory back on a decay timer even
-/// while the proxy idles: with mimalloc the receiving proxy's peak RSS under four streams
-/// was 50-72 MiB against jemalloc's (and Istio's ztunnel's) ~31 MiB, for the same CPU per
-/// GB (BENCHMARKS.md, "Beside Istio's ztunnel").
+/// every reuse (a quarter of the proxy's CPU under bulk transfer). jemalloc keeps them, and
+/// gives freed memory back as it decays (purged during later allocations and frees; there
+/// is no background thread): with mimalloc, our allocator before, the receiving proxy's
+/// peak RSS under four streams was 50-72 MiB against jemalloc's (and Istio's ztunnel's)
+/// ~31 MiB, for the same CPU per GB (BENCHMARKS.md, "Beside Istio's ztunnel").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -30,6 +30,22 @@ pub struct Connection {
     pub protocol: Protocol,
 }
 
+impl Connection {
+    pub fn new(
+        src: SocketAddr,
+        original_dst: Option<SocketAddr>,
+        actual_dst: SocketAddr,
+        protocol: Protocol,
+    ) -> Connection {
+        Connection {
+            src,
+            original_dst,
+            actual_dst,
+            protocol,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
     Inbound,

@@ -116,12 +116,7 @@ pub(crate) async fn handle_connect(
     result.track(
         &pi.connections,
         Direction::Inbound,
-        Connection {
-            src,
-            original_dst: None,
-            actual_dst: target,
-            protocol: Protocol::Hbone,
-        },
+        Connection::new(src, None, target, Protocol::Hbone),
     );
     let ctx = RbacContext {
         source_identity: src_identity,

@@ -84,12 +84,7 @@ pub(crate) async fn handle(
             result.track(
                 &pi.connections,
                 Direction::Outbound,
-                Connection {
-                    src,
-                    original_dst: Some(dst),
-                    actual_dst: target,
-                    protocol: Protocol::Tcp,
-                },
+                Connection::new(src, Some(dst), target, Protocol::Tcp),
             );
             let upstream = match socket::connect(&*pi.sockets, &pi.cfg, target, None).await {
                 Ok(s) => s,
@@ -129,12 +124,7 @@ pub(crate) async fn handle(
             result.track(
                 &pi.connections,
                 Direction::Outbound,
-                Connection {
-                    src,
-                    original_dst: Some(dst),
-                    actual_dst: next_hop,
-                    protocol: Protocol::Hbone,
-                },
+                Connection::new(src, Some(dst), next_hop, Protocol::Hbone),
             );
             let request = ConnectRequest {
                 authority: Authority::Addr(authority),

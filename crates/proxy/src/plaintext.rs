@@ -66,12 +66,7 @@ pub(crate) async fn handle(
     result.track(
         &pi.connections,
         Direction::Inbound,
-        Connection {
-            src,
-            original_dst: None,
-            actual_dst: dst,
-            protocol: Protocol::Tcp,
-        },
+        Connection::new(src, None, dst, Protocol::Tcp),
     );
     let ctx = RbacContext {
         source_identity: None,

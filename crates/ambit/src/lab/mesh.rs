@@ -120,6 +120,29 @@ pub struct TwoNodesSpec<'a> {
     /// The mesh both nodes load instead of [`mesh_yaml`] (then `extra_yaml` is appended to
     /// it); it must keep the client and server workloads at their addresses.
     pub mesh: Option<&'a str>,
+    /// Leave `ENABLE_ORIG_SRC` unset for Istio's ztunnel too (its default tries the
+    /// client's address, which this lab cannot route back); ambit's is never set.
+    pub orig_src_unset: bool,
+}
+
+impl<'a> TwoNodesSpec<'a> {
+    /// `client` on node1, `server` on node2, the lab's mesh, nothing extra.
+    pub fn of(tag: &'a str, client: NodeProxy, server: NodeProxy) -> TwoNodesSpec<'a> {
+        TwoNodesSpec {
+            tag,
+            client,
+            server,
+            env: &[],
+            extra_yaml: "",
+            mesh: None,
+            orig_src_unset: false,
+        }
+    }
+
+    /// The same implementation on both nodes.
+    pub fn pair(tag: &'a str, proxy: &NodeProxy) -> TwoNodesSpec<'a> {
+        Self::of(tag, proxy.clone(), proxy.clone())
+    }
 }
 
 impl TwoNodes {
@@ -141,12 +164,9 @@ impl TwoNodes {
         extra_yaml: &str,
     ) -> anyhow::Result<TwoNodes> {
         Self::launch(TwoNodesSpec {
-            tag,
-            client: NodeProxy::Ambit(ambit.to_path_buf()),
-            server: NodeProxy::Ambit(ambit.to_path_buf()),
             env: extra_env,
             extra_yaml,
-            mesh: None,
+            ..TwoNodesSpec::pair(tag, &NodeProxy::Ambit(ambit.to_path_buf()))
         })
     }
 
@@ -210,12 +230,14 @@ impl TwoNodes {
                 ),
                 ("PACKET_MARK", "1337".to_string()),
                 ("NODE_NAME", node.to_string()),
-                // The server's app shares the proxy's netns and nothing routes replies to
-                // a spoofed source back to the proxy: both implementations connect to it
-                // from their own address (ambit's default in dedicated mode; Istio's
-                // default would try the client's).
-                ("ENABLE_ORIG_SRC", "false".to_string()),
             ]);
+            // The server's app shares the proxy's netns and nothing routes replies to a
+            // spoofed source back to the proxy. ambit's default in dedicated mode connects
+            // from its own address; Istio's would try the client's, so it is told not to
+            // (unless the lab is asked for each one's default).
+            if proxy.is_istio() && !spec.orig_src_unset {
+                env.push(("ENABLE_ORIG_SRC", "false".to_string()));
+            }
             env.extend(spec.env.iter().cloned());
             env
         };

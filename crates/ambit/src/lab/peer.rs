@@ -14,6 +14,14 @@ pub struct IstioZtunnel {
     pub ca_dir: PathBuf,
 }
 
+/// The files of Istio's plug-in CA layout, as the peer ships them in `ca/`.
+const CA_FILES: [&str; 4] = [
+    ambit_identity::ca::ROOT_CERT_FILE,
+    ambit_identity::ca::CA_CERT_FILE,
+    ambit_identity::ca::CA_KEY_FILE,
+    ambit_identity::ca::CERT_CHAIN_FILE,
+];
+
 /// Where the peer lives relative to a checkout of this repository.
 pub const DEFAULT_PEER_DIR: &str = "../shared/peers/istio-ztunnel";
 
@@ -31,12 +39,7 @@ impl IstioZtunnel {
             bail!("{} is not an executable file", bin.display());
         }
         let ca_dir = dir.join("ca");
-        for f in [
-            "root-cert.pem",
-            "ca-cert.pem",
-            "ca-key.pem",
-            "cert-chain.pem",
-        ] {
+        for f in CA_FILES {
             if !ca_dir.join(f).is_file() {
                 bail!(
                     "the peer's test CA is incomplete: {} is missing",
@@ -64,16 +67,15 @@ impl IstioZtunnel {
     /// (the peer's files are read-only for everyone; a CA key must not be).
     pub fn copy_ca(&self, dest: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dest)?;
-        for f in [
-            "root-cert.pem",
-            "ca-cert.pem",
-            "ca-key.pem",
-            "cert-chain.pem",
-        ] {
+        for f in CA_FILES {
             let to = dest.join(f);
             std::fs::copy(self.ca_dir.join(f), &to)
                 .with_context(|| format!("copying the peer's {f}"))?;
-            let mode = if f == "ca-key.pem" { 0o600 } else { 0o644 };
+            let mode = if f == ambit_identity::ca::CA_KEY_FILE {
+                0o600
+            } else {
+                0o644
+            };
             std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
         }
         Ok(())

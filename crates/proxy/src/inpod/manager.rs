@@ -78,6 +78,9 @@ pub struct WorkloadManager {
 
 enum StreamEnd {
     Disconnected(String),
+    /// We hung up on a message we could not read: the agent will likely send it again, so
+    /// the next connection waits a growing delay instead of starting a tight loop.
+    Unreadable(String),
     Shutdown,
 }
 
@@ -112,6 +115,7 @@ impl WorkloadManager {
     /// breaks the protocol.
     pub async fn run(mut self, drain: DrainWatcher) -> Result<(), ManagerError> {
         let mut backoff = BACKOFF_START;
+        let mut unreadable_backoff = BACKOFF_START;
         let result = loop {
             (self.on_ready)(false);
             let connected = tokio::select! {
@@ -139,7 +143,18 @@ impl WorkloadManager {
             match self.serve(&socket, &drain).await {
                 Ok(StreamEnd::Shutdown) => break Ok(()),
                 Ok(StreamEnd::Disconnected(why)) => {
+                    unreadable_backoff = BACKOFF_START;
                     tracing::warn!("node agent connection ended: {why}; reconnecting");
+                }
+                Ok(StreamEnd::Unreadable(why)) => {
+                    tracing::warn!(
+                        "node agent connection ended: {why}; reconnecting in {unreadable_backoff:?}"
+                    );
+                    tokio::select! {
+                        _ = drain.draining() => break Ok(()),
+                        _ = tokio::time::sleep(unreadable_backoff) => {}
+                    }
+                    unreadable_backoff = (unreadable_backoff * 2).min(BACKOFF_MAX);
                 }
                 Err(e) => break Err(e),
             }
@@ -194,7 +209,7 @@ impl WorkloadManager {
                 Err(e) => {
                     // Unreadable datagram: say so, then start over with a fresh snapshot.
                     let _ = socket.send(&encode_ack(Some(&e.to_string())), None).await;
-                    return Ok(StreamEnd::Disconnected(format!("unreadable message: {e}")));
+                    return Ok(StreamEnd::Unreadable(format!("unreadable message: {e}")));
                 }
             };
             let reply = match decode_request(&bytes, fds) {
@@ -208,7 +223,7 @@ impl WorkloadManager {
                     // start over with a fresh snapshot, as ztunnel does.
                     tracing::warn!("malformed message from the node agent: {e}");
                     let _ = socket.send(&encode_ack(Some(&e.to_string())), None).await;
-                    return Ok(StreamEnd::Disconnected(format!("malformed message: {e}")));
+                    return Ok(StreamEnd::Unreadable(format!("malformed message: {e}")));
                 }
                 Ok(msg) => {
                     tracing::debug!(kind = msg.kind(), uid = ?msg.uid(), "node agent message");
