@@ -23,5 +23,9 @@ need() {
   fi
 }
 
-# The tools the end-to-end tests and the interop suite use.
+# What the build needs beyond Rust: make and a C compiler (aws-lc, jemalloc).
+BUILD_TOOLS=(make=make cc=gcc)
+# The tools the end-to-end tests use.
 NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 /usr/lib/cni/bridge=containernetworking-plugins)
+# The interop suite's: namespaces, capture rules, ipsets and the CNI plugins.
+INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=containernetworking-plugins)

@@ -112,7 +112,7 @@ fn main() -> anyhow::Result<()> {
         server: nodes.server_proxy.pid,
     };
     for pid in [proxies.client, proxies.server] {
-        common::check_is_ambit(pid)?;
+        common::check_comm(pid, "ambit")?;
     }
     let idle = proxies.status_kib("VmRSS")?;
     let idle_anon = proxies.status_kib("RssAnon")?;

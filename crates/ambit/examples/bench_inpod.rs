@@ -29,21 +29,18 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ambit::lab::inpod::{Cluster, PodSpec};
 use ambit::lab::mesh::{EchoMode, APP_PORT};
-use ambit::lab::{wait_until, Lab};
+use ambit::lab::wait_until;
 use anyhow::{bail, Context};
 use common::setup;
 use common::{mib, pct, yes, Columns, Proxies, Report};
-
-/// How long one pod may take to serve its first byte before the run fails.
-const ENROLL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The pods running from the start (created in this order, before any configured-only pod).
 const CLIENT: &str = "client";
@@ -132,16 +129,6 @@ fn p50_max(v: &mut [Duration]) -> (Duration, Duration) {
     (v[(v.len() - 1) / 2], v[v.len() - 1])
 }
 
-fn active_proxies(cluster: &Cluster, node: usize) -> Option<u64> {
-    cluster.metrics(node).ok()?.lines().find_map(|l| {
-        l.strip_prefix("workload_manager_active_proxy_count ")?
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .map(|v| v as u64)
-    })
-}
-
 /// TIME_WAIT sockets in a namespace, the way `ss -tan state time-wait | wc -l` counts them
 /// (without the header line).
 fn time_wait(cluster: &Cluster, ns: &str) -> anyhow::Result<usize> {
@@ -161,36 +148,6 @@ fn sockstat_tw(cluster: &Cluster, ns: &str) -> Option<u64> {
         .iter()
         .position(|w| *w == "tw")
         .and_then(|i| words.get(i + 1)?.parse().ok())
-}
-
-/// One connect + 1-byte exchange from `ns` to `dst`, repeated until it succeeds; returns
-/// the number of attempts. Gives up `ENROLL_TIMEOUT` after `t0`.
-fn first_byte(ns: &str, dst: SocketAddr, t0: Instant) -> anyhow::Result<usize> {
-    Lab::in_netns(ns, move || {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let r = (|| -> std::io::Result<()> {
-                let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(1))?;
-                s.set_nodelay(true)?;
-                s.set_read_timeout(Some(Duration::from_secs(1)))?;
-                s.write_all(b"x")?;
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b)?;
-                Ok(())
-            })();
-            match r {
-                Ok(()) => return Ok(attempts),
-                Err(e) if t0.elapsed() > ENROLL_TIMEOUT => {
-                    return Err(std::io::Error::new(
-                        e.kind(),
-                        format!("no byte from {dst} within {ENROLL_TIMEOUT:?} ({attempts} attempts), last error: {e}"),
-                    ))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-        }
-    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -240,7 +197,7 @@ fn main() -> anyhow::Result<()> {
         server: pid(1)?,
     };
     for pid in [proxies.client, proxies.server] {
-        common::check_is_ambit(pid)?;
+        common::check_comm(pid, "ambit")?;
     }
     let idle_rss = proxies.status_kib("VmRSS")?;
     let idle_anon = proxies.status_kib("RssAnon")?;
@@ -271,7 +228,7 @@ fn main() -> anyhow::Result<()> {
     wait_until(
         "node1's proxy to serve every idle pod",
         Duration::from_secs(30),
-        || active_proxies(&cluster, 0) == Some(expected),
+        || setup::active_proxies(&cluster, 0) == Some(expected),
     )?;
     // Let the listener tasks settle before reading the RSS.
     std::thread::sleep(Duration::from_secs(2));
@@ -358,7 +315,7 @@ fn main() -> anyhow::Result<()> {
                 None => steps.push((step.clone(), vec![*took])),
             }
         }
-        let n = first_byte(&client_ns, dst, t0)
+        let n = setup::first_byte(&client_ns, dst, t0)
             .with_context(|| format!("first byte to {}", spec.name))?;
         let total = t0.elapsed();
         println!(

@@ -26,15 +26,15 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ambit::lab::inpod::{Cluster, ClusterSpec, PodSpec};
 use ambit::lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
 use ambit::lab::peer::{IstioZtunnel, NodeProxy};
-use ambit::lab::{wait_until, Lab};
+use ambit::lab::wait_until;
 use anyhow::{bail, Context};
 use common::{setup, Cpu, Pcts, Proxies, Target};
 
@@ -190,11 +190,25 @@ impl Figure {
         self.rounds.iter().map(|r| self.value(r, i)).collect()
     }
 
-    /// ambit / Istio, per round.
+    /// ambit / Istio, per round; NaN (left out of the median) where the ratio means nothing.
     fn ratios(&self) -> Vec<f64> {
         self.rounds
             .iter()
-            .map(|r| self.value(r, 0) / self.value(r, 1))
+            .map(|r| {
+                let (a, b) = (self.value(r, 0), self.value(r, 1));
+                // A round where Istio's rate fell to nothing (its connections failed
+                // throughout the window) or its added latency was within a microsecond of
+                // none has no meaningful ratio.
+                let too_small = match self.kind {
+                    Kind::Added => b < 1.0,
+                    Kind::Rate | Kind::Cost => b <= 0.0,
+                };
+                if too_small {
+                    f64::NAN
+                } else {
+                    a / b
+                }
+            })
             .collect()
     }
 
@@ -203,9 +217,13 @@ impl Figure {
         self.rounds.iter().map(|r| r[1 + i] / r[0]).collect()
     }
 
-    /// Whether ambit's median is at least as good as Istio's.
+    /// Whether ambit is at least as good as Istio: by the median of the per-round ratios,
+    /// or, where no round has a ratio, by the medians of the values.
     fn ambit_not_worse(&self) -> bool {
-        let r = median(self.ratios());
+        let mut r = median(self.ratios());
+        if !r.is_finite() {
+            r = median(self.values(0)) / median(self.values(1));
+        }
         match self.kind {
             Kind::Rate => r >= 1.0,
             Kind::Added | Kind::Cost => r <= 1.0,
@@ -452,26 +470,14 @@ fn env_of(args: &Args) -> Vec<(&str, String)> {
         .collect()
 }
 
-fn check_comm(pid: u32, proxy: &NodeProxy) -> anyhow::Result<()> {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    if comm.trim() != proxy.comm() {
-        bail!("pid {pid} is {comm:?}, not {}'s node proxy", proxy.label());
-    }
-    Ok(())
-}
-
 fn dedicated(impls: &[NodeProxy; 2], args: &Args) -> anyhow::Result<Vec<Figure>> {
     let env = env_of(args);
     let mut labs = Vec::new();
     for (proxy, tag) in impls.iter().zip(["bp-dedicated-a", "bp-dedicated-i"]) {
         labs.push(
             TwoNodes::launch(TwoNodesSpec {
-                tag,
-                client: proxy.clone(),
-                server: proxy.clone(),
                 env: &env,
-                extra_yaml: "",
-                mesh: None,
+                ..TwoNodesSpec::pair(tag, proxy)
             })
             .with_context(|| format!("starting the {} pair", proxy.label()))?,
         );
@@ -485,8 +491,8 @@ fn dedicated(impls: &[NodeProxy; 2], args: &Args) -> anyhow::Result<Vec<Figure>>
         })
         .collect();
     for (p, proxy) in proxies.iter().zip(impls) {
-        check_comm(p.client, proxy)?;
-        check_comm(p.server, proxy)?;
+        common::check_comm(p.client, proxy.comm())?;
+        common::check_comm(p.server, proxy.comm())?;
     }
     let mut figures = Vec::new();
     rss(
@@ -521,34 +527,6 @@ const LOCAL: &str = "local";
 const REMOTE: &str = "remote";
 const SOAK: &str = "soak";
 const SOAK_CLIENT: &str = "soak-client";
-
-/// One connect + 1-byte exchange from `ns` to `dst`, retried until it succeeds (10 s).
-fn first_byte(ns: &str, dst: SocketAddr, t0: Instant) -> anyhow::Result<()> {
-    Lab::in_netns(ns, move || loop {
-        let r = (|| -> std::io::Result<()> {
-            let mut s = TcpStream::connect_timeout(&dst, Duration::from_secs(1))?;
-            s.set_read_timeout(Some(Duration::from_secs(1)))?;
-            s.write_all(b"x")?;
-            let mut b = [0u8; 1];
-            s.read_exact(&mut b)
-        })();
-        match r {
-            Ok(()) => return Ok(()),
-            Err(e) if t0.elapsed() > Duration::from_secs(10) => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(1)),
-        }
-    })
-}
-
-fn active_proxies(cluster: &Cluster, node: usize) -> Option<u64> {
-    cluster.metrics(node).ok()?.lines().find_map(|l| {
-        l.strip_prefix("workload_manager_active_proxy_count ")?
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .map(|v| v as u64)
-    })
-}
 
 fn inpod(
     ambit: &std::path::Path,
@@ -597,8 +575,8 @@ fn inpod(
             client: pid(c, 0)?,
             server: pid(c, 1)?,
         };
-        check_comm(p.client, proxy)?;
-        check_comm(p.server, proxy)?;
+        common::check_comm(p.client, proxy.comm())?;
+        common::check_comm(p.server, proxy.comm())?;
         proxies.push(p);
     }
     let mut figures = Vec::new();
@@ -633,7 +611,7 @@ fn inpod(
         wait_until(
             "the node proxy to serve every idle pod",
             Duration::from_secs(60),
-            || active_proxies(c, 0) == Some(expected),
+            || setup::active_proxies(c, 0) == Some(expected),
         )?;
         std::thread::sleep(Duration::from_secs(2));
         let after = common::status_kib(proxies[i].client, "VmRSS")?;
@@ -665,7 +643,7 @@ fn inpod(
             drop(c.serve_app(&spec.name, APP_PORT, EchoMode::Mirror)?);
             let dst = SocketAddr::from((c.pods[idx].ip, APP_PORT));
             let client_ns = c.pod(CLIENT).ns.clone();
-            first_byte(&client_ns, dst, t0)
+            setup::first_byte(&client_ns, dst, t0)
                 .with_context(|| format!("{}: first byte to {}", IMPLS[i], spec.name))?;
             row[1 + i] = t0.elapsed().as_secs_f64() * 1e3;
         }

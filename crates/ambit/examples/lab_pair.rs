@@ -52,12 +52,8 @@ fn main() -> anyhow::Result<()> {
     let (client, server) = (pick(&sides[0])?, pick(&sides[1])?);
     let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let nodes = TwoNodes::launch(TwoNodesSpec {
-        tag: "pair",
-        client: client.clone(),
-        server: server.clone(),
         env: &env,
-        extra_yaml: "",
-        mesh: None,
+        ..TwoNodesSpec::of("pair", client.clone(), server.clone())
     })?;
     ambit::demo::remove_on_signal(nodes.lab.cleanup_handle());
     setup::dedicated_paths(&nodes)?;

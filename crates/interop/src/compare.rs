@@ -297,6 +297,51 @@ fn split_fields(s: &str) -> Vec<(String, String)> {
     out
 }
 
+/// `ip:port` with the port masked (`ip:*`): the client's ephemeral ports differ from run to
+/// run. A value without a port is returned as it is.
+pub fn mask_port(addr: &str) -> String {
+    match addr.rsplit_once(':') {
+        Some((ip, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{ip}:*")
+        }
+        _ => addr.to_string(),
+    }
+}
+
+/// A `forwarded` header value with the port of its `for="ip:port"` masked.
+pub fn forwarded_masked(v: &str) -> String {
+    v.split(';')
+        .map(|part| {
+            match part
+                .strip_prefix("for=\"")
+                .and_then(|r| r.strip_suffix('"'))
+            {
+                Some(addr) => format!("for=\"{}\"", mask_port(addr)),
+                None => part.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// A W3C `traceparent` as HBONE clients send it: `00-<32 hex>-<16 hex>-00`, lower case,
+/// neither id all zeros.
+pub fn is_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && parts[3] == "00"
+        && parts[1].bytes().any(|b| b != b'0')
+        && parts[2].bytes().any(|b| b != b'0')
+}
+
 /// The access log lines (target `access`) of a log.
 pub fn access_lines(log: &str) -> Vec<LogLine> {
     log.lines()
@@ -352,6 +397,34 @@ mod tests {
             family(&s, "x_total"),
             json!([{"a": "1", "b": "q\"uote", "value": 3.0}])
         );
+    }
+
+    #[test]
+    fn ports_masked_and_traceparents_checked() {
+        assert_eq!(mask_port("10.0.0.1:4000"), "10.0.0.1:*");
+        assert_eq!(mask_port("[fd00::1]:4000"), "[fd00::1]:*");
+        assert_eq!(mask_port("\"quoted\""), "\"quoted\"");
+        assert_eq!(mask_port("host"), "host");
+        assert_eq!(
+            forwarded_masked("for=\"[::1]:80\";host=x"),
+            "for=\"[::1]:*\";host=x"
+        );
+        assert_eq!(forwarded_masked("for=\"10.0.0.1:1\""), "for=\"10.0.0.1:*\"");
+        assert!(is_traceparent(
+            "00-145c8ce016d2dd7fe14a255fb466bb1e-6fee1f850ca699ca-00"
+        ));
+        assert!(!is_traceparent(
+            "00-145C8CE016D2DD7FE14A255FB466BB1E-6fee1f850ca699ca-00"
+        ));
+        assert!(!is_traceparent(
+            "00-00000000000000000000000000000000-6fee1f850ca699ca-00"
+        ));
+        assert!(!is_traceparent(
+            "01-145c8ce016d2dd7fe14a255fb466bb1e-6fee1f850ca699ca-00"
+        ));
+        assert!(!is_traceparent(
+            "00-145c8ce016d2dd7fe14a255fb466bb1e-6fee1f850ca699ca"
+        ));
     }
 
     #[test]

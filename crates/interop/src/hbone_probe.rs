@@ -9,7 +9,7 @@
 //!   certificate (or none) and reports how the proxy answered.
 
 use std::net::SocketAddr;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use ambit_identity::WorkloadCertificate;
@@ -18,8 +18,7 @@ use bytes::Bytes;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
+use rustls::server::ClientHello;
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -76,29 +75,58 @@ impl Recorded {
     }
 }
 
-#[derive(Debug)]
-struct RecordingResolver {
-    key: Arc<CertifiedKey>,
-    hello: Mutex<mpsc::Sender<Recorded>>,
+/// What a ClientHello offers.
+fn offered(hello: &ClientHello<'_>) -> Recorded {
+    Recorded {
+        offered_suites: hello
+            .cipher_suites()
+            .iter()
+            .map(|s| format!("{s:?}"))
+            .collect(),
+        offered_alpn: hello
+            .alpn()
+            .map(|a| a.map(|p| String::from_utf8_lossy(p).into_owned()).collect())
+            .unwrap_or_default(),
+        sni: hello.server_name().map(str::to_string),
+        ..Recorded::default()
+    }
 }
 
-impl ResolvesServerCert for RecordingResolver {
-    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let rec = Recorded {
-            offered_suites: hello
-                .cipher_suites()
-                .iter()
-                .map(|s| format!("{s:?}"))
-                .collect(),
-            offered_alpn: hello
-                .alpn()
-                .map(|a| a.map(|p| String::from_utf8_lossy(p).into_owned()).collect())
-                .unwrap_or_default(),
-            sni: hello.server_name().map(str::to_string),
-            ..Recorded::default()
-        };
-        let _ = self.hello.lock().unwrap().send(rec);
-        Some(self.key.clone())
+/// The signature checks both permissive verifiers still make: a peer must hold the key
+/// of the certificate it shows, whatever the certificate says.
+struct Signatures;
+
+impl Signatures {
+    fn tls12(
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            m,
+            c,
+            d,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn tls13(
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            m,
+            c,
+            d,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn schemes() -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -124,12 +152,7 @@ impl ClientCertVerifier for AnyClientCert {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            m,
-            c,
-            d,
-            &provider().signature_verification_algorithms,
-        )
+        Signatures::tls12(m, c, d)
     }
     fn verify_tls13_signature(
         &self,
@@ -137,17 +160,10 @@ impl ClientCertVerifier for AnyClientCert {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            m,
-            c,
-            d,
-            &provider().signature_verification_algorithms,
-        )
+        Signatures::tls13(m, c, d)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        provider()
-            .signature_verification_algorithms
-            .supported_schemes()
+        Signatures::schemes()
     }
 }
 
@@ -172,12 +188,7 @@ impl ServerCertVerifier for AnyServerCert {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            m,
-            c,
-            d,
-            &provider().signature_verification_algorithms,
-        )
+        Signatures::tls12(m, c, d)
     }
     fn verify_tls13_signature(
         &self,
@@ -185,17 +196,10 @@ impl ServerCertVerifier for AnyServerCert {
         c: &CertificateDer<'_>,
         d: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            m,
-            c,
-            d,
-            &provider().signature_verification_algorithms,
-        )
+        Signatures::tls13(m, c, d)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        provider()
-            .signature_verification_algorithms
-            .supported_schemes()
+        Signatures::schemes()
     }
 }
 
@@ -220,37 +224,39 @@ impl RecordingServer {
         let listener = ambit::lab::Lab::in_netns(ns, move || std::net::TcpListener::bind(addr))
             .with_context(|| format!("binding the recording server on {addr} in {ns}"))?;
         listener.set_nonblocking(true)?;
-        let (hello_tx, hello_rx) = mpsc::channel();
         let (tx, records) = mpsc::channel();
-        let key = CertifiedKey::from_der(cert.chain.clone(), key_of(cert), &provider())?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(Arc::new(AnyClientCert))
-            .with_cert_resolver(Arc::new(RecordingResolver {
-                key: Arc::new(key),
-                hello: Mutex::new(hello_tx),
-            }));
+            .with_single_cert(cert.chain.clone(), key_of(cert))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let config = Arc::new(config);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let hello_rx = Arc::new(Mutex::new(hello_rx));
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     return;
                 };
-                let acceptor = acceptor.clone();
+                let config = config.clone();
                 let tx = tx.clone();
-                let hello_rx = hello_rx.clone();
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
+                    // Read this connection's ClientHello before answering it, so each record
+                    // carries its own connection's offer.
+                    let acceptor = tokio_rustls::LazyConfigAcceptor::new(
+                        rustls::server::Acceptor::default(),
+                        tcp,
+                    );
+                    let Ok(start) = acceptor.await else {
                         return;
                     };
-                    let mut base = hello_rx.lock().unwrap().try_recv().unwrap_or_default();
+                    let mut base = offered(&start.client_hello());
+                    let Ok(tls) = start.into_stream(config).await else {
+                        return;
+                    };
                     {
                         let (_, conn) = tls.get_ref();
                         base.tls_version = conn

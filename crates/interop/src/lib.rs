@@ -8,6 +8,7 @@
 //! `peer` feature.
 
 pub mod apps;
+pub mod certs;
 pub mod compare;
 pub mod hbone_probe;
 pub mod zds_peer;
@@ -52,7 +53,43 @@ pub fn ambit_bin() -> anyhow::Result<PathBuf> {
             path.display()
         );
     }
+    if std::env::var_os("AMBIT_BIN").is_none() {
+        let built = std::fs::metadata(&path)?.modified()?;
+        if let Some(newer) = newest_source(&workspace().join("crates")).filter(|(t, _)| *t > built)
+        {
+            bail!(
+                "{} is older than {}: rebuild it (`cargo build -p ambit`; scripts/interop does)",
+                path.display(),
+                newer.1.display()
+            );
+        }
+    }
     Ok(path.canonicalize()?)
+}
+
+/// The most recently modified `.rs` file under `dir` (tests excluded: they are not in
+/// the binary).
+fn newest_source(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() {
+                if name != "tests" && name != "interop" && name != "examples" && name != "benches" {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                if let Ok(t) = entry.metadata().and_then(|m| m.modified()) {
+                    if newest.as_ref().is_none_or(|(n, _)| t > *n) {
+                        newest = Some((t, path));
+                    }
+                }
+            }
+        }
+    }
+    newest
 }
 
 /// Both implementations, ambit's first.

@@ -72,11 +72,12 @@ pub fn status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
-/// Fails unless `pid` is an `ambit` process (the node proxy we mean to measure).
-pub fn check_is_ambit(pid: u32) -> anyhow::Result<()> {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    if comm.trim() != "ambit" {
-        bail!("pid {pid} is {comm:?}, not the node proxy");
+/// Fails unless `pid` is a process named `comm` (the node proxy we mean to measure:
+/// `ambit`, or `ztunnel` for Istio's).
+pub fn check_comm(pid: u32, comm: &str) -> anyhow::Result<()> {
+    let found = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if found.trim() != comm {
+        bail!("pid {pid} is {found:?}, not the node proxy ({comm})");
     }
     Ok(())
 }

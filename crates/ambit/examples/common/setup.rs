@@ -141,3 +141,47 @@ pub fn inpod_target<'a>(cluster: &'a Cluster, client: &str, server: &str) -> Tar
         direct_iperf_port: DIRECT_IPERF_PORT,
     }
 }
+
+/// `workload_manager_active_proxy_count` of a node's proxy.
+pub fn active_proxies(cluster: &Cluster, node: usize) -> Option<u64> {
+    cluster.metrics(node).ok()?.lines().find_map(|l| {
+        l.strip_prefix("workload_manager_active_proxy_count ")?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .map(|v| v as u64)
+    })
+}
+
+/// How long a new pod may take to serve its first byte before the run fails.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One connect + 1-byte exchange from `ns` to `dst`, repeated every 1 ms until it succeeds;
+/// returns the number of attempts. Gives up `FIRST_BYTE_TIMEOUT` after `t0`.
+pub fn first_byte(ns: &str, dst: SocketAddr, t0: std::time::Instant) -> anyhow::Result<usize> {
+    Lab::in_netns(ns, move || {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let r = (|| -> std::io::Result<()> {
+                let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(1))?;
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(Duration::from_secs(1)))?;
+                std::io::Write::write_all(&mut s, b"x")?;
+                let mut b = [0u8; 1];
+                std::io::Read::read_exact(&mut s, &mut b)?;
+                Ok(())
+            })();
+            match r {
+                Ok(()) => return Ok(attempts),
+                Err(e) if t0.elapsed() > FIRST_BYTE_TIMEOUT => {
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("no byte from {dst} within {FIRST_BYTE_TIMEOUT:?} ({attempts} attempts), last error: {e}"),
+                    ))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    })
+}

@@ -11,7 +11,7 @@ use ambit::lab::inpod::{Cluster, ClusterSpec, PodSpec};
 use ambit::lab::mesh::{metric_sum, EchoMode};
 use ambit::lab::{http_get, wait_until, Lab};
 use ambit_interop::apps::{exchange_half_close, serve_half_close, MIB};
-use ambit_interop::compare::{family, json_diff, parse_prometheus};
+use ambit_interop::compare::{family, json_diff, mask_port, parse_prometheus};
 use ambit_interop::{ambit_bin, both, peer, NodeProxy};
 use serde_json::Value;
 
@@ -267,8 +267,7 @@ fn masked(mut v: Value) -> Value {
         for dir in ["inbound", "outbound"] {
             for c in pod["connections"][dir].as_array_mut().into_iter().flatten() {
                 if let Some(src) = c["src"].as_str() {
-                    let ip = src.rsplit_once(':').map_or(src, |(ip, _)| ip);
-                    c["src"] = format!("{ip}:*").into();
+                    c["src"] = mask_port(src).into();
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ambit::lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, SERVER_IP, SERVER_IP6};
 use ambit_identity::{CertificateAuthority, SpiffeId, WorkloadCertificate};
-use ambit_interop::compare::{access_lines, LogLine};
+use ambit_interop::compare::{access_lines, mask_port, LogLine};
 use ambit_interop::hbone_probe::{probe, Outcome, ProbeRequest};
 use ambit_interop::{both, NodeProxy};
 
@@ -135,12 +135,9 @@ pub struct Answers {
 pub fn answers(proxy: &NodeProxy) -> Answers {
     let tag = format!("io-ans-{}", proxy.label());
     let nodes = TwoNodes::launch(TwoNodesSpec {
-        tag: &tag,
-        client: proxy.clone(),
-        server: proxy.clone(),
-        env: &[],
         extra_yaml: POLICIES,
         mesh: Some(MESH),
+        ..TwoNodesSpec::pair(&tag, proxy)
     })
     .unwrap();
     let _app = nodes.start_app_server(EchoMode::Mirror).unwrap();
@@ -215,9 +212,7 @@ fn comparable(l: LogLine) -> (String, String, Vec<(String, String)>) {
         .into_iter()
         .map(|(k, v)| {
             let v = match k.as_str() {
-                "src.addr" => v
-                    .rsplit_once(':')
-                    .map_or(v.clone(), |(ip, _)| format!("{ip}:*")),
+                "src.addr" => mask_port(&v),
                 "duration" | "error" => "*".into(),
                 _ => v,
             };
@@ -288,4 +283,43 @@ fn the_hbone_servers_answer_alike() {
         }
         assert_eq!(x, y, "access log line");
     }
+}
+
+/// How each server answers a client certificate carrying two SPIFFE ids (the README's
+/// "stricter identities": an SVID has exactly one).
+fn two_ids(proxy: &NodeProxy) -> Outcome {
+    let tag = format!("io-2id-{}", proxy.label());
+    let nodes = TwoNodes::launch(TwoNodesSpec::pair(&tag, proxy)).unwrap();
+    let _app = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    nodes
+        .lab
+        .exec(
+            &nodes.client_ns,
+            &["iptables", "-w", "-t", "nat", "-F", "OUTPUT"],
+        )
+        .unwrap();
+    let cert = ambit_interop::certs::two_spiffe_ids(
+        &nodes.ca_dir,
+        [
+            "spiffe://cluster.local/ns/default/sa/client",
+            "spiffe://cluster.local/ns/default/sa/other",
+        ],
+    )
+    .unwrap();
+    probe(
+        &nodes.client_ns,
+        SocketAddr::from((SERVER_IP, 15008)),
+        Some(&cert),
+        &ProbeRequest::connect("10.78.0.2:8080"),
+    )
+    .unwrap()
+}
+
+#[test]
+fn only_ambit_refuses_a_certificate_with_two_spiffe_ids() {
+    let [ambit, istio] = both().unwrap();
+    let a = two_ids(&ambit);
+    let i = two_ids(&istio);
+    assert!(matches!(a, Outcome::TlsRejected(_)), "ambit took it: {a:?}");
+    assert_eq!(i.status(), Some(200), "Istio's ztunnel: {i:?}");
 }

@@ -7,18 +7,15 @@ use std::time::Duration;
 
 use ambit::lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_PORT, SERVICE_VIP};
 use ambit_identity::{CertificateAuthority, SpiffeId};
+use ambit_interop::compare::{forwarded_masked, is_traceparent};
 use ambit_interop::hbone_probe::{Recorded, RecordingServer};
 use ambit_interop::{both, NodeProxy};
 
 pub fn record(proxy: &NodeProxy) -> Vec<Recorded> {
     let tag = format!("io-rec-{}", proxy.label());
     let nodes = TwoNodes::launch(TwoNodesSpec {
-        tag: &tag,
-        client: proxy.clone(),
-        server: proxy.clone(),
-        env: &[],
-        extra_yaml: "",
         mesh: Some(crate::differential::MESH),
+        ..TwoNodesSpec::pair(&tag, proxy)
     })
     .unwrap();
     nodes
@@ -52,53 +49,13 @@ pub fn record(proxy: &NodeProxy) -> Vec<Recorded> {
         conn.shutdown(Shutdown::Write).unwrap();
         let mut back = Vec::new();
         let _ = conn.read_to_end(&mut back);
-        let mut rec = server.next(Duration::from_secs(10)).unwrap_or_else(|e| {
+        let rec = server.next(Duration::from_secs(10)).unwrap_or_else(|e| {
             panic!(
                 "{tag} {dst}: {e}\n{}",
                 std::fs::read_to_string(&nodes.client_proxy.log).unwrap_or_default()
             )
         });
-        rec.headers
-            .push(("x-local-src".into(), format!("{:?}", nodes.client_ns)));
         out.push(rec);
-    }
-    out
-}
-
-/// `00-<32 hex>-<16 hex>-00`, ids not all zero.
-fn is_traceparent(v: &str) -> bool {
-    let parts: Vec<&str> = v.split('-').collect();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    };
-    parts.len() == 4
-        && parts[0] == "00"
-        && hex(parts[1], 32)
-        && hex(parts[2], 16)
-        && parts[3] == "00"
-        && parts[1].bytes().any(|b| b != b'0')
-        && parts[2].bytes().any(|b| b != b'0')
-}
-
-/// `for="ip:port"` with the client's port masked.
-fn forwarded_masked(v: &str) -> String {
-    let mut out = String::new();
-    for (i, part) in v.split(';').enumerate() {
-        if i > 0 {
-            out.push(';');
-        }
-        match part
-            .strip_prefix("for=\"")
-            .and_then(|r| r.strip_suffix('"'))
-        {
-            Some(addr) => {
-                let ip = addr.rsplit_once(':').map_or(addr, |(ip, _)| ip);
-                out.push_str(&format!("for=\"{ip}:*\""));
-            }
-            None => out.push_str(part),
-        }
     }
     out
 }
@@ -145,13 +102,7 @@ fn the_connect_requests_of_both_clients_match() {
             x.authority, "10.78.0.2:8080",
             "{what}: the pod and target port"
         );
-        let names = |r: &Recorded| {
-            r.headers
-                .iter()
-                .map(|(n, _)| n.clone())
-                .filter(|n| n != "x-local-src")
-                .collect::<Vec<_>>()
-        };
+        let names = |r: &Recorded| r.headers.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
         assert_eq!(names(x), names(y), "{what}: header names and order");
         assert_eq!(x.header("baggage"), y.header("baggage"), "{what}: baggage");
         assert_eq!(
@@ -183,25 +134,5 @@ fn the_connect_requests_of_both_clients_match() {
         a[0].header("traceparent"),
         a[1].header("traceparent"),
         "a trace per connection"
-    );
-}
-
-#[test]
-fn traceparent_and_forwarded_helpers() {
-    assert!(is_traceparent(
-        "00-145c8ce016d2dd7fe14a255fb466bb1e-6fee1f850ca699ca-00"
-    ));
-    assert!(!is_traceparent(
-        "00-145C8CE016D2DD7FE14A255FB466BB1E-6fee1f850ca699ca-00"
-    ));
-    assert!(!is_traceparent(
-        "00-00000000000000000000000000000000-6fee1f850ca699ca-00"
-    ));
-    assert!(!is_traceparent(
-        "01-145c8ce016d2dd7fe14a255fb466bb1e-6fee1f850ca699ca-00"
-    ));
-    assert_eq!(
-        forwarded_masked("for=\"[::1]:80\";host=x"),
-        "for=\"[::1]:*\";host=x"
     );
 }

@@ -8,10 +8,12 @@ use std::time::Duration;
 use ambit::lab::mesh::{
     metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_PORT, SERVICE_VIP,
 };
-use ambit::lab::{http_get, wait_until};
+use ambit::lab::{http_get, wait_until, Lab};
 use std::collections::BTreeSet;
 
-use ambit_interop::compare::{family, json_diff, parse_prometheus, shape, Difference, LogLine};
+use ambit_interop::compare::{
+    family, json_diff, mask_port, parse_prometheus, shape, Difference, LogLine,
+};
 use ambit_interop::{both, NodeProxy};
 use serde_json::Value;
 
@@ -94,12 +96,10 @@ pub struct Observed {
 pub fn observe(proxy: &NodeProxy) -> Observed {
     let tag = format!("io-diff-{}", proxy.label());
     let nodes = TwoNodes::launch(TwoNodesSpec {
-        tag: &tag,
-        client: proxy.clone(),
-        server: proxy.clone(),
-        env: &[],
+        env: &[("ENABLE_ORIG_SRC", "false".to_string())],
         extra_yaml: POLICIES,
         mesh: Some(MESH),
+        ..TwoNodesSpec::pair(&tag, proxy)
     })
     .unwrap();
     let _app = nodes.start_app_server(EchoMode::Double).unwrap();
@@ -143,18 +143,30 @@ pub fn observe(proxy: &NodeProxy) -> Observed {
 /// Where ambit is different on purpose (the README's differences section says why), as
 /// the checks below expect it.
 pub mod documented {
-    /// `config` keys whose values differ for the same environment.
-    pub const CONFIG_VALUES: &[(&str, &str)] = &[
-        (
-            "numWorkerThreads",
-            "ambit's default is a quarter of the CPUs, at least one; ztunnel keeps at least two",
-        ),
-        (
-            "fakeCa",
-            "ambit mints from LOCAL_CA_DIR; the lab runs Istio's ztunnel with its test CA",
-        ),
-        ("proxyArgs", "the command line each was started with"),
-    ];
+    use serde_json::{json, Value};
+
+    /// ztunnel's `config` keys ambit has no counterpart for (no DNS proxy yet).
+    pub const ISTIO_ONLY_CONFIG_KEYS: &[&str] = &["dnsResolverCfg", "dnsResolverOpts"];
+    /// ambit's own `config` keys.
+    pub const AMBIT_ONLY_CONFIG_KEYS: &[&str] = &["localCaDir", "localXdsConfig", "trustDomain"];
+
+    /// `config` values that differ for the same environment, as (key, ambit's, Istio's).
+    pub fn config_values() -> Vec<(&'static str, Value, Value)> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let quarter = cpus.div_ceil(4);
+        vec![
+            // A quarter of the CPUs, at least one; ztunnel keeps at least two.
+            (
+                "numWorkerThreads",
+                json!(quarter.max(1)),
+                json!(quarter.max(2)),
+            ),
+            // ambit mints from LOCAL_CA_DIR; the lab runs Istio's ztunnel with its fake CA.
+            ("fakeCa", json!(false), json!(true)),
+            // The command lines the lab starts them with.
+            ("proxyArgs", json!("ztunnel"), json!("proxy ztunnel")),
+        ]
+    }
 
     /// On the inbound side of IP-addressed traffic, ambit names the service the client
     /// meant (from `forwarded: host=` or the target port), as ztunnel does with xDS; with a
@@ -184,19 +196,35 @@ const EXACT_SECTIONS: &[&str] = &[
 /// `config`: the same keys (less what one side alone has) and the same values, but for the
 /// documented differences.
 fn check_config(ambit: &Value, istio: &Value) {
-    let only_ambit: BTreeSet<String> = ambit::config_dump::AMBIT_KEYS
-        .iter()
-        .map(|k| k.to_string())
-        .collect();
-    let only_istio: BTreeSet<String> = ambit::config_dump::OMITTED_ZTUNNEL_KEYS
-        .iter()
-        .map(|k| k.to_string())
-        .collect();
-    let a: BTreeSet<String> = keys(ambit).difference(&only_ambit).cloned().collect();
-    let i: BTreeSet<String> = keys(istio).difference(&only_istio).cloned().collect();
+    let without = |v: &Value, drop: &[&str]| -> BTreeSet<String> {
+        keys(v)
+            .into_iter()
+            .filter(|k| !drop.contains(&k.as_str()))
+            .collect()
+    };
+    let a = without(ambit, documented::AMBIT_ONLY_CONFIG_KEYS);
+    let i = without(istio, documented::ISTIO_ONLY_CONFIG_KEYS);
     assert_eq!(a, i, "config keys differ");
+    for key in documented::AMBIT_ONLY_CONFIG_KEYS {
+        assert!(
+            ambit.get(key).is_some() && istio.get(key).is_none(),
+            "config.{key}"
+        );
+    }
+    for key in documented::ISTIO_ONLY_CONFIG_KEYS {
+        assert!(
+            istio.get(key).is_some() && ambit.get(key).is_none(),
+            "config.{key}"
+        );
+    }
+    let documented = documented::config_values();
     for k in &a {
-        if documented::CONFIG_VALUES.iter().any(|(d, _)| d == k) {
+        if let Some((_, want_a, want_i)) = documented.iter().find(|(d, _, _)| d == k) {
+            assert_eq!(
+                (&ambit[k], &istio[k]),
+                (want_a, want_i),
+                "config.{k}: the documented difference"
+            );
             continue;
         }
         let (mut x, mut y) = (ambit[k].clone(), istio[k].clone());
@@ -237,13 +265,10 @@ fn config_dump_of_a_rich_local_config_matches() {
 /// durations.
 fn normalized(mut l: LogLine) -> LogLine {
     for (k, v) in &mut l.fields {
-        if k == "src.addr" {
-            if let Some((ip, _)) = v.rsplit_once(':') {
-                *v = format!("{ip}:*");
-            }
-        }
-        if k == "duration" {
-            *v = "*".into();
+        match k.as_str() {
+            "src.addr" => *v = mask_port(v),
+            "duration" => *v = "*".into(),
+            _ => {}
         }
     }
     l
@@ -365,4 +390,154 @@ fn metrics_access_logs_and_dumps_match_for_the_same_exchanges() {
             assert_eq!(x, y, "{side} access log");
         }
     }
+}
+
+/// One exchange through a dedicated-mode pair with `ENABLE_ORIG_SRC` unset: what the app
+/// saw (None: no connection reached it) and whether the client got its answer.
+fn orig_src_unset(proxy: &NodeProxy) -> (Option<std::net::IpAddr>, bool) {
+    let tag = format!("io-origsrc-{}", proxy.label());
+    let nodes = TwoNodes::launch(TwoNodesSpec {
+        orig_src_unset: true,
+        ..TwoNodesSpec::pair(&tag, proxy)
+    })
+    .unwrap();
+    let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let mut conn = nodes
+        .connect_from_client(SocketAddr::from((SERVER_IP, APP_PORT)))
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let _ = conn.write_all(b"hello");
+    let _ = conn.shutdown(Shutdown::Write);
+    let mut back = Vec::new();
+    let _ = conn.read_to_end(&mut back);
+    let peer = accepted
+        .recv_timeout(Duration::from_secs(1))
+        .ok()
+        .map(|a| a.ip().to_canonical());
+    (peer, back == b"hello")
+}
+
+#[test]
+fn dedicated_mode_without_enable_orig_src_as_documented() {
+    let [ambit, istio] = both().unwrap();
+    // ambit connects to the app from its own address, and the exchange works.
+    let (peer, answered) = orig_src_unset(&ambit);
+    assert!(answered, "ambit's exchange failed");
+    assert_eq!(
+        peer,
+        Some(std::net::IpAddr::from(SERVER_IP)),
+        "ambit's source towards the app"
+    );
+    // Istio's ztunnel binds the client's address, the app's replies leave the node, the
+    // app never sees the connection, and the client gets no answer.
+    let (peer, answered) = orig_src_unset(&istio);
+    assert!(
+        !answered,
+        "Istio's ztunnel answered: the documented difference is gone"
+    );
+    assert_eq!(
+        peer, None,
+        "the app saw a connection through Istio's ztunnel"
+    );
+}
+
+/// A workload as both read it, the start of the local configs below.
+const WORKLOAD: &str = r#"workloads:
+- uid: cluster1//v1/Pod/default/w
+  name: w
+  namespace: default
+  serviceAccount: w
+  workloadIps: ["10.1.0.5"]
+  node: node1
+"#;
+
+/// Local configs only ambit reads, each with what ztunnel says of it: no `services` on a
+/// workload; no `dryRun` on a policy; a string match written as a map.
+fn lenient() -> Vec<(String, &'static str)> {
+    let policy = |dry_run: &str, principal: &str| {
+        format!("policies:\n- name: p\n  namespace: default\n  scope: Namespace\n  action: Allow\n{dry_run}  rules:\n  - - - principals: [{principal}]\n")
+    };
+    let services = "  services: {}\n";
+    vec![
+        (WORKLOAD.to_string(), "missing field `services`"),
+        (
+            format!(
+                "{WORKLOAD}{services}{}",
+                policy("", "!Exact \"cluster.local/ns/default/sa/w\"")
+            ),
+            "missing field `dryRun`",
+        ),
+        (
+            format!(
+                "{WORKLOAD}{services}{}",
+                policy(
+                    "  dryRun: false\n",
+                    "{exact: \"cluster.local/ns/default/sa/w\"}"
+                )
+            ),
+            "principals",
+        ),
+    ]
+}
+
+/// Valid for both: a workload without a uid.
+const NO_UID: &str = r#"workloads:
+- name: w
+  namespace: default
+  serviceAccount: w
+  workloadIps: ["10.1.0.5"]
+  node: node1
+  services: {}
+"#;
+
+#[test]
+fn local_configs_as_documented() {
+    let [ambit, istio] = both().unwrap();
+    // What ztunnel refuses, ambit loads.
+    for (n, (yaml, istio_says)) in lenient().into_iter().enumerate() {
+        let a = Single::start(
+            &ambit,
+            &format!("io-lenient-a{n}"),
+            &yaml,
+            "default/w/w",
+            &[],
+        )
+        .config_dump();
+        assert_eq!(a["workloads"][0]["name"], "w", "{yaml}");
+        let lab = Lab::new(&format!("io-lenient-i{n}")).unwrap();
+        let ns = lab.netns("node").unwrap();
+        let config = lab.dir.path().join("mesh.yaml");
+        std::fs::write(&config, &yaml).unwrap();
+        let mut env = istio.env(&config, &lab.dir.path().join("ca"));
+        env.extend([
+            ("PROXY_MODE", "dedicated".to_string()),
+            ("PROXY_WORKLOAD_INFO", "default/w/w".to_string()),
+        ]);
+        let (program, args) = istio.command();
+        let p = lab.spawn(&ns, "istio", program, args, &env).unwrap();
+        let status = lab.wait_exit(p.pid, Duration::from_secs(10)).unwrap();
+        let log = std::fs::read_to_string(&p.log).unwrap();
+        let refusal = log
+            .lines()
+            .find(|l| l.starts_with("Error: "))
+            .unwrap_or_default();
+        assert!(
+            !status.success() && refusal.contains(istio_says),
+            "Istio's ztunnel on\n{yaml}\nexpected a refusal naming {istio_says:?}; its log:\n{log}"
+        );
+    }
+    // A workload without a uid: ambit makes one, ztunnel leaves it out.
+    let a = Single::start(&ambit, "io-nouid-a", NO_UID, "default/w/w", &[]).config_dump();
+    let i = Single::start(&istio, "io-nouid-i", NO_UID, "default/w/w", &[]).config_dump();
+    assert_eq!(a["workloads"][0]["uid"], "Kubernetes//v1/Pod/default/w");
+    assert!(
+        i["workloads"][0].get("uid").is_none(),
+        "{}",
+        i["workloads"][0]
+    );
+    let mut x = a["workloads"][0].clone();
+    x.as_object_mut().unwrap().remove("uid");
+    let d = json_diff(&x, &i["workloads"][0]);
+    assert!(d.is_empty(), "but for the uid:\n{}", lines(&d));
 }

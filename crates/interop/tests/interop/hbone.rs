@@ -12,15 +12,7 @@ use ambit_interop::apps::{exchange_half_close, serve_half_close, MIB};
 use ambit_interop::{ambit_bin, peer, NodeProxy};
 
 fn run(client: NodeProxy, server: NodeProxy, tag: &str) {
-    let nodes = TwoNodes::launch(TwoNodesSpec {
-        tag,
-        client,
-        server,
-        env: &[],
-        extra_yaml: "",
-        mesh: None,
-    })
-    .unwrap();
+    let nodes = TwoNodes::launch(TwoNodesSpec::of(tag, client, server)).unwrap();
     let listener = Lab::in_netns(&nodes.server_ns, || {
         TcpListener::bind(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, APP_PORT, 0, 0))
     })
