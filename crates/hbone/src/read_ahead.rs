@@ -2,9 +2,11 @@
 //!
 //! rustls asks its transport for at most a few KiB at a time, so without a buffer in between a
 //! bulk transfer costs one `recv` per TLS record or less. A fixed buffer is a trade between
-//! syscalls and memory: every pooled or accepted HBONE connection keeps one. This one starts
-//! small and doubles whenever a read fills it, up to `MAX_READ_AHEAD`; an idle or chatty
-//! connection never grows it. Writes pass straight through.
+//! syscalls and memory, and an extra copy of every byte: every pooled (client-side) HBONE
+//! connection keeps one; the server reads its sockets directly, where the copy cost more
+//! than the system calls it saved. This one starts small and doubles whenever a read fills
+//! it, up to `MAX_READ_AHEAD`; an idle or chatty connection never grows it. Writes pass
+//! straight through.
 
 use std::io;
 use std::pin::Pin;

@@ -134,16 +134,11 @@ where
     }
     let addr = tcp.peer_addr().map_err(HboneError::io)?;
     let local_addr = tcp.local_addr().map_err(HboneError::io)?;
-    serve(
-        crate::ReadAhead::new(tcp),
-        addr,
-        local_addr,
-        tls,
-        settings,
-        shutdown,
-        handler,
-    )
-    .await
+    // The socket straight under TLS, without `ReadAhead`: the receiving side of a bulk
+    // stream costs 15-22 % less CPU per GB without it on the Intel guest of the issue 9
+    // round (interleaved A/B pairs, BENCHMARKS.md), the extra copy out of its buffer
+    // outweighing the system calls it saves. The client keeps it (neutral there).
+    serve(tcp, addr, local_addr, tls, settings, shutdown, handler).await
 }
 
 /// Serves one accepted connection over any transport: TLS handshake with `tls` (ALPN `h2` and

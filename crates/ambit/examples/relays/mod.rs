@@ -5,7 +5,8 @@
 //! - two plain TCP relays (socat, read/write): what any two-hop user-space proxy could reach
 //!   here before paying for encryption;
 //! - two bare TLS relays: the node proxies' own TLS (their rustls configuration and
-//!   certificates, `ambit_hbone::tls::{connect, accept}` over `ReadAhead`, mutual TLS 1.3),
+//!   certificates, `ambit_hbone::tls::{connect, accept}`, `ReadAhead` on the client side as
+//!   in the proxies, mutual TLS 1.3),
 //!   the same 256 KiB copies, no HTTP/2 and no proxy logic: what any proxy that encrypts
 //!   with this TLS stack could reach here.
 //!
@@ -436,11 +437,8 @@ impl Relay {
                 relay(accepted, tls).await
             }
             Side::Server => {
-                let tls = ambit_hbone::tls::accept(
-                    ambit_hbone::ReadAhead::new(accepted),
-                    self.server_tls.clone(),
-                )
-                .await?;
+                // As the node proxy's HBONE server: no read-ahead under TLS.
+                let tls = ambit_hbone::tls::accept(accepted, self.server_tls.clone()).await?;
                 relay(tls, upstream).await
             }
         }
