@@ -35,23 +35,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ambit::lab::inpod::{Cluster, PodSpec};
+use ambit::lab::inpod::Cluster;
 use ambit::lab::mesh::{EchoMode, APP_PORT};
 use ambit::lab::wait_until;
 use anyhow::{bail, Context};
 use common::setup;
+use common::setup::{CLIENT, LOCAL, REMOTE, SOAK, SOAK_CLIENT};
 use common::{mib, pct, yes, Columns, Proxies, Report};
-
-/// The pods running from the start (created in this order, before any configured-only pod).
-const CLIENT: &str = "client";
-/// The server on the client's node.
-const LOCAL: &str = "local";
-/// The server on the other node.
-const REMOTE: &str = "remote";
-/// The soak's server on the other node, and its client on the client's node: pods of their
-/// own, so the TIME_WAIT sockets in them are the soak's alone.
-const SOAK: &str = "soak";
-const SOAK_CLIENT: &str = "soak-client";
 
 struct Args {
     ambit: PathBuf,
@@ -162,23 +152,13 @@ fn main() -> anyhow::Result<()> {
 
     // Every pod is in the mesh configuration from the start; only the first five are
     // created now. Per node, pods must be created in this order (host-local addresses).
-    let idle: Vec<PodSpec> = (0..args.idle_pods)
-        .map(|i| PodSpec::new(&format!("idle-{i:03}"), 0))
-        .collect();
-    let enroll: Vec<PodSpec> = (0..args.enroll_pods)
-        .map(|i| PodSpec::new(&format!("enroll-{i:02}"), 1))
-        .collect();
-    let mut specs = vec![
-        PodSpec::new(CLIENT, 0),
-        PodSpec::new(LOCAL, 0),
-        PodSpec::new(REMOTE, 1),
-        PodSpec::new(SOAK, 1),
-        PodSpec::new(SOAK_CLIENT, 0),
-    ];
-    let running = specs.len();
-    let running_node1 = specs.iter().filter(|p| p.node == 0).count();
-    specs.extend(idle.iter().cloned());
-    specs.extend(enroll.iter().cloned());
+    let setup::InpodPods {
+        specs,
+        idle,
+        enroll,
+        running,
+        running_node1,
+    } = setup::inpod_pods(args.idle_pods, args.enroll_pods);
     println!("starting two nodes (agent + node proxy each) and {running} pods ...");
     let mut cluster = Cluster::start_configured(&ambit, "bench-inpod", 2, &specs, running, "")
         .context("starting the in-pod lab")?;

@@ -31,11 +31,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit::lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit::lab::inpod::{Cluster, ClusterSpec};
 use ambit::lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
 use ambit::lab::peer::{IstioZtunnel, NodeProxy};
 use ambit::lab::wait_until;
 use anyhow::{bail, Context};
+use common::setup::{CLIENT, LOCAL, REMOTE, SOAK, SOAK_CLIENT};
 use common::{setup, Cpu, Pcts, Proxies, Target};
 
 /// The two implementations, in the order of every `[direct, ambit, Istio]` row. Both
@@ -522,34 +523,18 @@ fn dedicated(impls: &[NodeProxy; 2], args: &Args) -> anyhow::Result<Vec<Figure>>
 // ---------------------------------------------------------------------------------------
 // In-pod mode.
 
-const CLIENT: &str = "client";
-const LOCAL: &str = "local";
-const REMOTE: &str = "remote";
-const SOAK: &str = "soak";
-const SOAK_CLIENT: &str = "soak-client";
-
 fn inpod(
     ambit: &std::path::Path,
     impls: &[NodeProxy; 2],
     args: &Args,
 ) -> anyhow::Result<(Vec<Figure>, Vec<String>)> {
-    let idle: Vec<PodSpec> = (0..args.idle_pods)
-        .map(|i| PodSpec::new(&format!("idle-{i:03}"), 0))
-        .collect();
-    let enroll: Vec<PodSpec> = (0..args.enroll_pods)
-        .map(|i| PodSpec::new(&format!("enroll-{i:02}"), 1))
-        .collect();
-    let mut specs = vec![
-        PodSpec::new(CLIENT, 0),
-        PodSpec::new(LOCAL, 0),
-        PodSpec::new(REMOTE, 1),
-        PodSpec::new(SOAK, 1),
-        PodSpec::new(SOAK_CLIENT, 0),
-    ];
-    let running = specs.len();
-    let running_node1 = specs.iter().filter(|p| p.node == 0).count();
-    specs.extend(idle.iter().cloned());
-    specs.extend(enroll.iter().cloned());
+    let setup::InpodPods {
+        specs,
+        idle,
+        enroll,
+        running,
+        running_node1,
+    } = setup::inpod_pods(args.idle_pods, args.enroll_pods);
     let env = env_of(args);
     let mut clusters = Vec::new();
     for (proxy, tag) in impls.iter().zip(["bp-inpod-a", "bp-inpod-i"]) {

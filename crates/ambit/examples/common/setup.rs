@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::time::Duration;
 
-use ambit::lab::inpod::Cluster;
+use ambit::lab::inpod::{Cluster, PodSpec};
 use ambit::lab::mesh::{metric_sum, serve_echo, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
 use ambit::lab::{wait_until, Lab};
 use anyhow::{bail, Context};
@@ -184,4 +184,54 @@ pub fn first_byte(ns: &str, dst: SocketAddr, t0: std::time::Instant) -> anyhow::
             }
         }
     })
+}
+
+/// The in-pod drivers' pods.
+pub const CLIENT: &str = "client";
+/// The server on the client's node.
+pub const LOCAL: &str = "local";
+/// The server on the other node.
+pub const REMOTE: &str = "remote";
+/// The soak's server on the other node, and its client on the client's node: pods of their
+/// own, so the TIME_WAIT sockets in them are the soak's alone.
+pub const SOAK: &str = "soak";
+pub const SOAK_CLIENT: &str = "soak-client";
+
+/// Every pod of an in-pod run, in the order they must be created (host-local hands out
+/// addresses in order per node): the five that run from the start, then `idle` idle pods
+/// on node1, then `enroll` pods on node2 for the enrollment phase.
+pub struct InpodPods {
+    pub specs: Vec<PodSpec>,
+    pub idle: Vec<PodSpec>,
+    pub enroll: Vec<PodSpec>,
+    /// How many of `specs` run from the start, and how many of those are on node1.
+    pub running: usize,
+    pub running_node1: usize,
+}
+
+pub fn inpod_pods(idle: usize, enroll: usize) -> InpodPods {
+    let idle: Vec<PodSpec> = (0..idle)
+        .map(|i| PodSpec::new(&format!("idle-{i:03}"), 0))
+        .collect();
+    let enroll: Vec<PodSpec> = (0..enroll)
+        .map(|i| PodSpec::new(&format!("enroll-{i:02}"), 1))
+        .collect();
+    let mut specs = vec![
+        PodSpec::new(CLIENT, 0),
+        PodSpec::new(LOCAL, 0),
+        PodSpec::new(REMOTE, 1),
+        PodSpec::new(SOAK, 1),
+        PodSpec::new(SOAK_CLIENT, 0),
+    ];
+    let running = specs.len();
+    let running_node1 = specs.iter().filter(|p| p.node == 0).count();
+    specs.extend(idle.iter().cloned());
+    specs.extend(enroll.iter().cloned());
+    InpodPods {
+        specs,
+        idle,
+        enroll,
+        running,
+        running_node1,
+    }
 }
