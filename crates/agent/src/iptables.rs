@@ -34,8 +34,8 @@ pub struct ProbeSetNames {
 impl Default for ProbeSetNames {
     fn default() -> Self {
         ProbeSetNames {
-            v4: crate::rules::PROBE_SET_V4.into(),
-            v6: crate::rules::PROBE_SET_V6.into(),
+            v4: ambit_wellknown::probes::SET_V4.into(),
+            v6: ambit_wellknown::probes::SET_V6.into(),
         }
     }
 }

@@ -15,34 +15,18 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-/// The mark the node proxy sets on its sockets (`SO_MARK` 1337).
-pub const PROXY_MARK: u32 = 0x539;
-/// The connmark/fwmark of the spoofed-source return path.
-pub const RETURN_MARK: u32 = 0x111;
-/// The mask both marks are matched with.
-pub const MARK_MASK: u32 = 0xfff;
-/// The routing table of the return path (`local` default route via `lo`).
-pub const RETURN_ROUTE_TABLE: u32 = 100;
-/// The priority of the return-path `ip rule`.
-pub const RETURN_RULE_PRIORITY: u32 = 32764;
-
-/// The node proxy's outbound capture port.
-pub const OUTBOUND_PORT: u16 = 15001;
-/// The node proxy's plaintext inbound port.
-pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
-/// HBONE (never redirected: the node proxy listens on it inside the pod).
-pub const HBONE_PORT: u16 = 15008;
-/// The node proxy's DNS proxy port.
-pub const DNS_PORT: u16 = 15053;
-
-/// The source address host-originated probes are SNATed to (IPv4).
-pub const PROBE_SNAT_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
-/// The source address host-originated probes are SNATed to (IPv6).
-pub const PROBE_SNAT_V6: Ipv6Addr = Ipv6Addr::new(
-    0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
-);
+// Istio's ports, marks, table and addresses, shared with the node proxy.
+use ambit_wellknown::marks::{MASK as MARK_MASK, PROXY as PROXY_MARK, RETURN as RETURN_MARK};
+use ambit_wellknown::ports::{
+    DNS as DNS_PORT, HBONE as HBONE_PORT, INBOUND_PLAINTEXT as INBOUND_PLAINTEXT_PORT,
+    OUTBOUND as OUTBOUND_PORT,
+};
+#[cfg(test)]
+use ambit_wellknown::probes::{SET_V4 as PROBE_SET_V4, SET_V6 as PROBE_SET_V6};
+use ambit_wellknown::probes::{SNAT_V4 as PROBE_SNAT_V4, SNAT_V6 as PROBE_SNAT_V6};
+use ambit_wellknown::routing::{RETURN_RULE_PRIORITY, RETURN_TABLE as RETURN_ROUTE_TABLE};
 
 /// In-pod chain hooked to `PREROUTING`.
 pub const PRERT_CHAIN: &str = "ISTIO_PRERT";
@@ -52,11 +36,6 @@ pub const OUTPUT_CHAIN: &str = "ISTIO_OUTPUT";
 pub const POSTRT_CHAIN: &str = "ISTIO_POSTRT";
 /// Every chain whose name starts with this is ours (and Istio's) inside a pod netns.
 pub const OWNED_CHAIN_PREFIX: &str = "ISTIO_";
-
-/// The default name of the IPv4 probe ipset (Istio's).
-pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
-/// The default name of the IPv6 probe ipset (Istio's).
-pub const PROBE_SET_V6: &str = "istio-inpod-probes-v6";
 
 /// IPv4 or IPv6: which iptables flavour, which loopback, which probe address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

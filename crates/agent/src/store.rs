@@ -14,7 +14,7 @@ use ambit_cni::api::PodInfo;
 use serde::{Deserialize, Serialize};
 
 /// Where the agent keeps its state unless configured otherwise.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/ambit/agent";
+pub const DEFAULT_STATE_DIR: &str = ambit_wellknown::paths::AGENT_STATE_DIR;
 
 /// The file name inside the state dir.
 pub const STORE_FILE: &str = "pods.json";

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Where node proxies connect unless configured otherwise (ztunnel's `INPOD_UDS` default).
-pub const DEFAULT_ZDS_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";
+pub const DEFAULT_ZDS_SOCKET: &str = ambit_wellknown::paths::ZDS_SOCKET;
 /// How long a proxy has to send its hello, and to ack each message.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection owing more acks than this (timed-out requests) is dropped.

@@ -16,7 +16,7 @@ pub struct AgentArgs {
     #[arg(
         long,
         env = "INPOD_UDS",
-        default_value = "/var/run/ztunnel/ztunnel.sock",
+        default_value = ambit_wellknown::paths::ZDS_SOCKET,
         global = true
     )]
     pub zds_socket: PathBuf,
@@ -24,7 +24,7 @@ pub struct AgentArgs {
     #[arg(long, default_value = api::DEFAULT_AGENT_SOCKET, global = true)]
     pub events_socket: PathBuf,
     /// Where the agent keeps its enrolled pods across restarts.
-    #[arg(long, default_value = "/var/lib/ambit/agent")]
+    #[arg(long, default_value = ambit_wellknown::paths::AGENT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Also capture IPv6 (ip6tables rules, the v6 probe set).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]

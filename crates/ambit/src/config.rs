@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use ambit_proxy::config::{Keepalive, OriginalSource, Ports, ProxyConfig};
 use ambit_proxy::LocalIdentity;
+use ambit_wellknown::{marks, paths, ports};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -437,36 +438,37 @@ impl Config {
         let packet_mark =
             match env.parse::<u32>("PACKET_MARK", "a 32-bit unsigned integer such as 1337")? {
                 Some(m) => Some(m),
-                None if proxy_mode == ProxyMode::Shared => Some(1337),
+                None if proxy_mode == ProxyMode::Shared => Some(marks::PROXY),
                 None => None,
             };
+        let h2_defaults = ambit_hbone::H2Settings::default();
         let stream_window = env.u32_in(
             "HTTP2_STREAM_WINDOW_SIZE",
-            4 * 1024 * 1024,
+            h2_defaults.stream_window,
             65_535..=(i32::MAX as u32),
             "a window size in bytes, 65535 (HTTP/2's initial window) to 2147483647",
         )?;
         let connection_window = env.u32_in(
             "HTTP2_CONNECTION_WINDOW_SIZE",
-            16 * 1024 * 1024,
+            h2_defaults.connection_window,
             65_535..=(i32::MAX as u32),
             "a window size in bytes, 65535 (HTTP/2's initial window) to 2147483647",
         )?;
         let frame_size = env.u32_in(
             "HTTP2_FRAME_SIZE",
-            1024 * 1024,
+            h2_defaults.frame_size,
             16_384..=16_777_215,
             "a frame size in bytes, 16384 to 16777215",
         )?;
         let max_streams = env.u32_in(
             "POOL_MAX_STREAMS_PER_CONNECTION",
-            100,
+            ambit_hbone::ClientSettings::default().max_streams_per_connection,
             1..=u16::MAX as u32,
             "a stream count, 1 to 65535",
         )?;
         let idle = env
             .duration("POOL_UNUSED_RELEASE_TIMEOUT")?
-            .unwrap_or(Duration::from_secs(300));
+            .unwrap_or(ambit_hbone::ClientSettings::default().idle_timeout);
         let original_source = match env.get("ENABLE_ORIG_SRC") {
             None => OriginalSource::Auto,
             Some(_) => {
@@ -500,10 +502,11 @@ impl Config {
             user_timeout: env.bool("USER_TIMEOUT_ENABLED", false)?,
         };
         let ipv6_enabled = env.bool("IPV6_ENABLED", true)?;
-        let hbone_port = env.port("AMBIT_HBONE_PORT", 15008)?;
+        let hbone_port = env.port("AMBIT_HBONE_PORT", ports::HBONE)?;
         let ports = Ports {
-            outbound: env.port("AMBIT_OUTBOUND_PORT", 15001)?,
-            inbound_plaintext: env.port("AMBIT_INBOUND_PLAINTEXT_PORT", 15006)?,
+            outbound: env.port("AMBIT_OUTBOUND_PORT", ports::OUTBOUND)?,
+            inbound_plaintext: env
+                .port("AMBIT_INBOUND_PLAINTEXT_PORT", ports::INBOUND_PLAINTEXT)?,
             inbound_hbone: hbone_port,
             remote_hbone: env.port("AMBIT_REMOTE_HBONE_PORT", hbone_port)?,
         };
@@ -535,7 +538,7 @@ impl Config {
                 expected: "a SPIFFE trust domain: lowercase letters, digits, '.', '-' and '_'",
             });
         }
-        let admin_addr = env.addr("AMBIT_ADMIN_ADDR", "127.0.0.1:15000")?;
+        let admin_addr = env.addr("AMBIT_ADMIN_ADDR", &format!("127.0.0.1:{}", ports::ADMIN))?;
         if !admin_addr.ip().is_loopback() {
             return Err(ConfigError::Invalid {
                 var: "AMBIT_ADMIN_ADDR",
@@ -574,14 +577,14 @@ impl Config {
                 }
             },
             termination_deadline,
-            inpod_uds: env
-                .get("INPOD_UDS")
-                .unwrap_or("/var/run/ztunnel/ztunnel.sock")
-                .into(),
+            inpod_uds: env.get("INPOD_UDS").unwrap_or(paths::ZDS_SOCKET).into(),
             inpod_port_reuse: env.bool("INPOD_PORT_REUSE", true)?,
             admin_addr,
-            stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:15020"))?,
-            readiness_addr: env.addr("AMBIT_READINESS_ADDR", &format!("{wildcard}:15021"))?,
+            stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:{}", ports::STATS))?,
+            readiness_addr: env.addr(
+                "AMBIT_READINESS_ADDR",
+                &format!("{wildcard}:{}", ports::READINESS),
+            )?,
             worker_threads: worker_threads(env, cores)?,
             proxy: ProxyConfig {
                 ports,

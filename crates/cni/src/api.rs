@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 /// Where the node agent listens for pod events unless configured otherwise.
-pub const DEFAULT_AGENT_SOCKET: &str = "/var/run/ambit/cni.sock";
+pub const DEFAULT_AGENT_SOCKET: &str = ambit_wellknown::paths::AGENT_EVENTS_SOCKET;
 
 /// How long the plugin waits for the agent by default (connect + request + answer).
 /// The agent answers an ADD only after the pod is captured, which includes a round trip

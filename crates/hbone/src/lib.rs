@@ -38,4 +38,4 @@ pub use settings::H2Settings;
 pub use stream::H2Stream;
 
 /// The HBONE port.
-pub const HBONE_PORT: u16 = 15008;
+pub const HBONE_PORT: u16 = ambit_wellknown::ports::HBONE;

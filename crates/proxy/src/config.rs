@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use ambit_hbone::{ClientSettings, H2Settings};
+use ambit_wellknown::ports;
 
 /// Listener ports. ztunnel fixes these; ambit lets tests and side-by-side runs move them.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -20,10 +21,10 @@ pub struct Ports {
 impl Default for Ports {
     fn default() -> Self {
         Ports {
-            outbound: 15001,
-            inbound_plaintext: 15006,
-            inbound_hbone: 15008,
-            remote_hbone: 15008,
+            outbound: ports::OUTBOUND,
+            inbound_plaintext: ports::INBOUND_PLAINTEXT,
+            inbound_hbone: ports::HBONE,
+            remote_hbone: ports::HBONE,
         }
     }
 }

@@ -19,7 +19,7 @@ pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
 /// Workload type used when a workload leaves it empty.
 pub const DEFAULT_WORKLOAD_TYPE: &str = "deployment";
 /// The HBONE port, used when a gateway address names none.
-pub const DEFAULT_HBONE_PORT: u16 = 15008;
+pub const DEFAULT_HBONE_PORT: u16 = ambit_wellknown::ports::HBONE;
 
 string_enum! {
     /// How a workload receives mesh traffic.
