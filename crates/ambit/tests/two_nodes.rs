@@ -425,3 +425,60 @@ async fn authorization_policy_denies_with_401_and_counts_deny() {
         2
     );
 }
+
+/// RFC 9113 §8.5 through both proxies: an app's TCP reset crosses the tunnel as
+/// `RST_STREAM(CONNECT_ERROR)` and reaches the app at the other end as a reset, never as a
+/// clean end of stream, whichever side resets.
+#[test]
+fn a_reset_reaches_the_other_app_as_a_reset() {
+    use std::net::{Ipv6Addr, SocketAddrV6, TcpListener, TcpStream};
+    let nodes = TwoNodes::start(ambit(), "e2e-reset", &[]).unwrap();
+    let listener = Lab::in_netns(&nodes.server_ns, || {
+        TcpListener::bind(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, APP_PORT, 0, 0))
+    })
+    .unwrap();
+    fn abort(s: TcpStream) {
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    }
+    // What the app reads after its first five bytes: more bytes, EOF, or an error kind.
+    fn then_reads(s: &mut TcpStream) -> Result<usize, std::io::ErrorKind> {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 64];
+        s.read(&mut buf).map_err(|e| e.kind())
+    }
+    let (server_saw_tx, server_saw) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // First connection: the server app resets after the request.
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 5];
+        conn.read_exact(&mut hello).unwrap();
+        abort(conn);
+        // Second: the server app waits and reports how its connection ended.
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.read_exact(&mut hello).unwrap();
+        let _ = server_saw_tx.send(then_reads(&mut conn));
+    });
+    let dst = SocketAddr::from((SERVER_IP, APP_PORT));
+
+    let mut client = nodes.connect_from_client(dst).unwrap();
+    client.write_all(b"hello").unwrap();
+    assert_eq!(
+        then_reads(&mut client),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the client app must see the server app's reset"
+    );
+
+    let mut client = nodes.connect_from_client(dst).unwrap();
+    client.write_all(b"hello").unwrap();
+    // Let the request reach the server app before the client aborts.
+    std::thread::sleep(Duration::from_millis(300));
+    abort(client);
+    assert_eq!(
+        server_saw.recv_timeout(Duration::from_secs(10)).unwrap(),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "the server app must see the client app's reset"
+    );
+}

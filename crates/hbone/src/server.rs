@@ -75,6 +75,19 @@ impl IncomingConnect {
         validate(&self.parts)
     }
 
+    /// Resolves when the client resets the stream (or its connection fails) before it is
+    /// answered, with the reason; never, once answered. Race slow work (dialing the app)
+    /// against it so a client that gave up does not leave it running.
+    pub async fn client_reset(&mut self) -> Reason {
+        let Some(respond) = self.respond.as_mut() else {
+            return std::future::pending().await;
+        };
+        match std::future::poll_fn(|cx| respond.poll_reset(cx)).await {
+            Ok(reason) => reason,
+            Err(e) => e.reason().unwrap_or(Reason::CANCEL),
+        }
+    }
+
     /// Answers `status` with END_STREAM (no tunnel). Meant for non-2xx statuses.
     pub fn reject(mut self, status: StatusCode) {
         self.respond_end(status);

@@ -4,13 +4,15 @@
 //! from the peer are written to the stream as h2 hands them over.
 //!
 //! Half-close is kept both ways (EOF becomes END_STREAM and END_STREAM becomes a write
-//! shutdown); an error in either direction ends both.
+//! shutdown); an error in either direction aborts both (`RST_STREAM(CONNECT_ERROR)` on the
+//! tunnel, a TCP reset on the stream).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::poll_fn;
+use h2::Reason;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::payload::payload_buffer;
@@ -29,7 +31,27 @@ fn read_size(copied: u64) -> usize {
 impl H2Stream {
     /// Copies `io` <-> this tunnel until both directions finished, counting bytes as they
     /// move: `to_tunnel` (read from `io`, sent to the peer) and `from_tunnel`.
+    ///
+    /// A failure on either side aborts both, as RFC 9113 §8.5 asks of a CONNECT proxy: the
+    /// stream is reset with `CONNECT_ERROR`, and on `Err` the caller resets `io` too
+    /// (`SO_LINGER` 0), so neither end mistakes the abort for a clean end of stream.
     pub async fn splice<IO>(
+        &mut self,
+        io: IO,
+        to_tunnel: &AtomicU64,
+        from_tunnel: &AtomicU64,
+    ) -> io::Result<()>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let copied = self.copy_both_ways(io, to_tunnel, from_tunnel).await;
+        if copied.is_err() {
+            self.abort(Reason::CONNECT_ERROR);
+        }
+        copied
+    }
+
+    async fn copy_both_ways<IO>(
         &mut self,
         io: IO,
         to_tunnel: &AtomicU64,
@@ -48,13 +70,9 @@ impl H2Stream {
                 if buf.capacity() - buf.len() < want {
                     buf = payload_buffer(want);
                 }
-                let n = match io_r.read_buf(&mut buf).await {
-                    Ok(n) => n,
-                    Err(e) => {
-                        send.finish();
-                        return Err(e);
-                    }
-                };
+                // A read error (the app reset its connection) is no end of stream: it is
+                // reported, and the stream reset, never finished with END_STREAM.
+                let n = io_r.read_buf(&mut buf).await?;
                 if n == 0 {
                     return send.finish_ok();
                 }
@@ -65,18 +83,13 @@ impl H2Stream {
         };
         let incoming = async {
             loop {
-                let chunk = match recv.next_chunk().await {
-                    Ok(Some(chunk)) => chunk,
-                    Ok(None) => {
-                        return match io_w.shutdown().await {
-                            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
-                            other => other,
-                        }
-                    }
-                    Err(e) => {
-                        let _ = io_w.shutdown().await;
-                        return Err(e);
-                    }
+                // A peer reset that is not graceful is an error here, and the caller resets
+                // `io`: no write shutdown first, or the app would read a clean EOF.
+                let Some(chunk) = recv.next_chunk().await? else {
+                    return match io_w.shutdown().await {
+                        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+                        other => other,
+                    };
                 };
                 let n = chunk.len();
                 io_w.write_all(&chunk).await?;
@@ -143,11 +156,6 @@ impl SendHalf<'_> {
             Err(e) if e.is_reset() => Ok(()),
             Err(e) => Err(h2_to_io(e)),
         }
-    }
-
-    /// Best-effort END_STREAM on the way out of an error.
-    fn finish(&mut self) {
-        let _ = self.finish_ok();
     }
 }
 

@@ -85,6 +85,14 @@ impl H2Stream {
         &self.response_headers
     }
 
+    /// Resets the stream with `reason` (a no-op once it is closed both ways): how a proxy
+    /// tells the peer its TCP connection failed (`CONNECT_ERROR`, RFC 9113 §8.5).
+    pub fn abort(&mut self, reason: Reason) {
+        self.send.send_reset(reason);
+        // Nothing more to send: no second reset (CANCEL) on drop.
+        self.write_closed = true;
+    }
+
     /// The HTTP/2 stream id (for logs).
     pub fn stream_id(&self) -> u32 {
         self.send.stream_id().as_u32()

@@ -451,3 +451,95 @@ async fn splice_carries_both_directions_with_half_close() {
     assert_eq!(from_tunnel, MIB as u64);
     assert_eq!(to_tunnel, MIB as u64);
 }
+
+/// RFC 9113 §8.5: an app's TCP reset becomes `RST_STREAM(CONNECT_ERROR)`, which the client
+/// reads as an aborted connection, not as a clean end of stream; and a client's
+/// `CONNECT_ERROR` ends the server's splice with an error, so its caller can reset the app.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_cross_the_tunnel_as_connect_error() {
+    use std::sync::atomic::AtomicU64;
+    use tokio::net::{TcpListener, TcpStream};
+    let c = certs();
+    let (splices_tx, mut splices) = tokio::sync::mpsc::unbounded_channel::<std::io::Result<()>>();
+    let server = TestServer::start(c.server_config(), fast_settings(), move |inc| {
+        let splices_tx = splices_tx.clone();
+        async move {
+            let app_resets = inc.request().uri.port_u16() == Some(1);
+            let mut tunnel = inc.accept(HeaderMap::new()).unwrap();
+            // A real TCP "app" that, for port 1, aborts once it has read a request.
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let proxy_side = TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (mut app, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 5];
+                app.read_exact(&mut buf).await.unwrap();
+                if app_resets {
+                    socket2::SockRef::from(&app)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
+                    drop(app);
+                } else {
+                    let mut rest = Vec::new();
+                    let _ = app.read_to_end(&mut rest).await;
+                }
+            });
+            let (a, b) = (AtomicU64::new(0), AtomicU64::new(0));
+            let _ = splices_tx.send(tunnel.splice(proxy_side, &a, &b).await);
+        }
+    })
+    .await;
+    let pool = Pool::new(ClientSettings::default());
+    let dials = Arc::new(AtomicUsize::new(0));
+    let cfg = c.client_config();
+    let open = |port: u16| {
+        let (pool, cfg, dials, key) = (
+            pool.clone(),
+            cfg.clone(),
+            dials.clone(),
+            key(&c, server.addr),
+        );
+        let addr = server.addr;
+        async move {
+            pool.connect(key, || dial(addr, cfg, dials), &request(port))
+                .await
+                .unwrap()
+        }
+    };
+
+    // The app resets: the client reads an abort.
+    let mut s = open(1).await;
+    s.write_all(b"hello").await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("the reset arrived");
+    let e = read.expect_err("an aborted stream is no clean end of stream");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+    let reason = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<h2::Error>())
+        .and_then(h2::Error::reason);
+    assert_eq!(reason, Some(h2::Reason::CONNECT_ERROR), "{e}");
+    let r = next_splice(&mut splices).await;
+    assert!(r.is_err(), "the server's splice reports the app's reset");
+
+    // The client aborts: the server's splice ends in an error, not a clean close.
+    let mut s = open(2).await;
+    s.write_all(b"hello").await.unwrap();
+    s.abort(h2::Reason::CONNECT_ERROR);
+    let r = next_splice(&mut splices).await;
+    let e = r.expect_err("a CONNECT_ERROR from the client fails the splice");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
+    drop(s);
+}
+
+async fn next_splice(
+    splices: &mut tokio::sync::mpsc::UnboundedReceiver<std::io::Result<()>>,
+) -> std::io::Result<()> {
+    tokio::time::timeout(Duration::from_secs(5), splices.recv())
+        .await
+        .expect("the server's splice ended")
+        .unwrap()
+}

@@ -8,30 +8,50 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ambit_hbone::H2Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::drain::DrainWatcher;
-use crate::telemetry::{ConnectionResult, ResponseFlag};
+use crate::error::Error;
+use crate::telemetry::ConnectionResult;
 
 /// Relays `client` <-> `server` until both finish, or the drain deadline forces a close;
-/// bytes are counted into the connection's record as they move.
-pub(crate) async fn proxy_bytes<C, S>(
+/// bytes are counted into the connection's record as they move. A failure on one leg
+/// resets both, so a reset reaches the other app as a reset, not as a clean close.
+pub(crate) async fn proxy_bytes(
     result: &ConnectionResult,
-    client: C,
-    server: S,
+    mut client: TcpStream,
+    mut server: TcpStream,
     drain: &DrainWatcher,
-) -> Result<(), (ResponseFlag, String)>
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<(), Error> {
     let bytes = &result.bytes;
-    let copy = copy_bidirectional(
-        client,
-        server,
+    let copy = relay_tcp(
+        &mut client,
+        &mut server,
         &bytes.client_to_server,
         &bytes.server_to_client,
     );
-    until_forced(copy, drain).await
+    classify(until_forced(copy, drain).await?)
+}
+
+/// [`copy_bidirectional`] between two TCP connections, both reset when it fails.
+async fn relay_tcp(
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    client_to_server: &AtomicU64,
+    server_to_client: &AtomicU64,
+) -> io::Result<()> {
+    let copied = copy_bidirectional(
+        &mut *client,
+        &mut *server,
+        client_to_server,
+        server_to_client,
+    )
+    .await;
+    if copied.is_err() {
+        reset(client);
+        reset(server);
+    }
+    copied
 }
 
 /// Which end of the connection an HBONE tunnel leads to.
@@ -44,38 +64,54 @@ pub(crate) enum TunnelSide {
 }
 
 /// Like [`proxy_bytes`] for a leg that is an HBONE tunnel: spliced without extra copies.
-pub(crate) async fn proxy_tunnel<S>(
+/// A failure resets the stream (`CONNECT_ERROR`) and the app's connection.
+pub(crate) async fn proxy_tunnel(
     result: &ConnectionResult,
     tunnel: &mut H2Stream,
-    io: S,
+    mut app: TcpStream,
     side: TunnelSide,
     drain: &DrainWatcher,
-) -> Result<(), (ResponseFlag, String)>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<(), Error> {
     let bytes = &result.bytes;
     let (to_tunnel, from_tunnel) = match side {
         TunnelSide::Server => (&bytes.client_to_server, &bytes.server_to_client),
         TunnelSide::Client => (&bytes.server_to_client, &bytes.client_to_server),
     };
-    until_forced(tunnel.splice(io, to_tunnel, from_tunnel), drain).await
+    let copied = until_forced(tunnel.splice(&mut app, to_tunnel, from_tunnel), drain).await?;
+    if copied.is_err() {
+        reset(&app);
+    }
+    classify(copied)
 }
 
-async fn until_forced(
-    copy: impl std::future::Future<Output = io::Result<()>>,
+/// The copy's own result, or the drain deadline's error.
+async fn until_forced<T>(
+    copy: impl std::future::Future<Output = T>,
     drain: &DrainWatcher,
-) -> Result<(), (ResponseFlag, String)> {
+) -> Result<T, Error> {
     tokio::select! {
-        r = copy => match r {
-            Ok(()) => Ok(()),
-            Err(e) if peer_went_away(&e) => {
-                tracing::debug!(error = %e, "a peer went away mid-connection");
-                Ok(())
-            }
-            Err(e) => Err((ResponseFlag::None, format!("io error: {e}"))),
-        },
-        _ = drain.forced() => Err((ResponseFlag::None, "closed by drain deadline".into())),
+        r = copy => Ok(r),
+        _ = drain.forced() => Err(Error::DrainDeadline),
+    }
+}
+
+/// A peer that went away ends the connection; any other error fails it.
+fn classify(copied: io::Result<()>) -> Result<(), Error> {
+    match copied {
+        Ok(()) => Ok(()),
+        Err(e) if peer_went_away(&e) => {
+            tracing::debug!(error = %e, "a peer went away mid-connection");
+            Ok(())
+        }
+        Err(e) => Err(Error::Relay(e)),
+    }
+}
+
+/// Closes `stream` with a TCP reset: `SO_LINGER` 0 makes the close that follows abort the
+/// connection, so the app reads ECONNRESET rather than a clean end of stream.
+fn reset(stream: &TcpStream) {
+    if let Err(e) = socket2::SockRef::from(stream).set_linger(Some(std::time::Duration::ZERO)) {
+        tracing::debug!(error = %e, "could not arm a reset on a relayed connection");
     }
 }
 
@@ -135,14 +171,9 @@ where
     let mut copied = 0u64;
     let mut buf = vec![0u8; buffer_size_for(0)];
     loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(n) => n,
-            Err(e) => {
-                // Tell the other side we are done before reporting the failure.
-                let _ = writer.shutdown().await;
-                return Err(e);
-            }
-        };
+        // A read error is reported as is: no write shutdown first, or the other side would
+        // read a clean end of stream before the caller's reset.
+        let n = reader.read(&mut buf).await?;
         if n == 0 {
             // Pass the half-close on; the other direction keeps going.
             return match writer.shutdown().await {
@@ -165,7 +196,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::io::duplex;
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::TcpListener;
 
     #[tokio::test]
     async fn half_close_passes_through_and_bytes_are_counted() {
@@ -203,58 +234,95 @@ mod tests {
         (a, b)
     }
 
+    /// Aborts `stream`: the peer reads ECONNRESET.
+    fn abort(stream: TcpStream) {
+        socket2::SockRef::from(&stream)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(stream);
+    }
+
+    /// What the app reads next: bytes, a clean end of stream, or a reset.
+    async fn next_read(app: &mut TcpStream) -> io::Result<usize> {
+        let mut buf = [0u8; 16];
+        tokio::time::timeout(Duration::from_secs(5), app.read(&mut buf))
+            .await
+            .expect("the app's connection was closed, not left hanging")
+    }
+
     #[tokio::test]
-    async fn a_reset_on_one_leg_closes_the_other() {
-        let (app, proxy_client_side) = tcp_pair().await;
-        let (proxy_server_side, upstream) = tcp_pair().await;
-        let up = AtomicU64::new(0);
-        let down = AtomicU64::new(0);
-        let copier = tokio::spawn(async move {
-            copy_bidirectional(proxy_client_side, proxy_server_side, &up, &down).await
+    async fn a_reset_on_one_leg_resets_the_other() {
+        for upstream_resets in [true, false] {
+            let (mut app, mut proxy_client_side) = tcp_pair().await;
+            let (mut proxy_server_side, upstream) = tcp_pair().await;
+            let relay = tokio::spawn(async move {
+                let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+                relay_tcp(&mut proxy_client_side, &mut proxy_server_side, &up, &down).await
+            });
+            // One side aborts while the other is idle and would otherwise wait forever.
+            let mut survivor = if upstream_resets {
+                abort(upstream);
+                app
+            } else {
+                abort(app);
+                upstream
+            };
+            let result = tokio::time::timeout(Duration::from_secs(5), relay)
+                .await
+                .expect("the relay ended")
+                .unwrap();
+            assert!(result.is_err(), "a reset is reported as an error");
+            let read = next_read(&mut survivor).await;
+            assert_eq!(
+                read.map_err(|e| e.kind()),
+                Err(io::ErrorKind::ConnectionReset),
+                "the other side sees a reset, not a clean end (upstream reset: {upstream_resets})"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_clean_close_stays_clean() {
+        let (mut app, mut proxy_client_side) = tcp_pair().await;
+        let (mut proxy_server_side, mut upstream) = tcp_pair().await;
+        let relay = tokio::spawn(async move {
+            let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+            relay_tcp(&mut proxy_client_side, &mut proxy_server_side, &up, &down).await
         });
-        // The upstream aborts (RST) while the app is idle and would otherwise wait forever.
-        socket2::SockRef::from(&upstream)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
+        upstream.write_all(b"bye").await.unwrap();
         drop(upstream);
-        let result = tokio::time::timeout(Duration::from_secs(5), copier)
-            .await
-            .expect("the copy ended")
-            .unwrap();
-        assert!(result.is_err(), "a reset is reported as an error");
-        let mut app = app;
-        let mut buf = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(5), app.read(&mut buf))
-            .await
-            .expect("the app's connection was closed, not left hanging");
-        assert!(matches!(read, Ok(0) | Err(_)));
+        assert_eq!(next_read(&mut app).await.unwrap(), 3);
+        assert_eq!(next_read(&mut app).await.unwrap(), 0, "a FIN, not a reset");
+        app.shutdown().await.unwrap();
+        relay.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_went_away_closes_the_connection_without_failing_it() {
+        for kind in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(classify(Err(io::Error::from(kind))).is_ok(), "{kind:?}");
+        }
+        let error = classify(Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad record",
+        )))
+        .unwrap_err();
+        assert_eq!(error.response_flag(), crate::telemetry::ResponseFlag::None);
+        assert_eq!(error.to_string(), "io error: bad record");
     }
 
     #[tokio::test]
-    async fn a_peer_reset_closes_the_connection_without_failing_it() {
-        let (app, proxy_client_side) = tcp_pair().await;
-        let (proxy_server_side, upstream) = tcp_pair().await;
-        let (_trigger, watcher) = crate::drain::new();
-        let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
-        let copy = copy_bidirectional(proxy_client_side, proxy_server_side, &up, &down);
-        socket2::SockRef::from(&upstream)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(upstream);
-        let outcome = tokio::time::timeout(Duration::from_secs(5), until_forced(copy, &watcher))
-            .await
-            .expect("the copy ended");
-        assert_eq!(outcome, Ok(()));
-        drop(app);
-    }
-
-    #[tokio::test]
-    async fn other_io_errors_fail_the_connection() {
-        let (_trigger, watcher) = crate::drain::new();
-        let copy = async { Err(io::Error::new(io::ErrorKind::InvalidData, "bad record")) };
-        let (flag, message) = until_forced(copy, &watcher).await.unwrap_err();
-        assert_eq!(flag, ResponseFlag::None);
-        assert!(message.contains("bad record"), "{message}");
+    async fn the_drain_deadline_ends_a_relay() {
+        let (trigger, watcher) = crate::drain::new();
+        let forever = std::future::pending::<io::Result<()>>();
+        let forced = tokio::spawn(async move { until_forced(forever, &watcher).await });
+        trigger.drain_now().await;
+        let error = forced.await.unwrap().unwrap_err();
+        assert!(matches!(error, Error::DrainDeadline), "{error}");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::{Arc, RwLock};
 
 use ambit_hbone::pool::Pool;
 use ambit_identity::CertManager;
-use ambit_state::{ProxyState, Workload};
+use ambit_state::ProxyState;
 
 use crate::config::ProxyConfig;
 use crate::connections::OpenConnections;
@@ -64,41 +64,20 @@ pub struct ProxyInputs {
 }
 
 impl ProxyInputs {
-    /// The workload an inbound connection to `local_ip` reaches: this proxy's own workload,
-    /// and only if `local_ip` is one of its addresses. Never another workload that happens
-    /// to own the address in the configuration.
-    pub fn serving_workload(
-        &self,
-        state: &ProxyState,
-        local_ip: std::net::IpAddr,
-    ) -> Result<Arc<Workload>, String> {
-        let local = self.require_local_workload(state)?;
-        if !local.workload_ips.contains(&local_ip) {
-            return Err(format!(
-                "{local_ip} is not an address of workload {}/{}",
-                local.namespace, local.name
-            ));
+    /// Who this proxy acts for, for the connection decisions.
+    pub fn local(&self) -> crate::decide::Local<'_> {
+        crate::decide::Local {
+            identity: &self.local,
+            node: self.node.as_deref(),
         }
-        Ok(local)
     }
 
-    /// [`ProxyInputs::local_workload`], or the error that says which workload is missing.
-    pub fn require_local_workload(&self, state: &ProxyState) -> Result<Arc<Workload>, String> {
-        self.local_workload(state).ok_or_else(|| {
-            format!(
-                "this proxy's workload {}/{} (service account {}) is not in the configuration",
-                self.local.namespace, self.local.name, self.local.service_account
-            )
-        })
-    }
-
-    /// The workload this proxy serves, as currently configured.
-    pub fn local_workload(&self, state: &ProxyState) -> Option<Arc<Workload>> {
-        state.find_local_workload(
-            &self.local.namespace,
-            &self.local.name,
-            &self.local.service_account,
-            self.node.as_deref(),
-        )
+    /// How a listener that is (or is not) transparent reaches the app.
+    pub fn source_policy(&self, transparent: bool) -> crate::decide::SourcePolicy {
+        crate::decide::SourcePolicy {
+            original_source: self.cfg.original_source,
+            transparent,
+            spoof_by_default: self.spoof_by_default,
+        }
     }
 }

@@ -5,7 +5,9 @@
 pub mod config;
 pub mod connections;
 pub mod copy;
+pub mod decide;
 pub mod drain;
+pub mod error;
 mod inbound;
 pub mod inpod;
 pub mod inputs;
@@ -16,5 +18,6 @@ pub mod proxy;
 pub mod socket;
 pub mod telemetry;
 
+pub use error::{Error, Fault};
 pub use inputs::{LocalIdentity, ProxyInputs, SharedState};
 pub use proxy::{BoundProxy, ListenAddresses};

@@ -117,17 +117,22 @@ async fn serve_hbone(
     }
     let tls = {
         let state = pi.state.get();
-        let local = match pi.require_local_workload(&state) {
+        let local = match pi.local().workload(&state) {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(?peer, "HBONE connection refused: {e}");
                 return;
             }
         };
-        match pi.certs.server_config(&local.identity()) {
+        let identity = local.identity();
+        match pi.certs.server_config(&identity) {
             Ok(tls) => tls,
             Err(e) => {
-                tracing::warn!(?peer, "HBONE connection refused: no certificate: {e}");
+                let e = crate::error::Error::NoCertificate {
+                    identity,
+                    reason: e.to_string(),
+                };
+                tracing::warn!(?peer, "HBONE connection refused: {e}");
                 return;
             }
         }
@@ -163,7 +168,7 @@ async fn serve_hbone(
                             Reporter::Destination,
                             socket::canonical(src),
                             local.map(socket::canonical),
-                            e,
+                            &crate::error::Error::Tunnel(e),
                         );
                     }
                 }

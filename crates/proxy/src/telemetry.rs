@@ -10,6 +10,7 @@ use ambit_identity::SpiffeId;
 use ambit_state::{Service, Workload};
 
 use crate::connections::{Connection, Direction, OpenConnections, Tracked};
+use crate::error::Error;
 use crate::metrics::{Metrics, Reporter, TrafficLabels};
 
 /// Why a connection failed, as ztunnel's `response_flags` label names it.
@@ -161,12 +162,12 @@ impl ConnectionResult {
         self.tracked = Some(open.track(direction, c));
     }
 
-    /// Records the close with the outcome; `flag` says why it failed.
-    pub fn finish(mut self, outcome: Result<(), (ResponseFlag, String)>) {
+    /// Records the close with the outcome.
+    pub fn finish(mut self, outcome: Result<(), Error>) {
         self.record(outcome);
     }
 
-    fn record(&mut self, outcome: Result<(), (ResponseFlag, String)>) {
+    fn record(&mut self, outcome: Result<(), Error>) {
         if self.recorded {
             return;
         }
@@ -175,9 +176,11 @@ impl ConnectionResult {
         let c2s = self.bytes.client_to_server.load(Ordering::Relaxed);
         let s2c = self.bytes.server_to_client.load(Ordering::Relaxed);
         let mut labels = self.labels.clone();
-        if let Err((flag, _)) = &outcome {
-            labels.response_flags = flag.as_str();
-        }
+        let flag = outcome
+            .as_ref()
+            .err()
+            .map_or(ResponseFlag::None, Error::response_flag);
+        labels.response_flags = flag.as_str();
         // Istio's orientation for both reporters: received = client to server.
         self.metrics
             .received_bytes
@@ -185,7 +188,7 @@ impl ConnectionResult {
             .inc_by(c2s);
         self.metrics.sent_bytes.get_or_create(&labels).inc_by(s2c);
         self.metrics.connections_closed.get_or_create(&labels).inc();
-        if matches!(&outcome, Err((flag, _)) if *flag != ResponseFlag::None) {
+        if flag != ResponseFlag::None {
             self.metrics.connections_failed.get_or_create(&labels).inc();
         }
         // The log speaks for the local workload: what it sent and what it received.
@@ -236,7 +239,8 @@ impl ConnectionResult {
         }
         match outcome {
             Ok(()) => access!(tracing::Level::INFO, "connection complete"),
-            Err((_, error)) => {
+            Err(error) => {
+                let error = error.to_string();
                 access!(
                     tracing::Level::ERROR,
                     error = error.as_str(),
@@ -249,7 +253,7 @@ impl ConnectionResult {
 
 impl Drop for ConnectionResult {
     fn drop(&mut self) {
-        self.record(Err((ResponseFlag::None, "connection dropped".into())));
+        self.record(Err(Error::Dropped));
     }
 }
 
@@ -259,7 +263,7 @@ pub(crate) fn early_failure(
     reporter: Reporter,
     src: SocketAddr,
     dst: Option<SocketAddr>,
-    error: impl std::fmt::Display,
+    error: &Error,
 ) {
     let error = error.to_string();
     tracing::event!(
@@ -420,11 +424,17 @@ workloads:
     fn a_failed_connection_logs_at_error_and_counts_as_failed() {
         let (logs, metrics) = run_logged(|m| {
             let c = ConnectionResult::open(m, Reporter::Source, outbound_hbone());
-            c.finish(Err((ResponseFlag::Connect, "upstream refused".into())));
+            c.finish(Err(Error::UpstreamConnect {
+                target: "10.0.0.2:8080".parse().unwrap(),
+                source: std::io::Error::other("upstream refused"),
+            }));
         });
         assert_eq!(logs.len(), 1, "{logs:?}");
         assert_eq!(logs[0]["level"], "ERROR");
-        assert_eq!(logs[0]["fields"]["error"], "upstream refused");
+        assert_eq!(
+            logs[0]["fields"]["error"],
+            "connect to 10.0.0.2:8080: upstream refused"
+        );
         let failed = metrics
             .lines()
             .find(|l| l.starts_with("istio_tcp_connections_failed_total{"))
