@@ -253,7 +253,7 @@ mod tests {
     #[tokio::test]
     async fn a_reset_on_one_leg_resets_the_other() {
         for upstream_resets in [true, false] {
-            let (mut app, mut proxy_client_side) = tcp_pair().await;
+            let (app, mut proxy_client_side) = tcp_pair().await;
             let (mut proxy_server_side, upstream) = tcp_pair().await;
             let relay = tokio::spawn(async move {
                 let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
