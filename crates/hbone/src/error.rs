@@ -105,6 +105,9 @@ pub enum HboneError {
     /// The peer did not answer a PING in time; the connection was closed.
     #[error("HBONE peer did not answer an HTTP/2 PING within {0:?}; connection closed (peer hung or network path lost)")]
     PingTimeout(Duration),
+    /// A client opened streams on one connection faster than allowed (per second).
+    #[error("the HBONE client opened streams faster than {0} per second; connection closed with ENHANCE_YOUR_CALM")]
+    StreamRate(u32),
     /// The request could not be built.
     #[error("cannot build the CONNECT request: {0}")]
     Request(#[from] HeaderError),
@@ -135,9 +138,10 @@ impl HboneError {
             | HboneError::HandshakeTimeout(_)
             | HboneError::ResponseTimeout(_)
             | HboneError::PingTimeout(_) => Fault::Network,
-            HboneError::Tls(_) | HboneError::Alpn(_) | HboneError::NoClientCertificate => {
-                Fault::Peer
-            }
+            HboneError::Tls(_)
+            | HboneError::Alpn(_)
+            | HboneError::NoClientCertificate
+            | HboneError::StreamRate(_) => Fault::Peer,
             HboneError::H2(e) if e.is_io() => Fault::Network,
             HboneError::H2(_) => Fault::Peer,
             HboneError::Status(s) if *s == StatusCode::BAD_REQUEST => Fault::Local,

@@ -17,6 +17,7 @@ pub mod headers;
 mod keepalive;
 mod payload;
 pub mod pool;
+mod rate;
 mod read_ahead;
 pub mod request;
 pub mod server;
@@ -33,7 +34,9 @@ pub use headers::{
 pub use pool::{ClientSettings, Pool, PoolKey};
 pub use read_ahead::ReadAhead;
 pub use request::{validate, ConnectRequest, Rejection, ValidatedConnect};
-pub use server::{serve, serve_connection, IncomingConnect, PeerInfo};
+pub use server::{
+    accept, accept_connection, serve, serve_connection, Accepted, IncomingConnect, PeerInfo,
+};
 pub use settings::H2Settings;
 pub use stream::H2Stream;
 

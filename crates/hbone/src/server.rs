@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::HboneError;
+use crate::rate::{Idle, StreamRate};
 use crate::request::{validate, Rejection, ValidatedConnect};
 use crate::stream::H2Stream;
 use crate::{keepalive, tls};
@@ -26,6 +27,12 @@ pub use crate::settings::H2Settings;
 pub const SERVER_MAX_HEADER_LIST: u32 = 64 * 1024;
 /// Server per-stream send buffer (400 KiB).
 pub const SERVER_MAX_SEND_BUFFER: usize = 400 * 1024;
+/// Client-reset streams that may wait to be accepted before the connection is refused
+/// (h2's default, named here).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// Streams we may reset for a client's errors before the connection is refused (h2's
+/// default, named here).
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 /// How long an abruptly closed connection may take to flush its GOAWAY.
 const ABRUPT_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -128,19 +135,30 @@ impl Drop for IncomingConnect {
     }
 }
 
-/// Serves one accepted TCP connection until it ends (sets `TCP_NODELAY`; other socket
-/// options are the caller's). See [`serve`].
-pub async fn serve_connection<H, F>(
+/// A connection through its TLS and HTTP/2 handshakes, ready to be served with
+/// [`Accepted::serve`]. Separate steps so a caller can hold a handshake slot (see the
+/// proxy's admission limits) only while a client has not proved itself yet.
+pub struct Accepted<IO> {
+    conn: h2::server::Connection<tokio_rustls::server::TlsStream<IO>, Bytes>,
+    peer: Arc<PeerInfo>,
+    settings: H2Settings,
+}
+
+impl<IO> std::fmt::Debug for Accepted<IO> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accepted")
+            .field("peer", &self.peer.addr)
+            .finish()
+    }
+}
+
+/// [`accept`] on an accepted TCP connection (sets `TCP_NODELAY`; other socket options are
+/// the caller's).
+pub async fn accept_connection(
     tcp: TcpStream,
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
-    shutdown: watch::Receiver<bool>,
-    handler: H,
-) -> Result<(), HboneError>
-where
-    H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
-    F: Future<Output = ()> + Send + 'static,
-{
+) -> Result<Accepted<TcpStream>, HboneError> {
     // HBONE carries interactive traffic; never delay small frames (PINGs, window updates).
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY on an HBONE connection");
@@ -150,33 +168,22 @@ where
     // The socket straight under TLS, without `ReadAhead`: the receiving side of a bulk
     // stream costs 15-22 % less CPU per GB without it on the Intel guest of the issue 9
     // round (interleaved A/B pairs, BENCHMARKS.md), the extra copy out of its buffer
-    // outweighing the system calls it saves. The client keeps it (neutral there).
-    serve(tcp, addr, local_addr, tls, settings, shutdown, handler).await
+    // outweighing the system calls it saves; and a client that has not finished its
+    // handshake gets no read buffer of ours at all. The client keeps it (neutral there).
+    accept(tcp, addr, local_addr, tls, settings).await
 }
 
-/// Serves one accepted connection over any transport: TLS handshake with `tls` (ALPN `h2` and
-/// a client certificate required), HTTP/2 server with `settings`, and `handler` called in a new
-/// task for each request stream.
-///
-/// Pings the client every `ping_interval`; without a PONG within `ping_timeout` the
-/// connection is closed (GOAWAY `NO_ERROR`) and `PingTimeout` returned. When `shutdown` turns
-/// `true`, sends GOAWAY and keeps serving in-flight streams until they finish (dropping the
-/// sender is not a shutdown signal). Returns `Ok` when the connection closed cleanly; garbage
-/// and failed handshakes are errors, never panics.
-#[allow(clippy::too_many_arguments)]
-pub async fn serve<IO, H, F>(
+/// The TLS handshake with `tls` (ALPN `h2` and a client certificate required), then the
+/// HTTP/2 server handshake with `settings`, both within [`tls::HANDSHAKE_TIMEOUT`].
+pub async fn accept<IO>(
     io: IO,
     addr: SocketAddr,
     local_addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
-    mut shutdown: watch::Receiver<bool>,
-    handler: H,
-) -> Result<(), HboneError>
+) -> Result<Accepted<IO>, HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
-    F: Future<Output = ()> + Send + 'static,
 {
     let deadline = Instant::now() + tls::HANDSHAKE_TIMEOUT;
     let timed_out = |_| HboneError::HandshakeTimeout(tls::HANDSHAKE_TIMEOUT);
@@ -194,7 +201,6 @@ where
         local_addr,
         certificates,
     });
-
     let mut builder = h2::server::Builder::new();
     builder
         .initial_window_size(settings.stream_window())
@@ -202,59 +208,188 @@ where
         .max_frame_size(settings.frame_size())
         .max_concurrent_streams(settings.max_concurrent_streams)
         .max_header_list_size(SERVER_MAX_HEADER_LIST)
-        .max_send_buffer_size(SERVER_MAX_SEND_BUFFER);
-    let mut conn = tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(tls_stream))
+        .max_send_buffer_size(SERVER_MAX_SEND_BUFFER)
+        // Rapid reset: streams the client resets before we accept them, and streams we
+        // had to reset for its errors, end the connection with ENHANCE_YOUR_CALM.
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
+        .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS));
+    let conn = tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(tls_stream))
         .await
         .map_err(timed_out)??;
+    Ok(Accepted {
+        conn,
+        peer,
+        settings,
+    })
+}
 
-    let keepalive = keepalive::run(
-        conn.ping_pong(),
-        settings.ping_interval,
-        settings.ping_timeout,
-    );
-    tokio::pin!(keepalive);
-    let handler = Arc::new(handler);
-    let mut draining = false;
+/// Serves one accepted TCP connection until it ends: [`accept_connection`], then
+/// [`Accepted::serve`].
+pub async fn serve_connection<H, F>(
+    tcp: TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    shutdown: watch::Receiver<bool>,
+    handler: H,
+) -> Result<(), HboneError>
+where
+    H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    accept_connection(tcp, tls, settings)
+        .await?
+        .serve(shutdown, handler)
+        .await
+}
 
-    loop {
-        tokio::select! {
-            next = conn.accept() => match next {
-                Some(Ok((req, respond))) => {
-                    let (parts, recv) = req.into_parts();
-                    let incoming = IncomingConnect {
-                        parts,
-                        respond: Some(respond),
-                        recv: Some(recv),
-                        peer: peer.clone(),
-                    };
-                    let handler = handler.clone();
-                    tokio::spawn(async move { handler(incoming).await });
-                }
-                Some(Err(e)) => {
-                    if is_clean_close(&e, conn.has_streams()) {
-                        return Ok(());
+/// Serves one connection over any transport: [`accept`], then [`Accepted::serve`].
+#[allow(clippy::too_many_arguments)]
+pub async fn serve<IO, H, F>(
+    io: IO,
+    addr: SocketAddr,
+    local_addr: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    shutdown: watch::Receiver<bool>,
+    handler: H,
+) -> Result<(), HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    accept(io, addr, local_addr, tls, settings)
+        .await?
+        .serve(shutdown, handler)
+        .await
+}
+
+impl<IO> Accepted<IO>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    /// Who is on the other end.
+    pub fn peer(&self) -> &Arc<PeerInfo> {
+        &self.peer
+    }
+
+    /// Calls `handler` in a new task for each request stream until the connection ends.
+    ///
+    /// Pings the client every `ping_interval`; without a PONG within `ping_timeout` the
+    /// connection is closed (GOAWAY `NO_ERROR`) and `PingTimeout` returned. A connection
+    /// without streams for `idle_timeout` is closed (GOAWAY `NO_ERROR`, `Ok`); one whose
+    /// client opens streams faster than `max_stream_rate` gets GOAWAY `ENHANCE_YOUR_CALM`
+    /// (`StreamRate`). When `shutdown` turns `true`, sends GOAWAY and keeps serving
+    /// in-flight streams until they finish (dropping the sender is not a shutdown signal).
+    /// Returns `Ok` when the connection closed cleanly; garbage is an error, never a panic.
+    pub async fn serve<H, F>(
+        self,
+        mut shutdown: watch::Receiver<bool>,
+        handler: H,
+    ) -> Result<(), HboneError>
+    where
+        H: Fn(IncomingConnect) -> F + Send + Sync + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Accepted {
+            mut conn,
+            peer,
+            settings,
+        } = self;
+        let addr = peer.addr;
+        let keepalive = keepalive::run(
+            conn.ping_pong(),
+            settings.ping_interval,
+            settings.ping_timeout,
+        );
+        tokio::pin!(keepalive);
+        let now = Instant::now().into_std();
+        let mut rate = StreamRate::new(settings.max_stream_rate, settings.stream_burst, now);
+        let mut idle = Idle::new(settings.idle_timeout, now);
+        let idle_check = tokio::time::sleep_until(next_idle_check(&idle));
+        tokio::pin!(idle_check);
+        let handler = Arc::new(handler);
+        let mut draining = false;
+
+        loop {
+            tokio::select! {
+                next = conn.accept() => match next {
+                    Some(Ok((req, respond))) => {
+                        let now = Instant::now().into_std();
+                        idle.busy(now);
+                        if !rate.take(now) {
+                            tracing::warn!(
+                                peer = %addr,
+                                limit = settings.max_stream_rate,
+                                "HBONE client opens streams faster than allowed; \
+                                 closing its connection with ENHANCE_YOUR_CALM"
+                            );
+                            close_abruptly(&mut conn, Reason::ENHANCE_YOUR_CALM).await;
+                            return Err(HboneError::StreamRate(settings.max_stream_rate));
+                        }
+                        let (parts, recv) = req.into_parts();
+                        let incoming = IncomingConnect {
+                            parts,
+                            respond: Some(respond),
+                            recv: Some(recv),
+                            peer: peer.clone(),
+                        };
+                        let handler = handler.clone();
+                        tokio::spawn(async move { handler(incoming).await });
                     }
-                    return Err(e.into());
+                    Some(Err(e)) => {
+                        if is_clean_close(&e, conn.has_streams()) {
+                            return Ok(());
+                        }
+                        return Err(e.into());
+                    }
+                    None => return Ok(()),
+                },
+                _ = wait_for_shutdown(&mut shutdown), if !draining => {
+                    tracing::debug!(peer = %addr, "HBONE connection draining: GOAWAY sent");
+                    draining = true;
+                    conn.graceful_shutdown();
                 }
-                None => return Ok(()),
-            },
-            _ = wait_for_shutdown(&mut shutdown), if !draining => {
-                tracing::debug!(peer = %addr, "HBONE connection draining: GOAWAY sent");
-                draining = true;
-                conn.graceful_shutdown();
-            }
-            err = &mut keepalive => {
-                tracing::debug!(peer = %addr, error = %err, "HBONE keepalive failed; closing connection");
-                conn.abrupt_shutdown(Reason::NO_ERROR);
-                // Give the GOAWAY a moment to be written; the peer may be gone.
-                let _ = tokio::time::timeout(ABRUPT_CLOSE_GRACE, async {
-                    while let Some(Ok(_)) = conn.accept().await {}
-                })
-                .await;
-                return Err(err);
+                _ = &mut idle_check, if !draining => {
+                    let now = Instant::now().into_std();
+                    if conn.has_streams() {
+                        idle.busy(now);
+                    } else if idle.expired(now) {
+                        tracing::debug!(peer = %addr, "HBONE connection idle: GOAWAY sent");
+                        draining = true;
+                        conn.graceful_shutdown();
+                    }
+                    idle_check.as_mut().reset(next_idle_check(&idle));
+                }
+                err = &mut keepalive => {
+                    tracing::debug!(peer = %addr, error = %err, "HBONE keepalive failed; closing connection");
+                    close_abruptly(&mut conn, Reason::NO_ERROR).await;
+                    return Err(err);
+                }
             }
         }
     }
+}
+
+/// Sends GOAWAY with `reason` and gives it a moment to be written (the peer may be gone).
+async fn close_abruptly<IO>(
+    conn: &mut h2::server::Connection<tokio_rustls::server::TlsStream<IO>, Bytes>,
+    reason: Reason,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    conn.abrupt_shutdown(reason);
+    let _ = tokio::time::timeout(ABRUPT_CLOSE_GRACE, async {
+        while let Some(Ok(_)) = conn.accept().await {}
+    })
+    .await;
+}
+
+/// When to look at idleness next: at its deadline, or (never idle) far away.
+fn next_idle_check(idle: &Idle) -> Instant {
+    idle.deadline()
+        .map(Instant::from_std)
+        .unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(86_400 * 365))
 }
 
 /// A peer's GOAWAY `NO_ERROR`, or the peer disconnecting while no stream is open (a client

@@ -19,6 +19,16 @@ pub struct H2Settings {
     pub ping_interval: Duration,
     /// Close the connection when a PING is not answered within this time.
     pub ping_timeout: Duration,
+    /// Server: close a connection that had no open stream for this long (GOAWAY
+    /// `NO_ERROR`). Longer than clients keep idle pooled connections, so it only ends
+    /// connections their clients forgot. Zero never closes them.
+    pub idle_timeout: Duration,
+    /// Server: streams a client may open per second on one connection, sustained; one
+    /// opening faster is abusive and gets GOAWAY `ENHANCE_YOUR_CALM`. Zero: no limit.
+    pub max_stream_rate: u32,
+    /// Server: streams a client may open at once before [`H2Settings::max_stream_rate`]
+    /// applies.
+    pub stream_burst: u32,
 }
 
 /// `HTTP2_STREAM_WINDOW_SIZE` default.
@@ -29,6 +39,14 @@ pub const DEFAULT_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 pub const DEFAULT_FRAME_SIZE: u32 = 1024 * 1024;
 /// Server `SETTINGS_MAX_CONCURRENT_STREAMS`.
 pub const DEFAULT_SERVER_MAX_CONCURRENT_STREAMS: u32 = 200;
+
+/// Server idle timeout: twice the pool's default idle release (`POOL_UNUSED_RELEASE_TIMEOUT`).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Server stream-open rate per connection: several times what a pooled connection
+/// carries at this machine's peak connection rates (BENCHMARKS.md).
+pub const DEFAULT_MAX_STREAM_RATE: u32 = 10_000;
+/// Server stream-open burst per connection: ten times the concurrent-stream limit.
+pub const DEFAULT_STREAM_BURST: u32 = 2_000;
 
 /// Largest flow-control window HTTP/2 allows (2^31 - 1).
 const MAX_WINDOW: u32 = (1 << 31) - 1;
@@ -47,6 +65,9 @@ impl Default for H2Settings {
             max_concurrent_streams: DEFAULT_SERVER_MAX_CONCURRENT_STREAMS,
             ping_interval: Duration::from_secs(10),
             ping_timeout: Duration::from_secs(20),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_stream_rate: DEFAULT_MAX_STREAM_RATE,
+            stream_burst: DEFAULT_STREAM_BURST,
         }
     }
 }

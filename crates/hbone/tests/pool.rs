@@ -453,6 +453,9 @@ async fn extreme_settings_do_not_panic() {
         max_concurrent_streams: 0,
         ping_interval: Duration::MAX,
         ping_timeout: Duration::MAX,
+        idle_timeout: Duration::MAX,
+        max_stream_rate: u32::MAX,
+        stream_burst: u32::MAX,
     };
     let server = TestServer::start(
         c.server_config(),
