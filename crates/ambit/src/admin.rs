@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 
@@ -110,7 +110,7 @@ pub struct AdminContext {
 
 pub fn admin_handler(ctx: AdminContext) -> Handler {
     let ctx = Arc::new(ctx);
-    Arc::new(move |method, uri, _| {
+    Arc::new(move |method, uri, headers| {
         match uri.path() {
         "/" => text(
             StatusCode::OK,
@@ -125,12 +125,18 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
             if method != Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
             }
+            if let Some(refused) = refused_unless_from_the_node(headers) {
+                return refused;
+            }
             let _ = ctx.shutdown.try_send(());
             text(StatusCode::OK, "shutdown now\n")
         }
         "/logging" => {
             if method != Method::POST {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
+            }
+            if let Some(refused) = refused_unless_from_the_node(headers) {
+                return refused;
             }
             let Some(logs) = &ctx.logs else {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "logging is not configurable here\n");
@@ -140,6 +146,64 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
     })
+}
+
+/// The listener is on loopback, but a browser on the node can still reach it: a page
+/// can POST to `http://127.0.0.1:15000/quitquitquit` without reading the answer, and DNS
+/// rebinding can make a foreign name resolve to loopback. Either shows up in the headers:
+/// browsers send `Origin` on every cross-origin POST, and a rebound name stays in `Host`.
+/// So the endpoints that change the proxy take only requests addressed to a loopback
+/// name and without `Origin`; curl, istioctl's port-forward and scripts send both right.
+fn refused_unless_from_the_node(headers: &HeaderMap) -> Option<crate::http::Answer> {
+    if headers.contains_key(http::header::ORIGIN) {
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            "refused: a request with an Origin header comes from a browser page; \
+             send it without one (e.g. with curl) from the node\n",
+        ));
+    }
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    match host {
+        Some(host) if is_loopback_host(host) => None,
+        Some(host) => Some(text(
+            StatusCode::FORBIDDEN,
+            format!(
+                "refused: Host {host:?} is not a loopback name; address the admin port as \
+                 localhost, 127.0.0.1 or [::1]\n"
+            ),
+        )),
+        None => Some(text(
+            StatusCode::FORBIDDEN,
+            "refused: no Host header; address the admin port as localhost, 127.0.0.1 or [::1]\n",
+        )),
+    }
+}
+
+/// `localhost`, `127.0.0.0/8` or `[::1]`, each with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inside, "")) => inside,
+            Some((inside, port)) if port.strip_prefix(':').is_some_and(valid_port) => inside,
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if valid_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        }
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn valid_port(port: &str) -> bool {
+    port.parse::<u16>().is_ok()
 }
 
 fn logging(
@@ -259,7 +323,18 @@ mod tests {
     }
 
     fn post(handler: &Handler, uri: &str) -> (StatusCode, String) {
-        let (status, _, body) = call(handler, Method::POST, uri, HeaderMap::new());
+        post_with(handler, uri, &[("host", "127.0.0.1:15000")])
+    }
+
+    fn post_with(handler: &Handler, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        let (status, _, body) = call(handler, Method::POST, uri, map);
         (status, body)
     }
 
@@ -442,6 +517,50 @@ mod tests {
             assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         }
         assert_eq!(post(&handler, "/logging").1, "current log level is info\n");
+    }
+
+    #[test]
+    fn changes_refuse_browsers_and_foreign_hosts() {
+        let (logs, _layer) = LogHandle::detached("info");
+        let (handler, mut shutdown) = admin(Some(logs));
+        for path in ["/quitquitquit", "/logging?level=trace"] {
+            for headers in [
+                vec![],
+                vec![("host", "evil.example")],
+                vec![("host", "evil.example:15000")],
+                vec![("host", "10.0.0.1:15000")],
+                vec![("host", "localhost.evil.example")],
+                vec![("host", "127.0.0.1:notaport")],
+                vec![("host", "[::1]junk")],
+                vec![
+                    ("host", "127.0.0.1:15000"),
+                    ("origin", "http://127.0.0.1:15000"),
+                ],
+                vec![("host", "localhost"), ("origin", "null")],
+            ] {
+                let (status, body) = post_with(&handler, path, &headers);
+                assert_eq!(status, StatusCode::FORBIDDEN, "{path} {headers:?}: {body}");
+                assert!(body.starts_with("refused: "), "{body}");
+            }
+        }
+        assert!(shutdown.try_recv().is_err(), "a refused request shut down");
+        assert_eq!(post(&handler, "/logging").1, "current log level is info\n");
+        for host in [
+            "localhost:15000",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.1.2.3:15000",
+            "[::1]:15000",
+            "[::1]",
+        ] {
+            let (status, body) = post_with(&handler, "/logging", &[("host", host)]);
+            assert_eq!(status, StatusCode::OK, "{host}: {body}");
+        }
+        assert_eq!(
+            post_with(&handler, "/quitquitquit", &[("host", "localhost:15000")]).0,
+            StatusCode::OK
+        );
+        assert!(shutdown.try_recv().is_ok());
     }
 
     #[test]

@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use ambit_identity::{CertManager, CertificateAuthority};
+use ambit_proxy::admission::{HandshakeGate, NodeHandshakes};
 use ambit_proxy::inpod::{PodProxyFactory, WorkloadManager};
 use ambit_proxy::socket::DefaultSocketFactory;
 use ambit_proxy::{BoundProxy, ProxyInputs, SharedState};
@@ -168,6 +169,10 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 pool: ambit_hbone::Pool::new(cfg.proxy.pool.clone()),
                 spoof_by_default: false,
                 connections: Default::default(),
+                handshakes: HandshakeGate::new(
+                    NodeHandshakes::new(cfg.proxy.handshakes.node),
+                    cfg.proxy.handshakes,
+                ),
             });
             let proxy = BoundProxy::bind(pi)?;
             let addrs = proxy.addresses()?;
@@ -197,6 +202,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 node: cfg.node_name.clone(),
                 mark,
                 reuse_port: cfg.inpod_port_reuse,
+                handshakes: NodeHandshakes::new(cfg.proxy.handshakes.node),
             };
             let pending = Mutex::new(Some(ready.register("workload proxy manager")));
             let ready_for_manager = ready.clone();

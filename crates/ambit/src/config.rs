@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ambit_proxy::admission::HandshakeLimits;
 use ambit_proxy::config::{Keepalive, OriginalSource, Ports, ProxyConfig};
 use ambit_proxy::LocalIdentity;
 use ambit_wellknown::{marks, paths, ports};
@@ -303,6 +304,36 @@ fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
+/// How many connections may be in their HBONE handshake at once: on the node
+/// (`AMBIT_MAX_HBONE_HANDSHAKES`), per pod in shared mode
+/// (`AMBIT_MAX_HBONE_HANDSHAKES_PER_POD`; in dedicated mode the node is the one instance)
+/// and per source IP (`AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE`, default a quarter of the
+/// instance's share).
+fn handshake_limits(env: &Env, mode: ProxyMode) -> Result<HandshakeLimits, ConfigError> {
+    let count = |var, default: usize| {
+        env.u32_in(
+            var,
+            default as u32,
+            1..=1_000_000,
+            "a number of connections, 1 to 1000000",
+        )
+        .map(|n| n as usize)
+    };
+    let node = count("AMBIT_MAX_HBONE_HANDSHAKES", HandshakeLimits::DEFAULT_NODE)?;
+    let pod = match mode {
+        ProxyMode::Dedicated => node,
+        ProxyMode::Shared => count(
+            "AMBIT_MAX_HBONE_HANDSHAKES_PER_POD",
+            HandshakeLimits::DEFAULT_POD,
+        )?,
+    };
+    let mut limits = HandshakeLimits::for_pod(node, pod);
+    if env.get("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE").is_some() {
+        limits.source = count("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE", limits.source)?;
+    }
+    Ok(limits)
+}
+
 /// `TERMINATION_GRACE_PERIOD_SECONDS` to a drain deadline, as ztunnel derives it.
 fn deadline_from_grace(secs: u64) -> Duration {
     let d = if secs > 10 {
@@ -514,8 +545,18 @@ impl Config {
             stream_window,
             connection_window,
             frame_size,
+            idle_timeout: env
+                .duration("AMBIT_HBONE_IDLE_TIMEOUT")?
+                .unwrap_or(h2_defaults.idle_timeout),
+            max_stream_rate: env.u32_in(
+                "AMBIT_HBONE_MAX_STREAM_RATE",
+                h2_defaults.max_stream_rate,
+                0..=u32::MAX,
+                "streams per second a client may open on one connection (0: no limit)",
+            )?,
             ..Default::default()
         };
+        let handshakes = handshake_limits(env, proxy_mode)?;
         let pool = ambit_hbone::ClientSettings {
             h2: h2.clone(),
             max_streams_per_connection: max_streams,
@@ -547,6 +588,17 @@ impl Config {
             });
         }
         let wildcard = if ipv6_enabled { "[::]" } else { "0.0.0.0" };
+        let stats_addr = env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:{}", ports::STATS))?;
+        let readiness_addr = env.addr(
+            "AMBIT_READINESS_ADDR",
+            &format!("{wildcard}:{}", ports::READINESS),
+        )?;
+        // In dedicated mode the operator ports share the workload's addresses: captured
+        // or tunnelled traffic must not reach them. In-pod they are in the node's netns.
+        let reserved_ports = match proxy_mode {
+            ProxyMode::Dedicated => vec![stats_addr.port(), readiness_addr.port()],
+            ProxyMode::Shared => Vec::new(),
+        };
         Ok(Config {
             proxy_mode,
             workload,
@@ -580,11 +632,8 @@ impl Config {
             inpod_uds: env.get("INPOD_UDS").unwrap_or(paths::ZDS_SOCKET).into(),
             inpod_port_reuse: env.bool("INPOD_PORT_REUSE", true)?,
             admin_addr,
-            stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:{}", ports::STATS))?,
-            readiness_addr: env.addr(
-                "AMBIT_READINESS_ADDR",
-                &format!("{wildcard}:{}", ports::READINESS),
-            )?,
+            stats_addr,
+            readiness_addr,
             worker_threads: worker_threads(env, cores)?,
             proxy: ProxyConfig {
                 ports,
@@ -597,6 +646,8 @@ impl Config {
                 h2,
                 pool,
                 response_baggage: env.bool("ENABLE_RESPONSE_BAGGAGE", true)?,
+                handshakes,
+                reserved_ports,
             },
         })
     }
@@ -653,6 +704,17 @@ mod tests {
         .unwrap();
         assert_eq!(c.proxy.packet_mark, None);
         assert_eq!(c.workload.unwrap().service_account, "sleep");
+        // The operator ports share the workload's addresses, so the loop guard has them.
+        assert_eq!(c.proxy.reserved_ports, [15020, 15021]);
+        let moved = Config::from_env(&env(&[
+            ("PROXY_MODE", "dedicated"),
+            ("PROXY_WORKLOAD_INFO", "default/client/sleep"),
+            ("AMBIT_STATS_ADDR", "127.0.0.1:9090"),
+        ]))
+        .unwrap();
+        assert!(moved.proxy.is_loop_port(9090) && !moved.proxy.is_loop_port(15020));
+        let shared = Config::from_env(&env(&[])).unwrap();
+        assert!(shared.proxy.reserved_ports.is_empty());
     }
 
     #[test]

@@ -44,7 +44,7 @@ fn admin_like(addr: SocketAddr, ipv6: bool) -> Value {
 pub fn config_section(cfg: &Config) -> Value {
     let p = &cfg.proxy;
     let v6 = p.ipv6_enabled;
-    let mut illegal: Vec<u16> = p.loop_ports().to_vec();
+    let mut illegal: Vec<u16> = p.listener_ports().to_vec();
     illegal.sort_unstable();
     let workload = cfg.workload.as_ref().map(
         |w| json!({"name": w.name, "namespace": w.namespace, "serviceAccount": w.service_account}),

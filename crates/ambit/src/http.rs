@@ -15,7 +15,8 @@ use tokio::net::TcpListener;
 
 use ambit_proxy::drain::DrainWatcher;
 
-pub type Handler = Arc<dyn Fn(&Method, &Uri, &HeaderMap) -> Response<Full<Bytes>> + Send + Sync>;
+pub type Answer = Response<Full<Bytes>>;
+pub type Handler = Arc<dyn Fn(&Method, &Uri, &HeaderMap) -> Answer + Send + Sync>;
 
 pub fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
     with_type(status, "text/plain; charset=utf-8", body.into())
@@ -30,10 +31,22 @@ pub fn with_type(status: StatusCode, content_type: &str, body: String) -> Respon
     r
 }
 
-/// Serves `handler` on `listener` until draining starts.
+/// Connections one listener serves at once. Scrapers, probes and an operator's curl need a
+/// handful; the metrics and readiness ports listen on every address, so whoever can reach
+/// the node must not be able to make the proxy hold more than this.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Serves `handler` on `listener` until draining starts, at most `MAX_CONNECTIONS` at a
+/// time: one more is closed at once (the client sees a reset), never queued.
 pub async fn serve(listener: TcpListener, handler: Handler, drain: DrainWatcher) {
+    serve_limited(listener, handler, drain, MAX_CONNECTIONS).await
+}
+
+async fn serve_limited(listener: TcpListener, handler: Handler, drain: DrainWatcher, limit: usize) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limit));
+    let mut last_shed_warning: Option<tokio::time::Instant> = None;
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             biased;
             _ = drain.draining() => return,
             r = listener.accept() => match r {
@@ -45,8 +58,23 @@ pub async fn serve(listener: TcpListener, handler: Handler, drain: DrainWatcher)
                 }
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Linger 0: the close is a reset, so the shed socket leaves no TIME_WAIT here.
+            let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+            drop(stream);
+            let now = tokio::time::Instant::now();
+            if last_shed_warning.is_none_or(|t| now - t > Duration::from_secs(10)) {
+                last_shed_warning = Some(now);
+                let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+                tracing::warn!(
+                    "port {port} already serves {limit} connections; closing the one from {peer} (more are closed quietly for 10 s)"
+                );
+            }
+            continue;
+        };
         let handler = handler.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let resp = handler(req.method(), req.uri(), req.headers());
                 async move { Ok::<_, Infallible>(resp) }
@@ -59,5 +87,67 @@ pub async fn serve(listener: TcpListener, handler: Handler, drain: DrainWatcher)
                 .serve_connection(TokioIo::new(stream), service);
             let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn hello() -> Handler {
+        Arc::new(|_, _, _| text(StatusCode::OK, "hello\n"))
+    }
+
+    fn get(addr: std::net::SocketAddr) -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn connections_beyond_the_limit_are_closed_and_the_rest_served() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_trigger, watcher) = ambit_proxy::drain::new();
+        rt.spawn(serve_limited(listener, hello(), watcher, 4));
+
+        // Four idle clients hold every slot (each sends half a request and waits).
+        let held: Vec<_> = (0..4)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+                s
+            })
+            .collect();
+        // The listener accepts in order, so the four took the slots before this one.
+        let shed = get(addr);
+        assert!(
+            !matches!(&shed, Ok(answer) if answer.contains("hello")),
+            "a fifth connection was served while four held the slots: {shed:?}"
+        );
+
+        // A slot freed is a slot served.
+        drop(held);
+        let mut answer = Err(std::io::Error::other("not tried"));
+        for _ in 0..50 {
+            answer = get(addr);
+            if matches!(&answer, Ok(a) if a.contains("hello")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            answer.unwrap().starts_with("HTTP/1.1 200"),
+            "not served after the slots freed"
+        );
     }
 }

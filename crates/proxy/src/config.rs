@@ -79,6 +79,11 @@ pub struct ProxyConfig {
     pub pool: ClientSettings,
     /// Send destination metadata back in the CONNECT response (`ENABLE_RESPONSE_BAGGAGE`).
     pub response_baggage: bool,
+    /// Connections each proxy instance lets into the HBONE handshake at once.
+    pub handshakes: crate::admission::HandshakeLimits,
+    /// Ports besides the three listeners that captured traffic must never reach: the
+    /// stats and readiness ports in dedicated mode, where they share the node's addresses.
+    pub reserved_ports: Vec<u16>,
 }
 
 impl Default for ProxyConfig {
@@ -94,18 +99,32 @@ impl Default for ProxyConfig {
             h2: H2Settings::default(),
             pool: ClientSettings::default(),
             response_baggage: true,
+            handshakes: Default::default(),
+            reserved_ports: Vec::new(),
         }
     }
 }
 
 impl ProxyConfig {
-    /// Ports a captured connection must never be sent to: they would loop back into us.
-    pub fn loop_ports(&self) -> [u16; 3] {
+    /// The listeners' ports, as ztunnel lists them (`illegalPorts`).
+    pub fn listener_ports(&self) -> [u16; 3] {
         [
             self.ports.outbound,
             self.ports.inbound_plaintext,
             self.ports.inbound_hbone,
         ]
+    }
+
+    /// Ports a captured connection must never be sent to: they would loop back into us.
+    pub fn loop_ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.listener_ports()
+            .into_iter()
+            .chain(self.reserved_ports.iter().copied())
+    }
+
+    /// Whether `port` is one of [`ProxyConfig::loop_ports`].
+    pub fn is_loop_port(&self, port: u16) -> bool {
+        self.loop_ports().any(|p| p == port)
     }
 }
 

@@ -6,6 +6,7 @@ use ambit_hbone::pool::Pool;
 use ambit_identity::CertManager;
 use ambit_state::ProxyState;
 
+use crate::admission::HandshakeGate;
 use crate::config::ProxyConfig;
 use crate::connections::OpenConnections;
 use crate::metrics::Metrics;
@@ -61,6 +62,8 @@ pub struct ProxyInputs {
     pub spoof_by_default: bool,
     /// The connections open right now (`/config_dump`'s `workloadState`).
     pub connections: Arc<OpenConnections>,
+    /// Admission to the HBONE handshake (this instance's share of the node's).
+    pub handshakes: Arc<HandshakeGate>,
 }
 
 impl ProxyInputs {

@@ -2,6 +2,7 @@
 //! HBONE inbound server, the plaintext inbound, telemetry, and drain.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod config;
 pub mod connections;
 pub mod copy;

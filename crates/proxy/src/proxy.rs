@@ -3,9 +3,11 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use crate::admission::{HandshakePermit, Shed};
 use crate::config::OriginalSource;
 use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
@@ -95,23 +97,40 @@ impl BoundProxy {
         });
         let hbone = accept_loop(self.hbone, Reporter::Destination, &pi, drain.clone(), {
             let pi = pi.clone();
-            move |stream, _src, drain, transparent| {
-                serve_hbone(pi.clone(), stream, drain, goaway.clone(), transparent)
+            move |stream, src, drain, transparent| {
+                // Admitted (or shed) at once, before a byte is read.
+                let admitted = pi.handshakes.admit(socket::canonical_ip(src.ip()));
+                serve_hbone(
+                    pi.clone(),
+                    stream,
+                    admitted,
+                    drain,
+                    goaway.clone(),
+                    transparent,
+                )
             }
         });
         tokio::join!(out, plain, hbone);
     }
 }
 
+/// How often shed handshakes are reported, at most.
+const SHED_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
 async fn serve_hbone(
     pi: Arc<ProxyInputs>,
     stream: tokio::net::TcpStream,
+    admitted: Result<HandshakePermit, Shed>,
     drain: DrainWatcher,
     goaway: tokio::sync::watch::Receiver<bool>,
     transparent: bool,
 ) {
     let peer = stream.peer_addr().ok();
     let local = stream.local_addr().ok();
+    let permit = match admitted {
+        Ok(permit) => permit,
+        Err(shed) => return shed_connection(&pi, stream, peer, shed),
+    };
     if let Err(e) = crate::socket::tune_stream(&stream, &pi.cfg.keepalive) {
         tracing::debug!(?peer, "socket options on an HBONE connection: {e}");
     }
@@ -154,8 +173,14 @@ async fn serve_hbone(
         }
     };
     let forced = drain.clone();
+    let serve = async move {
+        let accepted = ambit_hbone::accept_connection(stream, tls, pi.cfg.h2.clone()).await?;
+        // Through TLS and the HTTP/2 preface: the client has proved itself.
+        drop(permit);
+        accepted.serve(goaway, handler).await
+    };
     tokio::select! {
-        r = ambit_hbone::server::serve_connection(stream, tls, pi.cfg.h2.clone(), goaway, handler) => {
+        r = serve => {
             match r {
                 // A client that never got through the handshake: an access log warning,
                 // as ztunnel writes one.
@@ -177,6 +202,27 @@ async fn serve_hbone(
             }
         }
         _ = forced.forced() => {}
+    }
+}
+
+/// Closes a connection over the handshake limits at once, with a reset (no TIME_WAIT
+/// kept for it), and says so now and then.
+fn shed_connection(
+    pi: &ProxyInputs,
+    stream: tokio::net::TcpStream,
+    peer: Option<SocketAddr>,
+    shed: Shed,
+) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+    let node = pi.handshakes.node();
+    if let Some(total) = node.count_shed(std::time::Instant::now(), SHED_REPORT_INTERVAL) {
+        tracing::warn!(
+            ?peer,
+            shed_total = total,
+            "HBONE connection shed: {shed}; clients that do not finish their handshake \
+             are holding this proxy's share (AMBIT_MAX_HBONE_HANDSHAKES*)"
+        );
     }
 }
 

@@ -397,6 +397,71 @@ mod tests {
     }
 
     #[test]
+    fn in_dedicated_mode_the_stats_and_readiness_ports_are_never_reached() {
+        let state = mesh();
+        let cfg = ProxyConfig {
+            reserved_ports: vec![15020, 15021],
+            ..ProxyConfig::default()
+        };
+        let id = identity("server", "server");
+        let client = spiffe("shop", "client");
+        let local = Local {
+            identity: &id,
+            node: None,
+        };
+        for port in [15020, 15021] {
+            let request = connect(&format!("10.0.0.2:{port}"), &[]);
+            let tunnelled = plan_hbone(
+                &state,
+                &HboneRequest {
+                    cfg: &cfg,
+                    local,
+                    request: &request,
+                    peer: "10.0.0.1:45000".parse().unwrap(),
+                    arrived_on: format!("{SERVER_IP}:15008").parse().unwrap(),
+                    peer_identity: Some(&client),
+                    source_policy: auto(),
+                },
+            );
+            assert_eq!(
+                show(tunnelled),
+                format!("503 refusing connection to the proxy's own port {port}")
+            );
+            let captured = plan_plaintext(
+                &state,
+                &PlaintextConnection {
+                    cfg: &cfg,
+                    local,
+                    peer: "192.0.2.9:50000".parse().unwrap(),
+                    original_dst: format!("10.0.0.2:{port}").parse().unwrap(),
+                    source_policy: auto(),
+                },
+            );
+            assert_eq!(
+                show(captured),
+                format!("503 refusing connection to the proxy's own port {port}")
+            );
+        }
+        // Without them reserved (in-pod mode, where they live in the node's netns) the
+        // same port of the workload is an ordinary one.
+        let request = connect("10.0.0.2:15020", &[]);
+        let plain = ProxyConfig::default();
+        assert!(plan_hbone(
+            &state,
+            &HboneRequest {
+                cfg: &plain,
+                local,
+                request: &request,
+                peer: "10.0.0.1:45000".parse().unwrap(),
+                arrived_on: format!("{SERVER_IP}:15008").parse().unwrap(),
+                peer_identity: Some(&client),
+                source_policy: auto(),
+            },
+        )
+        .is_ok());
+    }
+
+    #[test]
     fn a_mapped_address_is_the_ipv4_one() {
         // A `[::]` listener sees IPv4 clients as ::ffff:a.b.c.d.
         let state = mesh();

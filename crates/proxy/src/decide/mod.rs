@@ -85,7 +85,7 @@ impl SourcePolicy {
 
 /// Ports a captured or tunnelled connection must never be sent to.
 fn is_loop_port(cfg: &ProxyConfig, port: u16) -> bool {
-    cfg.loop_ports().contains(&port)
+    cfg.is_loop_port(port)
 }
 
 #[cfg(test)]

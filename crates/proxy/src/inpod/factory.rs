@@ -6,6 +6,7 @@ use ambit_identity::{CertManager, SpiffeId};
 use ambit_inpod::proto::WorkloadInfo;
 use ambit_inpod::Netns;
 
+use crate::admission::{HandshakeGate, NodeHandshakes};
 use crate::config::ProxyConfig;
 use crate::connections::OpenConnections;
 use crate::drain::{self, DrainTrigger};
@@ -25,6 +26,8 @@ pub struct PodProxyFactory {
     pub node: Option<String>,
     pub mark: u32,
     pub reuse_port: bool,
+    /// The node-wide count of HBONE handshakes every pod's share draws on.
+    pub handshakes: Arc<NodeHandshakes>,
 }
 
 pub struct RunningPod {
@@ -91,6 +94,7 @@ impl PodProxyFactory {
             pool: ambit_hbone::Pool::new(self.cfg.pool.clone()),
             spoof_by_default: true,
             connections: Arc::new(OpenConnections::default()),
+            handshakes: HandshakeGate::new(self.handshakes.clone(), self.cfg.handshakes),
         });
         let connections = pi.connections.clone();
         let bound = BoundProxy::bind(pi).map_err(|e| e.to_string())?;
