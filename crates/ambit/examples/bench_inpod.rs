@@ -35,9 +35,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ambit::lab::inpod::Cluster;
-use ambit::lab::mesh::{EchoMode, APP_PORT};
-use ambit::lab::wait_until;
+use ambit_lab::inpod::Cluster;
+use ambit_lab::mesh::{EchoMode, APP_PORT};
+use ambit_lab::wait_until;
 use anyhow::{bail, Context};
 use common::setup;
 use common::setup::{CLIENT, LOCAL, REMOTE, SOAK, SOAK_CLIENT};
@@ -144,8 +144,8 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let ambit = std::fs::canonicalize(&args.ambit)
         .with_context(|| format!("no ambit binary at {}", args.ambit.display()))?;
-    ambit::lab::require_tool("iperf3", "iperf3")?;
-    ambit::lab::require_tool("ss", "iproute2")?;
+    ambit_lab::require_tool("iperf3", "iperf3")?;
+    ambit_lab::require_tool("ss", "iproute2")?;
     let machine = common::machine();
     println!("machine: {machine}");
     println!("node proxy: {}", ambit.display());

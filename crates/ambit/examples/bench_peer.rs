@@ -31,10 +31,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit::lab::inpod::{Cluster, ClusterSpec};
-use ambit::lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
-use ambit::lab::peer::{IstioZtunnel, NodeProxy};
-use ambit::lab::wait_until;
+use ambit_lab::inpod::{Cluster, ClusterSpec};
+use ambit_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
+use ambit_lab::peer::{IstioZtunnel, NodeProxy};
+use ambit_lab::wait_until;
 use anyhow::{bail, Context};
 use common::setup::{CLIENT, LOCAL, REMOTE, SOAK, SOAK_CLIENT};
 use common::{setup, Cpu, Pcts, Proxies, Target};
@@ -95,7 +95,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--enroll-pods" => a.enroll_pods = val()?.parse().context("--enroll-pods")?,
             "--proxy-env" => a
                 .proxy_env
-                .push(ambit::lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?),
+                .push(ambit_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?),
             "--title" => a.title = val()?,
             "-h" | "--help" => {
                 println!("usage: see the top of crates/ambit/examples/bench_peer.rs");
@@ -807,8 +807,8 @@ fn main() -> anyhow::Result<()> {
     let ambit = std::fs::canonicalize(&args.ambit)
         .with_context(|| format!("no ambit binary at {}", args.ambit.display()))?;
     let peer = IstioZtunnel::find(&args.peer)?;
-    ambit::lab::require_tool("iperf3", "iperf3")?;
-    ambit::lab::require_tool("ss", "iproute2")?;
+    ambit_lab::require_tool("iperf3", "iperf3")?;
+    ambit_lab::require_tool("ss", "iproute2")?;
     let machine = common::machine();
     let peer_version = std::process::Command::new(&peer.bin)
         .arg("version")

@@ -15,8 +15,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use ambit::lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP};
-use ambit::lab::peer::{IstioZtunnel, NodeProxy};
+use ambit_lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP};
+use ambit_lab::peer::{IstioZtunnel, NodeProxy};
 use anyhow::{bail, Context};
 use common::setup::{self, DIRECT_IPERF_PORT, MESH_IPERF_PORT};
 
@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
             "--ambit" => ambit = Some(PathBuf::from(val()?)),
             "--peer" => peer = Some(PathBuf::from(val()?)),
             "--proxy-env" => {
-                env.push(ambit::lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?)
+                env.push(ambit_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?)
             }
             "--client" => sides[0] = Some(val()?),
             "--server" => sides[1] = Some(val()?),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::lab::mesh::{
+use ambit_lab::mesh::{
     metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_PORT, SERVICE_VIP,
 };
 
@@ -22,7 +22,7 @@ pub struct DemoArgs {
     pub dedicated: bool,
     /// Extra environment for both node proxies, e.g. `RUST_LOG=debug` (repeatable;
     /// dedicated mode).
-    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = crate::lab::parse_env_pair)]
+    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = ambit_lab::parse_env_pair)]
     pub proxy_env: Vec<(String, String)>,
 }
 
@@ -35,16 +35,16 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// Removes the lab's namespaces and processes on Ctrl-C or SIGTERM, then exits.
-pub fn remove_on_signal(cleanup: crate::lab::Cleanup) {
+pub fn remove_on_signal(cleanup: ambit_lab::Cleanup) {
     remove_all_on_signal(vec![cleanup]);
 }
 
 /// [`remove_on_signal`] for several labs. One process-wide handler removes every lab ever
 /// registered, so a program that builds labs in phases cleans up all of them, whichever
 /// phase the signal finds it in.
-pub fn remove_all_on_signal(cleanups: Vec<crate::lab::Cleanup>) {
+pub fn remove_all_on_signal(cleanups: Vec<ambit_lab::Cleanup>) {
     use std::sync::{Mutex, OnceLock};
-    static REGISTERED: OnceLock<Mutex<Vec<crate::lab::Cleanup>>> = OnceLock::new();
+    static REGISTERED: OnceLock<Mutex<Vec<ambit_lab::Cleanup>>> = OnceLock::new();
     let mut first = false;
     let registered = REGISTERED.get_or_init(|| {
         first = true;

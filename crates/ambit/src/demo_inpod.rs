@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::lab::inpod::{Cluster, PodSpec};
-use crate::lab::mesh::{metric_sum, EchoMode};
+use ambit_lab::inpod::{Cluster, PodSpec};
+use ambit_lab::mesh::{metric_sum, EchoMode};
 
 const APP_PORT: u16 = 8080;
 

@@ -1,6 +1,6 @@
 //! The `ambit` binary's pieces: configuration from the environment, the node proxy
-//! runtime and its operator endpoints, the demo, and the network-namespace lab that the
-//! demo and the end-to-end tests build their nodes with.
+//! runtime and its operator endpoints, and (with the `demo` feature, on by default) the
+//! demo, which builds its nodes with the network-namespace lab in `ambit-lab`.
 #![forbid(unsafe_code)]
 #![recursion_limit = "256"]
 
@@ -9,10 +9,11 @@ pub mod agent_cli;
 pub mod app;
 pub mod config;
 pub mod config_dump;
+#[cfg(feature = "demo")]
 pub mod demo;
+#[cfg(feature = "demo")]
 pub mod demo_inpod;
 pub mod http;
-pub mod lab;
 pub mod log_format;
 pub mod logging;
 pub mod process_metrics;

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-use ambit::{agent_cli, app, config, demo, logging, version};
+use ambit::{agent_cli, app, config, logging, version};
 
 #[derive(Parser)]
 #[command(
@@ -44,7 +44,8 @@ enum Command {
     },
     /// Build a two-node mesh in network namespaces on this machine, send real traffic
     /// through it and report what happened. Needs root.
-    Demo(demo::DemoArgs),
+    #[cfg(feature = "demo")]
+    Demo(ambit::demo::DemoArgs),
     /// Run the node agent (enrolls pods into capture and hands their network namespaces to
     /// the node proxy over ZDS), or talk to a running one: `enroll`, `remove`, `list`.
     Agent(Box<agent_cli::AgentArgs>),
@@ -81,7 +82,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Demo(args) => match demo::run(args) {
+        #[cfg(feature = "demo")]
+        Command::Demo(args) => match ambit::demo::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("ambit demo: {e:#}");

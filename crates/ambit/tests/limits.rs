@@ -8,10 +8,10 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ambit::lab::inpod::{Cluster, ClusterSpec, PodSpec};
-use ambit::lab::mesh::{EchoMode, TwoNodes, APP_PORT, SERVER_IP};
-use ambit::lab::peer::NodeProxy;
-use ambit::lab::{wait_until, Lab};
+use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::mesh::{EchoMode, TwoNodes, APP_PORT, SERVER_IP};
+use ambit_lab::peer::NodeProxy;
+use ambit_lab::{wait_until, Lab};
 use socket2::{Domain, Socket, Type};
 
 fn ambit() -> &'static Path {

@@ -7,12 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ambit::lab::mesh::{
+use ambit_identity::{CertificateAuthority, SpiffeId};
+use ambit_lab::mesh::{
     metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_HOST, SERVICE_PORT,
     SERVICE_VIP,
 };
-use ambit::lab::{wait_until, Lab};
-use ambit_identity::{CertificateAuthority, SpiffeId};
+use ambit_lab::{wait_until, Lab};
 
 fn ambit() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ambit"))
@@ -115,7 +115,7 @@ fn service_vip_reaches_an_endpoint_on_its_target_port() {
         metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 1
     })
     .unwrap();
-    let dump = ambit::lab::http_get(
+    let dump = ambit_lab::http_get(
         &nodes.server_ns,
         "127.0.0.1:15000".parse().unwrap(),
         "/config_dump",
@@ -340,7 +340,7 @@ async fn hbone_server_answers_bad_requests_with_ztunnel_status_codes() {
 
 #[test]
 fn ipv6_client_reaches_server_through_ip6t_original_destination() {
-    use ambit::lab::mesh::SERVER_IP6;
+    use ambit_lab::mesh::SERVER_IP6;
     let nodes = TwoNodes::start(ambit(), "e2e-v6", &[]).unwrap();
     let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
     let capture = nodes.capture_link().unwrap();

@@ -221,7 +221,7 @@ impl RecordingServer {
         addr: SocketAddr,
         cert: &WorkloadCertificate,
     ) -> anyhow::Result<RecordingServer> {
-        let listener = ambit::lab::Lab::in_netns(ns, move || std::net::TcpListener::bind(addr))
+        let listener = ambit_lab::Lab::in_netns(ns, move || std::net::TcpListener::bind(addr))
             .with_context(|| format!("binding the recording server on {addr} in {ns}"))?;
         listener.set_nonblocking(true)?;
         let (tx, records) = mpsc::channel();
@@ -392,7 +392,7 @@ pub fn probe(
     cert: Option<&WorkloadCertificate>,
     request: &ProbeRequest,
 ) -> anyhow::Result<Outcome> {
-    let tcp = ambit::lab::Lab::in_netns(ns, move || {
+    let tcp = ambit_lab::Lab::in_netns(ns, move || {
         std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(5))
     })
     .with_context(|| format!("connecting to {dst} from {ns}"))?;

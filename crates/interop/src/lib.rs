@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-pub use ambit::lab::peer::{IstioZtunnel, NodeProxy};
+pub use ambit_lab::peer::{IstioZtunnel, NodeProxy};
 
 /// The workspace root (two levels above this crate).
 pub fn workspace() -> PathBuf {

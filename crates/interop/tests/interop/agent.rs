@@ -7,12 +7,12 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, SocketAddrV4, TcpListener};
 use std::time::Duration;
 
-use ambit::lab::inpod::{Cluster, ClusterSpec, PodSpec};
-use ambit::lab::mesh::{metric_sum, EchoMode};
-use ambit::lab::{http_get, wait_until, Lab};
 use ambit_interop::apps::{exchange_half_close, serve_half_close, MIB};
 use ambit_interop::compare::{family, json_diff, mask_port, parse_prometheus};
 use ambit_interop::{ambit_bin, both, peer, NodeProxy};
+use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::mesh::{metric_sum, EchoMode};
+use ambit_lab::{http_get, wait_until, Lab};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(10);

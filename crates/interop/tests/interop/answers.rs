@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ambit::lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, SERVER_IP, SERVER_IP6};
 use ambit_identity::{CertificateAuthority, SpiffeId, WorkloadCertificate};
 use ambit_interop::compare::{access_lines, mask_port, LogLine};
 use ambit_interop::hbone_probe::{probe, Outcome, ProbeRequest};
 use ambit_interop::{both, NodeProxy};
+use ambit_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, SERVER_IP, SERVER_IP6};
 
 use crate::differential::{documented, MESH, POLICIES};
 

@@ -5,11 +5,11 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::time::Duration;
 
-use ambit::lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_PORT, SERVICE_VIP};
 use ambit_identity::{CertificateAuthority, SpiffeId};
 use ambit_interop::compare::{forwarded_masked, is_traceparent};
 use ambit_interop::hbone_probe::{Recorded, RecordingServer};
 use ambit_interop::{both, NodeProxy};
+use ambit_lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_PORT, SERVICE_VIP};
 
 pub fn record(proxy: &NodeProxy) -> Vec<Recorded> {
     let tag = format!("io-rec-{}", proxy.label());

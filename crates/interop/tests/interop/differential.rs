@@ -5,10 +5,10 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::time::Duration;
 
-use ambit::lab::mesh::{
+use ambit_lab::mesh::{
     metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_PORT, SERVICE_VIP,
 };
-use ambit::lab::{http_get, wait_until, Lab};
+use ambit_lab::{http_get, wait_until, Lab};
 use std::collections::BTreeSet;
 
 use ambit_interop::compare::{

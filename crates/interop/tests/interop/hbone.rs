@@ -4,12 +4,12 @@
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6, TcpListener};
 use std::time::Duration;
 
-use ambit::lab::mesh::{
-    TwoNodes, TwoNodesSpec, APP_PORT, CLIENT_IP, CLIENT_IP6, SERVER_IP, SERVER_IP6,
-};
-use ambit::lab::Lab;
 use ambit_interop::apps::{exchange_half_close, serve_half_close, MIB};
 use ambit_interop::{ambit_bin, peer, NodeProxy};
+use ambit_lab::mesh::{
+    TwoNodes, TwoNodesSpec, APP_PORT, CLIENT_IP, CLIENT_IP6, SERVER_IP, SERVER_IP6,
+};
+use ambit_lab::Lab;
 
 fn run(client: NodeProxy, server: NodeProxy, tag: &str) {
     let nodes = TwoNodes::launch(TwoNodesSpec::of(tag, client, server)).unwrap();

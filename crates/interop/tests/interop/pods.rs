@@ -7,8 +7,8 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use ambit::lab::{Lab, Process};
 use ambit_interop::NodeProxy;
+use ambit_lab::{Lab, Process};
 use anyhow::{bail, Context};
 
 pub const NODE_NAME: &str = "node1";
@@ -117,7 +117,7 @@ impl PodNode {
         let config_path = lab.dir.path().join("mesh.yaml");
         std::fs::write(&config_path, mesh_yaml(&yaml_pods))?;
         let ca_dir = lab.dir.path().join("ca");
-        ambit::lab::peer::write_lab_ca(&ca_dir, proxies)?;
+        ambit_lab::peer::write_lab_ca(&ca_dir, proxies)?;
         let zds_socket = lab.dir.path().join("zds.sock");
         Ok(PodNode {
             lab,

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use ambit::lab::{http_get, wait_until, Lab, Process};
 use ambit_interop::NodeProxy;
+use ambit_lab::{http_get, wait_until, Lab, Process};
 
 pub struct Single {
     /// Removes the namespace and the proxy when the test is done with them.
@@ -27,7 +27,7 @@ impl Single {
         let config = lab.dir.path().join("mesh.yaml");
         std::fs::write(&config, mesh).unwrap();
         let ca = lab.dir.path().join("ca");
-        ambit::lab::peer::write_lab_ca(&ca, &[proxy]).unwrap();
+        ambit_lab::peer::write_lab_ca(&ca, &[proxy]).unwrap();
         let mut vars = proxy.env(&config, &ca);
         vars.extend([
             ("PROXY_MODE", "dedicated".to_string()),

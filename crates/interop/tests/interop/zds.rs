@@ -7,10 +7,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use ambit::lab::{http_get, wait_until, Lab};
 use ambit_interop::apps::{exchange_half_close, serve_half_close, MIB};
 use ambit_interop::zds_peer::{Answer, Request, WorkloadInfo, ZdsConn, ZdsListener};
 use ambit_interop::{both, NodeProxy};
+use ambit_lab::{http_get, wait_until, Lab};
 
 use crate::pods::PodNode;
 

@@ -1,6 +1,8 @@
 //! A lab of network namespaces on this machine: "nodes" joined by veth pairs, processes
 //! started inside them, and everything removed again when the lab is dropped, on error
-//! and on Ctrl-C alike. Used by `ambit demo` and the end-to-end tests.
+//! and on Ctrl-C alike. Used by `ambit demo`, the end-to-end tests, the interop suite and
+//! the benchmarks; never by the node proxy, so a build without the demo leaves it out.
+#![forbid(unsafe_code)]
 
 pub mod inpod;
 pub mod mesh;
