@@ -27,5 +27,7 @@ need() {
 BUILD_TOOLS=(make=make cc=gcc)
 # The tools the end-to-end tests use.
 NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 /usr/lib/cni/bridge=containernetworking-plugins)
+# The demo's: nodes, capture rules, ipsets, the CNI plugins, and tcpdump to show the wire.
+DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump /usr/lib/cni/bridge=containernetworking-plugins)
 # The interop suite's: namespaces, capture rules, ipsets and the CNI plugins.
 INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=containernetworking-plugins)
