@@ -25,6 +25,8 @@ need() {
 
 # What the build needs beyond Rust: make and a C compiler (aws-lc, jemalloc).
 BUILD_TOOLS=(make=make cc=gcc)
+# The fuzz crate's seed tests: libfuzzer-sys builds libFuzzer, which is C++.
+FUZZ_TOOLS=(c++=g++)
 # The tools the end-to-end tests use.
 NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 /usr/lib/cni/bridge=containernetworking-plugins)
 # The demo's: nodes, capture rules, ipsets, the CNI plugins, and tcpdump to show the wire.

@@ -150,3 +150,39 @@ fn edge_cases_do_not_panic() {
     let _ = ambit_hbone::forwarded_host(&format!("host=\"{}", "\\".repeat(9000)));
     let _ = SpiffeId::parse("spiffe://a/ns/%/sa/%4");
 }
+
+#[path = "../fuzz_targets/drivers/hbone_server.rs"]
+mod hbone_server;
+
+#[test]
+fn hbone_server_seeds() {
+    // A CONNECT in frames reaches the handler, validated; the client then never answers
+    // the server's PINGs, which ends the connection.
+    let connect = hbone_server::drive(&seed("hbone_server", "h2_connect"));
+    assert_eq!(
+        connect.connects,
+        [("10.0.0.2:8080".to_string(), true)],
+        "{:?}",
+        connect.ended
+    );
+    assert!(
+        matches!(&connect.ended, Some(Err(e)) if e.contains("PING")),
+        "{:?}",
+        connect.ended
+    );
+    // Another method reaches the handler too, and is refused there.
+    let get = hbone_server::drive(&seed("hbone_server", "h2_not_connect"));
+    assert_eq!(get.connects, [("10.0.0.2:8080".to_string(), false)]);
+    // Streams opened and reset at once: h2's rapid-reset guard ends the connection with
+    // an error (ENHANCE_YOUR_CALM), not a panic or a hang.
+    let rapid = hbone_server::drive(&seed("hbone_server", "h2_rapid_reset"));
+    assert!(matches!(rapid.ended, Some(Err(_))), "{:?}", rapid.ended);
+    let control = hbone_server::drive(&seed("hbone_server", "h2_ping_window_goaway"));
+    assert!(control.connects.is_empty() && control.ended.is_some());
+    // Before TLS nothing is a request.
+    for name in ["tls_truncated_hello", "tls_plaintext_http"] {
+        let tls = hbone_server::drive(&seed("hbone_server", name));
+        assert!(tls.connects.is_empty(), "{name}");
+        assert!(matches!(tls.ended, Some(Err(_))), "{name}: {:?}", tls.ended);
+    }
+}

@@ -138,13 +138,15 @@ impl Drop for IncomingConnect {
 /// A connection through its TLS and HTTP/2 handshakes, ready to be served with
 /// [`Accepted::serve`]. Separate steps so a caller can hold a handshake slot (see the
 /// proxy's admission limits) only while a client has not proved itself yet.
-pub struct Accepted<IO> {
-    conn: h2::server::Connection<tokio_rustls::server::TlsStream<IO>, Bytes>,
+///
+/// `S` is the stream HTTP/2 runs on: TLS over the transport, from [`accept`].
+pub struct Accepted<S> {
+    conn: h2::server::Connection<S, Bytes>,
     peer: Arc<PeerInfo>,
     settings: H2Settings,
 }
 
-impl<IO> std::fmt::Debug for Accepted<IO> {
+impl<S> std::fmt::Debug for Accepted<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Accepted")
             .field("peer", &self.peer.addr)
@@ -158,7 +160,7 @@ pub async fn accept_connection(
     tcp: TcpStream,
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
-) -> Result<Accepted<TcpStream>, HboneError> {
+) -> Result<Accepted<tokio_rustls::server::TlsStream<TcpStream>>, HboneError> {
     // HBONE carries interactive traffic; never delay small frames (PINGs, window updates).
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY on an HBONE connection");
@@ -181,7 +183,7 @@ pub async fn accept<IO>(
     local_addr: SocketAddr,
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
-) -> Result<Accepted<IO>, HboneError>
+) -> Result<Accepted<tokio_rustls::server::TlsStream<IO>>, HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -201,6 +203,22 @@ where
         local_addr,
         certificates,
     });
+    accept_h2(tls_stream, peer, settings, deadline).await
+}
+
+/// The HTTP/2 server handshake on `stream`, which must already be the peer's
+/// authenticated channel ([`accept`] runs it on TLS). Public so the fuzz target can drive
+/// the server with raw HTTP/2 bytes; a proxy never serves HTTP/2 without TLS.
+pub async fn accept_h2<S>(
+    stream: S,
+    peer: Arc<PeerInfo>,
+    settings: H2Settings,
+    deadline: Instant,
+) -> Result<Accepted<S>, HboneError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let timed_out = |_| HboneError::HandshakeTimeout(tls::HANDSHAKE_TIMEOUT);
     let mut builder = h2::server::Builder::new();
     builder
         .initial_window_size(settings.stream_window())
@@ -213,7 +231,7 @@ where
         // had to reset for its errors, end the connection with ENHANCE_YOUR_CALM.
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
         .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS));
-    let conn = tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(tls_stream))
+    let conn = tokio::time::timeout_at(deadline, builder.handshake::<_, Bytes>(stream))
         .await
         .map_err(timed_out)??;
     Ok(Accepted {
@@ -264,9 +282,9 @@ where
         .await
 }
 
-impl<IO> Accepted<IO>
+impl<S> Accepted<S>
 where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     /// Who is on the other end.
     pub fn peer(&self) -> &Arc<PeerInfo> {
@@ -372,11 +390,9 @@ where
 }
 
 /// Sends GOAWAY with `reason` and gives it a moment to be written (the peer may be gone).
-async fn close_abruptly<IO>(
-    conn: &mut h2::server::Connection<tokio_rustls::server::TlsStream<IO>, Bytes>,
-    reason: Reason,
-) where
-    IO: AsyncRead + AsyncWrite + Unpin,
+async fn close_abruptly<S>(conn: &mut h2::server::Connection<S, Bytes>, reason: Reason)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     conn.abrupt_shutdown(reason);
     let _ = tokio::time::timeout(ABRUPT_CLOSE_GRACE, async {

@@ -543,3 +543,45 @@ async fn next_splice(
         .expect("the server's splice ended")
         .unwrap()
 }
+
+/// A client that gives up before its CONNECT is answered resets the stream, and the
+/// server's handler learns it while it is still busy (dialing the app, in the proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_giving_up_before_the_answer_is_seen_by_the_server() {
+    let c = certs();
+    let (tx, rx) = oneshot::channel();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    let server = TestServer::start(c.server_config(), fast_settings(), move |mut inc| {
+        let tx = tx.clone();
+        async move {
+            // A dial that never completes, raced against the client's reset.
+            let outcome = tokio::select! {
+                reason = inc.client_reset() => Some(reason),
+                _ = std::future::pending::<()>() => None,
+            };
+            let _ = tx.lock().unwrap().take().unwrap().send(outcome);
+        }
+    })
+    .await;
+    let pool = Pool::new(ClientSettings::default());
+    let dials = Arc::new(AtomicUsize::new(0));
+    let cfg = c.client_config();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        pool.connect(
+            key(&c, server.addr),
+            || dial(server.addr, cfg, dials.clone()),
+            &request(80),
+        ),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the server answered a CONNECT it never accepted"
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(5), rx)
+        .await
+        .expect("the handler never learned that the client gave up")
+        .unwrap();
+    assert_eq!(reason, Some(h2::Reason::CANCEL));
+}
