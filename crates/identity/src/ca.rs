@@ -394,10 +394,10 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
 }
 
 fn parse_key(path: &Path, text: &str) -> Result<KeyPair, CaError> {
-    let der = rustls_pemfile::private_key(&mut text.as_bytes())
-        .map_err(|e| CaError::Pem {
+    let der = pem::parse_private_key(text.as_bytes())
+        .map_err(|reason| CaError::Pem {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason,
         })?
         .ok_or_else(|| CaError::NoKey {
             path: path.to_path_buf(),

@@ -39,7 +39,7 @@ pub fn parse_local_config(source: &str, yaml: &str) -> Result<LocalConfig, Confi
     if is_empty_document(yaml) {
         return Ok(LocalConfig::default());
     }
-    let de = serde_yaml::Deserializer::from_str(yaml);
+    let de = yaml_serde::Deserializer::from_str(yaml);
     let cfg: LocalConfig =
         serde_path_to_error::deserialize(de).map_err(|e| parse_error(source, e))?;
     ProxyState::from_config(cfg.clone()).map_err(|e| e.with_origin(source))?;
@@ -49,12 +49,12 @@ pub fn parse_local_config(source: &str, yaml: &str) -> Result<LocalConfig, Confi
 /// True for YAML with no content (nothing, comments only, a bare `---`, or `null`).
 fn is_empty_document(yaml: &str) -> bool {
     matches!(
-        serde_yaml::from_str::<serde_yaml::Value>(yaml),
-        Ok(serde_yaml::Value::Null)
+        yaml_serde::from_str::<yaml_serde::Value>(yaml),
+        Ok(yaml_serde::Value::Null)
     )
 }
 
-fn parse_error(origin: &str, err: serde_path_to_error::Error<serde_yaml::Error>) -> ConfigError {
+fn parse_error(origin: &str, err: serde_path_to_error::Error<yaml_serde::Error>) -> ConfigError {
     let path = match err.path().to_string() {
         p if p == "." => String::new(),
         p => p,
@@ -62,7 +62,7 @@ fn parse_error(origin: &str, err: serde_path_to_error::Error<serde_yaml::Error>)
     let inner = err.inner();
     let location = inner.location();
     let mut message = inner.to_string();
-    // serde_yaml's message carries its own path prefix and location suffix; we report
+    // yaml_serde's message carries its own path prefix and location suffix; we report
     // both as separate fields, so strip them from the text.
     if let Some(loc) = &location {
         let at = format!(" at line {} column {}", loc.line(), loc.column());
@@ -220,7 +220,7 @@ policies:
     #[test]
     fn round_trip_through_yaml() {
         let cfg = parse_local_config("test.yaml", FULL).unwrap();
-        let text = serde_yaml::to_string(&cfg).unwrap();
+        let text = yaml_serde::to_string(&cfg).unwrap();
         let again = parse_local_config("again", &text).unwrap();
         assert_eq!(cfg, again);
     }
