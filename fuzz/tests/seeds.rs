@@ -150,3 +150,20 @@ fn edge_cases_do_not_panic() {
     let _ = ambit_hbone::forwarded_host(&format!("host=\"{}", "\\".repeat(9000)));
     let _ = SpiffeId::parse("spiffe://a/ns/%/sa/%4");
 }
+
+/// Seeds of `x509_cert` as SVIDs: the plain leaf has its one id; the multi-SAN one (a SPIFFE
+/// and an https URI) too, since only `spiffe:` URIs count.
+#[test]
+fn svid_seeds() {
+    let der = seed("x509_cert", "spiffe_leaf.der");
+    assert_eq!(
+        ambit_identity::svid_identity(&CertificateDer::from(der.as_slice())).unwrap(),
+        SpiffeId::parse("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings").unwrap()
+    );
+    let der = seed("x509_cert", "multi_san.der");
+    let ids = spiffe_ids_of(&CertificateDer::from(der.as_slice()));
+    assert_eq!(
+        ambit_identity::svid_identity(&CertificateDer::from(der.as_slice())).ok(),
+        ids.first().cloned()
+    );
+}

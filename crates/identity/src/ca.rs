@@ -508,17 +508,26 @@ mod tests {
         first: &SpiffeId,
         second: &SpiffeId,
     ) -> WorkloadCertificate {
+        uri_leaf(ca, first, &[&first.to_string(), &second.to_string()])
+    }
+
+    /// A leaf signed by `ca` for `identity` whose SAN holds exactly `uris`.
+    fn uri_leaf(
+        ca: &CertificateAuthority,
+        identity: &SpiffeId,
+        uris: &[&str],
+    ) -> WorkloadCertificate {
         let key = leaf::new_key().unwrap();
         let now = SystemTime::now();
-        let mut params = leaf::leaf_params(first, now, now + Duration::from_secs(3600), true);
+        let mut params = leaf::leaf_params(identity, now, now + Duration::from_secs(3600), true);
         params.custom_extensions.clear();
-        params.subject_alt_names = vec![
-            rcgen::SanType::URI(first.to_string().try_into().unwrap()),
-            rcgen::SanType::URI(second.to_string().try_into().unwrap()),
-        ];
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| rcgen::SanType::URI((*u).try_into().unwrap()))
+            .collect();
         let cert = params.signed_by(&key, &ca.issuer, &ca.key).unwrap();
         WorkloadCertificate {
-            identity: first.clone(),
+            identity: identity.clone(),
             chain: vec![cert.der().clone()],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
             roots: ca.roots.clone(),
@@ -551,6 +560,43 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("SeveralSpiffeIds"), "{err}");
         assert_eq!(crate::tls::peer_identity(Some(&sneaky.chain)), None);
+    }
+
+    #[tokio::test]
+    async fn certificates_with_a_malformed_spiffe_uri_beside_a_good_one_are_refused() {
+        let ca = CertificateAuthority::ephemeral("cluster.local").unwrap();
+        let plain = SpiffeId::new("cluster.local", "default", "web").unwrap();
+        let honest = ca.issue(&plain, Duration::from_secs(3600)).unwrap();
+        let good = plain.to_string();
+        for bad in [
+            "spiffe://cluster.local/ns/default/sa/web/admin",
+            "SPIFFE://cluster.local/ns/prod/sa/admin",
+        ] {
+            let sneaky = uri_leaf(&ca, &plain, &[&good, bad]);
+            let err = exchange(
+                server_config(&honest).unwrap(),
+                client_config(&sneaky, std::slice::from_ref(&plain)).unwrap(),
+            )
+            .await
+            .unwrap_err();
+            assert!(err.contains("SeveralSpiffeIds"), "{bad}: {err}");
+            let err = exchange(
+                server_config(&sneaky).unwrap(),
+                client_config(&honest, std::slice::from_ref(&plain)).unwrap(),
+            )
+            .await
+            .unwrap_err();
+            assert!(err.contains("SeveralSpiffeIds"), "{bad}: {err}");
+            assert_eq!(crate::tls::peer_identity(Some(&sneaky.chain)), None);
+        }
+        // The control: the same leaf shape with only the good URI is accepted.
+        let fine = uri_leaf(&ca, &plain, &[&good]);
+        exchange(
+            server_config(&honest).unwrap(),
+            client_config(&fine, std::slice::from_ref(&plain)).unwrap(),
+        )
+        .await
+        .unwrap();
     }
 
     const HOUR: Duration = Duration::from_secs(3600);

@@ -146,6 +146,15 @@ pub enum PeerError {
         "peer certificate has several SPIFFE URI SANs {found:?}; an SVID must have exactly one"
     )]
     SeveralSpiffeIds { found: Vec<String> },
+    /// The one `spiffe:` URI SAN is not a valid id: the peer's CA issued a bad certificate.
+    #[error("peer certificate's SPIFFE URI SAN {uri:?} is malformed: {reason}")]
+    MalformedSpiffeId {
+        uri: String,
+        #[source]
+        reason: SpiffeError,
+    },
+    #[error("peer certificate cannot be parsed: {reason}")]
+    BadCertificate { reason: String },
     #[error("server identities {found:?} are not among the expected {expected:?}")]
     UnexpectedServer {
         found: Vec<String>,
