@@ -356,6 +356,49 @@ policies:
                 "- a\n".into(),
                 "f.yaml: line 1, column 1: invalid type: sequence, expected struct LocalConfig",
             ),
+            // IPv4-mapped IPv6 addresses never match (the data path sees plain IPv4):
+            // refused in IPs, VIPs, CIDRs and gateway addresses alike.
+            (
+                "mapped workload ip",
+                format!("{W}  workloadIps: [\"10.0.0.1\", \"::ffff:10.0.0.2\"]\n"),
+                "f.yaml: line 4, column 29: workloads[0].workloadIps[1]: \"::ffff:10.0.0.2\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"10.0.0.2\"",
+            ),
+            (
+                "mapped vip",
+                "services:\n- name: s\n  namespace: n\n  hostname: h\n  vips: [\"/::ffff:10.96.0.1\"]\n".into(),
+                "f.yaml: line 5, column 10: services[0].vips[0]: \"/::ffff:10.96.0.1\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"/10.96.0.1\"",
+            ),
+            (
+                "mapped vip range",
+                "services:\n- name: s\n  namespace: n\n  hostname: h\n  vips: [\"net1/::ffff:10.96.0.0/112\"]\n".into(),
+                "f.yaml: line 5, column 10: services[0].vips[0]: \"net1/::ffff:10.96.0.0/112\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"net1/10.96.0.0/16\"",
+            ),
+            (
+                "mapped waypoint",
+                format!("{W}  waypoint: {{destination: \"/::ffff:10.0.0.9\"}}\n"),
+                "f.yaml: line 4, column 27: workloads[0].waypoint.destination: \"/::ffff:10.0.0.9\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"/10.0.0.9\"",
+            ),
+            (
+                "mapped source cidr",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{sourceIps: [\"::ffff:10.0.0.0/104\"]}]]]\n".into(),
+                "f.yaml: line 6, column 26: policies[0].rules[0][0][0].sourceIps[0]: \"::ffff:10.0.0.0/104\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"10.0.0.0/8\"",
+            ),
+            (
+                "mapped destination ip",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{notDestinationIps: [\"::FFFF:a00:3\"]}]]]\n".into(),
+                "f.yaml: line 6, column 34: policies[0].rules[0][0][0].notDestinationIps[0]: \"::FFFF:a00:3\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"10.0.0.3\"",
+            ),
+            // A principal written as a SPIFFE URI never matches.
+            (
+                "principal with scheme",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules:\n  - - - principals: [{exact: \"spiffe://cluster.local/ns/n/sa/a\"}]\n".into(),
+                "f.yaml: line 7, column 22: policies[0].rules[0][0][0].principals[0]: principal \"spiffe://cluster.local/ns/n/sa/a\" starts with \"spiffe://\", but principals are compared without the scheme, so it can never match; drop the prefix: \"cluster.local/ns/n/sa/a\"",
+            ),
+            (
+                "not-principal prefix with scheme",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{notPrincipals: [!prefix \"SPIFFE://cluster.local/\"]}]]]\n".into(),
+                "f.yaml: line 6, column 30: policies[0].rules[0][0][0].notPrincipals[0]: principal \"SPIFFE://cluster.local/\" starts with \"spiffe://\", but principals are compared without the scheme, so it can never match; drop the prefix: \"cluster.local/\"",
+            ),
             // Semantic errors: source, item, field.
             (
                 "empty name",
@@ -375,7 +418,12 @@ policies:
             (
                 "bad service account",
                 format!("{W}  serviceAccount: \"a b\"\n"),
-                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has ' ' at byte 1; allowed are ASCII letters, digits, -._~!$&'()*+,;=:@ and %XX escapes (no whitespace, control characters, '?', '#' or non-ASCII)",
+                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has ' ' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
+            ),
+            (
+                "service account outside the SPIFFE character set",
+                format!("{W}  serviceAccount: \"a~b\"\n"),
+                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has '~' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
             ),
             (
                 "bad services key",

@@ -193,11 +193,8 @@ mod tests {
                 &c,
                 true,
             ),
-            (
-                "{principals: [{exact: \"spiffe://cluster.local/ns/default/sa/client\"}]}",
-                &c,
-                false,
-            ),
+            // A principal written with `spiffe://` never matches; the loader refuses it
+            // (config::tests::error_table).
             ("{principals: [{prefix: \"cluster.local/\"}]}", &c, true),
             ("{principals: [{suffix: \"/sa/client\"}]}", &c, true),
             ("{principals: [{suffix: \"/sa/other\"}]}", &c, false),
