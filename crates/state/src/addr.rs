@@ -334,7 +334,11 @@ mod tests {
         bytes[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 1]);
         assert!(mapped(ip_from_bytes(&bytes).unwrap_err()));
         assert!(mapped(parse_ip("::ffff:10.0.0.1").unwrap_err()));
-        for s in ["::ffff:10.0.0.1", "/::ffff:10.0.0.1", "n/::ffff:10.0.0.0/104"] {
+        for s in [
+            "::ffff:10.0.0.1",
+            "/::ffff:10.0.0.1",
+            "n/::ffff:10.0.0.0/104",
+        ] {
             assert!(mapped(s.parse::<NetworkAddress>().unwrap_err()), "{s}");
         }
         assert!(cidr_list::parse_cidr("::ffff:10.0.0.0/104").is_err());

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, UnknownPolicy};
+use crate::locate;
 use crate::policy::Authorization;
 use crate::service::Service;
 use crate::store::ProxyState;
@@ -43,7 +44,55 @@ pub fn parse_local_config(source: &str, yaml: &str) -> Result<LocalConfig, Confi
     let cfg: LocalConfig =
         serde_path_to_error::deserialize(de).map_err(|e| parse_error(source, e))?;
     ProxyState::from_config(cfg.clone()).map_err(|e| e.with_origin(source))?;
+    check_policy_references(source, yaml, &cfg)?;
     Ok(cfg)
+}
+
+/// Every `authorizationPolicies` entry of a workload names a policy of the file. (Over
+/// xDS a reference may arrive before its policy; a local file is complete, so a name that
+/// resolves to nothing is a typo that would leave the workload without its policy.)
+fn check_policy_references(source: &str, yaml: &str, cfg: &LocalConfig) -> Result<(), ConfigError> {
+    let defined: std::collections::BTreeSet<String> =
+        cfg.policies.iter().map(|p| p.key()).collect();
+    for (i, w) in cfg.workloads.iter().enumerate() {
+        for (j, name) in w.authorization_policies.iter().enumerate() {
+            if defined.contains(name) {
+                continue;
+            }
+            let path = format!("workloads[{i}].authorizationPolicies[{j}]");
+            let at = locate::parse_path(&path).and_then(|steps| locate::locate(yaml, &steps));
+            return Err(ConfigError::UnknownPolicy(Box::new(UnknownPolicy {
+                origin: source.to_string(),
+                line: at.map(|(l, _)| l),
+                column: at.map(|(_, c)| c),
+                path,
+                workload: format!("{}/{}", w.namespace, w.name),
+                policy: name.clone(),
+                suggestion: suggest_policy(name, &w.namespace, cfg),
+            })));
+        }
+    }
+    Ok(())
+}
+
+/// The policy a dangling name probably meant: the one of that name in the workload's
+/// namespace when the namespace was left out, else the only policy of that name.
+fn suggest_policy(written: &str, namespace: &str, cfg: &LocalConfig) -> Option<String> {
+    let name = written.rsplit('/').next().unwrap_or(written);
+    let same_name: Vec<String> = cfg
+        .policies
+        .iter()
+        .filter(|p| p.name == name)
+        .map(|p| p.key())
+        .collect();
+    let own = format!("{namespace}/{name}");
+    if same_name.contains(&own) {
+        return Some(own);
+    }
+    match same_name.as_slice() {
+        [only] => Some(only.clone()),
+        _ => None,
+    }
 }
 
 /// True for YAML with no content (nothing, comments only, a bare `---`, or `null`).
@@ -399,6 +448,27 @@ policies:
                 "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{notPrincipals: [!prefix \"SPIFFE://cluster.local/\"]}]]]\n".into(),
                 "f.yaml: line 6, column 30: policies[0].rules[0][0][0].notPrincipals[0]: principal \"SPIFFE://cluster.local/\" starts with \"spiffe://\", but principals are compared without the scheme, so it can never match; drop the prefix: \"cluster.local/\"",
             ),
+            // A workload names a policy the file does not define.
+            (
+                "unknown policy",
+                "workloads:\n- name: a\n  namespace: default\n- name: b\n  namespace: default\n  authorizationPolicies:\n  - default/p\n  - default/typo\npolicies:\n- {name: p, namespace: default, scope: WorkloadSelector, action: Allow}\n".into(),
+                "f.yaml: line 8, column 5: workloads[1].authorizationPolicies[1]: workload default/b names policy \"default/typo\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; define the policy or remove the entry",
+            ),
+            (
+                "policy without its namespace",
+                "workloads:\n- {name: a, namespace: default, authorizationPolicies: [p]}\npolicies:\n- {name: p, namespace: default, scope: WorkloadSelector, action: Allow}\n".into(),
+                "f.yaml: line 2, column 57: workloads[0].authorizationPolicies[0]: workload default/a names policy \"p\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; did you mean \"default/p\"?",
+            ),
+            (
+                "policy in another namespace",
+                "workloads:\n- {name: a, namespace: default, authorizationPolicies: [\"default/p\"]}\npolicies:\n- {name: p, namespace: other, scope: WorkloadSelector, action: Allow}\n".into(),
+                "f.yaml: line 2, column 57: workloads[0].authorizationPolicies[0]: workload default/a names policy \"default/p\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; did you mean \"other/p\"?",
+            ),
+            (
+                "policy and no policies at all",
+                "workloads:\n- {name: a, namespace: default, authorizationPolicies: [\"default/p\"]}\n".into(),
+                "f.yaml: line 2, column 57: workloads[0].authorizationPolicies[0]: workload default/a names policy \"default/p\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; define the policy or remove the entry",
+            ),
             // Semantic errors: source, item, field.
             (
                 "empty name",
@@ -527,6 +597,20 @@ policies:
                 assert_eq!(line, Some(4));
                 assert_eq!(column, Some(13));
                 assert_eq!(path, "workloads[0].protocol");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // A reference checked after parsing still has its line and column.
+        let err = parse_local_config(
+            "mesh.yaml",
+            "workloads:\n- name: a\n  namespace: b\n  authorizationPolicies:\n    - b/p\n",
+        )
+        .unwrap_err();
+        match err {
+            ConfigError::UnknownPolicy(u) => {
+                assert_eq!((u.line, u.column), (Some(5), Some(7)));
+                assert_eq!(u.path, "workloads[0].authorizationPolicies[0]");
+                assert_eq!(u.policy, "b/p");
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -387,7 +387,7 @@ mod tests {
     fn attachment_through_store() {
         let yaml = r#"
 workloads:
-- {name: server, namespace: default, workloadIps: ["10.0.0.3"], authorizationPolicies: ["default/sel", "default/missing"]}
+- {name: server, namespace: default, workloadIps: ["10.0.0.3"], authorizationPolicies: ["default/sel"]}
 - {name: other, namespace: other, workloadIps: ["10.0.0.4"]}
 policies:
 - {name: root-deny, namespace: istio-system, scope: Global, action: Deny, rules: [[[{namespaces: [{exact: evil}]}]]]}
