@@ -80,7 +80,7 @@ impl CertificateAuthority {
                 path: ca_cert_path.clone(),
                 found: v.len(),
             })?;
-        let key_pem = read_text(&key_path)?;
+        let key_pem = read_key(&key_path)?;
         let roots = read_certs(&root_path)?;
         let cert_chain = read_certs(&chain_path)?;
 
@@ -361,11 +361,29 @@ impl CertificateAuthority {
     }
 }
 
-fn read_text(path: &Path) -> Result<String, CaError> {
-    fs::read_to_string(path).map_err(|source| CaError::Read {
+/// Reads the CA key, refusing a file that group or others may read or write (its mode is
+/// taken from the opened file, so a swap between the check and the read changes nothing).
+fn read_key(path: &Path) -> Result<String, CaError> {
+    use std::io::Read;
+    let read_err = |source| CaError::Read {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let mut file = fs::File::open(path).map_err(read_err)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = file.metadata().map_err(read_err)?.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(CaError::KeyTooOpen {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(read_err)?;
+    Ok(text)
 }
 
 /// Reads a PEM file holding one or more certificates, each of which must parse.
@@ -619,8 +637,16 @@ mod tests {
         assert_eq!(out.server_id, Some(server.identity));
     }
 
+    /// Writes a plug-in CA file as an operator should: the key 0600, the rest 0644.
     fn write(dir: &Path, name: &str, text: &str) {
         fs::write(dir.join(name), text).unwrap();
+        let mode = if name == CA_KEY_FILE { 0o600 } else { 0o644 };
+        set_mode(&dir.join(name), mode);
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
     }
 
     fn ca_params(cn: &str) -> CertificateParams {
@@ -975,6 +1001,8 @@ mod tests {
         } else {
             fs::copy(dir.join("int-key.pem"), dir.join(CA_KEY_FILE)).unwrap();
         }
+        // As the README tells operators to.
+        set_mode(&dir.join(CA_KEY_FILE), 0o600);
         let chain = fs::read_to_string(dir.join(CA_CERT_FILE)).unwrap()
             + &fs::read_to_string(dir.join(ROOT_CERT_FILE)).unwrap();
         write(dir, CERT_CHAIN_FILE, &chain);
@@ -1054,6 +1082,38 @@ mod tests {
         let e = CertificateAuthority::from_plugin_dir(dir).unwrap_err();
         assert!(e.to_string().contains(file), "{file} not named in: {e}");
         e
+    }
+
+    #[test]
+    fn a_ca_key_readable_by_others_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        CertificateAuthority::ephemeral("td")
+            .unwrap()
+            .write_plugin_dir(dir)
+            .unwrap();
+        let key = dir.join(CA_KEY_FILE);
+        for mode in [0o640, 0o604, 0o644, 0o660, 0o602, 0o666] {
+            set_mode(&key, mode);
+            let err = CertificateAuthority::from_plugin_dir(dir).unwrap_err();
+            assert!(
+                matches!(&err, CaError::KeyTooOpen { path, mode: m } if *path == key && *m == mode),
+                "{mode:o}: {err:?}"
+            );
+            let text = err.to_string();
+            for part in [
+                key.display().to_string(),
+                format!("mode {mode:04o}"),
+                format!("chmod 600 {}", key.display()),
+            ] {
+                assert!(text.contains(&part), "{mode:o}: {part:?} not in {text}");
+            }
+        }
+        // Owner-only modes are fine, read-only included.
+        for mode in [0o600, 0o400] {
+            set_mode(&key, mode);
+            CertificateAuthority::from_plugin_dir(dir).unwrap_or_else(|e| panic!("{mode:o}: {e}"));
+        }
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub enum CaError {
         "{path} holds {found} certificates; it must hold only the signing certificate (put the chain up to the root in cert-chain.pem)"
     )]
     TooManyCertificates { path: PathBuf, found: usize },
+    /// The CA key can be read by users other than its owner. Whoever reads it can mint any
+    /// identity of the mesh, so the proxy will not use it. The operator's to fix.
+    #[error(
+        "{path} has mode {mode:04o}: the mesh CA key must be readable by its owner only (whoever reads it can mint any identity in the mesh); run `chmod 600 {path}` (on Kubernetes, mount the secret with defaultMode 0600)"
+    )]
+    KeyTooOpen { path: PathBuf, mode: u32 },
     #[error(
         "{path} holds no PEM private key (expected -----BEGIN PRIVATE KEY-----, RSA PRIVATE KEY or EC PRIVATE KEY)"
     )]
