@@ -68,21 +68,48 @@ impl fmt::Debug for CertificateAuthority {
 impl CertificateAuthority {
     /// Loads Istio's plug-in CA layout from `dir` and checks that it can issue certificates
     /// that verify against root-cert.pem.
+    ///
+    /// The key file must be readable and writable by its owner only ([`CaError::KeyTooOpen`]).
     pub fn from_plugin_dir(dir: &Path) -> Result<Self, CaError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            fs::read(&path).map_err(|source| CaError::Read { path, source })
+        };
+        let ca_cert = read(CA_CERT_FILE)?;
+        let ca_key = read_key(&dir.join(CA_KEY_FILE))?;
+        let root_cert = read(ROOT_CERT_FILE)?;
+        let cert_chain = read(CERT_CHAIN_FILE)?;
+        Self::from_plugin_pem(
+            dir,
+            PluginCaPem {
+                ca_cert: &ca_cert,
+                ca_key: &ca_key,
+                root_cert: &root_cert,
+                cert_chain: &cert_chain,
+            },
+        )
+    }
+
+    /// The checks and parsing of [`from_plugin_dir`](Self::from_plugin_dir) on the files'
+    /// contents (no file access, no permission check); `dir` only names the files in errors.
+    pub fn from_plugin_pem(dir: &Path, files: PluginCaPem<'_>) -> Result<Self, CaError> {
         let ca_cert_path = dir.join(CA_CERT_FILE);
         let key_path = dir.join(CA_KEY_FILE);
         let root_path = dir.join(ROOT_CERT_FILE);
         let chain_path = dir.join(CERT_CHAIN_FILE);
 
-        let ca_certs = read_certs(&ca_cert_path)?;
+        let ca_certs = parse_cert_file(&ca_cert_path, files.ca_cert)?;
         let [ca_cert] =
             <[_; 1]>::try_from(ca_certs).map_err(|v: Vec<_>| CaError::TooManyCertificates {
                 path: ca_cert_path.clone(),
                 found: v.len(),
             })?;
-        let key_pem = read_key(&key_path)?;
-        let roots = read_certs(&root_path)?;
-        let cert_chain = read_certs(&chain_path)?;
+        let key_pem = String::from_utf8(files.ca_key.to_vec()).map_err(|_| CaError::Pem {
+            path: key_path.clone(),
+            reason: "the file is not UTF-8 text".into(),
+        })?;
+        let roots = parse_cert_file(&root_path, files.root_cert)?;
+        let cert_chain = parse_cert_file(&chain_path, files.cert_chain)?;
 
         let key = parse_key(&key_path, &key_pem)?;
         let parsed = x509::parse(&ca_cert).map_err(|reason| CaError::BadCertificate {
@@ -361,9 +388,23 @@ impl CertificateAuthority {
     }
 }
 
+/// The contents of the four files of Istio's plug-in CA layout (see
+/// [`CertificateAuthority::from_plugin_pem`]). No `Debug`: it holds the CA key.
+#[derive(Clone, Copy)]
+pub struct PluginCaPem<'a> {
+    /// `ca-cert.pem`: the signing certificate, alone.
+    pub ca_cert: &'a [u8],
+    /// `ca-key.pem`: its private key.
+    pub ca_key: &'a [u8],
+    /// `root-cert.pem`: the trust anchor(s).
+    pub root_cert: &'a [u8],
+    /// `cert-chain.pem`: from the signing certificate up to the root.
+    pub cert_chain: &'a [u8],
+}
+
 /// Reads the CA key, refusing a file that group or others may read or write (its mode is
 /// taken from the opened file, so a swap between the check and the read changes nothing).
-fn read_key(path: &Path) -> Result<String, CaError> {
+fn read_key(path: &Path) -> Result<Vec<u8>, CaError> {
     use std::io::Read;
     let read_err = |source| CaError::Read {
         path: path.to_path_buf(),
@@ -381,18 +422,15 @@ fn read_key(path: &Path) -> Result<String, CaError> {
             });
         }
     }
-    let mut text = String::new();
-    file.read_to_string(&mut text).map_err(read_err)?;
-    Ok(text)
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(read_err)?;
+    Ok(bytes)
 }
 
-/// Reads a PEM file holding one or more certificates, each of which must parse.
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
-    let bytes = fs::read(path).map_err(|source| CaError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let certs = pem::parse_certs(&bytes).map_err(|reason| CaError::Pem {
+/// Parses the contents of a PEM file holding one or more certificates, each of which must
+/// parse; `path` names the file in errors.
+fn parse_cert_file(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    let certs = pem::parse_certs(bytes).map_err(|reason| CaError::Pem {
         path: path.to_path_buf(),
         reason,
     })?;
@@ -1082,6 +1120,49 @@ mod tests {
         let e = CertificateAuthority::from_plugin_dir(dir).unwrap_err();
         assert!(e.to_string().contains(file), "{file} not named in: {e}");
         e
+    }
+
+    #[test]
+    fn plugin_pem_is_the_directory_without_the_file_system() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let ca = CertificateAuthority::ephemeral("td").unwrap();
+        ca.write_plugin_dir(dir).unwrap();
+        let read = |f: &str| fs::read(dir.join(f)).unwrap();
+        let (cert, key, root, chain) = (
+            read(CA_CERT_FILE),
+            read(CA_KEY_FILE),
+            read(ROOT_CERT_FILE),
+            read(CERT_CHAIN_FILE),
+        );
+        let files = PluginCaPem {
+            ca_cert: &cert,
+            ca_key: &key,
+            root_cert: &root,
+            cert_chain: &chain,
+        };
+        let named = Path::new("/etc/ambit/ca");
+        let loaded = CertificateAuthority::from_plugin_pem(named, files).unwrap();
+        assert_eq!(loaded.ca_cert(), ca.ca_cert());
+        // Errors name the file under the directory given, and the key must be text.
+        let bad = PluginCaPem {
+            ca_key: b"\xff\xfe",
+            ..files
+        };
+        let err = CertificateAuthority::from_plugin_pem(named, bad).unwrap_err();
+        assert!(
+            matches!(&err, CaError::Pem { path, .. } if *path == named.join(CA_KEY_FILE)),
+            "{err:?}"
+        );
+        let bad = PluginCaPem {
+            root_cert: b"",
+            ..files
+        };
+        let err = CertificateAuthority::from_plugin_pem(named, bad).unwrap_err();
+        assert!(
+            matches!(&err, CaError::NoCertificate { path } if *path == named.join(ROOT_CERT_FILE)),
+            "{err:?}"
+        );
     }
 
     #[test]
