@@ -43,9 +43,40 @@ pub fn parse_local_config(source: &str, yaml: &str) -> Result<LocalConfig, Confi
     let de = yaml_serde::Deserializer::from_str(yaml);
     let cfg: LocalConfig =
         serde_path_to_error::deserialize(de).map_err(|e| parse_error(source, e))?;
-    ProxyState::from_config(cfg.clone()).map_err(|e| e.with_origin(source))?;
+    ProxyState::from_config(cfg.clone())
+        .map_err(|e| locate_invalid(e.with_origin(source), yaml))?;
     check_policy_references(source, yaml, &cfg)?;
     Ok(cfg)
+}
+
+/// Adds the line and column to an item refused after parsing: of the field the message
+/// starts with (`name: must not be empty`), else of the item (`workloads[1]`).
+fn locate_invalid(err: ConfigError, yaml: &str) -> ConfigError {
+    let ConfigError::Invalid {
+        origin,
+        item,
+        message,
+        ..
+    } = err
+    else {
+        return err;
+    };
+    let index = item.split(' ').next().unwrap_or_default();
+    let field = message
+        .split_once(": ")
+        .map(|(f, _)| f)
+        .filter(|f| f.chars().all(|c| c.is_ascii_alphanumeric()));
+    let at = |path: &str| locate::parse_path(path).and_then(|steps| locate::locate(yaml, &steps));
+    let found = field
+        .and_then(|f| at(&format!("{index}.{f}")))
+        .or_else(|| at(index));
+    ConfigError::Invalid {
+        origin,
+        line: found.map(|(l, _)| l),
+        column: found.map(|(_, c)| c),
+        item,
+        message,
+    }
 }
 
 /// Every `authorizationPolicies` entry of a workload names a policy of the file. (Over
@@ -473,57 +504,57 @@ policies:
             (
                 "empty name",
                 "workloads:\n- name: \"\"\n  namespace: default\n".into(),
-                "f.yaml: workloads[0] (default/): name: must not be empty",
+                "f.yaml: line 2, column 9: workloads[0] (default/): name: must not be empty",
             ),
             (
                 "duplicate uid",
                 "workloads:\n- name: a\n  namespace: default\n- uid: Kubernetes//v1/Pod/default/a\n  name: b\n  namespace: default\n".into(),
-                "f.yaml: workloads[1] (uid Kubernetes//v1/Pod/default/a): uid: duplicate of workloads[0]",
+                "f.yaml: line 4, column 8: workloads[1] (uid Kubernetes//v1/Pod/default/a): uid: duplicate of workloads[0]",
             ),
             (
                 "bad trust domain",
                 format!("{W}  trustDomain: Bad_Domain!\n"),
-                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE trust domain has 'B' at byte 0; only lower-case letters, digits, '.', '-' and '_' are allowed",
+                "f.yaml: line 2, column 3: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE trust domain has 'B' at byte 0; only lower-case letters, digits, '.', '-' and '_' are allowed",
             ),
             (
                 "bad service account",
                 format!("{W}  serviceAccount: \"a b\"\n"),
-                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has ' ' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
+                "f.yaml: line 2, column 3: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has ' ' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
             ),
             (
                 "service account outside the SPIFFE character set",
                 format!("{W}  serviceAccount: \"a~b\"\n"),
-                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has '~' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
+                "f.yaml: line 2, column 3: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has '~' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
             ),
             (
                 "bad services key",
                 format!("{W}  services:\n    echo: {{80: 8080}}\n"),
-                "f.yaml: workloads[0] (default/a): services: key \"echo\" is not \"<namespace>/<hostname>\"",
+                "f.yaml: line 5, column 5: workloads[0] (default/a): services: key \"echo\" is not \"<namespace>/<hostname>\"",
             ),
             (
                 "gateway port zero",
                 format!("{W}  networkGateway: {{destination: \"/10.0.0.1\", hboneMtlsPort: 0}}\n"),
-                "f.yaml: workloads[0] (default/a): networkGateway: hboneMtlsPort: must not be 0",
+                "f.yaml: line 4, column 19: workloads[0] (default/a): networkGateway: hboneMtlsPort: must not be 0",
             ),
             (
                 "duplicate service",
                 "services:\n- {name: s, namespace: n, hostname: h}\n- {name: s2, namespace: n, hostname: h}\n".into(),
-                "f.yaml: services[1] (n/h): duplicate of services[0]",
+                "f.yaml: line 3, column 3: services[1] (n/h): duplicate of services[0]",
             ),
             (
                 "service without hostname",
                 "services:\n- {name: s, namespace: n, hostname: \"\"}\n".into(),
-                "f.yaml: services[0] (n/): hostname: must be non-empty and contain no '/'",
+                "f.yaml: line 2, column 37: services[0] (n/): hostname: must be non-empty and contain no '/'",
             ),
             (
                 "duplicate policy",
                 "policies:\n- {name: p, namespace: n, scope: Global, action: Allow}\n- {name: p, namespace: n, scope: Namespace, action: Deny}\n".into(),
-                "f.yaml: policies[1] (n/p): duplicate of policies[0]",
+                "f.yaml: line 3, column 3: policies[1] (n/p): duplicate of policies[0]",
             ),
             (
                 "namespace policy without namespace",
                 "policies:\n- {name: p, scope: Namespace, action: Deny}\n".into(),
-                "f.yaml: policies[0] (/p): namespace: a Namespace-scoped policy needs a namespace",
+                "f.yaml: line 2, column 3: policies[0] (/p): namespace: a Namespace-scoped policy needs a namespace",
             ),
         ];
         let mut failures = Vec::new();

@@ -30,6 +30,10 @@ pub enum ConfigError {
     Invalid {
         /// Where the configuration came from (empty when built in code).
         origin: String,
+        /// 1-based line of the field (or else the item) at fault, when the YAML is known.
+        line: Option<usize>,
+        /// 1-based column, likewise.
+        column: Option<usize>,
         /// The item at fault, like `workloads[0] (uid Kubernetes//v1/Pod/default/a)`.
         item: String,
         message: String,
@@ -51,6 +55,8 @@ impl ConfigError {
     pub(crate) fn invalid(item: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
             origin: String::new(),
+            line: None,
+            column: None,
             item: item.into(),
             message: message.into(),
         }
@@ -138,14 +144,14 @@ impl fmt::Display for InvalidDisplay<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let ConfigError::Invalid {
             origin,
+            line,
+            column,
             item,
             message,
         } = self.0
         {
-            if !origin.is_empty() {
-                write!(f, "{origin}: ")?;
-            }
-            write!(f, "{item}: {message}")?;
+            write_place(f, origin, line, column, item)?;
+            f.write_str(message)?;
         }
         Ok(())
     }
