@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // Round trip: the configuration written back as YAML reads as the same configuration.
-    let text = serde_yaml::to_string(&cfg)
+    let text = yaml_serde::to_string(&cfg)
         .unwrap_or_else(|e| panic!("accepted configuration does not serialize: {e}"));
     match parse_local_config("again", &text) {
         Ok(again) => assert_eq!(again, cfg, "YAML round trip via:\n{text}"),

@@ -186,3 +186,56 @@ fn hbone_server_seeds() {
         assert!(matches!(tls.ended, Some(Err(_))), "{name}: {:?}", tls.ended);
     }
 }
+
+/// Seeds of `x509_cert` as SVIDs: the plain leaf has its one id; the multi-SAN one (a SPIFFE
+/// and an https URI) too, since only `spiffe:` URIs count.
+#[test]
+fn svid_seeds() {
+    let der = seed("x509_cert", "spiffe_leaf.der");
+    assert_eq!(
+        ambit_identity::svid_identity(&CertificateDer::from(der.as_slice())).unwrap(),
+        SpiffeId::parse("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings").unwrap()
+    );
+    let der = seed("x509_cert", "multi_san.der");
+    let ids = spiffe_ids_of(&CertificateDer::from(der.as_slice()));
+    assert_eq!(
+        ambit_identity::svid_identity(&CertificateDer::from(der.as_slice())).ok(),
+        ids.first().cloned()
+    );
+}
+
+/// Seeds of `ca_dir`: the two good directories load and sign; the two bad ones are refused
+/// for the reason their names give.
+#[test]
+fn ca_dir_seeds() {
+    use ambit_identity::{CaError, CertificateAuthority, PluginCaPem};
+    let load = |name: &str| {
+        let data = seed("ca_dir", name);
+        let parts: Vec<&[u8]> = data.split(|b| *b == 0).collect();
+        assert_eq!(parts.len(), 4, "{name}");
+        let files = PluginCaPem {
+            ca_cert: parts[0],
+            ca_key: parts[1],
+            root_cert: parts[2],
+            cert_chain: parts[3],
+        };
+        CertificateAuthority::from_plugin_pem(std::path::Path::new("ca"), files)
+    };
+    let id = SpiffeId::new("cluster.local", "fuzz", "fuzz").unwrap();
+    for name in ["root_only", "intermediate_sec1"] {
+        let ca = load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let leaf = ca.issue(&id, std::time::Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            ambit_identity::peer_identity(Some(&leaf.chain)),
+            Some(id.clone())
+        );
+    }
+    assert!(matches!(
+        load("key_mismatch"),
+        Err(CaError::KeyMismatch { .. })
+    ));
+    assert!(matches!(
+        load("chain_without_ca_cert"),
+        Err(CaError::ChainStart { .. })
+    ));
+}

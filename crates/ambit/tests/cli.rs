@@ -123,6 +123,56 @@ fn bad_local_config_names_file_position_and_field() {
 }
 
 #[test]
+fn dangling_policy_reference_names_its_line_and_column() {
+    let (code, err) = ztunnel(&[
+        ("PROXY_MODE", "dedicated"),
+        ("PROXY_WORKLOAD_INFO", "default/client/default"),
+        (
+            "LOCAL_XDS",
+            "workloads:\n- name: client\n  namespace: default\n  authorizationPolicies: [default/nope]\n",
+        ),
+        ("AMBIT_ADMIN_ADDR", "127.0.0.1:1"),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("LOCAL_XDS: line 4, column 27: workloads[0].authorizationPolicies[0]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ca_key_readable_by_others_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("ambit-cli-ca-{}", std::process::id()));
+    ambit_identity::CertificateAuthority::ephemeral("cluster.local")
+        .unwrap()
+        .write_plugin_dir(&dir)
+        .unwrap();
+    let key = dir.join(ambit_identity::ca::CA_KEY_FILE);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, err) = ztunnel(&[
+        ("PROXY_MODE", "dedicated"),
+        ("PROXY_WORKLOAD_INFO", "default/client/default"),
+        (
+            "LOCAL_XDS",
+            "workloads:\n- {name: client, namespace: default, workloadIps: [\"127.0.0.1\"]}\n",
+        ),
+        ("LOCAL_CA_DIR", dir.to_str().unwrap()),
+        ("AMBIT_ADMIN_ADDR", "127.0.0.1:1"),
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("{} has mode 0644", key.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("chmod 600 {}", key.display())),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_workload_in_proxy_workload_info_is_refused() {
     let (code, err) = ztunnel(&[
         ("PROXY_MODE", "dedicated"),

@@ -68,21 +68,48 @@ impl fmt::Debug for CertificateAuthority {
 impl CertificateAuthority {
     /// Loads Istio's plug-in CA layout from `dir` and checks that it can issue certificates
     /// that verify against root-cert.pem.
+    ///
+    /// The key file must be readable and writable by its owner only ([`CaError::KeyTooOpen`]).
     pub fn from_plugin_dir(dir: &Path) -> Result<Self, CaError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            fs::read(&path).map_err(|source| CaError::Read { path, source })
+        };
+        let ca_cert = read(CA_CERT_FILE)?;
+        let ca_key = read_key(&dir.join(CA_KEY_FILE))?;
+        let root_cert = read(ROOT_CERT_FILE)?;
+        let cert_chain = read(CERT_CHAIN_FILE)?;
+        Self::from_plugin_pem(
+            dir,
+            PluginCaPem {
+                ca_cert: &ca_cert,
+                ca_key: &ca_key,
+                root_cert: &root_cert,
+                cert_chain: &cert_chain,
+            },
+        )
+    }
+
+    /// The checks and parsing of [`from_plugin_dir`](Self::from_plugin_dir) on the files'
+    /// contents (no file access, no permission check); `dir` only names the files in errors.
+    pub fn from_plugin_pem(dir: &Path, files: PluginCaPem<'_>) -> Result<Self, CaError> {
         let ca_cert_path = dir.join(CA_CERT_FILE);
         let key_path = dir.join(CA_KEY_FILE);
         let root_path = dir.join(ROOT_CERT_FILE);
         let chain_path = dir.join(CERT_CHAIN_FILE);
 
-        let ca_certs = read_certs(&ca_cert_path)?;
+        let ca_certs = parse_cert_file(&ca_cert_path, files.ca_cert)?;
         let [ca_cert] =
             <[_; 1]>::try_from(ca_certs).map_err(|v: Vec<_>| CaError::TooManyCertificates {
                 path: ca_cert_path.clone(),
                 found: v.len(),
             })?;
-        let key_pem = read_text(&key_path)?;
-        let roots = read_certs(&root_path)?;
-        let cert_chain = read_certs(&chain_path)?;
+        let key_pem = String::from_utf8(files.ca_key.to_vec()).map_err(|_| CaError::Pem {
+            path: key_path.clone(),
+            reason: "the file is not UTF-8 text".into(),
+        })?;
+        let roots = parse_cert_file(&root_path, files.root_cert)?;
+        let cert_chain = parse_cert_file(&chain_path, files.cert_chain)?;
 
         let key = parse_key(&key_path, &key_pem)?;
         let parsed = x509::parse(&ca_cert).map_err(|reason| CaError::BadCertificate {
@@ -361,20 +388,49 @@ impl CertificateAuthority {
     }
 }
 
-fn read_text(path: &Path) -> Result<String, CaError> {
-    fs::read_to_string(path).map_err(|source| CaError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+/// The contents of the four files of Istio's plug-in CA layout (see
+/// [`CertificateAuthority::from_plugin_pem`]). No `Debug`: it holds the CA key.
+#[derive(Clone, Copy)]
+pub struct PluginCaPem<'a> {
+    /// `ca-cert.pem`: the signing certificate, alone.
+    pub ca_cert: &'a [u8],
+    /// `ca-key.pem`: its private key.
+    pub ca_key: &'a [u8],
+    /// `root-cert.pem`: the trust anchor(s).
+    pub root_cert: &'a [u8],
+    /// `cert-chain.pem`: from the signing certificate up to the root.
+    pub cert_chain: &'a [u8],
 }
 
-/// Reads a PEM file holding one or more certificates, each of which must parse.
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
-    let bytes = fs::read(path).map_err(|source| CaError::Read {
+/// Reads the CA key, refusing a file that group or others may read or write (its mode is
+/// taken from the opened file, so a swap between the check and the read changes nothing).
+fn read_key(path: &Path) -> Result<Vec<u8>, CaError> {
+    use std::io::Read;
+    let read_err = |source| CaError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
-    let certs = pem::parse_certs(&bytes).map_err(|reason| CaError::Pem {
+    };
+    let mut file = fs::File::open(path).map_err(read_err)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = file.metadata().map_err(read_err)?.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(CaError::KeyTooOpen {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(read_err)?;
+    Ok(bytes)
+}
+
+/// Parses the contents of a PEM file holding one or more certificates, each of which must
+/// parse; `path` names the file in errors.
+fn parse_cert_file(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, CaError> {
+    let certs = pem::parse_certs(bytes).map_err(|reason| CaError::Pem {
         path: path.to_path_buf(),
         reason,
     })?;
@@ -394,10 +450,10 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
 }
 
 fn parse_key(path: &Path, text: &str) -> Result<KeyPair, CaError> {
-    let der = rustls_pemfile::private_key(&mut text.as_bytes())
-        .map_err(|e| CaError::Pem {
+    let der = pem::parse_private_key(text.as_bytes())
+        .map_err(|reason| CaError::Pem {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason,
         })?
         .ok_or_else(|| CaError::NoKey {
             path: path.to_path_buf(),
@@ -508,17 +564,26 @@ mod tests {
         first: &SpiffeId,
         second: &SpiffeId,
     ) -> WorkloadCertificate {
+        uri_leaf(ca, first, &[&first.to_string(), &second.to_string()])
+    }
+
+    /// A leaf signed by `ca` for `identity` whose SAN holds exactly `uris`.
+    fn uri_leaf(
+        ca: &CertificateAuthority,
+        identity: &SpiffeId,
+        uris: &[&str],
+    ) -> WorkloadCertificate {
         let key = leaf::new_key().unwrap();
         let now = SystemTime::now();
-        let mut params = leaf::leaf_params(first, now, now + Duration::from_secs(3600), true);
+        let mut params = leaf::leaf_params(identity, now, now + Duration::from_secs(3600), true);
         params.custom_extensions.clear();
-        params.subject_alt_names = vec![
-            rcgen::SanType::URI(first.to_string().try_into().unwrap()),
-            rcgen::SanType::URI(second.to_string().try_into().unwrap()),
-        ];
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| rcgen::SanType::URI((*u).try_into().unwrap()))
+            .collect();
         let cert = params.signed_by(&key, &ca.issuer, &ca.key).unwrap();
         WorkloadCertificate {
-            identity: first.clone(),
+            identity: identity.clone(),
             chain: vec![cert.der().clone()],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
             roots: ca.roots.clone(),
@@ -553,6 +618,43 @@ mod tests {
         assert_eq!(crate::tls::peer_identity(Some(&sneaky.chain)), None);
     }
 
+    #[tokio::test]
+    async fn certificates_with_a_malformed_spiffe_uri_beside_a_good_one_are_refused() {
+        let ca = CertificateAuthority::ephemeral("cluster.local").unwrap();
+        let plain = SpiffeId::new("cluster.local", "default", "web").unwrap();
+        let honest = ca.issue(&plain, Duration::from_secs(3600)).unwrap();
+        let good = plain.to_string();
+        for bad in [
+            "spiffe://cluster.local/ns/default/sa/web/admin",
+            "SPIFFE://cluster.local/ns/prod/sa/admin",
+        ] {
+            let sneaky = uri_leaf(&ca, &plain, &[&good, bad]);
+            let err = exchange(
+                server_config(&honest).unwrap(),
+                client_config(&sneaky, std::slice::from_ref(&plain)).unwrap(),
+            )
+            .await
+            .unwrap_err();
+            assert!(err.contains("SeveralSpiffeIds"), "{bad}: {err}");
+            let err = exchange(
+                server_config(&sneaky).unwrap(),
+                client_config(&honest, std::slice::from_ref(&plain)).unwrap(),
+            )
+            .await
+            .unwrap_err();
+            assert!(err.contains("SeveralSpiffeIds"), "{bad}: {err}");
+            assert_eq!(crate::tls::peer_identity(Some(&sneaky.chain)), None);
+        }
+        // The control: the same leaf shape with only the good URI is accepted.
+        let fine = uri_leaf(&ca, &plain, &[&good]);
+        exchange(
+            server_config(&honest).unwrap(),
+            client_config(&fine, std::slice::from_ref(&plain)).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
     const HOUR: Duration = Duration::from_secs(3600);
 
     /// Two leaves of `ca` (or of `ca` and `peer`) complete a real mTLS exchange.
@@ -573,8 +675,16 @@ mod tests {
         assert_eq!(out.server_id, Some(server.identity));
     }
 
+    /// Writes a plug-in CA file as an operator should: the key 0600, the rest 0644.
     fn write(dir: &Path, name: &str, text: &str) {
         fs::write(dir.join(name), text).unwrap();
+        let mode = if name == CA_KEY_FILE { 0o600 } else { 0o644 };
+        set_mode(&dir.join(name), mode);
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
     }
 
     fn ca_params(cn: &str) -> CertificateParams {
@@ -929,6 +1039,8 @@ mod tests {
         } else {
             fs::copy(dir.join("int-key.pem"), dir.join(CA_KEY_FILE)).unwrap();
         }
+        // As the README tells operators to.
+        set_mode(&dir.join(CA_KEY_FILE), 0o600);
         let chain = fs::read_to_string(dir.join(CA_CERT_FILE)).unwrap()
             + &fs::read_to_string(dir.join(ROOT_CERT_FILE)).unwrap();
         write(dir, CERT_CHAIN_FILE, &chain);
@@ -1008,6 +1120,81 @@ mod tests {
         let e = CertificateAuthority::from_plugin_dir(dir).unwrap_err();
         assert!(e.to_string().contains(file), "{file} not named in: {e}");
         e
+    }
+
+    #[test]
+    fn plugin_pem_is_the_directory_without_the_file_system() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let ca = CertificateAuthority::ephemeral("td").unwrap();
+        ca.write_plugin_dir(dir).unwrap();
+        let read = |f: &str| fs::read(dir.join(f)).unwrap();
+        let (cert, key, root, chain) = (
+            read(CA_CERT_FILE),
+            read(CA_KEY_FILE),
+            read(ROOT_CERT_FILE),
+            read(CERT_CHAIN_FILE),
+        );
+        let files = PluginCaPem {
+            ca_cert: &cert,
+            ca_key: &key,
+            root_cert: &root,
+            cert_chain: &chain,
+        };
+        let named = Path::new("/etc/ambit/ca");
+        let loaded = CertificateAuthority::from_plugin_pem(named, files).unwrap();
+        assert_eq!(loaded.ca_cert(), ca.ca_cert());
+        // Errors name the file under the directory given, and the key must be text.
+        let bad = PluginCaPem {
+            ca_key: b"\xff\xfe",
+            ..files
+        };
+        let err = CertificateAuthority::from_plugin_pem(named, bad).unwrap_err();
+        assert!(
+            matches!(&err, CaError::Pem { path, .. } if *path == named.join(CA_KEY_FILE)),
+            "{err:?}"
+        );
+        let bad = PluginCaPem {
+            root_cert: b"",
+            ..files
+        };
+        let err = CertificateAuthority::from_plugin_pem(named, bad).unwrap_err();
+        assert!(
+            matches!(&err, CaError::NoCertificate { path } if *path == named.join(ROOT_CERT_FILE)),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_ca_key_readable_by_others_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        CertificateAuthority::ephemeral("td")
+            .unwrap()
+            .write_plugin_dir(dir)
+            .unwrap();
+        let key = dir.join(CA_KEY_FILE);
+        for mode in [0o640, 0o604, 0o644, 0o660, 0o602, 0o666] {
+            set_mode(&key, mode);
+            let err = CertificateAuthority::from_plugin_dir(dir).unwrap_err();
+            assert!(
+                matches!(&err, CaError::KeyTooOpen { path, mode: m } if *path == key && *m == mode),
+                "{mode:o}: {err:?}"
+            );
+            let text = err.to_string();
+            for part in [
+                key.display().to_string(),
+                format!("mode {mode:04o}"),
+                format!("chmod 600 {}", key.display()),
+            ] {
+                assert!(text.contains(&part), "{mode:o}: {part:?} not in {text}");
+            }
+        }
+        // Owner-only modes are fine, read-only included.
+        for mode in [0o600, 0o400] {
+            set_mode(&key, mode);
+            CertificateAuthority::from_plugin_dir(dir).unwrap_or_else(|e| panic!("{mode:o}: {e}"));
+        }
     }
 
     #[test]

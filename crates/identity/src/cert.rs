@@ -6,9 +6,9 @@ use base64::Engine;
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use serde::Serialize;
 
-use crate::error::CertError;
+use crate::error::{CertError, PeerError};
 use crate::pem;
-use crate::spiffe::SpiffeId;
+use crate::spiffe::{has_spiffe_scheme, SpiffeId};
 use crate::x509;
 
 /// Everything a workload needs for mTLS.
@@ -179,7 +179,37 @@ impl CertInfo {
     }
 }
 
-/// URI SANs of a DER certificate that parse as SPIFFE ids (invalid ones ignored).
+/// The SPIFFE id of an X.509 SVID (a peer's leaf certificate).
+///
+/// An SVID carries exactly one SPIFFE id. Every URI SAN whose scheme is `spiffe`, in any
+/// letter case, counts toward that one, valid or not: a malformed `spiffe:` URI next to a
+/// good one makes the certificate ambiguous and it is refused, never accepted on the good
+/// one. URIs of other schemes and other SAN types are ignored.
+pub fn svid_identity(cert: &CertificateDer<'_>) -> Result<SpiffeId, PeerError> {
+    let parsed = x509::parse(cert).map_err(|reason| PeerError::BadCertificate { reason })?;
+    let claims: Vec<&str> = x509::uri_sans(&parsed)
+        .into_iter()
+        .filter(|u| has_spiffe_scheme(u))
+        .collect();
+    match claims.as_slice() {
+        [] => Err(PeerError::NoSpiffeId),
+        [uri] => SpiffeId::parse(uri).map_err(|reason| PeerError::MalformedSpiffeId {
+            uri: shorten(uri),
+            reason,
+        }),
+        several => Err(PeerError::SeveralSpiffeIds {
+            found: several.iter().map(|u| shorten(u)).collect(),
+        }),
+    }
+}
+
+/// A peer-supplied URI as quoted in an error: at most 256 characters.
+fn shorten(uri: &str) -> String {
+    uri.chars().take(256).collect()
+}
+
+/// URI SANs of a DER certificate that parse as SPIFFE ids (invalid ones ignored). For
+/// diagnostics; to learn a peer's identity use [`svid_identity`].
 pub fn spiffe_ids_of(cert: &CertificateDer<'_>) -> Vec<SpiffeId> {
     match x509::parse(cert) {
         Ok(c) => x509::uri_sans(&c)
@@ -306,6 +336,59 @@ mod tests {
             .self_signed(&key)
             .unwrap();
         assert!(spiffe_ids_of(no_san.der()).is_empty());
+    }
+
+    fn cert_with_uris(uris: &[&str]) -> CertificateDer<'static> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| rcgen::SanType::URI((*u).try_into().unwrap()))
+            .chain([rcgen::SanType::DnsName("example.com".try_into().unwrap())])
+            .collect();
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    #[test]
+    fn svid_identity_counts_every_spiffe_uri() {
+        let good = "spiffe://td/ns/a/sa/b";
+        let ok = |uris: &[&str]| svid_identity(&cert_with_uris(uris)).map_err(|e| e.to_string());
+        assert_eq!(ok(&[good]), Ok(id(good)));
+        assert_eq!(ok(&["https://example.com/", good, "urn:x"]), Ok(id(good)));
+        // A malformed spiffe URI beside a good one: ambiguous, refused.
+        for other in [
+            "spiffe://td/ns/a/sa/b/extra",
+            "spiffe://td/ns/a%41/sa/b",
+            "spiffe://TD/ns/a/sa/b",
+            "SPIFFE://td/ns/a/sa/c",
+            "Spiffe://td/ns/a/sa/b",
+            "spiffe:td",
+        ] {
+            for uris in [[good, other], [other, good]] {
+                let e = svid_identity(&cert_with_uris(&uris)).unwrap_err();
+                assert!(
+                    matches!(&e, PeerError::SeveralSpiffeIds { found } if found.len() == 2),
+                    "{uris:?}: {e}"
+                );
+            }
+        }
+        // The only spiffe URI is malformed (an upper-case scheme included).
+        for bad in ["SPIFFE://td/ns/a/sa/b", "spiffe://td/ns/../sa/b"] {
+            let e = svid_identity(&cert_with_uris(&[bad])).unwrap_err();
+            assert!(
+                matches!(e, PeerError::MalformedSpiffeId { .. }),
+                "{bad}: {e}"
+            );
+            assert!(e.to_string().contains(bad), "{e}");
+        }
+        assert!(matches!(
+            svid_identity(&cert_with_uris(&["https://example.com/"])),
+            Err(PeerError::NoSpiffeId)
+        ));
+        assert!(matches!(
+            svid_identity(&CertificateDer::from(vec![0x30, 0x00])),
+            Err(PeerError::BadCertificate { .. })
+        ));
     }
 
     #[test]

@@ -47,6 +47,8 @@ impl fmt::Debug for CertificateRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateSigningRequestDer;
     use x509_parser::extensions::{GeneralName, ParsedExtension};
     use x509_parser::prelude::FromDer;
 
@@ -55,9 +57,7 @@ mod tests {
         let id = SpiffeId::parse("spiffe://cluster.local/ns/default/sa/web").unwrap();
         let req = CertificateRequest::new(&id).unwrap();
         assert!(req.pem.starts_with("-----BEGIN CERTIFICATE REQUEST-----\n"));
-        let der = rustls_pemfile::csr(&mut req.pem.as_bytes())
-            .unwrap()
-            .unwrap();
+        let der = CertificateSigningRequestDer::from_pem_slice(req.pem.as_bytes()).unwrap();
         let (_, csr) =
             x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
                 .unwrap();

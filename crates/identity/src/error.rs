@@ -35,6 +35,12 @@ pub enum CaError {
         "{path} holds {found} certificates; it must hold only the signing certificate (put the chain up to the root in cert-chain.pem)"
     )]
     TooManyCertificates { path: PathBuf, found: usize },
+    /// The CA key can be read by users other than its owner. Whoever reads it can mint any
+    /// identity of the mesh, so the proxy will not use it. The operator's to fix.
+    #[error(
+        "{path} has mode {mode:04o}: the mesh CA key must be readable by its owner only (whoever reads it can mint any identity in the mesh); run `chmod 600 {path}` (on Kubernetes, mount the secret with defaultMode 0600)"
+    )]
+    KeyTooOpen { path: PathBuf, mode: u32 },
     #[error(
         "{path} holds no PEM private key (expected -----BEGIN PRIVATE KEY-----, RSA PRIVATE KEY or EC PRIVATE KEY)"
     )]
@@ -146,6 +152,15 @@ pub enum PeerError {
         "peer certificate has several SPIFFE URI SANs {found:?}; an SVID must have exactly one"
     )]
     SeveralSpiffeIds { found: Vec<String> },
+    /// The one `spiffe:` URI SAN is not a valid id: the peer's CA issued a bad certificate.
+    #[error("peer certificate's SPIFFE URI SAN {uri:?} is malformed: {reason}")]
+    MalformedSpiffeId {
+        uri: String,
+        #[source]
+        reason: SpiffeError,
+    },
+    #[error("peer certificate cannot be parsed: {reason}")]
+    BadCertificate { reason: String },
     #[error("server identities {found:?} are not among the expected {expected:?}")]
     UnexpectedServer {
         found: Vec<String>,

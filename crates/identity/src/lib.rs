@@ -18,12 +18,12 @@ mod x509;
 #[cfg(test)]
 mod testutil;
 
-pub use ca::CertificateAuthority;
-pub use cert::{spiffe_ids_of, CertInfo, CertificateDump, WorkloadCertificate};
+pub use ca::{CertificateAuthority, PluginCaPem};
+pub use cert::{spiffe_ids_of, svid_identity, CertInfo, CertificateDump, WorkloadCertificate};
 pub use csr::CertificateRequest;
 pub use error::{CaError, CertError, ManagerError, PeerError, TlsError};
 pub use manager::{CertManager, Clock, Issuer};
-pub use spiffe::{SpiffeError, SpiffeId};
+pub use spiffe::{has_spiffe_scheme, SpiffeError, SpiffeId};
 pub use tls::{
     client_config, crypto_provider, peer_identity, placeholder_server_name, server_config,
 };

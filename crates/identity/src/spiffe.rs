@@ -1,10 +1,13 @@
 //! SPIFFE identities of the Istio shape: `spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>`.
 //!
-//! Security posture: parsing is strict and byte-exact. Nothing is case-folded or
-//! percent-decoded, so two ids are equal exactly when their strings are equal; a `%41`
-//! stays `%41` and never matches `A`. Anything that could make two different strings look
-//! alike to a human or to another parser (control characters, whitespace, query or fragment
-//! markers, non-ASCII, malformed percent escapes, empty or extra segments) is refused.
+//! Security posture: parsing is strict and byte-exact. The SPIFFE ID specification (§2.1,
+//! §2.2) allows only `[a-z0-9.-_]` in the trust domain and `[a-zA-Z0-9.-_]` in path
+//! segments, with no percent-encoding and no empty, `.` or `..` segments; we refuse
+//! everything else. Nothing is case-folded or decoded, so two ids are equal exactly when
+//! their strings are equal. The specification calls the scheme case-insensitive; we accept
+//! only the lower-case `spiffe://` that every issuer writes, and callers that look for
+//! SPIFFE ids among URIs (certificate SANs) match the scheme case-insensitively, so that a
+//! `SPIFFE://…` URI is counted as an id, and refused as malformed, never overlooked.
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,6 +17,10 @@ pub const SCHEME: &str = "spiffe://";
 
 /// The longest id accepted, in bytes (the SPIFFE specification's URI limit).
 pub const MAX_LEN: usize = 2048;
+
+/// The longest trust domain accepted, in bytes (RFC 3986's limit on a URI host, which the
+/// SPIFFE specification adopts).
+pub const MAX_TRUST_DOMAIN_LEN: usize = 255;
 
 /// A workload identity: trust domain, Kubernetes namespace and service account.
 ///
@@ -59,16 +66,18 @@ pub enum SpiffeError {
     MissingPath,
     #[error("SPIFFE id has an empty {0}")]
     Empty(Part),
+    #[error("SPIFFE trust domain is {len} bytes long; the limit is {MAX_TRUST_DOMAIN_LEN}")]
+    TrustDomainTooLong { len: usize },
     #[error(
         "SPIFFE trust domain has {ch:?} at byte {index}; only lower-case letters, digits, '.', '-' and '_' are allowed"
     )]
     InvalidTrustDomainChar { ch: char, index: usize },
     #[error(
-        "SPIFFE {part} has {ch:?} at byte {index}; allowed are ASCII letters, digits, -._~!$&'()*+,;=:@ and %XX escapes (no whitespace, control characters, '?', '#' or non-ASCII)"
+        "SPIFFE {part} has {ch:?} at byte {index}; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)"
     )]
     InvalidChar { part: Part, ch: char, index: usize },
-    #[error("SPIFFE {part} has a '%' at byte {index} that is not followed by two hex digits")]
-    BadPercentEncoding { part: Part, index: usize },
+    #[error("SPIFFE {part} is {found:?}; '.' and '..' are not allowed as path segments")]
+    DotSegment { part: Part, found: &'static str },
     #[error("SPIFFE id ends with '/'; remove the trailing slash")]
     TrailingSlash,
     #[error(
@@ -154,10 +163,13 @@ fn expect_literal(found: &str, expected: &'static str) -> Result<(), SpiffeError
     }
 }
 
-/// Checks a trust domain against the SPIFFE character set.
+/// Checks a trust domain against the SPIFFE character set and length limit.
 pub(crate) fn validate_trust_domain(td: &str) -> Result<(), SpiffeError> {
     if td.is_empty() {
         return Err(SpiffeError::Empty(Part::TrustDomain));
+    }
+    if td.len() > MAX_TRUST_DOMAIN_LEN {
+        return Err(SpiffeError::TrustDomainTooLong { len: td.len() });
     }
     match td.char_indices().find(|(_, c)| !is_trust_domain_char(*c)) {
         Some((index, ch)) => Err(SpiffeError::InvalidTrustDomainChar { ch, index }),
@@ -169,47 +181,29 @@ fn is_trust_domain_char(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')
 }
 
-/// Checks one path segment: RFC 3986 `pchar`s only, percent escapes well formed but kept.
+/// Checks one path segment: SPIFFE's `[a-zA-Z0-9.-_]`, not empty, not `.` or `..`.
 fn validate_segment(seg: &str, part: Part) -> Result<(), SpiffeError> {
-    if seg.is_empty() {
-        return Err(SpiffeError::Empty(part));
+    match seg {
+        "" => return Err(SpiffeError::Empty(part)),
+        "." => return Err(SpiffeError::DotSegment { part, found: "." }),
+        ".." => return Err(SpiffeError::DotSegment { part, found: ".." }),
+        _ => {}
     }
-    let bytes = seg.as_bytes();
-    for (index, ch) in seg.char_indices() {
-        if ch == '%' {
-            let hex = |i: usize| bytes.get(i).is_some_and(u8::is_ascii_hexdigit);
-            if !(hex(index + 1) && hex(index + 2)) {
-                return Err(SpiffeError::BadPercentEncoding { part, index });
-            }
-        } else if !is_pchar(ch) {
-            return Err(SpiffeError::InvalidChar { part, ch, index });
-        }
+    match seg.char_indices().find(|(_, c)| !is_segment_char(*c)) {
+        Some((index, ch)) => Err(SpiffeError::InvalidChar { part, ch, index }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-/// RFC 3986 `pchar` without `pct-encoded` (handled by the caller).
-fn is_pchar(c: char) -> bool {
-    c.is_ascii_alphanumeric()
-        || matches!(
-            c,
-            '-' | '.'
-                | '_'
-                | '~'
-                | '!'
-                | '$'
-                | '&'
-                | '\''
-                | '('
-                | ')'
-                | '*'
-                | '+'
-                | ','
-                | ';'
-                | '='
-                | ':'
-                | '@'
-        )
+fn is_segment_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')
+}
+
+/// True if `uri` has the `spiffe` scheme, in any letter case (RFC 3986 schemes are
+/// case-insensitive): such a URI claims to be a SPIFFE id, valid or not.
+pub fn has_spiffe_scheme(uri: &str) -> bool {
+    uri.split_once(':')
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("spiffe"))
 }
 
 impl fmt::Display for SpiffeId {
@@ -393,33 +387,83 @@ mod tests {
     }
 
     #[test]
-    fn percent_encoding_is_validated_and_kept_verbatim() {
-        let id = SpiffeId::parse("spiffe://td/ns/a%41/sa/b%2f").unwrap();
-        assert_eq!(id.namespace(), "a%41");
-        assert_eq!(id.service_account(), "b%2f");
-        assert_eq!(id.to_string(), "spiffe://td/ns/a%41/sa/b%2f");
-        assert_ne!(id, SpiffeId::parse("spiffe://td/ns/aA/sa/b%2f").unwrap());
-        assert_ne!(id, SpiffeId::parse("spiffe://td/ns/a%41/sa/b%2F").unwrap());
-        for (s, index) in [
-            ("spiffe://td/ns/a%4/sa/b", 1),
-            ("spiffe://td/ns/a%/sa/b", 1),
-            ("spiffe://td/ns/a%zz/sa/b", 1),
-            ("spiffe://td/ns/%%41/sa/b", 0),
-        ] {
+    fn path_segments_use_the_spiffe_character_set() {
+        // Letters of both cases, digits, '.', '-' and '_' only; case is significant.
+        let id = SpiffeId::parse("spiffe://td/ns/My.Name_-1/sa/...a..").unwrap();
+        assert_eq!(id.namespace(), "My.Name_-1");
+        assert_eq!(id.service_account(), "...a..");
+        assert_ne!(
+            id,
+            SpiffeId::parse("spiffe://td/ns/my.name_-1/sa/...a..").unwrap()
+        );
+        // RFC 3986 allows these in a path; SPIFFE does not, percent-encoding included.
+        for ch in "%~!$&'()*+,;=:@".chars() {
+            let s = format!("spiffe://td/ns/a/sa/x{ch}41");
             assert_eq!(
-                err(s),
-                SpiffeError::BadPercentEncoding {
-                    part: Part::Namespace,
-                    index
+                err(&s),
+                SpiffeError::InvalidChar {
+                    part: Part::ServiceAccount,
+                    ch,
+                    index: 1
                 },
                 "{s:?}"
             );
         }
-        // A '%' followed by a multi-byte character must not panic on a char boundary.
+        assert!(matches!(
+            err("spiffe://td/ns/a%41/sa/b"),
+            SpiffeError::InvalidChar {
+                part: Part::Namespace,
+                ch: '%',
+                index: 1
+            }
+        ));
+        // A '%' before a multi-byte character does not panic on a char boundary.
         assert!(matches!(
             err("spiffe://td/ns/a%é1/sa/b"),
-            SpiffeError::BadPercentEncoding { .. }
+            SpiffeError::InvalidChar { ch: '%', .. }
         ));
+    }
+
+    #[test]
+    fn dot_segments_are_refused() {
+        for (s, part, found) in [
+            ("spiffe://td/ns/./sa/b", Part::Namespace, "."),
+            ("spiffe://td/ns/../sa/b", Part::Namespace, ".."),
+            ("spiffe://td/ns/a/sa/.", Part::ServiceAccount, "."),
+            ("spiffe://td/ns/a/sa/..", Part::ServiceAccount, ".."),
+        ] {
+            assert_eq!(err(s), SpiffeError::DotSegment { part, found }, "{s:?}");
+        }
+        assert!(matches!(
+            SpiffeId::new("td", "..", "b"),
+            Err(SpiffeError::DotSegment { .. })
+        ));
+    }
+
+    #[test]
+    fn trust_domain_length_limit() {
+        let td = "a".repeat(MAX_TRUST_DOMAIN_LEN);
+        assert!(SpiffeId::new(&td, "a", "b").is_ok());
+        let td = "a".repeat(MAX_TRUST_DOMAIN_LEN + 1);
+        assert_eq!(
+            err(&format!("spiffe://{td}/ns/a/sa/b")),
+            SpiffeError::TrustDomainTooLong { len: td.len() }
+        );
+    }
+
+    #[test]
+    fn spiffe_scheme_detection_ignores_case() {
+        for uri in [
+            "spiffe://td/ns/a/sa/b",
+            "SPIFFE://td/ns/a/sa/b",
+            "Spiffe:td",
+            "spiffe:",
+        ] {
+            assert!(has_spiffe_scheme(uri), "{uri:?}");
+        }
+        for uri in ["https://td/", "spiffe", "spiffex://td", "", " spiffe://td"] {
+            assert!(!has_spiffe_scheme(uri), "{uri:?}");
+        }
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //! Security posture:
 //! - both sides verify the peer chain against the roots that came with *our own* workload
 //!   certificate, with the EKU of the peer's role (serverAuth / clientAuth);
-//! - the client never looks at DNS names or IPs: it accepts a server only when one of the
-//!   leaf's SPIFFE URI SANs equals (byte for byte) one of the identities it expected;
-//! - the server requires a client certificate and accepts it only when one of the leaf's
-//!   SPIFFE URI SANs is in the server's own trust domain. Authorization beyond that is the
+//! - the leaf must be an SVID: exactly one URI SAN with the `spiffe` scheme (any case), and
+//!   a valid id ([`svid_identity`]);
+//! - the client never looks at DNS names or IPs: it accepts a server only when that id
+//!   equals (byte for byte) one of the identities it expected;
+//! - the server requires a client certificate and accepts it only when that id is in the
+//!   server's own trust domain. Authorization beyond that is the
 //!   caller's job (RBAC on the peer identity).
 
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use rustls::{
     SignatureScheme,
 };
 
-use crate::cert::spiffe_ids_of;
+use crate::cert::svid_identity;
 use crate::error::PeerError;
 use crate::spiffe::SpiffeId;
 
@@ -73,20 +75,12 @@ impl ServerCertVerifier for ExpectedServerVerifier {
             now,
             self.provider.signature_verification_algorithms.all,
         )?;
-        let found = spiffe_ids_of(end_entity);
-        if found.is_empty() {
-            return Err(refuse(PeerError::NoSpiffeId));
-        }
-        if found.len() > 1 {
-            return Err(refuse(PeerError::SeveralSpiffeIds {
-                found: strings(&found),
-            }));
-        }
-        if found.iter().any(|id| self.expected.contains(id)) {
+        let found = svid_identity(end_entity).map_err(refuse)?;
+        if self.expected.contains(&found) {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(refuse(PeerError::UnexpectedServer {
-                found: strings(&found),
+                found: vec![found.to_string()],
                 expected: strings(&self.expected),
             }))
         }
@@ -165,23 +159,12 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
     ) -> Result<ClientCertVerified, rustls::Error> {
         self.inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        let found = spiffe_ids_of(end_entity);
-        if found.is_empty() {
-            return Err(refuse(PeerError::NoSpiffeId));
-        }
-        if found.len() > 1 {
-            return Err(refuse(PeerError::SeveralSpiffeIds {
-                found: strings(&found),
-            }));
-        }
-        if found
-            .iter()
-            .any(|id| id.trust_domain() == self.trust_domain)
-        {
+        let found = svid_identity(end_entity).map_err(refuse)?;
+        if found.trust_domain() == self.trust_domain {
             Ok(ClientCertVerified::assertion())
         } else {
             Err(refuse(PeerError::ForeignTrustDomain {
-                found: strings(&found),
+                found: vec![found.to_string()],
                 trust_domain: self.trust_domain.clone(),
             }))
         }

@@ -2,7 +2,7 @@
 //! in `../shared/peers/istio-ztunnel`, a release build with `FAKE_CA` support), so the
 //! same lab can put either on each end of a wire.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -69,14 +69,24 @@ impl IstioZtunnel {
         std::fs::create_dir_all(dest)?;
         for f in CA_FILES {
             let to = dest.join(f);
-            std::fs::copy(self.ca_dir.join(f), &to)
-                .with_context(|| format!("copying the peer's {f}"))?;
+            let bytes = std::fs::read(self.ca_dir.join(f))
+                .with_context(|| format!("reading the peer's {f}"))?;
             let mode = if f == ambit_identity::ca::CA_KEY_FILE {
                 0o600
             } else {
                 0o644
             };
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))?;
+            // Created with its mode (never briefly open to others), and set again in case
+            // `to` was already there; ambit's proxy refuses a key others can read.
+            let _ = std::fs::remove_file(&to);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&to)
+                .with_context(|| format!("creating {}", to.display()))?;
+            std::io::Write::write_all(&mut file, &bytes)?;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         }
         Ok(())
     }
@@ -155,5 +165,56 @@ pub fn write_lab_ca(dir: &Path, proxies: &[&NodeProxy]) -> anyhow::Result<()> {
             ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
                 .write_plugin_dir(dir)?,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ambit_identity::ca::CA_KEY_FILE;
+    use ambit_identity::CertificateAuthority;
+
+    fn key_mode(dir: &Path) -> u32 {
+        std::fs::metadata(dir.join(CA_KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    /// Both ways a lab gets its CA leave a key the proxy accepts (owner-only).
+    #[test]
+    fn lab_ca_keys_are_owner_only() {
+        let tmp = super::super::tempfile_dir::TempDir::new(&format!(
+            "ambit-test-lab-ca-{}",
+            std::process::id()
+        ))
+        .unwrap();
+        let own = tmp.path().join("own");
+        write_lab_ca(&own, &[&NodeProxy::Ambit(PathBuf::from("/bin/true"))]).unwrap();
+        assert_eq!(key_mode(&own), 0o600);
+        CertificateAuthority::from_plugin_dir(&own).unwrap();
+
+        // The peer ships its test root read-only for everyone; the copy is 0600.
+        let shipped = tmp.path().join("peer-ca");
+        CertificateAuthority::ephemeral("cluster.local")
+            .unwrap()
+            .write_plugin_dir(&shipped)
+            .unwrap();
+        for f in CA_FILES {
+            std::fs::set_permissions(shipped.join(f), std::fs::Permissions::from_mode(0o444))
+                .unwrap();
+        }
+        let peer = IstioZtunnel {
+            bin: PathBuf::from("/bin/true"),
+            ca_dir: shipped,
+        };
+        let copy = tmp.path().join("copy");
+        write_lab_ca(&copy, &[&NodeProxy::Istio(peer.clone())]).unwrap();
+        assert_eq!(key_mode(&copy), 0o600);
+        CertificateAuthority::from_plugin_dir(&copy).unwrap();
+        // Copying again over the first copy keeps it so.
+        peer.copy_ca(&copy).unwrap();
+        assert_eq!(key_mode(&copy), 0o600);
     }
 }

@@ -28,6 +28,31 @@ pub enum AddressError {
     /// Not of the form `<namespace>/<hostname>`.
     #[error("{0:?} is not \"<namespace>/<hostname>\"")]
     NotNamespacedHostname(String),
+    /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`). The data path sees IPv4 peers and
+    /// destinations as plain IPv4, so such an entry would never match anything.
+    #[error(
+        "{written:?} is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write {instead:?}"
+    )]
+    Ipv4Mapped { written: String, instead: String },
+}
+
+/// Refuses an IPv4-mapped IPv6 address (see [`AddressError::Ipv4Mapped`]). One rule for
+/// every address the mesh model holds: workload IPs, VIPs, gateway and policy addresses.
+fn refuse_mapped(
+    ip: IpAddr,
+    written: &str,
+    instead: impl Fn(Ipv4Addr) -> String,
+) -> Result<IpAddr, AddressError> {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => Err(AddressError::Ipv4Mapped {
+                written: written.to_string(),
+                instead: instead(v4),
+            }),
+            None => Ok(ip),
+        },
+        IpAddr::V4(_) => Ok(ip),
+    }
 }
 
 /// Decodes an address carried as raw bytes (xDS `bytes` fields): 4 bytes IPv4, 16 IPv6.
@@ -36,14 +61,18 @@ pub fn ip_from_bytes(bytes: &[u8]) -> Result<IpAddr, AddressError> {
         return Ok(IpAddr::V4(Ipv4Addr::from(b)));
     }
     if let Ok(b) = <[u8; 16]>::try_from(bytes) {
-        return Ok(IpAddr::V6(Ipv6Addr::from(b)));
+        let ip = IpAddr::V6(Ipv6Addr::from(b));
+        return refuse_mapped(ip, &ip.to_string(), |v4| v4.to_string());
     }
     Err(AddressError::BadLength(bytes.len()))
 }
 
 /// Parses the text form of an IP address.
 pub fn parse_ip(s: &str) -> Result<IpAddr, AddressError> {
-    s.parse().map_err(|_| AddressError::NotAnIp(s.to_string()))
+    let ip = s
+        .parse()
+        .map_err(|_| AddressError::NotAnIp(s.to_string()))?;
+    refuse_mapped(ip, s, |v4| v4.to_string())
 }
 
 fn max_prefix(ip: IpAddr) -> u8 {
@@ -144,6 +173,7 @@ impl FromStr for NetworkAddress {
     /// (`/10.0.0.1`). A bare IP is accepted as the default network.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Ok(ip) = s.parse::<IpAddr>() {
+            let ip = refuse_mapped(ip, s, |v4| v4.to_string())?;
             return Ok(NetworkAddress::new("", ip));
         }
         let bad = || AddressError::NotNetworkAddress(s.to_string());
@@ -153,6 +183,11 @@ impl FromStr for NetworkAddress {
             None => (rest, None),
         };
         let address: IpAddr = ip.parse().map_err(|_| bad())?;
+        let address = refuse_mapped(address, s, |v4| match len {
+            Some(len) if len >= 96 => format!("{network}/{v4}/{}", len - 96),
+            Some(_) => format!("{network}/<an IPv4 CIDR>"),
+            None => format!("{network}/{v4}"),
+        })?;
         let prefix_len = normalize_prefix(address, len)?;
         Ok(NetworkAddress {
             network: network.to_string(),
@@ -241,10 +276,19 @@ pub(crate) mod cidr_list {
 
     pub(crate) fn parse_cidr(s: &str) -> Result<IpNet, String> {
         if let Ok(ip) = s.parse::<IpAddr>() {
+            let ip = refuse_mapped(ip, s, |v4| v4.to_string()).map_err(|e| e.to_string())?;
             return Ok(IpNet::from(ip));
         }
-        s.parse::<IpNet>()
-            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))
+        let net = s
+            .parse::<IpNet>()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+        let len = net.prefix_len();
+        refuse_mapped(net.addr(), s, |v4| match len {
+            96.. => format!("{v4}/{}", len - 96),
+            _ => "an IPv4 CIDR".to_string(),
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(net)
     }
 
     impl<'de> Deserialize<'de> for CidrText {
@@ -281,6 +325,29 @@ mod tests {
         );
         assert_eq!(ip_from_bytes(&[1, 2, 3]), Err(AddressError::BadLength(3)));
         assert_eq!(ip_from_bytes(&[]), Err(AddressError::BadLength(0)));
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_refused_everywhere() {
+        let mapped = |e: AddressError| matches!(e, AddressError::Ipv4Mapped { .. });
+        let mut bytes = [0u8; 16];
+        bytes[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 1]);
+        assert!(mapped(ip_from_bytes(&bytes).unwrap_err()));
+        assert!(mapped(parse_ip("::ffff:10.0.0.1").unwrap_err()));
+        for s in [
+            "::ffff:10.0.0.1",
+            "/::ffff:10.0.0.1",
+            "n/::ffff:10.0.0.0/104",
+        ] {
+            assert!(mapped(s.parse::<NetworkAddress>().unwrap_err()), "{s}");
+        }
+        assert!(cidr_list::parse_cidr("::ffff:10.0.0.0/104").is_err());
+        assert!(cidr_list::parse_cidr("::ffff:0.0.0.0/80").is_err());
+        // Their neighbours are fine: IPv4-compatible and NAT64 addresses are real IPv6.
+        for s in ["::10.0.0.1", "64:ff9b::10.0.0.1", "::ffff:0:10.0.0.1"] {
+            assert!(parse_ip(s).is_ok(), "{s}");
+        }
+        assert!(cidr_list::parse_cidr("::/0").is_ok());
     }
 
     #[test]

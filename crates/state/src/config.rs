@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, UnknownPolicy};
+use crate::locate;
 use crate::policy::Authorization;
 use crate::service::Service;
 use crate::store::ProxyState;
@@ -39,22 +40,101 @@ pub fn parse_local_config(source: &str, yaml: &str) -> Result<LocalConfig, Confi
     if is_empty_document(yaml) {
         return Ok(LocalConfig::default());
     }
-    let de = serde_yaml::Deserializer::from_str(yaml);
+    let de = yaml_serde::Deserializer::from_str(yaml);
     let cfg: LocalConfig =
         serde_path_to_error::deserialize(de).map_err(|e| parse_error(source, e))?;
-    ProxyState::from_config(cfg.clone()).map_err(|e| e.with_origin(source))?;
+    ProxyState::from_config(cfg.clone())
+        .map_err(|e| locate_invalid(e.with_origin(source), yaml))?;
+    check_policy_references(source, yaml, &cfg)?;
     Ok(cfg)
+}
+
+/// Adds the line and column to an item refused after parsing: of the field the message
+/// starts with (`name: must not be empty`), else of the item (`workloads[1]`).
+fn locate_invalid(err: ConfigError, yaml: &str) -> ConfigError {
+    let ConfigError::Invalid {
+        origin,
+        item,
+        message,
+        ..
+    } = err
+    else {
+        return err;
+    };
+    let index = item.split(' ').next().unwrap_or_default();
+    let field = message
+        .split_once(": ")
+        .map(|(f, _)| f)
+        .filter(|f| f.chars().all(|c| c.is_ascii_alphanumeric()));
+    let at = |path: &str| locate::parse_path(path).and_then(|steps| locate::locate(yaml, &steps));
+    let found = field
+        .and_then(|f| at(&format!("{index}.{f}")))
+        .or_else(|| at(index));
+    ConfigError::Invalid {
+        origin,
+        line: found.map(|(l, _)| l),
+        column: found.map(|(_, c)| c),
+        item,
+        message,
+    }
+}
+
+/// Every `authorizationPolicies` entry of a workload names a policy of the file. (Over
+/// xDS a reference may arrive before its policy; a local file is complete, so a name that
+/// resolves to nothing is a typo that would leave the workload without its policy.)
+fn check_policy_references(source: &str, yaml: &str, cfg: &LocalConfig) -> Result<(), ConfigError> {
+    let defined: std::collections::BTreeSet<String> =
+        cfg.policies.iter().map(|p| p.key()).collect();
+    for (i, w) in cfg.workloads.iter().enumerate() {
+        for (j, name) in w.authorization_policies.iter().enumerate() {
+            if defined.contains(name) {
+                continue;
+            }
+            let path = format!("workloads[{i}].authorizationPolicies[{j}]");
+            let at = locate::parse_path(&path).and_then(|steps| locate::locate(yaml, &steps));
+            return Err(ConfigError::UnknownPolicy(Box::new(UnknownPolicy {
+                origin: source.to_string(),
+                line: at.map(|(l, _)| l),
+                column: at.map(|(_, c)| c),
+                path,
+                workload: format!("{}/{}", w.namespace, w.name),
+                policy: name.clone(),
+                suggestion: suggest_policy(name, &w.namespace, cfg),
+            })));
+        }
+    }
+    Ok(())
+}
+
+/// The policy a dangling name probably meant: the one of that name in the workload's
+/// namespace when the namespace was left out, else the only policy of that name.
+fn suggest_policy(written: &str, namespace: &str, cfg: &LocalConfig) -> Option<String> {
+    let name = written.rsplit('/').next().unwrap_or(written);
+    let same_name: Vec<String> = cfg
+        .policies
+        .iter()
+        .filter(|p| p.name == name)
+        .map(|p| p.key())
+        .collect();
+    let own = format!("{namespace}/{name}");
+    if same_name.contains(&own) {
+        return Some(own);
+    }
+    match same_name.as_slice() {
+        [only] => Some(only.clone()),
+        _ => None,
+    }
 }
 
 /// True for YAML with no content (nothing, comments only, a bare `---`, or `null`).
 fn is_empty_document(yaml: &str) -> bool {
     matches!(
-        serde_yaml::from_str::<serde_yaml::Value>(yaml),
-        Ok(serde_yaml::Value::Null)
+        yaml_serde::from_str::<yaml_serde::Value>(yaml),
+        Ok(yaml_serde::Value::Null)
     )
 }
 
-fn parse_error(origin: &str, err: serde_path_to_error::Error<serde_yaml::Error>) -> ConfigError {
+fn parse_error(origin: &str, err: serde_path_to_error::Error<yaml_serde::Error>) -> ConfigError {
     let path = match err.path().to_string() {
         p if p == "." => String::new(),
         p => p,
@@ -62,7 +142,7 @@ fn parse_error(origin: &str, err: serde_path_to_error::Error<serde_yaml::Error>)
     let inner = err.inner();
     let location = inner.location();
     let mut message = inner.to_string();
-    // serde_yaml's message carries its own path prefix and location suffix; we report
+    // yaml_serde's message carries its own path prefix and location suffix; we report
     // both as separate fields, so strip them from the text.
     if let Some(loc) = &location {
         let at = format!(" at line {} column {}", loc.line(), loc.column());
@@ -220,7 +300,7 @@ policies:
     #[test]
     fn round_trip_through_yaml() {
         let cfg = parse_local_config("test.yaml", FULL).unwrap();
-        let text = serde_yaml::to_string(&cfg).unwrap();
+        let text = yaml_serde::to_string(&cfg).unwrap();
         let again = parse_local_config("again", &text).unwrap();
         assert_eq!(cfg, again);
     }
@@ -356,56 +436,125 @@ policies:
                 "- a\n".into(),
                 "f.yaml: line 1, column 1: invalid type: sequence, expected struct LocalConfig",
             ),
+            // IPv4-mapped IPv6 addresses never match (the data path sees plain IPv4):
+            // refused in IPs, VIPs, CIDRs and gateway addresses alike.
+            (
+                "mapped workload ip",
+                format!("{W}  workloadIps: [\"10.0.0.1\", \"::ffff:10.0.0.2\"]\n"),
+                "f.yaml: line 4, column 29: workloads[0].workloadIps[1]: \"::ffff:10.0.0.2\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"10.0.0.2\"",
+            ),
+            (
+                "mapped vip",
+                "services:\n- name: s\n  namespace: n\n  hostname: h\n  vips: [\"/::ffff:10.96.0.1\"]\n".into(),
+                "f.yaml: line 5, column 10: services[0].vips[0]: \"/::ffff:10.96.0.1\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"/10.96.0.1\"",
+            ),
+            (
+                "mapped vip range",
+                "services:\n- name: s\n  namespace: n\n  hostname: h\n  vips: [\"net1/::ffff:10.96.0.0/112\"]\n".into(),
+                "f.yaml: line 5, column 10: services[0].vips[0]: \"net1/::ffff:10.96.0.0/112\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"net1/10.96.0.0/16\"",
+            ),
+            (
+                "mapped waypoint",
+                format!("{W}  waypoint: {{destination: \"/::ffff:10.0.0.9\"}}\n"),
+                "f.yaml: line 4, column 27: workloads[0].waypoint.destination: \"/::ffff:10.0.0.9\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"/10.0.0.9\"",
+            ),
+            (
+                "mapped source cidr",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{sourceIps: [\"::ffff:10.0.0.0/104\"]}]]]\n".into(),
+                "f.yaml: line 6, column 26: policies[0].rules[0][0][0].sourceIps[0]: \"::ffff:10.0.0.0/104\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"10.0.0.0/8\"",
+            ),
+            (
+                "mapped destination ip",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{notDestinationIps: [\"::FFFF:a00:3\"]}]]]\n".into(),
+                "f.yaml: line 6, column 34: policies[0].rules[0][0][0].notDestinationIps[0]: \"::FFFF:a00:3\" is an IPv4-mapped IPv6 address, which never matches: connections from and to IPv4 addresses are seen as plain IPv4; write \"10.0.0.3\"",
+            ),
+            // A principal written as a SPIFFE URI never matches.
+            (
+                "principal with scheme",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules:\n  - - - principals: [{exact: \"spiffe://cluster.local/ns/n/sa/a\"}]\n".into(),
+                "f.yaml: line 7, column 22: policies[0].rules[0][0][0].principals[0]: principal \"spiffe://cluster.local/ns/n/sa/a\" starts with \"spiffe://\", but principals are compared without the scheme, so it can never match; drop the prefix: \"cluster.local/ns/n/sa/a\"",
+            ),
+            (
+                "not-principal prefix with scheme",
+                "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{notPrincipals: [!prefix \"SPIFFE://cluster.local/\"]}]]]\n".into(),
+                "f.yaml: line 6, column 30: policies[0].rules[0][0][0].notPrincipals[0]: principal \"SPIFFE://cluster.local/\" starts with \"spiffe://\", but principals are compared without the scheme, so it can never match; drop the prefix: \"cluster.local/\"",
+            ),
+            // A workload names a policy the file does not define.
+            (
+                "unknown policy",
+                "workloads:\n- name: a\n  namespace: default\n- name: b\n  namespace: default\n  authorizationPolicies:\n  - default/p\n  - default/typo\npolicies:\n- {name: p, namespace: default, scope: WorkloadSelector, action: Allow}\n".into(),
+                "f.yaml: line 8, column 5: workloads[1].authorizationPolicies[1]: workload default/b names policy \"default/typo\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; define the policy or remove the entry",
+            ),
+            (
+                "policy without its namespace",
+                "workloads:\n- {name: a, namespace: default, authorizationPolicies: [p]}\npolicies:\n- {name: p, namespace: default, scope: WorkloadSelector, action: Allow}\n".into(),
+                "f.yaml: line 2, column 57: workloads[0].authorizationPolicies[0]: workload default/a names policy \"p\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; did you mean \"default/p\"?",
+            ),
+            (
+                "policy in another namespace",
+                "workloads:\n- {name: a, namespace: default, authorizationPolicies: [\"default/p\"]}\npolicies:\n- {name: p, namespace: other, scope: WorkloadSelector, action: Allow}\n".into(),
+                "f.yaml: line 2, column 57: workloads[0].authorizationPolicies[0]: workload default/a names policy \"default/p\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; did you mean \"other/p\"?",
+            ),
+            (
+                "policy and no policies at all",
+                "workloads:\n- {name: a, namespace: default, authorizationPolicies: [\"default/p\"]}\n".into(),
+                "f.yaml: line 2, column 57: workloads[0].authorizationPolicies[0]: workload default/a names policy \"default/p\", but no entry of `policies` has that \"<namespace>/<name>\", so the workload would run without it; define the policy or remove the entry",
+            ),
             // Semantic errors: source, item, field.
             (
                 "empty name",
                 "workloads:\n- name: \"\"\n  namespace: default\n".into(),
-                "f.yaml: workloads[0] (default/): name: must not be empty",
+                "f.yaml: line 2, column 9: workloads[0] (default/): name: must not be empty",
             ),
             (
                 "duplicate uid",
                 "workloads:\n- name: a\n  namespace: default\n- uid: Kubernetes//v1/Pod/default/a\n  name: b\n  namespace: default\n".into(),
-                "f.yaml: workloads[1] (uid Kubernetes//v1/Pod/default/a): uid: duplicate of workloads[0]",
+                "f.yaml: line 4, column 8: workloads[1] (uid Kubernetes//v1/Pod/default/a): uid: duplicate of workloads[0]",
             ),
             (
                 "bad trust domain",
                 format!("{W}  trustDomain: Bad_Domain!\n"),
-                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE trust domain has 'B' at byte 0; only lower-case letters, digits, '.', '-' and '_' are allowed",
+                "f.yaml: line 2, column 3: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE trust domain has 'B' at byte 0; only lower-case letters, digits, '.', '-' and '_' are allowed",
             ),
             (
                 "bad service account",
                 format!("{W}  serviceAccount: \"a b\"\n"),
-                "f.yaml: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has ' ' at byte 1; allowed are ASCII letters, digits, -._~!$&'()*+,;=:@ and %XX escapes (no whitespace, control characters, '?', '#' or non-ASCII)",
+                "f.yaml: line 2, column 3: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has ' ' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
+            ),
+            (
+                "service account outside the SPIFFE character set",
+                format!("{W}  serviceAccount: \"a~b\"\n"),
+                "f.yaml: line 2, column 3: workloads[0] (default/a): identity (trustDomain/namespace/serviceAccount): SPIFFE service account has '~' at byte 1; a SPIFFE path segment allows only ASCII letters, digits, '.', '-' and '_' (no percent-encoding)",
             ),
             (
                 "bad services key",
                 format!("{W}  services:\n    echo: {{80: 8080}}\n"),
-                "f.yaml: workloads[0] (default/a): services: key \"echo\" is not \"<namespace>/<hostname>\"",
+                "f.yaml: line 5, column 5: workloads[0] (default/a): services: key \"echo\" is not \"<namespace>/<hostname>\"",
             ),
             (
                 "gateway port zero",
                 format!("{W}  networkGateway: {{destination: \"/10.0.0.1\", hboneMtlsPort: 0}}\n"),
-                "f.yaml: workloads[0] (default/a): networkGateway: hboneMtlsPort: must not be 0",
+                "f.yaml: line 4, column 19: workloads[0] (default/a): networkGateway: hboneMtlsPort: must not be 0",
             ),
             (
                 "duplicate service",
                 "services:\n- {name: s, namespace: n, hostname: h}\n- {name: s2, namespace: n, hostname: h}\n".into(),
-                "f.yaml: services[1] (n/h): duplicate of services[0]",
+                "f.yaml: line 3, column 3: services[1] (n/h): duplicate of services[0]",
             ),
             (
                 "service without hostname",
                 "services:\n- {name: s, namespace: n, hostname: \"\"}\n".into(),
-                "f.yaml: services[0] (n/): hostname: must be non-empty and contain no '/'",
+                "f.yaml: line 2, column 37: services[0] (n/): hostname: must be non-empty and contain no '/'",
             ),
             (
                 "duplicate policy",
                 "policies:\n- {name: p, namespace: n, scope: Global, action: Allow}\n- {name: p, namespace: n, scope: Namespace, action: Deny}\n".into(),
-                "f.yaml: policies[1] (n/p): duplicate of policies[0]",
+                "f.yaml: line 3, column 3: policies[1] (n/p): duplicate of policies[0]",
             ),
             (
                 "namespace policy without namespace",
                 "policies:\n- {name: p, scope: Namespace, action: Deny}\n".into(),
-                "f.yaml: policies[0] (/p): namespace: a Namespace-scoped policy needs a namespace",
+                "f.yaml: line 2, column 3: policies[0] (/p): namespace: a Namespace-scoped policy needs a namespace",
             ),
         ];
         let mut failures = Vec::new();
@@ -479,6 +628,20 @@ policies:
                 assert_eq!(line, Some(4));
                 assert_eq!(column, Some(13));
                 assert_eq!(path, "workloads[0].protocol");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // A reference checked after parsing still has its line and column.
+        let err = parse_local_config(
+            "mesh.yaml",
+            "workloads:\n- name: a\n  namespace: b\n  authorizationPolicies:\n    - b/p\n",
+        )
+        .unwrap_err();
+        match err {
+            ConfigError::UnknownPolicy(u) => {
+                assert_eq!((u.line, u.column), (Some(5), Some(7)));
+                assert_eq!(u.path, "workloads[0].authorizationPolicies[0]");
+                assert_eq!(u.policy, "b/p");
             }
             other => panic!("unexpected {other:?}"),
         }

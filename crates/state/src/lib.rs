@@ -11,6 +11,7 @@ mod config;
 mod dump;
 mod error;
 mod ident;
+mod locate;
 mod names;
 mod policy;
 mod rbac;
@@ -21,7 +22,7 @@ mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
 pub use config::{parse_local_config, LocalConfig};
-pub use error::ConfigError;
+pub use error::{ConfigError, UnknownPolicy};
 pub use policy::{
     Authorization, Clause, PolicyAction, PolicyScope, RbacMatch, Rule, ServiceAccountMatch,
     StringMatch,

@@ -82,7 +82,18 @@ impl<'de> Deserialize<'de> for Kind {
 
 impl<'de> Deserialize<'de> for StringMatch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
+        deserialize_string_match(d, |_| Ok(()))
+    }
+}
+
+/// Deserializes a string match and runs `check` on it inside the visitor, so that a refusal
+/// carries the match's line and column.
+fn deserialize_string_match<'de, D: Deserializer<'de>>(
+    d: D,
+    check: fn(&StringMatch) -> Result<(), String>,
+) -> Result<StringMatch, D::Error> {
+    {
+        struct V(fn(&StringMatch) -> Result<(), String>);
         impl<'de> de::Visitor<'de> for V {
             type Value = StringMatch;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,12 +117,13 @@ impl<'de> Deserialize<'de> for StringMatch {
                         "a string match has exactly one of exact, prefix, suffix, presence",
                     ));
                 }
+                (self.0)(&m).map_err(de::Error::custom)?;
                 Ok(m)
             }
             fn visit_enum<A: de::EnumAccess<'de>>(self, data: A) -> Result<StringMatch, A::Error> {
                 use de::VariantAccess;
                 let (kind, v) = data.variant::<Kind>()?;
-                Ok(match kind {
+                let m = match kind {
                     Kind::Exact => StringMatch::Exact(v.newtype_variant()?),
                     Kind::Prefix => StringMatch::Prefix(v.newtype_variant()?),
                     Kind::Suffix => StringMatch::Suffix(v.newtype_variant()?),
@@ -119,10 +131,53 @@ impl<'de> Deserialize<'de> for StringMatch {
                         v.newtype_variant::<de::IgnoredAny>()?;
                         StringMatch::Presence
                     }
-                })
+                };
+                (self.0)(&m).map_err(de::Error::custom)?;
+                Ok(m)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(check))
+    }
+}
+
+/// Refuses a principal match that can never match: ztunnel compares principals with the
+/// peer's SPIFFE id *without* its `spiffe://` scheme (`cluster.local/ns/a/sa/b`), and no
+/// such string contains `spiffe:` (neither trust domains nor SPIFFE path segments allow
+/// a ':'), so a value that starts with the scheme is a mistake.
+fn check_principal(m: &StringMatch) -> Result<(), String> {
+    let (StringMatch::Exact(v) | StringMatch::Prefix(v) | StringMatch::Suffix(v)) = m else {
+        return Ok(());
+    };
+    match v.get(..ambit_identity::spiffe::SCHEME.len()) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(ambit_identity::spiffe::SCHEME) => {
+            Err(format!(
+                "principal {v:?} starts with \"spiffe://\", but principals are compared without the scheme, so it can never match; drop the prefix: {:?}",
+                &v[scheme.len()..]
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// serde helper: principal lists (see [`check_principal`]).
+pub(crate) mod principal_list {
+    use super::*;
+
+    struct Principal(StringMatch);
+
+    impl<'de> Deserialize<'de> for Principal {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            deserialize_string_match(d, check_principal).map(Principal)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StringMatch>, D::Error> {
+        let v: Vec<Principal> = Vec::deserialize(d)?;
+        Ok(v.into_iter().map(|p| p.0).collect())
+    }
+
+    pub fn serialize<S: Serializer>(v: &[StringMatch], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v)
     }
 }
 
@@ -159,9 +214,18 @@ pub struct RbacMatch {
     pub service_accounts: Vec<ServiceAccountMatch>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_service_accounts: Vec<ServiceAccountMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Compared with the peer's SPIFFE id without `spiffe://`.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "principal_list"
+    )]
     pub principals: Vec<StringMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "principal_list"
+    )]
     pub not_principals: Vec<StringMatch>,
     #[serde(
         default,

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use ambit_identity::SpiffeId;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::addr::{NamespacedHostname, NetworkAddress};
+use crate::addr::{AddressError, NamespacedHostname, NetworkAddress};
 use crate::ident;
 use crate::names::string_enum;
 
@@ -124,6 +124,8 @@ impl<'de> Deserialize<'de> for GatewayDestination {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 match v.parse::<NetworkAddress>() {
                     Ok(a) => Ok(GatewayDestination::Address(a)),
+                    // An address after all, just one we refuse: never a hostname.
+                    Err(e @ AddressError::Ipv4Mapped { .. }) => Err(E::custom(e)),
                     Err(address_error) => v
                         .parse::<NamespacedHostname>()
                         .map(GatewayDestination::Hostname)
