@@ -136,6 +136,13 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         runtime: tokio::runtime::Handle::current(),
     }));
     let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    // One node-wide handshake count, whichever mode; its sheds are ambit's own metric.
+    let node_handshakes = NodeHandshakes::new(cfg.proxy.handshakes.node);
+    registry.register(
+        "ambit_hbone_handshakes_shed",
+        "Connections to the HBONE port reset before their handshake because a source, pod or node limit was reached",
+        node_handshakes.shed_counter(),
+    );
     let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
         .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));
     let registry = Arc::new(registry);
@@ -169,10 +176,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 pool: ambit_hbone::Pool::new(cfg.proxy.pool.clone()),
                 spoof_by_default: false,
                 connections: Default::default(),
-                handshakes: HandshakeGate::new(
-                    NodeHandshakes::new(cfg.proxy.handshakes.node),
-                    cfg.proxy.handshakes,
-                ),
+                handshakes: HandshakeGate::new(node_handshakes, cfg.proxy.handshakes),
             });
             let proxy = BoundProxy::bind(pi)?;
             let addrs = proxy.addresses()?;
@@ -202,7 +206,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 node: cfg.node_name.clone(),
                 mark,
                 reuse_port: cfg.inpod_port_reuse,
-                handshakes: NodeHandshakes::new(cfg.proxy.handshakes.node),
+                handshakes: node_handshakes,
             };
             let pending = Mutex::new(Some(ready.register("workload proxy manager")));
             let ready_for_manager = ready.clone();

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,7 +64,7 @@ pub enum Shed {
 pub struct NodeHandshakes {
     in_progress: AtomicUsize,
     limit: usize,
-    shed: AtomicU64,
+    shed: prometheus_client::metrics::counter::Counter,
     /// When a shed connection was last reported, to log at most once per interval.
     last_report: Mutex<Option<Instant>>,
 }
@@ -74,7 +74,7 @@ impl NodeHandshakes {
         Arc::new(NodeHandshakes {
             in_progress: AtomicUsize::new(0),
             limit,
-            shed: AtomicU64::new(0),
+            shed: Default::default(),
             last_report: Mutex::new(None),
         })
     }
@@ -93,13 +93,18 @@ impl NodeHandshakes {
 
     /// Connections shed so far, on any instance.
     pub fn shed_total(&self) -> u64 {
-        self.shed.load(Ordering::Relaxed)
+        self.shed.get()
+    }
+
+    /// The shed count as a metric (`ambit_hbone_handshakes_shed_total`).
+    pub fn shed_counter(&self) -> prometheus_client::metrics::counter::Counter {
+        self.shed.clone()
     }
 
     /// Counts one shed connection; returns the count to report when a report is due
     /// (the first, then at most one per `interval`).
     pub fn count_shed(&self, now: Instant, interval: Duration) -> Option<u64> {
-        let total = self.shed.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = self.shed.inc() + 1;
         let mut last = self.last_report.lock().unwrap_or_else(|p| p.into_inner());
         let due = last.is_none_or(|at| now.saturating_duration_since(at) >= interval);
         due.then(|| {

@@ -70,7 +70,9 @@ pub fn listen_socket(
         let _ = set_transparent(&socket, addr.is_ipv6());
     }
     socket.bind(&SockAddr::from(addr))?;
-    socket.listen(128)?;
+    // Room for a burst of new connections (a pool warming up, a flood being shed) before
+    // the kernel drops SYNs and clients wait a second to retry; tokio's default too.
+    socket.listen(1024)?;
     Ok(socket)
 }
 
