@@ -1,5 +1,5 @@
 //! The in-pod rule set (reference `istio-cni.md` §2.1, with the §2.2 DNS and ingress
-//! variants) and the return-path policy routing beside it.
+//! variants).
 
 // Istio's ports, marks, table and addresses, shared with the node proxy.
 use ambit_wellknown::marks::{MASK as MARK_MASK, PROXY as PROXY_MARK, RETURN as RETURN_MARK};
@@ -7,7 +7,6 @@ use ambit_wellknown::ports::{
     DNS as DNS_PORT, HBONE as HBONE_PORT, INBOUND_PLAINTEXT as INBOUND_PLAINTEXT_PORT,
     OUTBOUND as OUTBOUND_PORT,
 };
-use ambit_wellknown::routing::{RETURN_RULE_PRIORITY, RETURN_TABLE as RETURN_ROUTE_TABLE};
 
 use super::family::Family;
 use super::set::{Ownership, Rule, RuleSet, TableRules};
@@ -24,7 +23,7 @@ pub const OWNED_CHAIN_PREFIX: &str = "ISTIO_";
 pub struct InpodRuleOptions {
     /// Redirect DNS to 15053 and put the proxy's DNS traffic in conntrack zone 1 (`raw`).
     pub dns_capture: bool,
-    /// Also install the IPv6 twin (ip6tables, `ip -6`).
+    /// Also install the IPv6 twin (ip6tables, and the v6 return-path rule and route).
     pub ipv6: bool,
     /// "Ingress mode": no inbound capture (no probe accept, no redirect to 15006).
     pub bypass_inbound: bool,
@@ -164,50 +163,6 @@ pub fn inpod_rules(family: Family, opts: &InpodRuleOptions) -> RuleSet {
         tables,
         ownership: Ownership::Prefix(OWNED_CHAIN_PREFIX.into()),
     }
-}
-
-/// The `ip` commands (argument vectors, without the leading `ip`) that install the
-/// return-path policy routing for one family. The rule is added (an "exists" error means
-/// it is already there); the route is replaced.
-pub fn inpod_netlink_add(family: Family) -> Vec<Vec<String>> {
-    netlink(family, "add", "replace")
-}
-
-/// The `ip` commands that remove the return-path policy routing ("not found" errors mean
-/// it is already gone).
-pub fn inpod_netlink_del(family: Family) -> Vec<Vec<String>> {
-    netlink(family, "del", "del")
-}
-
-fn netlink(family: Family, rule_verb: &str, route_verb: &str) -> Vec<Vec<String>> {
-    let to_vec = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let mark = format!("{RETURN_MARK:#x}/{MARK_MASK:#x}");
-    let pref = RETURN_RULE_PRIORITY.to_string();
-    let table = RETURN_ROUTE_TABLE.to_string();
-    vec![
-        to_vec(&[
-            family.ip_flag(),
-            "rule",
-            rule_verb,
-            "fwmark",
-            &mark,
-            "pref",
-            &pref,
-            "lookup",
-            &table,
-        ]),
-        to_vec(&[
-            family.ip_flag(),
-            "route",
-            route_verb,
-            "local",
-            family.any_route(),
-            "dev",
-            "lo",
-            "table",
-            &table,
-        ]),
-    ]
 }
 
 #[cfg(test)]
@@ -410,32 +365,6 @@ COMMIT
         let check = set.check_text();
         assert_eq!(check.lines().filter(|l| l.starts_with("-C ")).count(), 18);
         assert!(check.contains("-C ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT\n"));
-    }
-
-    #[test]
-    fn golden_netlink() {
-        let join = |v: Vec<Vec<String>>| v.into_iter().map(|a| a.join(" ")).collect::<Vec<_>>();
-        assert_eq!(
-            join(inpod_netlink_add(Family::V4)),
-            [
-                "-4 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
-                "-4 route replace local 0.0.0.0/0 dev lo table 100"
-            ]
-        );
-        assert_eq!(
-            join(inpod_netlink_add(Family::V6)),
-            [
-                "-6 rule add fwmark 0x111/0xfff pref 32764 lookup 100",
-                "-6 route replace local ::/0 dev lo table 100"
-            ]
-        );
-        assert_eq!(
-            join(inpod_netlink_del(Family::V4)),
-            [
-                "-4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
-                "-4 route del local 0.0.0.0/0 dev lo table 100"
-            ]
-        );
     }
 
     #[test]

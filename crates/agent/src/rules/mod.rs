@@ -1,5 +1,5 @@
 //! The redirection rules, sans IO: what to install in a pod's netns and on the host, rendered
-//! as `iptables-restore` input and `ip` argument vectors, plus a parser for `iptables-save`
+//! as `iptables-restore` input (and the policy routing beside them), plus a parser for `iptables-save`
 //! output and the comparison that decides whether a netns already holds exactly our rules.
 //!
 //! The rule sets are Istio's (reference `istio-cni.md` §2.1 and §2.3), rule for rule and in
@@ -14,22 +14,21 @@
 //!   (an ipset) to `169.254.7.127`, which the in-pod rules let through uncaptured.
 //!
 //! By concern: [`family`] (per-family names and addresses), [`set`] (a planned rule set and its
-//! `iptables-restore` text), [`inpod`] and [`host`] (the two rule sets), [`saved`] (reading
+//! `iptables-restore` text), [`inpod`] and [`host`] (the two rule sets), [`routing`] (the in-pod return path), [`saved`] (reading
 //! `iptables-save`, comparing, removal), [`words`] (quote-aware word splitting).
 
 pub mod family;
 pub mod host;
 pub mod inpod;
+pub mod routing;
 pub mod saved;
 pub mod set;
 pub mod words;
 
 pub use family::{unmap, Family};
 pub use host::{host_probe_rules, POSTRT_CHAIN};
-pub use inpod::{
-    inpod_netlink_add, inpod_netlink_del, inpod_rules, InpodRuleOptions, OUTPUT_CHAIN,
-    OWNED_CHAIN_PREFIX, PRERT_CHAIN,
-};
+pub use inpod::{inpod_rules, InpodRuleOptions, OUTPUT_CHAIN, OWNED_CHAIN_PREFIX, PRERT_CHAIN};
+pub use routing::ReturnRouting;
 pub use saved::{removal_text, Comparison, SavedRule, SavedRules, SavedTable};
 pub use set::{Ownership, Rule, RuleSet, TableRules};
 pub use words::rule_target;
