@@ -32,4 +32,4 @@ pub use routing::ReturnRouting;
 pub use saved::{removal_text, Comparison, SavedRule, SavedRules, SavedTable};
 pub use set::{Ownership, Rule, RuleSet, TableRules};
 pub use words::rule_target;
-pub(crate) use words::split_words;
+pub use words::split_words;

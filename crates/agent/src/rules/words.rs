@@ -45,7 +45,7 @@ pub fn rule_target(spec: &str) -> Option<String> {
 }
 
 /// Splits an `ipset save` line into words (quotes honoured); shared with [`crate::ipset`].
-pub(crate) fn split_words(line: &str) -> Vec<String> {
+pub fn split_words(line: &str) -> Vec<String> {
     words(line)
 }
 
