@@ -376,16 +376,18 @@ impl RouteSocket {
         let mut out = Vec::new();
         let mut rest = &buf[..];
         while !rest.is_empty() {
-            let len = NetlinkBuffer::new_checked(rest)
-                .map_err(|e| self.malformed(what, e.to_string()))?
-                .length() as usize;
-            let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..len])
+            // Checked: the length is within the datagram and at least a header, so the
+            // loop always advances.
+            let packet = NetlinkBuffer::new_checked(rest)
                 .map_err(|e| self.malformed(what, e.to_string()))?;
-            // Messages are 4-byte aligned within a datagram.
-            rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
-            if msg.header.sequence_number == seq {
+            let (len, ours) = (packet.length() as usize, packet.sequence_number() == seq);
+            if ours {
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..len])
+                    .map_err(|e| self.malformed(what, e.to_string()))?;
                 out.push((msg.header.flags, msg.payload));
             }
+            // Messages are 4-byte aligned within a datagram.
+            rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
         }
         Ok(out)
     }
