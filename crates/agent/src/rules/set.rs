@@ -117,7 +117,7 @@ impl RuleSet {
 
     /// The static cleanup: delete the jumps, then flush and delete the chains. Each line
     /// fails if its object is missing, so this is for a netns known to hold exactly this
-    /// set; [`removal_text`] builds the cleanup from what a netns actually holds.
+    /// set; [`removal_text`](super::removal_text) builds the cleanup from what a netns actually holds.
     pub fn cleanup_text(&self) -> String {
         let mut out = String::new();
         for t in &self.tables {
