@@ -5,6 +5,8 @@
 use std::fs::File;
 use std::path::PathBuf;
 
+use ambit_agent::ipset::parse_save;
+use ambit_agent::rules::{host_probe_rules, inpod_rules, Family, InpodRuleOptions, SavedRules};
 use ambit_cni::api::{AgentCallError, AgentRequest, AgentResponse};
 use ambit_cni::plugin::{run, Agent, CniEnv};
 use ambit_hbone::{parse_authority, Baggage, ConnectRequest, TraceParent};
@@ -136,6 +138,62 @@ fn identity_seeds() {
         spiffe_ids_of(&CertificateDer::from(der.as_slice())),
         [SpiffeId::parse("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings").unwrap()]
     );
+}
+
+#[test]
+fn iptables_save_seeds() {
+    let dns = InpodRuleOptions::default();
+    let ingress = InpodRuleOptions {
+        dns_capture: false,
+        bypass_inbound: true,
+        ..dns
+    };
+    // Real `iptables-save` output after our in-pod and host rules were installed in one
+    // netns (and a comment that quotes a jump): the host set is in sync, but in a pod every
+    // `ISTIO_` chain is ours, so the host chain counts as drift there.
+    let v4 = SavedRules::parse(&text("iptables_save", "inpod_v4_dns_host"));
+    let host = host_probe_rules(Family::V4, "istio-inpod-probes-v4").compare(&v4);
+    assert!(host.residue && host.structure_matches, "{host:?}");
+    let c = inpod_rules(Family::V4, &dns).compare(&v4);
+    assert!(c.residue && !c.structure_matches, "{c:?}");
+    let without_host = v4.owned_objects(|_, c| c.starts_with("ISTIO_") && c != "ISTIO_POSTRT");
+    assert!(
+        !without_host.iter().any(|o| o.contains("FAKE")),
+        "{without_host:?}"
+    );
+    let v6 = SavedRules::parse(&text("iptables_save", "inpod_v6_dns"));
+    assert!(inpod_rules(Family::V6, &dns).compare(&v6).structure_matches);
+    // Another version's residue: ours, and drifted.
+    let old = SavedRules::parse(&text("iptables_save", "ingress_with_residue"));
+    let c = inpod_rules(Family::V4, &ingress).compare(&old);
+    assert!(c.residue && !c.structure_matches, "{c:?}");
+    assert!(old.owned_objects(|_, c| c.starts_with("ISTIO_")).len() >= 6);
+    // A clean netns: nothing of ours.
+    let clean = SavedRules::parse(&text("iptables_save", "clean_nat"));
+    assert_eq!(clean.table("nat").map(|t| t.chains.len()), Some(4));
+    assert!(!inpod_rules(Family::V4, &dns).compare(&clean).residue);
+}
+
+#[test]
+fn ipset_save_seeds() {
+    let v4 = "istio-inpod-probes-v4";
+    let entries = parse_save(&text("ipset_save", "probes_v4_save")[1..], v4);
+    assert_eq!(entries.len(), 2);
+    assert_eq!(
+        entries[0].comment.as_deref(),
+        Some("6f3a1e2c-9d4b-4c1a-8e7f-0a1b2c3d4e5f")
+    );
+    let v6 = parse_save(
+        &text("ipset_save", "all_sets_save_v6")[1..],
+        "istio-inpod-probes-v6",
+    );
+    assert_eq!(v6.len(), 1);
+    // `ipset list` prints members without `add <set>`: nothing is read from it.
+    assert!(parse_save(&text("ipset_save", "all_sets_list")[1..], v4).is_empty());
+    let odd = parse_save(&text("ipset_save", "escapes")[1..], "s");
+    assert_eq!(odd.len(), 3);
+    assert_eq!(odd[0].comment.as_deref(), Some(r#"uid "quoted" \ x"#));
+    assert_eq!(odd[2].comment.as_deref(), Some(""));
 }
 
 /// Edge cases worth keeping whatever the fuzzer does: none may panic.

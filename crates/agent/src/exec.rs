@@ -1,4 +1,4 @@
-//! Running the network tools (`iptables-restore`, `ip`, `ipset`, ...) in a network
+//! Running the network tools (`iptables-restore`, `ipset`, ...) in a network
 //! namespace. For a pod, the calling thread switches into the pod's netns just long enough
 //! to start the tool, which inherits it (one process per tool, not `nsenter` and then the
 //! tool: enrollment runs a dozen of them per pod). Blocking: call from a blocking thread

@@ -178,8 +178,9 @@ impl ProbeSets {
     }
 }
 
-/// Parses `ipset save <name>` output: the `add <name> <ip> [comment "..."]` lines.
-fn parse_save(text: &str, name: &str) -> Vec<Entry> {
+/// Parses `ipset save <name>` output: the `add <name> <ip> [comment "..."]` lines. Other
+/// lines and other sets' members are ignored (so `ipset save` of every set works too).
+pub fn parse_save(text: &str, name: &str) -> Vec<Entry> {
     text.lines()
         .filter_map(|line| {
             let w = split_words(line);
@@ -187,10 +188,12 @@ fn parse_save(text: &str, name: &str) -> Vec<Entry> {
                 return None;
             }
             let ip: IpAddr = w[2].parse().ok()?;
-            let comment = w
+            // Options follow the member; a set named `comment` is not one.
+            let options = &w[3..];
+            let comment = options
                 .iter()
                 .position(|t| t == "comment")
-                .and_then(|i| w.get(i + 1).cloned());
+                .and_then(|i| options.get(i + 1).cloned());
             Some(Entry { ip, comment })
         })
         .collect()
@@ -208,6 +211,14 @@ mod tests {
                     add s 10.1.2.4 comment \"uid 2\"\n\
                     add other 10.9.9.9 comment \"x\"\n\
                     add s 10.1.2.5\n";
+        // A set called `comment`: its name is not the option.
+        assert_eq!(
+            parse_save("add comment 10.0.0.9 timeout 5\n", "comment"),
+            vec![Entry {
+                ip: "10.0.0.9".parse().unwrap(),
+                comment: None
+            }]
+        );
         assert_eq!(
             parse_save(text, "s"),
             vec![

@@ -19,9 +19,10 @@ use std::path::Path;
 use ambit_inpod::Netns;
 
 use crate::exec::{self, netns_label, ExecError};
+use crate::netlink::{Added, Deleted, NetlinkError, RouteSocket};
 use crate::rules::{
-    host_probe_rules, inpod_netlink_add, inpod_netlink_del, inpod_rules, removal_text, Family,
-    InpodRuleOptions, RuleSet, SavedRules,
+    host_probe_rules, inpod_rules, removal_text, Family, InpodRuleOptions, ReturnRouting, RuleSet,
+    SavedRules,
 };
 
 /// Names of the host probe ipsets (Istio's by default).
@@ -57,6 +58,9 @@ pub enum RulesError {
     /// A tool failed (the message names the netns and carries the tool's stderr).
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// The kernel refused the return-path routing, or could not be asked.
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
     /// The tools reported success but the netns does not hold the plan afterwards
     /// (something else is rewriting the rules concurrently?).
     #[error("{family} rules in netns {netns} still differ from the plan after applying them")]
@@ -153,76 +157,15 @@ pub fn remove_rule_set(netns: Option<&Path>, set: &RuleSet) -> Result<bool, Rule
 
 /// Whether IPv6 is disabled on `lo` in the netns at `path` (then the v6 local route cannot be
 /// added, and Istio skips it).
-fn ipv6_disabled_on_lo(path: &Path) -> bool {
+fn ipv6_disabled_on_lo(ns: &Netns) -> bool {
     const KEY: &str = "/proc/sys/net/ipv6/conf/lo/disable_ipv6";
-    let read = Netns::open(path).and_then(|ns| ns.run_in(|| std::fs::read_to_string(KEY)));
+    let read = ns.run_in(|| std::fs::read_to_string(KEY));
     match read {
         Ok(v) => v.trim() == "1",
         // No such sysctl: IPv6 is not available at all.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
         Err(_) => false,
     }
-}
-
-/// Runs `commands` (`ip` argument vectors of one family, each starting with the family flag,
-/// as [`inpod_netlink_add`] builds them) in one `ip -force -batch -`: one process where one
-/// per command used to run (enrollment is dominated by process starts). `-force` runs every
-/// line even after one failed; the run succeeds when each failed line's error contains one
-/// of `ignore`.
-fn ip_batch(
-    netns: &Path,
-    family: Family,
-    commands: &[Vec<String>],
-    ignore: &[&str],
-) -> Result<(), ExecError> {
-    let mut script = String::new();
-    for command in commands {
-        let Some((flag, args)) = command.split_first() else {
-            continue;
-        };
-        debug_assert_eq!(flag, family.ip_flag(), "one family per batch");
-        script.push_str(&args.join(" "));
-        script.push('\n');
-    }
-    if script.is_empty() {
-        return Ok(());
-    }
-    let args = [family.ip_flag(), "-force", "-batch", "-"];
-    match exec::run(Some(netns), "ip", &args, Some(&script)) {
-        Ok(_) => Ok(()),
-        Err(e) if tolerable_batch_failures(e.stderr(), ignore) => Ok(()),
-        Err(mut e) => {
-            // Name the lines: the error's `-:N` counts them.
-            if let ExecError::Failed { command, .. } = &mut e {
-                let lines: Vec<&str> = script.lines().collect();
-                *command = format!("{command} with lines: {}", lines.join("; "));
-            }
-            Err(e)
-        }
-    }
-}
-
-/// Whether an `ip -batch` run that failed only failed in ways `ignore` tolerates. ip prints
-/// each failed line's error followed by `Command failed <file>:<line>`; anything else on
-/// stderr is an error of its own.
-fn tolerable_batch_failures(stderr: &str, ignore: &[&str]) -> bool {
-    let mut failures = Vec::new();
-    let mut text = String::new();
-    for line in stderr.lines() {
-        if line.starts_with("Command failed ") {
-            failures.push(std::mem::take(&mut text));
-        } else {
-            text.push_str(line);
-            text.push('\n');
-        }
-    }
-    if !text.trim().is_empty() {
-        failures.push(text);
-    }
-    !failures.is_empty()
-        && failures
-            .iter()
-            .all(|f| ignore.iter().any(|allowed| f.contains(allowed)))
 }
 
 /// What [`apply_inpod`] did, per family.
@@ -242,18 +185,26 @@ impl InpodOutcome {
 /// Installs the in-pod rules (§2.1) and the return-path policy routing in the pod netns at
 /// `netns`, idempotently.
 pub fn apply_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<InpodOutcome, RulesError> {
+    let ns = Netns::open(netns).map_err(|source| NetlinkError::Open {
+        netns: netns.display().to_string(),
+        source,
+    })?;
+    let mut routes = RouteSocket::open_in(&ns, netns.display().to_string())?;
     let mut outcome = InpodOutcome {
         v4: ApplyOutcome::Unchanged,
         v6: None,
     };
     for family in opts.families() {
         // Routing first (as Istio does): the return path must exist before capture starts.
-        let mut routing = inpod_netlink_add(family);
-        if family == Family::V6 && ipv6_disabled_on_lo(netns) {
-            tracing::info!(netns = %netns.display(), "IPv6 disabled on lo: no v6 local route");
-            routing.retain(|command| command.get(1).map(String::as_str) != Some("route"));
+        let plan = ReturnRouting::new(family);
+        if routes.add_rule(&plan)? == Added::Existed {
+            tracing::debug!(netns = %netns.display(), rule = %plan.rule_text(), "rule already there");
         }
-        ip_batch(netns, family, &routing, &["File exists"])?;
+        if family == Family::V6 && ipv6_disabled_on_lo(&ns) {
+            tracing::info!(netns = %netns.display(), "IPv6 disabled on lo: no v6 local route");
+        } else {
+            routes.replace_route(&plan)?;
+        }
         let o = apply_rule_set(Some(netns), &inpod_rules(family, opts))?;
         match family {
             Family::V4 => outcome.v4 = o,
@@ -267,16 +218,18 @@ pub fn apply_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<InpodOutcome
 /// there) and the return-path routing from the pod netns at `netns`. IPv6 failures are
 /// ignored when `opts.ipv6` is off (the netns may have no IPv6 at all).
 pub fn remove_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<(), RulesError> {
-    const GONE: &[&str] = &[
-        "No such file or directory",
-        "No such process",
-        "Cannot find",
-    ];
+    let mut routes = RouteSocket::open(netns)?;
     for family in Family::ALL {
         let strict = family == Family::V4 || opts.ipv6;
         let result = (|| {
             remove_rule_set(Some(netns), &inpod_rules(family, opts))?;
-            ip_batch(netns, family, &inpod_netlink_del(family), GONE)?;
+            let plan = ReturnRouting::new(family);
+            // Both may be absent already (a half-done enrollment, a second removal).
+            let rule = routes.del_rule(&plan)?;
+            let route = routes.del_route(&plan)?;
+            if (rule, route) != (Deleted::Removed, Deleted::Removed) {
+                tracing::debug!(netns = %netns.display(), %family, ?rule, ?route, "routing partly gone already");
+            }
             Ok::<(), RulesError>(())
         })();
         match result {
@@ -321,39 +274,4 @@ pub fn remove_host(
         remove_rule_set(netns, &host_probe_rules(f, sets.for_family(f)))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const EXISTS: &[&str] = &["File exists"];
-
-    #[test]
-    fn batch_failures_are_tolerated_only_when_each_is_allowed() {
-        // A rule that is already there (what a re-enrollment meets).
-        let rule_exists = "RTNETLINK answers: File exists\nCommand failed -:1\n";
-        assert!(tolerable_batch_failures(rule_exists, EXISTS));
-        // The same, and the next line failed for another reason: not tolerated.
-        let also_route = format!("{rule_exists}Cannot find device \"lo\"\nCommand failed -:2\n");
-        assert!(!tolerable_batch_failures(&also_route, EXISTS));
-        // An error ip printed outside any numbered line (a bad option, say) counts as a
-        // failure of its own: tolerated only if it is an allowed one.
-        assert!(!tolerable_batch_failures(
-            "Option \"-forse\" is unknown\n",
-            EXISTS
-        ));
-        assert!(tolerable_batch_failures(
-            "RTNETLINK answers: File exists\n",
-            EXISTS
-        ));
-        // A failed run that said nothing is not a tolerated one.
-        assert!(!tolerable_batch_failures("", EXISTS));
-        // Removal: both already gone.
-        let gone = "RTNETLINK answers: No such file or directory\nCommand failed -:1\nRTNETLINK answers: No such process\nCommand failed -:2\n";
-        assert!(tolerable_batch_failures(
-            gone,
-            &["No such file or directory", "No such process"]
-        ));
-    }
 }

@@ -8,6 +8,7 @@
 //! - [`rules`]: the rule sets, sans IO (golden-tested against Istio's), the `iptables-save`
 //!   parser and the idempotence comparison.
 //! - [`iptables`]: applying and removing them in a netns (`iptables-restore`, started inside it).
+//! - [`netlink`]: the in-pod return-path rule and route, over rtnetlink.
 //! - [`ipset`]: the host probe sets (`ipset` tool), UID-checked removal.
 //! - [`store`]: the enrolled pods on disk.
 //! - [`zds`]: the ZDS server node proxies connect to.
@@ -19,6 +20,7 @@ pub mod agent;
 pub mod exec;
 pub mod ipset;
 pub mod iptables;
+pub mod netlink;
 pub mod rules;
 pub mod store;
 pub mod zds;
