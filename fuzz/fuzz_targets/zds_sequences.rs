@@ -110,8 +110,18 @@ pub fn proxy(data: &[u8]) -> ProxyStats {
                     ok,
                 )
             }
-            1 => (Some(Incoming::Keep { uid: uid(input.byte()) }), true),
-            2 => (Some(Incoming::Del { uid: uid(input.byte()) }), true),
+            1 => (
+                Some(Incoming::Keep {
+                    uid: uid(input.byte()),
+                }),
+                true,
+            ),
+            2 => (
+                Some(Incoming::Del {
+                    uid: uid(input.byte()),
+                }),
+                true,
+            ),
             3 => (Some(Incoming::SnapshotSent), true),
             4 => {
                 s.on_connect();
@@ -311,10 +321,7 @@ pub fn agent(data: &[u8]) -> AgentStats {
                     in_flight = true;
                     stats.sent += 1;
                     assert_eq!(t.fd.is_some(), t.kind == MessageKind::Add);
-                    let fds = t
-                        .fd
-                        .map(|_| vec![netns_fd(0)])
-                        .unwrap_or_default();
+                    let fds = t.fd.map(|_| vec![netns_fd(0)]).unwrap_or_default();
                     let msg = decode_request(&t.bytes, fds).expect("the agent sends valid ZDS");
                     assert_eq!(msg.kind(), t.kind.name());
                     assert_eq!(msg.uid().map(str::to_owned), t.uid);
@@ -328,17 +335,32 @@ pub fn agent(data: &[u8]) -> AgentStats {
             }
             _ => s.on_peer_closed(),
         }
-        drain(&mut s, &mut outcomes, &mut closed, &mut in_flight, &mut stats);
+        drain(
+            &mut s,
+            &mut outcomes,
+            &mut closed,
+            &mut in_flight,
+            &mut stats,
+        );
         if closed {
             assert!(s.is_closed() && s.poll_timeout().is_none());
         }
     }
     stats.closed_early = closed;
     s.close(ambit_agent::zds_session::CloseReason::Shutdown);
-    drain(&mut s, &mut outcomes, &mut closed, &mut in_flight, &mut stats);
+    drain(
+        &mut s,
+        &mut outcomes,
+        &mut closed,
+        &mut in_flight,
+        &mut stats,
+    );
     assert!(closed, "close emits Closed");
     let missing: Vec<_> = outcomes.iter().filter(|(_, done)| !**done).collect();
-    assert!(missing.is_empty(), "requests without an outcome: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "requests without an outcome: {missing:?}"
+    );
     stats
 }
 
@@ -359,7 +381,9 @@ fn drain(
             // Any version is taken (raw datagrams may say hello with another one).
             Event::Hello { .. } => {}
             Event::Done { id, result } => {
-                let done = outcomes.get_mut(&id).expect("outcome for an unknown request");
+                let done = outcomes
+                    .get_mut(&id)
+                    .expect("outcome for an unknown request");
                 assert!(!*done, "two outcomes for {id:?}");
                 *done = true;
                 match result {

@@ -156,7 +156,9 @@ mod zds_sequences;
 
 /// Every seed of a target, by name (a new seed file is replayed without editing this test).
 fn seeds_of(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "corpus", target].iter().collect();
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "corpus", target]
+        .iter()
+        .collect();
     let mut seeds: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| {
