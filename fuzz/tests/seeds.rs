@@ -297,3 +297,134 @@ fn ca_dir_seeds() {
         Err(CaError::ChainStart { .. })
     ));
 }
+
+#[path = "../fuzz_targets/zds_sequences.rs"]
+mod zds_sequences;
+
+/// Every seed of a target, by name (a new seed file is replayed without editing this test).
+fn seeds_of(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "corpus", target]
+        .iter()
+        .collect();
+    let mut seeds: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    seeds.sort();
+    assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
+    seeds
+}
+
+#[test]
+fn zds_proxy_states_seeds() {
+    use zds_sequences::ProxyStats;
+    for (name, bytes) in seeds_of("zds_proxy_states") {
+        let stats = zds_sequences::proxy(&bytes);
+        let expected = match name.as_str() {
+            "snapshot_reconcile" => Some(ProxyStats {
+                starts: 4,
+                stops: 1,
+                failed_starts: 0,
+                snapshots: 2,
+                fatal_errors: 0,
+                ready: true,
+            }),
+            "replaced_netns_then_delete" => Some(ProxyStats {
+                starts: 2,
+                stops: 2,
+                failed_starts: 0,
+                snapshots: 1,
+                fatal_errors: 0,
+                ready: true,
+            }),
+            "pending_retry" => Some(ProxyStats {
+                starts: 3,
+                stops: 0,
+                failed_starts: 2,
+                snapshots: 1,
+                fatal_errors: 0,
+                ready: true,
+            }),
+            "protocol_errors" => Some(ProxyStats {
+                snapshots: 1,
+                fatal_errors: 2,
+                ready: true,
+                ..ProxyStats::default()
+            }),
+            "delete_before_snapshot" => Some(ProxyStats {
+                starts: 1,
+                stops: 1,
+                failed_starts: 0,
+                snapshots: 2,
+                fatal_errors: 0,
+                ready: true,
+            }),
+            // The AddWorkload and SnapshotSent seeds of `zds_request`, decoded on the way.
+            "raw_datagrams" => Some(ProxyStats {
+                starts: 1,
+                snapshots: 1,
+                ready: true,
+                ..ProxyStats::default()
+            }),
+            _ => None,
+        };
+        if let Some(expected) = expected {
+            assert_eq!(stats, expected, "seed {name}");
+        }
+    }
+}
+
+#[test]
+fn zds_agent_session_seeds() {
+    use zds_sequences::AgentStats;
+    for (name, bytes) in seeds_of("zds_agent_session") {
+        let stats = zds_sequences::agent(&bytes);
+        let expected = match name.as_str() {
+            "snapshot_then_requests" => Some(AgentStats {
+                sent: 6,
+                acked: 2,
+                snapshots: 1,
+                ..AgentStats::default()
+            }),
+            "ack_timeout_late_ack" => Some(AgentStats {
+                sent: 3,
+                acked: 1,
+                timed_out: 1,
+                late_acks: 1,
+                snapshots: 1,
+                ..AgentStats::default()
+            }),
+            "stopped_acking" => Some(AgentStats {
+                sent: 5,
+                timed_out: 4,
+                snapshots: 1,
+                closed_early: true,
+                ..AgentStats::default()
+            }),
+            "no_hello" | "unsolicited_before_snapshot" => Some(AgentStats {
+                closed_early: true,
+                ..AgentStats::default()
+            }),
+            "malformed_answer" => Some(AgentStats {
+                sent: 1,
+                closed_early: true,
+                ..AgentStats::default()
+            }),
+            "peer_closed_mid_request" => Some(AgentStats {
+                sent: 1,
+                closed_early: true,
+                ..AgentStats::default()
+            }),
+            _ => None,
+        };
+        if let Some(expected) = expected {
+            assert_eq!(stats, expected, "seed {name}");
+        }
+    }
+}

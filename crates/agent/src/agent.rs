@@ -24,13 +24,14 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ambit_cni::api::{self, AgentRequest, AgentResponse, PodInfo};
-use ambit_inpod::Netns;
+use ambit_inpod::sockfile::bind_private;
+use ambit_inpod::{Netns, PeerPolicy};
 use anyhow::Context as _;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -60,6 +61,9 @@ pub struct AgentConfig {
     pub ipv6: bool,
     /// Redirect pod DNS to the node proxy (15053).
     pub dns_capture: bool,
+    /// The uid the node proxy runs as, if not root (or ours): any other peer on the ZDS
+    /// socket is refused (`SO_PEERCRED`).
+    pub zds_proxy_uid: Option<u32>,
 }
 
 impl Default for AgentConfig {
@@ -71,6 +75,7 @@ impl Default for AgentConfig {
             state_dir: DEFAULT_STATE_DIR.into(),
             ipv6: true,
             dns_capture: true,
+            zds_proxy_uid: None,
         }
     }
 }
@@ -115,7 +120,8 @@ pub async fn run_with(
     let store = PodStore::open(&cfg.state_dir).context("load the enrolled pods")?;
     let store = reconcile_pods(store, sets.clone(), cfg.rule_options()).await?;
 
-    let zds = ZdsServer::bind_with(&cfg.zds_socket, store.pods().cloned(), opts.zds)
+    let peers = PeerPolicy::new(cfg.zds_proxy_uid);
+    let zds = ZdsServer::bind_with(&cfg.zds_socket, store.pods().cloned(), opts.zds, peers)
         .context("start the ZDS server")?;
     let listener = bind_events_socket(&cfg.events_socket)?;
     tracing::info!(
@@ -248,25 +254,18 @@ async fn reconcile_pods(
     .await
 }
 
+/// The events socket: 0600 from the moment it exists (bound under a private name, then
+/// renamed), so no other user can slip in between bind and chmod; a missing directory is
+/// created 0700.
 fn bind_events_socket(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("create the events socket directory {}", dir.display()))?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
-            .with_context(|| format!("remove the stale socket {}", path.display()))?,
-        Ok(_) => anyhow::bail!(
-            "events socket path {} exists and is not a socket; not touching it",
-            path.display()
-        ),
-        Err(_) => {}
-    }
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("listen on the events socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", path.display()))?;
-    Ok(listener)
+    let listener = bind_private(path, |tmp| {
+        let l = std::os::unix::net::UnixListener::bind(tmp)?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .with_context(|| format!("listen on the events socket {}", path.display()))?;
+    UnixListener::from_std(listener)
+        .with_context(|| format!("register the events socket {}", path.display()))
 }
 
 fn remove_socket_file(path: &Path) {
@@ -477,5 +476,31 @@ impl Drop for PodLock<'_> {
         if Arc::strong_count(&self.lock) == 2 {
             locks.remove(&self.uid);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn events_socket_is_0600_in_a_new_0700_directory_and_replaces_a_stale_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/istio-cni/pluginevent.sock");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        drop(bind_events_socket(&path).unwrap());
+        let listener = bind_events_socket(&path).unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.path().join("run/istio-cni")), 0o700);
+        assert_eq!(mode(&dir.path().join("run")), 0o700);
+        let (_client, accepted) = tokio::join!(UnixStream::connect(&path), listener.accept());
+        accepted.unwrap();
+
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"keep").unwrap();
+        let err = bind_events_socket(&file).unwrap_err();
+        assert!(format!("{err:#}").contains("not a socket"), "{err:#}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep");
     }
 }

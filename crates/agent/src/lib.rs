@@ -11,7 +11,9 @@
 //! - [`netlink`]: the in-pod return-path rule and route, over rtnetlink.
 //! - [`ipset`]: the host probe sets (`ipset` tool), UID-checked removal.
 //! - [`store`]: the enrolled pods on disk.
-//! - [`zds`]: the ZDS server node proxies connect to.
+//! - [`zds_session`]: one ZDS connection, agent side, sans IO (hello, snapshot, acks,
+//!   timeouts on an injected clock).
+//! - [`zds`]: the ZDS server node proxies connect to: a thin driver over [`zds_session`].
 //! - [`agent`]: the runtime ([`run`]).
 //! - [`exec`]: running the tools in a netns.
 #![forbid(unsafe_code)]
@@ -24,6 +26,7 @@ pub mod netlink;
 pub mod rules;
 pub mod store;
 pub mod zds;
+pub mod zds_session;
 
 pub use agent::{run, run_with, uninstall_host, AgentConfig, RunOptions};
 pub use rules::InpodRuleOptions;

@@ -1,40 +1,45 @@
 //! The agent side of ZDS (reference §3): node proxies connect to our `SOCK_SEQPACKET` socket,
 //! say hello, get a snapshot of every enrolled pod (an `AddWorkload` with the pod's netns fd,
 //! or a `KeepWorkload` when the netns cannot be opened), then `SnapshotSent`; after that,
-//! adds go to the newest connection and deletes to all of them.
+//! adds and deletes go to the proxy being served.
 //!
-//! Acks are correlated with requests only by order, so one task per connection serializes
-//! everything sent on it (requests queue on an mpsc channel) and waits for each ack
-//! ([`ACK_TIMEOUT`]). Unlike Istio's agent, a timed-out request is not forgotten: its ack is
-//! still owed, and the next ack(s) that arrive are matched to the timed-out requests first,
-//! so a late ack is never taken for the answer to a later request. A connection that owes
-//! more than [`MAX_OWED_ACKS`] acks is dropped (the proxy reconnects and resyncs from a new
-//! snapshot). While idle, the task keeps reading: end-of-stream means the proxy is gone,
-//! and an unsolicited message is a protocol error that drops the connection.
+//! This module is the driver: sockets, the clock, the pod list and who is served. What is
+//! said on one connection, and when, is decided by the sans-IO [`crate::zds_session`].
+//!
+//! Who may connect:
+//! - The socket is created 0600 in a directory created 0700 ([`ZdsListener::bind`]), and
+//!   every accepted peer is checked with `SO_PEERCRED` ([`PeerPolicy`]: uid 0, our own uid,
+//!   or the configured node proxy uid); any other uid is closed at once, with a warning.
+//! - **One node proxy is served at a time.** The first connection to say hello is served
+//!   until it disconnects (or breaks the protocol, or stops acking). A second proxy that says
+//!   hello meanwhile is closed before it is sent anything, with a warning naming both; it
+//!   gets no pods, so it cannot take new pods from the one already running them. Node
+//!   proxies reconnect with a backoff, so during an upgrade the new proxy is served (and
+//!   gets the full snapshot) as soon as the old one exits. Istio's agent instead sends new
+//!   pods to the newest connection, which lets any second client quietly take them over.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ambit_cni::api::PodInfo;
 use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::protocol::{
-    decode_hello, decode_response, encode_add, encode_del, encode_keep, encode_snapshot_sent,
+use ambit_inpod::{
+    Netns, PeerCredentials, PeerPolicy, PeerRole, WireError, ZdsListener, ZdsSocket,
 };
-use ambit_inpod::{Netns, ProtocolError, WireError, ZdsListener, ZdsSocket};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+
+use crate::zds_session::{
+    CloseReason, Event, Request, RequestError, RequestId, Session, SessionOptions, SnapshotEntry,
+};
+pub use crate::zds_session::{ACK_TIMEOUT, MAX_OWED_ACKS};
 
 /// Where node proxies connect unless configured otherwise (ztunnel's `INPOD_UDS` default).
 pub const DEFAULT_ZDS_SOCKET: &str = ambit_wellknown::paths::ZDS_SOCKET;
-/// How long a proxy has to send its hello, and to ack each message.
-pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
-/// A connection owing more acks than this (timed-out requests) is dropped.
-pub const MAX_OWED_ACKS: usize = 3;
 /// Requests queued per connection.
 const QUEUE_DEPTH: usize = 100;
 /// Accept at most 5 connections per second (burst 1), as Istio's agent does.
@@ -58,11 +63,22 @@ impl Default for ZdsOptions {
     }
 }
 
+impl ZdsOptions {
+    fn session(&self) -> SessionOptions {
+        SessionOptions {
+            hello_timeout: self.hello_timeout,
+            ack_timeout: self.ack_timeout,
+            max_owed_acks: MAX_OWED_ACKS,
+        }
+    }
+}
+
 /// Why a pod could not be handed to (or taken from) a node proxy.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ZdsError {
-    /// No node proxy is connected: nobody to tell.
+    /// No node proxy is served (or it went away before answering): nobody to tell. The pod
+    /// is recorded and goes out in the next proxy's snapshot.
     #[error("no node proxy is connected to the ZDS socket")]
     NoProxy,
     /// The proxy answered with an error.
@@ -71,9 +87,6 @@ pub enum ZdsError {
     /// The proxy did not ack in time (it may still be working on it).
     #[error("the node proxy did not acknowledge within {0:?}")]
     AckTimeout(Duration),
-    /// The proxy's connection went away before it answered.
-    #[error("the node proxy disconnected before answering")]
-    Disconnected,
     /// The pod's netns could not be opened (it is needed for the fd).
     #[error("cannot open the network namespace of pod {uid} ({path}): {source}")]
     Netns {
@@ -82,21 +95,16 @@ pub enum ZdsError {
         #[source]
         source: io::Error,
     },
-    /// The socket failed.
-    #[error("ZDS connection error: {0}")]
-    Wire(#[from] WireError),
-    /// The proxy answered something that is not a `WorkloadResponse`.
-    #[error("ZDS protocol error: {0}")]
-    Protocol(#[from] ProtocolError),
 }
 
-impl ZdsError {
-    /// Whether the connection must be dropped after this error.
-    fn is_fatal(&self) -> bool {
-        matches!(
-            self,
-            ZdsError::Disconnected | ZdsError::Wire(_) | ZdsError::Protocol(_)
-        )
+impl From<RequestError> for ZdsError {
+    fn from(e: RequestError) -> Self {
+        match e {
+            RequestError::Nack(m) => ZdsError::Nack(m),
+            RequestError::AckTimeout(d) => ZdsError::AckTimeout(d),
+            // The pod stays recorded: the next proxy gets it in its snapshot.
+            RequestError::Disconnected => ZdsError::NoProxy,
+        }
     }
 }
 
@@ -109,30 +117,31 @@ pub fn workload_info(pod: &PodInfo) -> WorkloadInfo {
     }
 }
 
-/// One message for one connection, with the channel its result goes back on.
-struct Request {
-    what: &'static str,
-    uid: String,
-    bytes: Vec<u8>,
-    netns: Option<Netns>,
-    reply: oneshot::Sender<Result<(), ZdsError>>,
+/// One request for the served connection, with the channel its result goes back on.
+struct Job {
+    request: Request<Netns>,
+    reply: oneshot::Sender<Result<(), RequestError>>,
 }
 
-struct ConnHandle {
+/// The connection being served.
+struct Served {
     id: u64,
-    tx: mpsc::Sender<Request>,
+    peer: PeerCredentials,
+    tx: mpsc::Sender<Job>,
 }
 
 #[derive(Default)]
 struct State {
     pods: BTreeMap<String, PodInfo>,
-    /// Connections that said hello, oldest first.
-    conns: Vec<ConnHandle>,
+    served: Option<Served>,
+    /// The pid last refused as a second proxy: its retries are logged at debug only.
+    last_refused: Option<i32>,
 }
 
 struct Shared {
     state: Mutex<State>,
     opts: ZdsOptions,
+    peer_policy: PeerPolicy,
 }
 
 impl Shared {
@@ -142,7 +151,7 @@ impl Shared {
     }
 }
 
-/// The ZDS server: accepts node proxies and hands them pods.
+/// The ZDS server: accepts node proxies and hands pods to the one it serves.
 pub struct ZdsServer {
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
@@ -153,44 +162,39 @@ impl std::fmt::Debug for ZdsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZdsServer")
             .field("path", &self.path)
-            .field("connected_proxies", &self.connected_proxies())
+            .field("served", &self.served_proxy())
             .finish()
     }
 }
 
 impl ZdsServer {
-    /// Listens at `path` (creating its directory; a stale socket file is replaced) with the
-    /// enrolled `pods` as the snapshot for the first proxies. Must run inside a tokio
-    /// runtime. Dropping the server stops it and closes every connection.
+    /// Listens at `path` (mode 0600; a missing directory is created 0700; a stale socket
+    /// file is replaced) with the enrolled `pods` as the snapshot for the first proxy, and
+    /// the default peer policy (root or our own uid). Must run inside a tokio runtime.
+    /// Dropping the server stops it and closes every connection.
     pub fn bind(
         path: impl AsRef<Path>,
         pods: impl IntoIterator<Item = PodInfo>,
     ) -> io::Result<ZdsServer> {
-        ZdsServer::bind_with(path, pods, ZdsOptions::default())
+        ZdsServer::bind_with(path, pods, ZdsOptions::default(), PeerPolicy::default())
     }
 
-    /// [`ZdsServer::bind`] with explicit timeouts.
+    /// [`ZdsServer::bind`] with explicit timeouts and the uids node proxies may run as.
     pub fn bind_with(
         path: impl AsRef<Path>,
         pods: impl IntoIterator<Item = PodInfo>,
         opts: ZdsOptions,
+        peer_policy: PeerPolicy,
     ) -> io::Result<ZdsServer> {
         let path = path.as_ref().to_owned();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("create ZDS socket directory {}: {e}", dir.display()),
-                )
-            })?;
-        }
         let listener = ZdsListener::bind(&path)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pods: pods.into_iter().map(|p| (p.uid.clone(), p)).collect(),
-                conns: Vec::new(),
+                ..State::default()
             }),
             opts,
+            peer_policy,
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         tracing::info!(path = %path.display(), "ZDS server listening");
@@ -206,9 +210,14 @@ impl ZdsServer {
         &self.path
     }
 
-    /// Node proxies connected (that said hello).
+    /// Node proxies served (0 or 1: one at a time).
     pub fn connected_proxies(&self) -> usize {
-        self.shared.lock().conns.len()
+        usize::from(self.shared.lock().served.is_some())
+    }
+
+    /// Who the served node proxy is.
+    pub fn served_proxy(&self) -> Option<PeerCredentials> {
+        self.shared.lock().served.as_ref().map(|s| s.peer)
     }
 
     /// The UIDs of the pods the next snapshot will carry.
@@ -217,80 +226,62 @@ impl ZdsServer {
     }
 
     /// Records `pod` (for future snapshots) and sends `AddWorkload` with its netns fd to the
-    /// newest connected proxy, waiting for the ack. If that connection goes away before
-    /// answering, the next newest is tried. [`ZdsError::NoProxy`] when none is connected;
-    /// the pod is still recorded and will be in the next proxy's snapshot.
+    /// served proxy, waiting for the ack. [`ZdsError::NoProxy`] when none is served (or it
+    /// leaves before answering); the pod is still recorded and will be in the next proxy's
+    /// snapshot.
     pub async fn add_pod(&self, pod: &PodInfo) -> Result<(), ZdsError> {
         let netns = open_netns(pod).map_err(|source| ZdsError::Netns {
             uid: pod.uid.clone(),
             path: pod.netns.clone(),
             source,
         })?;
-        let bytes = encode_add(&pod.uid, &workload_info(pod));
-        let targets: Vec<mpsc::Sender<Request>> = {
+        let target = {
             let mut state = self.shared.lock();
             state.pods.insert(pod.uid.clone(), pod.clone());
-            state.conns.iter().rev().map(|c| c.tx.clone()).collect()
+            state.served.as_ref().map(|s| s.tx.clone())
         };
-        for tx in targets {
-            let (reply, answer) = oneshot::channel();
-            let request = Request {
-                what: "AddWorkload",
-                uid: pod.uid.clone(),
-                bytes: bytes.clone(),
-                netns: Some(netns.try_clone().map_err(|source| ZdsError::Netns {
-                    uid: pod.uid.clone(),
-                    path: pod.netns.clone(),
-                    source,
-                })?),
-                reply,
-            };
-            if tx.send(request).await.is_err() {
-                continue;
-            }
-            match answer.await {
-                Ok(Err(ZdsError::Disconnected)) | Err(_) => continue,
-                Ok(result) => return result,
-            }
-        }
-        Err(ZdsError::NoProxy)
+        let request = Request::Add {
+            uid: pod.uid.clone(),
+            info: workload_info(pod),
+            netns,
+        };
+        ask(target, request).await
     }
 
-    /// Forgets the pod and sends `DelWorkload` to every connected proxy, waiting for all
-    /// acks. With no proxy connected there is nobody to tell: `Ok`. Otherwise the first
-    /// failure is returned (the others are logged).
+    /// Forgets the pod and sends `DelWorkload` to the served proxy, waiting for its ack.
+    /// With no proxy served (or one that leaves before answering) there is nobody to tell:
+    /// `Ok`, and the next snapshot leaves the pod out.
     pub async fn remove_pod(&self, uid: &str) -> Result<(), ZdsError> {
-        let targets: Vec<mpsc::Sender<Request>> = {
+        let target = {
             let mut state = self.shared.lock();
             state.pods.remove(uid);
-            state.conns.iter().map(|c| c.tx.clone()).collect()
+            state.served.as_ref().map(|s| s.tx.clone())
         };
-        let bytes = encode_del(uid);
-        let mut answers = Vec::new();
-        for tx in targets {
-            let (reply, answer) = oneshot::channel();
-            let request = Request {
-                what: "DelWorkload",
+        match ask(
+            target,
+            Request::Del {
                 uid: uid.to_owned(),
-                bytes: bytes.clone(),
-                netns: None,
-                reply,
-            };
-            if tx.send(request).await.is_ok() {
-                answers.push(answer);
-            }
+            },
+        )
+        .await
+        {
+            Err(ZdsError::NoProxy) => Ok(()),
+            other => other,
         }
-        let mut first_err = None;
-        for answer in answers {
-            match answer.await {
-                Ok(Ok(())) | Err(_) | Ok(Err(ZdsError::Disconnected)) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(uid, error = %e, "DelWorkload failed on one node proxy");
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// Hands `request` to the served connection and waits for its outcome.
+async fn ask(target: Option<mpsc::Sender<Job>>, request: Request<Netns>) -> Result<(), ZdsError> {
+    let tx = target.ok_or(ZdsError::NoProxy)?;
+    let (reply, answer) = oneshot::channel();
+    tx.send(Job { request, reply })
+        .await
+        .map_err(|_| ZdsError::NoProxy)?;
+    match answer.await {
+        Ok(result) => result.map_err(ZdsError::from),
+        // The connection ended with the request still queued.
+        Err(_) => Err(ZdsError::NoProxy),
     }
 }
 
@@ -313,6 +304,23 @@ fn open_netns(pod: &PodInfo) -> io::Result<Netns> {
     Ok(ns)
 }
 
+/// The snapshot entry of a pod: `Add` with its netns, or `Keep` when it cannot be opened.
+fn snapshot_entry(conn: u64, pod: &PodInfo) -> SnapshotEntry<Netns> {
+    match open_netns(pod) {
+        Ok(netns) => SnapshotEntry::Add {
+            uid: pod.uid.clone(),
+            info: workload_info(pod),
+            netns,
+        },
+        Err(e) => {
+            tracing::info!(conn, uid = %pod.uid, error = %e, "netns not found; sending KeepWorkload");
+            SnapshotEntry::Keep {
+                uid: pod.uid.clone(),
+            }
+        }
+    }
+}
+
 async fn accept_loop(listener: ZdsListener, shared: Arc<Shared>) {
     // Owning the connection tasks here means aborting this task stops them all.
     let mut tasks = tokio::task::JoinSet::new();
@@ -328,13 +336,28 @@ async fn accept_loop(listener: ZdsListener, shared: Arc<Shared>) {
             }
         };
         next_id += 1;
-        tracing::info!(conn = next_id, "node proxy connected");
-        tasks.spawn(serve_connection(shared.clone(), sock, next_id));
+        let checked = sock.peer_credentials().and_then(|peer| {
+            shared
+                .peer_policy
+                .check(PeerRole::NodeProxy, peer)
+                .map(|()| peer)
+                .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))
+        });
+        match checked {
+            Ok(peer) => {
+                tracing::info!(conn = next_id, %peer, "node proxy connected");
+                tasks.spawn(serve_connection(shared.clone(), sock, next_id, peer));
+            }
+            Err(e) => {
+                tracing::warn!(conn = next_id, "closing a ZDS connection: {e}");
+                drop(sock);
+            }
+        }
         tokio::time::sleep(ACCEPT_INTERVAL).await;
     }
 }
 
-/// Removes the connection from the list when its task ends, however it ends.
+/// Stops serving the connection when its task ends, however it ends.
 struct Registration {
     shared: Arc<Shared>,
     id: u64,
@@ -343,175 +366,136 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut state = self.shared.lock();
-        state.conns.retain(|c| c.id != self.id);
-        tracing::info!(
-            conn = self.id,
-            remaining = state.conns.len(),
-            "node proxy connection closed"
-        );
+        if state.served.as_ref().is_some_and(|s| s.id == self.id) {
+            state.served = None;
+            state.last_refused = None;
+        }
+        tracing::info!(conn = self.id, "served node proxy connection closed");
     }
 }
 
-struct Conn {
-    sock: ZdsSocket,
-    id: u64,
-    /// Acks still owed for requests that timed out.
-    owed: usize,
-    ack_timeout: Duration,
-}
-
-impl Conn {
-    /// Sends one message and waits for its ack (after the acks owed for earlier timeouts).
-    async fn exchange(&mut self, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> Result<(), ZdsError> {
-        let deadline = Instant::now() + self.ack_timeout;
-        match tokio::time::timeout_at(deadline, self.sock.send(bytes, fd)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe => {
-                return Err(ZdsError::Disconnected)
-            }
-            Ok(Err(e)) => return Err(ZdsError::Wire(WireError::Io(e))),
-            Err(_) => {
-                return Err(ZdsError::Wire(WireError::Io(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "write timed out",
-                ))))
-            }
-        }
-        loop {
-            let received = match tokio::time::timeout_at(deadline, self.sock.recv()).await {
-                Err(_) => {
-                    self.owed += 1;
-                    return Err(ZdsError::AckTimeout(self.ack_timeout));
-                }
-                Ok(Err(WireError::PeerClosed)) => return Err(ZdsError::Disconnected),
-                Ok(Err(e)) => return Err(ZdsError::Wire(e)),
-                Ok(Ok((bytes, _fds))) => decode_response(&bytes)?,
-            };
-            if self.owed > 0 {
-                self.owed -= 1;
-                tracing::debug!(conn = self.id, "late ack for an earlier timed-out request");
-                continue;
-            }
-            return received.map_err(ZdsError::Nack);
-        }
+async fn sleep_until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(tokio::time::Instant::from_std(d)).await,
+        None => std::future::pending().await,
     }
 }
 
-async fn serve_connection(shared: Arc<Shared>, sock: ZdsSocket, id: u64) {
-    let opts = shared.opts;
-    match tokio::time::timeout(opts.hello_timeout, sock.recv()).await {
-        Ok(Ok((bytes, _fds))) => match decode_hello(&bytes) {
-            Ok(hello) => {
-                tracing::info!(conn = id, version = hello.version, "node proxy said hello")
-            }
-            Err(e) => {
-                tracing::warn!(conn = id, error = %e, "bad ZDS hello; dropping the connection");
-                return;
-            }
-        },
-        Ok(Err(e)) => {
-            tracing::warn!(conn = id, error = %e, "no ZDS hello; dropping the connection");
-            return;
-        }
-        Err(_) => {
-            tracing::warn!(
-                conn = id,
-                "no ZDS hello within {:?}; dropping the connection",
-                opts.hello_timeout
-            );
-            return;
-        }
-    }
-
-    // Register and take the snapshot under one lock: a pod added concurrently is either in
-    // the snapshot or queued for this connection (after the snapshot), never missed.
-    let (tx, mut rx) = mpsc::channel::<Request>(QUEUE_DEPTH);
-    let snapshot: Vec<PodInfo> = {
-        let mut state = shared.lock();
-        state.conns.push(ConnHandle { id, tx });
-        state.pods.values().cloned().collect()
-    };
-    let _registration = Registration {
-        shared: shared.clone(),
-        id,
-    };
-    let mut conn = Conn {
-        sock,
-        id,
-        owed: 0,
-        ack_timeout: opts.ack_timeout,
-    };
-
-    for pod in &snapshot {
-        let (what, bytes, netns) = match open_netns(pod) {
-            Ok(ns) => (
-                "AddWorkload",
-                encode_add(&pod.uid, &workload_info(pod)),
-                Some(ns),
-            ),
-            Err(e) => {
-                tracing::info!(conn = id, uid = %pod.uid, error = %e, "netns not found; sending KeepWorkload");
-                ("KeepWorkload", encode_keep(&pod.uid), None)
-            }
-        };
-        match conn
-            .exchange(&bytes, netns.as_ref().map(|n| n.as_fd()))
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if e.is_fatal() || conn.owed > MAX_OWED_ACKS => {
-                tracing::warn!(conn = id, uid = %pod.uid, error = %e, "snapshot {what} failed; dropping the connection");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(conn = id, uid = %pod.uid, error = %e, "snapshot {what} not acknowledged")
-            }
-        }
-    }
-    match conn.exchange(&encode_snapshot_sent(), None).await {
-        Ok(()) => tracing::info!(conn = id, pods = snapshot.len(), "snapshot sent"),
-        Err(e) if e.is_fatal() => {
-            tracing::warn!(conn = id, error = %e, "SnapshotSent failed; dropping the connection");
-            return;
-        }
-        Err(e) => tracing::warn!(conn = id, error = %e, "SnapshotSent not acknowledged"),
-    }
-
+/// Drives one connection's [`Session`]: events first (the hello is answered with the
+/// one-proxy rule and the snapshot), then one datagram out, then wait for the socket, a
+/// request or the session's deadline.
+async fn serve_connection(shared: Arc<Shared>, sock: ZdsSocket, id: u64, peer: PeerCredentials) {
+    let (tx, mut rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
+    let mut tx = Some(tx);
+    let mut session: Session<Netns> =
+        Session::new(shared.opts.session(), std::time::Instant::now());
+    let mut replies: HashMap<RequestId, oneshot::Sender<Result<(), RequestError>>> = HashMap::new();
+    let mut _registration = None;
     loop {
-        tokio::select! {
-            request = rx.recv() => {
-                let Some(request) = request else { return };
-                let result = conn
-                    .exchange(&request.bytes, request.netns.as_ref().map(|n| n.as_fd()))
-                    .await;
-                let fatal = result.as_ref().is_err_and(ZdsError::is_fatal);
-                if let Err(e) = &result {
-                    tracing::warn!(conn = id, uid = %request.uid, error = %e, "{} failed", request.what);
+        while let Some(event) = session.poll_event() {
+            match event {
+                Event::Hello { version } => {
+                    // Decide and take the snapshot under one lock: a pod added concurrently
+                    // is either in the snapshot or queued for this connection, never missed.
+                    let mut state = shared.lock();
+                    if let Some(served) = &state.served {
+                        let served = format!("{}", served.peer);
+                        let repeat = state.last_refused == Some(peer.pid);
+                        state.last_refused = Some(peer.pid);
+                        drop(state);
+                        let reason = CloseReason::AnotherProxyServed { served };
+                        if repeat {
+                            tracing::debug!(conn = id, %peer, "refused again: {reason}");
+                        } else {
+                            tracing::warn!(conn = id, %peer, "refusing a node proxy: {reason}");
+                        }
+                        session.close(reason);
+                        continue;
+                    }
+                    let Some(tx) = tx.take() else { continue };
+                    state.served = Some(Served { id, peer, tx });
+                    let pods: Vec<PodInfo> = state.pods.values().cloned().collect();
+                    drop(state);
+                    _registration = Some(Registration {
+                        shared: shared.clone(),
+                        id,
+                    });
+                    tracing::info!(
+                        conn = id,
+                        version,
+                        pods = pods.len(),
+                        "node proxy said hello; sending the snapshot"
+                    );
+                    session.begin_snapshot(pods.iter().map(|p| snapshot_entry(id, p)));
                 }
-                let _ = request.reply.send(result);
-                if fatal {
+                Event::SnapshotEntryFailed { kind, uid, error } => {
+                    tracing::warn!(
+                        conn = id,
+                        uid = uid.as_deref().unwrap_or(""),
+                        "snapshot {kind} failed: {error}"
+                    )
+                }
+                Event::SnapshotDone { entries, failed } => {
+                    tracing::info!(conn = id, pods = entries, failed, "snapshot sent")
+                }
+                Event::Done { id: rid, result } => {
+                    if let Err(e) = &result {
+                        tracing::warn!(conn = id, "ZDS request failed: {e}");
+                    }
+                    if let Some(reply) = replies.remove(&rid) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Event::LateAck { error } => {
+                    tracing::debug!(
+                        conn = id,
+                        ?error,
+                        "late ack for an earlier timed-out request"
+                    )
+                }
+                Event::Closed(CloseReason::PeerClosed) => {
+                    tracing::info!(conn = id, "node proxy disconnected");
                     return;
                 }
-                if conn.owed > MAX_OWED_ACKS {
-                    tracing::warn!(conn = id, owed = conn.owed, "node proxy stopped acknowledging; dropping the connection");
+                Event::Closed(CloseReason::AnotherProxyServed { .. }) => return,
+                Event::Closed(reason) => {
+                    tracing::warn!(conn = id, "dropping the ZDS connection: {reason}");
                     return;
                 }
             }
-            received = conn.sock.recv() => match received {
-                Err(WireError::PeerClosed) => return,
-                Err(e) => {
-                    tracing::warn!(conn = id, error = %e, "ZDS connection error");
-                    return;
-                }
-                Ok((bytes, _fds)) if conn.owed > 0 && decode_response(&bytes).is_ok() => {
-                    conn.owed -= 1;
-                    tracing::debug!(conn = id, "late ack for an earlier timed-out request");
-                }
-                Ok(_) => {
-                    tracing::warn!(conn = id, "unsolicited message from the node proxy (protocol error); dropping the connection");
-                    return;
-                }
+        }
+        if let Some(out) = session.poll_transmit(std::time::Instant::now()) {
+            let send = sock.send(&out.bytes, out.fd.as_ref().map(|n| n.as_fd()));
+            let sent = tokio::time::timeout(shared.opts.ack_timeout, send).await;
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => session.close(CloseReason::Transport(format!(
+                    "cannot send {}: {e}",
+                    out.kind
+                ))),
+                Err(_) => session.close(CloseReason::Transport(format!(
+                    "sending {} timed out after {:?}",
+                    out.kind, shared.opts.ack_timeout
+                ))),
+            }
+            continue;
+        }
+        let deadline = session.poll_timeout();
+        tokio::select! {
+            received = sock.recv() => match received {
+                // A ZDS client never sends fds; dropping them closes them.
+                Ok((bytes, _fds)) => session.on_datagram(&bytes),
+                Err(WireError::PeerClosed) => session.on_peer_closed(),
+                Err(e) => session.close(CloseReason::Transport(e.to_string())),
             },
+            job = rx.recv() => match job {
+                Some(job) => {
+                    let rid = session.submit(job.request);
+                    replies.insert(rid, job.reply);
+                }
+                None => session.close(CloseReason::Shutdown),
+            },
+            () = sleep_until(deadline) => session.on_timeout(std::time::Instant::now()),
         }
     }
 }
@@ -521,6 +505,7 @@ mod tests {
     use super::*;
     use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
     use ambit_inpod::Incoming;
+    use tokio::time::Instant;
 
     /// The test's own netns: openable without privileges.
     const SELF_NETNS: &str = "/proc/self/ns/net";
@@ -616,6 +601,7 @@ mod tests {
             &path,
             [pod("a", SELF_NETNS), pod("b", "/nonexistent/netns")],
             fast(),
+            PeerPolicy::default(),
         )
         .unwrap();
         assert_eq!(server.connected_proxies(), 0);
@@ -649,76 +635,129 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn adds_go_to_the_newest_deletes_to_all() {
+    async fn socket_is_0600_in_a_new_0700_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ztunnel/ztunnel.sock");
+        let _server = ZdsServer::bind(&path, []).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.path().join("ztunnel")), 0o700);
+    }
+
+    #[tokio::test]
+    async fn one_proxy_is_served_a_second_is_refused_until_the_first_leaves() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ztunnel.sock");
-        let server = Arc::new(ZdsServer::bind_with(&path, [], fast()).unwrap());
+        let server =
+            Arc::new(ZdsServer::bind_with(&path, [], fast(), PeerPolicy::default()).unwrap());
 
         // Nobody connected: NoProxy, but the pod is remembered for the snapshot.
         let err = server.add_pod(&pod("early", SELF_NETNS)).await.unwrap_err();
         assert!(matches!(err, ZdsError::NoProxy), "{err}");
         server.remove_pod("nobody").await.unwrap();
 
-        let old = FakeProxy::connect(&path).await;
+        let first = FakeProxy::connect(&path).await;
         assert_eq!(
-            old.take_snapshot().await,
+            first.take_snapshot().await,
             [
                 ("AddWorkload", "early".into()),
                 ("SnapshotSent", String::new())
             ]
         );
-        let new = FakeProxy::connect(&path).await;
-        new.take_snapshot().await;
-        wait_for_proxies(&server, 2).await;
+        wait_for_proxies(&server, 1).await;
+        assert_eq!(
+            server.served_proxy().map(|p| p.pid),
+            Some(std::process::id() as i32)
+        );
 
-        // Add: only the newest hears it; its ack is the result.
+        // A second proxy says hello: it is closed without a single message.
+        let second = FakeProxy::connect(&path).await;
+        let r = tokio::time::timeout(Duration::from_secs(5), second.sock.recv()).await;
+        assert!(matches!(r, Ok(Err(WireError::PeerClosed))), "{r:?}");
+        assert_eq!(server.connected_proxies(), 1);
+
+        // New pods still go to the first one; its ack is the result.
         let s = server.clone();
         let add = tokio::spawn(async move { s.add_pod(&pod("p1", SELF_NETNS)).await });
-        match new.recv().await {
+        match first.recv().await {
             Incoming::Add { uid, .. } => assert_eq!(uid, "p1"),
             other => panic!("expected AddWorkload, got {other:?}"),
         }
-        new.ack().await;
+        first.ack().await;
         add.await.unwrap().unwrap();
-        old.assert_silent().await;
 
         // A NACK is the caller's error.
         let s = server.clone();
         let add = tokio::spawn(async move { s.add_pod(&pod("p2", SELF_NETNS)).await });
-        assert_eq!(new.recv().await.uid(), Some("p2"));
-        new.nack("no room").await;
+        assert_eq!(first.recv().await.uid(), Some("p2"));
+        first.nack("no room").await;
         let err = add.await.unwrap().unwrap_err();
         assert!(matches!(&err, ZdsError::Nack(m) if m == "no room"), "{err}");
 
-        // Delete: both hear it.
+        // Delete: the served proxy hears it.
         let s = server.clone();
         let del = tokio::spawn(async move { s.remove_pod("p1").await });
-        for proxy in [&old, &new] {
-            match proxy.recv().await {
-                Incoming::Del { uid } => assert_eq!(uid, "p1"),
-                other => panic!("expected DelWorkload, got {other:?}"),
-            }
-            proxy.ack().await;
+        match first.recv().await {
+            Incoming::Del { uid } => assert_eq!(uid, "p1"),
+            other => panic!("expected DelWorkload, got {other:?}"),
         }
+        first.ack().await;
         del.await.unwrap().unwrap();
 
-        // The newest leaves: adds fall back to the older one.
-        drop(new);
+        // The first leaves: the next proxy to connect is served, with the whole snapshot.
+        drop(first);
+        wait_for_proxies(&server, 0).await;
+        let next = FakeProxy::connect(&path).await;
+        assert_eq!(
+            next.take_snapshot().await,
+            [
+                ("AddWorkload", "early".into()),
+                ("AddWorkload", "p2".into()),
+                ("SnapshotSent", String::new())
+            ]
+        );
         wait_for_proxies(&server, 1).await;
         let s = server.clone();
         let add = tokio::spawn(async move { s.add_pod(&pod("p3", SELF_NETNS)).await });
-        assert_eq!(old.recv().await.uid(), Some("p3"));
-        old.ack().await;
+        assert_eq!(next.recv().await.uid(), Some("p3"));
+        next.ack().await;
         add.await.unwrap().unwrap();
 
         assert_eq!(server.pod_uids(), ["early", "p2", "p3"]);
     }
 
     #[tokio::test]
+    async fn a_proxy_that_has_not_said_hello_does_not_block_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ztunnel.sock");
+        let opts = ZdsOptions {
+            hello_timeout: Duration::from_secs(5),
+            ..fast()
+        };
+        let server = ZdsServer::bind_with(&path, [], opts, PeerPolicy::default()).unwrap();
+        let start = Instant::now();
+        let silent = ZdsSocket::connect(&path).await.unwrap();
+        let proxy = FakeProxy::connect(&path).await;
+        proxy.take_snapshot().await;
+        wait_for_proxies(&server, 1).await;
+        // The silent one says hello late: the served one keeps its place.
+        silent.send(&encode_hello(), None).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), silent.recv()).await;
+        assert!(matches!(r, Ok(Err(WireError::PeerClosed))), "{r:?}");
+        assert!(
+            start.elapsed() < opts.hello_timeout,
+            "closed by the hello timeout, not refused"
+        );
+        assert_eq!(server.connected_proxies(), 1);
+    }
+
+    #[tokio::test]
     async fn ack_timeout_is_reported_and_late_acks_are_not_misattributed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ztunnel.sock");
-        let server = Arc::new(ZdsServer::bind_with(&path, [], fast()).unwrap());
+        let server =
+            Arc::new(ZdsServer::bind_with(&path, [], fast(), PeerPolicy::default()).unwrap());
         let proxy = FakeProxy::connect(&path).await;
         proxy.take_snapshot().await;
         wait_for_proxies(&server, 1).await;
@@ -744,7 +783,7 @@ mod tests {
     async fn unsolicited_messages_and_missing_hello_drop_the_connection() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ztunnel.sock");
-        let server = ZdsServer::bind_with(&path, [], fast()).unwrap();
+        let server = ZdsServer::bind_with(&path, [], fast(), PeerPolicy::default()).unwrap();
         let proxy = FakeProxy::connect(&path).await;
         proxy.take_snapshot().await;
         wait_for_proxies(&server, 1).await;
@@ -761,7 +800,9 @@ mod tests {
     #[tokio::test]
     async fn add_with_a_missing_netns_fails_before_sending() {
         let dir = tempfile::tempdir().unwrap();
-        let server = ZdsServer::bind_with(dir.path().join("z.sock"), [], fast()).unwrap();
+        let server =
+            ZdsServer::bind_with(dir.path().join("z.sock"), [], fast(), PeerPolicy::default())
+                .unwrap();
         let err = server
             .add_pod(&pod("x", "/nonexistent/netns"))
             .await

@@ -71,6 +71,7 @@ impl Env {
             state_dir: dir.path().join("state"),
             ipv6: true,
             dns_capture: true,
+            zds_proxy_uid: None,
         };
         let opts = RunOptions {
             host_netns: Some(host.path()),

@@ -32,6 +32,11 @@ pub struct AgentArgs {
     /// Redirect pods' DNS to the node proxy's DNS port 15053.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub dns_capture: bool,
+    /// The uid the node proxy runs as, when not root: it may use the ZDS socket too (the
+    /// agent checks every peer's uid with SO_PEERCRED; root and the agent's own uid always
+    /// pass).
+    #[arg(long, env = "AMBIT_ZDS_PROXY_UID")]
+    pub zds_proxy_uid: Option<u32>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -119,6 +124,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir,
         ipv6: args.ipv6,
         dns_capture: args.dns_capture,
+        zds_proxy_uid: args.zds_proxy_uid,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -224,7 +224,8 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 inpod_metrics.context("in-pod metrics")?,
                 on_ready,
                 cfg.termination_deadline,
-            );
+            )
+            .with_peer_policy(ambit_inpod::PeerPolicy::new(cfg.inpod_agent_uid));
             workload_state = Some(manager.dump_handle());
             tracing::info!(uds = %cfg.inpod_uds.display(), "in-pod mode: waiting for the node agent");
             let watcher = watcher.clone();

@@ -68,6 +68,9 @@ pub struct Config {
     pub inpod_uds: PathBuf,
     /// `SO_REUSEPORT` on pod listeners (`INPOD_PORT_REUSE`).
     pub inpod_port_reuse: bool,
+    /// The uid the node agent runs as, when not root (`AMBIT_ZDS_AGENT_UID`): the ZDS
+    /// socket's listener is checked with `SO_PEERCRED`; root and our own uid always pass.
+    pub inpod_agent_uid: Option<u32>,
     pub admin_addr: SocketAddr,
     pub stats_addr: SocketAddr,
     pub readiness_addr: SocketAddr,
@@ -631,6 +634,7 @@ impl Config {
             termination_deadline,
             inpod_uds: env.get("INPOD_UDS").unwrap_or(paths::ZDS_SOCKET).into(),
             inpod_port_reuse: env.bool("INPOD_PORT_REUSE", true)?,
+            inpod_agent_uid: env.parse::<u32>("AMBIT_ZDS_AGENT_UID", "a uid such as 1337")?,
             admin_addr,
             stats_addr,
             readiness_addr,

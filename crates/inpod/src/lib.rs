@@ -6,6 +6,8 @@
 //! - [`state`]: sans-IO snapshot/reconcile state machine of the node proxy.
 //! - [`wire`]: the SEQPACKET socket with SCM_RIGHTS fd passing (tokio).
 //! - [`netns`]: netns handles; run code (create sockets) inside a pod's netns.
+//! - [`peer`]: who is at the other end (`SO_PEERCRED`) and whether we talk to them.
+//! - [`sockfile`]: socket files bound with their final mode (0600) from the start.
 //!
 //! This is the one crate of the project allowed `unsafe` (fd passing); every block carries a
 //! `// SAFETY:` comment.
@@ -14,12 +16,15 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod netns;
+pub mod peer;
 pub mod proto;
 pub mod protocol;
+pub mod sockfile;
 pub mod state;
 pub mod wire;
 
 pub use netns::{Netns, NetnsId};
+pub use peer::{PeerCredentials, PeerPolicy, PeerRefused, PeerRole};
 pub use protocol::{Incoming, ProtocolError};
 pub use state::{Action, StateError, WorkloadStates};
 pub use wire::{WireError, ZdsListener, ZdsSocket};

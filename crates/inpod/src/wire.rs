@@ -11,7 +11,6 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,6 +19,9 @@ use nix::sys::socket::{
     self, sockopt, AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 use tokio::io::unix::AsyncFd;
+
+use crate::peer::{PeerCredentials, PeerPolicy, PeerRefused, PeerRole};
+use crate::sockfile::bind_private;
 
 /// The largest datagram we send: Istio's peers read ZDS messages into a 1024-byte buffer.
 pub const MAX_MESSAGE_LEN: usize = 1024;
@@ -142,6 +144,38 @@ impl ZdsSocket {
                 Err(errno) => return Err(context(errno.into())),
             }
         }
+    }
+
+    /// Connects to the node agent's socket and checks who listens there ([`PeerPolicy`]):
+    /// a listener run by another uid is refused (`PermissionDenied`, naming it) before a
+    /// byte is sent.
+    pub async fn connect_to_agent(
+        path: impl AsRef<Path>,
+        policy: &PeerPolicy,
+    ) -> io::Result<ZdsSocket> {
+        let path = path.as_ref();
+        let sock = ZdsSocket::connect(path).await?;
+        let peer = sock.peer_credentials()?;
+        policy
+            .check(PeerRole::NodeAgent, peer)
+            .map_err(|e: PeerRefused| {
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("ZDS socket {}: {e}", path.display()),
+                )
+            })?;
+        Ok(sock)
+    }
+
+    /// The peer's credentials (`SO_PEERCRED`): for a connecting socket, those of the process
+    /// that listened; for an accepted one, those of the process that connected.
+    pub fn peer_credentials(&self) -> io::Result<PeerCredentials> {
+        let cred = socket::getsockopt(self.fd.get_ref(), sockopt::PeerCredentials)?;
+        Ok(PeerCredentials {
+            pid: cred.pid(),
+            uid: cred.uid(),
+            gid: cred.gid(),
+        })
     }
 
     /// A connected pair (for tests and in-process wiring).
@@ -313,9 +347,10 @@ pub struct ZdsListener {
 }
 
 impl ZdsListener {
-    /// Binds and listens at `path`, first removing a stale socket file left there. Anything
-    /// else at `path` (a regular file, a directory) is an error, never removed. Must be called
-    /// inside a tokio runtime.
+    /// Binds and listens at `path` with mode 0600 from the start (see [`bind_private`]),
+    /// first removing a stale socket file left there; a missing directory is created with
+    /// mode 0700. Anything else at `path` (a regular file, a directory) is an error, never
+    /// removed. Must be called inside a tokio runtime.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<ZdsListener> {
         let path = path.as_ref();
         let context = |e: io::Error| {
@@ -324,23 +359,14 @@ impl ZdsListener {
                 format!("listen on ZDS socket {}: {e}", path.display()),
             )
         };
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_socket() => {
-                std::fs::remove_file(path).map_err(context)?;
-            }
-            Ok(_) => {
-                return Err(context(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "path exists and is not a socket",
-                )))
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(context(e)),
-        }
-        let addr = unix_addr(path)?;
-        let fd = seqpacket_socket()?;
-        socket::bind(fd.as_raw_fd(), &addr).map_err(|e| context(e.into()))?;
-        socket::listen(&fd, Backlog::MAXCONN).map_err(|e| context(e.into()))?;
+        let fd = bind_private(path, |tmp| {
+            let addr = unix_addr(tmp)?;
+            let fd = seqpacket_socket()?;
+            socket::bind(fd.as_raw_fd(), &addr)?;
+            socket::listen(&fd, Backlog::MAXCONN)?;
+            Ok(fd)
+        })
+        .map_err(context)?;
         Ok(ZdsListener {
             fd: register(fd)?,
             path: path.to_owned(),
@@ -436,6 +462,31 @@ mod tests {
         let err = ZdsListener::bind(&file).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    }
+
+    #[tokio::test]
+    async fn listener_is_0600_in_a_0700_directory_and_peers_are_recorded() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ztunnel/ztunnel.sock");
+        let listener = ZdsListener::bind(&path).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.path().join("ztunnel")), 0o700);
+
+        let policy = PeerPolicy::default();
+        let (proxy, agent) = tokio::join!(
+            ZdsSocket::connect_to_agent(&path, &policy),
+            listener.accept()
+        );
+        let (proxy, agent) = (proxy.unwrap(), agent.unwrap());
+        let me = PeerCredentials {
+            pid: std::process::id() as i32,
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        };
+        assert_eq!(proxy.peer_credentials().unwrap(), me);
+        assert_eq!(agent.peer_credentials().unwrap(), me);
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
 use ambit_inpod::state::RETRY_INTERVAL;
-use ambit_inpod::{Action, WireError, WorkloadStates, ZdsSocket};
+use ambit_inpod::{Action, PeerPolicy, WireError, WorkloadStates, ZdsSocket};
 
 use crate::connections::OpenConnections;
 use crate::drain::DrainWatcher;
@@ -74,6 +74,8 @@ pub struct WorkloadManager {
     dump: WorkloadStateDump,
     on_ready: Box<dyn Fn(bool) + Send + Sync>,
     drain_deadline: Duration,
+    /// Who may be the agent at the other end (`SO_PEERCRED`).
+    peer_policy: PeerPolicy,
 }
 
 enum StreamEnd {
@@ -81,6 +83,9 @@ enum StreamEnd {
     /// We hung up on a message we could not read: the agent will likely send it again, so
     /// the next connection waits a growing delay instead of starting a tight loop.
     Unreadable(String),
+    /// The agent hung up before sending anything: most likely it serves another node proxy
+    /// (ambit's agent serves one at a time). Retried with a growing delay.
+    ClosedBeforeSnapshot,
     Shutdown,
 }
 
@@ -104,7 +109,14 @@ impl WorkloadManager {
             dump: WorkloadStateDump::default(),
             on_ready,
             drain_deadline,
+            peer_policy: PeerPolicy::default(),
         }
+    }
+
+    /// The uids the node agent may run as (default: root or our own uid).
+    pub fn with_peer_policy(mut self, policy: PeerPolicy) -> WorkloadManager {
+        self.peer_policy = policy;
+        self
     }
 
     pub fn dump_handle(&self) -> WorkloadStateDump {
@@ -127,6 +139,17 @@ impl WorkloadManager {
                     backoff = BACKOFF_START;
                     s
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    // A listener run by a uid we do not trust, or a socket we may not open:
+                    // never quiet, an operator has to fix it.
+                    tracing::warn!(uds = %self.uds.display(), "not talking to the node agent: {e}; retrying in {backoff:?}");
+                    tokio::select! {
+                        _ = drain.draining() => break Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
                 Err(e) => {
                     tracing::debug!(uds = %self.uds.display(), "node agent not reachable: {e}; retrying in {backoff:?}");
                     tokio::select! {
@@ -145,6 +168,18 @@ impl WorkloadManager {
                 Ok(StreamEnd::Disconnected(why)) => {
                     unreadable_backoff = BACKOFF_START;
                     tracing::warn!("node agent connection ended: {why}; reconnecting");
+                }
+                Ok(StreamEnd::ClosedBeforeSnapshot) => {
+                    tracing::warn!(
+                        "the node agent closed the connection before sending anything: another \
+                         node proxy is probably connected to it (the agent serves one at a \
+                         time, see its log); retrying in {unreadable_backoff:?}"
+                    );
+                    tokio::select! {
+                        _ = drain.draining() => break Ok(()),
+                        _ = tokio::time::sleep(unreadable_backoff) => {}
+                    }
+                    unreadable_backoff = (unreadable_backoff * 2).min(BACKOFF_MAX);
                 }
                 Ok(StreamEnd::Unreadable(why)) => {
                     tracing::warn!(
@@ -170,7 +205,7 @@ impl WorkloadManager {
     }
 
     async fn connect(&self) -> std::io::Result<ZdsSocket> {
-        let socket = ZdsSocket::connect(&self.uds).await?;
+        let socket = ZdsSocket::connect_to_agent(&self.uds, &self.peer_policy).await?;
         socket.send(&encode_hello(), None).await?;
         Ok(socket)
     }
@@ -183,6 +218,7 @@ impl WorkloadManager {
         let mut retry = tokio::time::interval(RETRY_INTERVAL);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         retry.tick().await;
+        let mut received_any = false;
         loop {
             let received = tokio::select! {
                 _ = drain.draining() => return Ok(StreamEnd::Shutdown),
@@ -201,6 +237,9 @@ impl WorkloadManager {
             };
             let (bytes, fds) = match received {
                 Ok(m) => m,
+                Err(WireError::PeerClosed) if !received_any => {
+                    return Ok(StreamEnd::ClosedBeforeSnapshot)
+                }
                 Err(WireError::PeerClosed) => {
                     return Ok(StreamEnd::Disconnected(
                         "the agent closed the connection".into(),
@@ -212,6 +251,7 @@ impl WorkloadManager {
                     return Ok(StreamEnd::Unreadable(format!("unreadable message: {e}")));
                 }
             };
+            received_any = true;
             let reply = match decode_request(&bytes, fds) {
                 Err(e @ ambit_inpod::ProtocolError::MissingWorkloadInfo { .. }) => {
                     // An Add that cannot name its workload: ztunnel treats it as fatal.
