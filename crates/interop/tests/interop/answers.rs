@@ -107,24 +107,20 @@ pub fn cases() -> Vec<Case> {
             None,
         ),
     ];
-    // The loop guard, the admin port (loopback only) and the operator ports (both
-    // forward to these in dedicated mode).
-    for (port, status) in [
-        (15001u16, 503),
-        (15006, 503),
-        (15008, 503),
-        (15000, 503),
-        (15020, 200),
-        (15021, 200),
-    ] {
-        v.push(case(
-            &format!("port {port}"),
-            "client",
-            ProbeRequest::connect(format!("10.78.0.2:{port}")),
-            Some(status),
-        ));
+    // The loop guard and the admin port (loopback only).
+    for port in [15001u16, 15006, 15008, 15000] {
+        v.push(port_case(port, 503));
     }
     v
+}
+
+fn port_case(port: u16, status: u16) -> Case {
+    case(
+        &format!("port {port}"),
+        "client",
+        ProbeRequest::connect(format!("10.78.0.2:{port}")),
+        Some(status),
+    )
 }
 
 pub struct Answers {
@@ -133,7 +129,12 @@ pub struct Answers {
 }
 
 pub fn answers(proxy: &NodeProxy) -> Answers {
-    let tag = format!("io-ans-{}", proxy.label());
+    answers_to(proxy, "io-ans", cases())
+}
+
+/// How `proxy`'s HBONE server answers `cases`, in a lab tagged `prefix`.
+pub fn answers_to(proxy: &NodeProxy, prefix: &str, cases: Vec<Case>) -> Answers {
+    let tag = format!("{prefix}-{}", proxy.label());
     let nodes = TwoNodes::launch(TwoNodesSpec {
         extra_yaml: POLICIES,
         mesh: Some(MESH),
@@ -180,7 +181,7 @@ pub fn answers(proxy: &NodeProxy) -> Answers {
         ("none", None),
     ];
     let mut outcomes = Vec::new();
-    for case in cases() {
+    for case in cases {
         let cert = certs
             .iter()
             .find(|(n, _)| *n == case.cert)
@@ -282,6 +283,35 @@ fn the_hbone_servers_answer_alike() {
             x.2.retain(|(k, v)| !(k == "dst.service" && *v == inbound_service));
         }
         assert_eq!(x, y, "access log line");
+    }
+}
+
+/// The documented difference of `documented::GUARDED_OPERATOR_PORTS`: in dedicated mode
+/// ambit's loop guard refuses tunnelled traffic to its stats and readiness ports, which
+/// share the workload's addresses; ztunnel forwards it to its operator endpoints.
+#[test]
+fn only_ambit_guards_its_operator_ports() {
+    let [ambit, istio] = both().unwrap();
+    let ports = documented::GUARDED_OPERATOR_PORTS;
+    let a = answers_to(
+        &ambit,
+        "io-op",
+        ports.iter().map(|p| port_case(*p, 503)).collect(),
+    );
+    let i = answers_to(
+        &istio,
+        "io-op",
+        ports.iter().map(|p| port_case(*p, 200)).collect(),
+    );
+    for (port, ((_, x), (_, y))) in ports.iter().zip(a.outcomes.iter().zip(&i.outcomes)) {
+        assert!(
+            matches!(x, Outcome::Response { status: 503, .. }),
+            "port {port}: ambit {x:?}"
+        );
+        assert!(
+            matches!(y, Outcome::Response { status: 200, .. }),
+            "port {port}: Istio {y:?}"
+        );
     }
 }
 
