@@ -44,7 +44,7 @@ pub async fn serve(listener: TcpListener, handler: Handler, drain: DrainWatcher)
 
 async fn serve_limited(listener: TcpListener, handler: Handler, drain: DrainWatcher, limit: usize) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limit));
-    let mut last_shed_warning: Option<tokio::time::Instant> = None;
+    let shed_reports = ambit_proxy::admission::ReportThrottle::default();
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -59,12 +59,9 @@ async fn serve_limited(listener: TcpListener, handler: Handler, drain: DrainWatc
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Linger 0: the close is a reset, so the shed socket leaves no TIME_WAIT here.
-            let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+            ambit_proxy::socket::reset_on_close(&stream);
             drop(stream);
-            let now = tokio::time::Instant::now();
-            if last_shed_warning.is_none_or(|t| now - t > Duration::from_secs(10)) {
-                last_shed_warning = Some(now);
+            if shed_reports.due(std::time::Instant::now(), Duration::from_secs(10)) {
                 let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
                 tracing::warn!(
                     "port {port} already serves {limit} connections; closing the one from {peer} (more are closed quietly for 10 s)"

@@ -65,8 +65,27 @@ pub struct NodeHandshakes {
     in_progress: AtomicUsize,
     limit: usize,
     shed: prometheus_client::metrics::counter::Counter,
-    /// When a shed connection was last reported, to log at most once per interval.
-    last_report: Mutex<Option<Instant>>,
+    /// Shed connections are logged at most once per interval.
+    reports: ReportThrottle,
+}
+
+/// Says when a repeated event is due to be reported again: the first time, then at most
+/// once per interval, so a flood of sheds is one log line every few seconds.
+#[derive(Debug, Default)]
+pub struct ReportThrottle {
+    last: Mutex<Option<Instant>>,
+}
+
+impl ReportThrottle {
+    /// Whether to report an event at `now`; a `true` starts a new interval.
+    pub fn due(&self, now: Instant, interval: Duration) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let due = last.is_none_or(|at| now.saturating_duration_since(at) >= interval);
+        if due {
+            *last = Some(now);
+        }
+        due
+    }
 }
 
 impl NodeHandshakes {
@@ -75,7 +94,7 @@ impl NodeHandshakes {
             in_progress: AtomicUsize::new(0),
             limit,
             shed: Default::default(),
-            last_report: Mutex::new(None),
+            reports: ReportThrottle::default(),
         })
     }
 
@@ -105,12 +124,7 @@ impl NodeHandshakes {
     /// (the first, then at most one per `interval`).
     pub fn count_shed(&self, now: Instant, interval: Duration) -> Option<u64> {
         let total = self.shed.inc() + 1;
-        let mut last = self.last_report.lock().unwrap_or_else(|p| p.into_inner());
-        let due = last.is_none_or(|at| now.saturating_duration_since(at) >= interval);
-        due.then(|| {
-            *last = Some(now);
-            total
-        })
+        self.reports.due(now, interval).then_some(total)
     }
 }
 

@@ -48,8 +48,8 @@ async fn relay_tcp(
     )
     .await;
     if copied.is_err() {
-        reset(client);
-        reset(server);
+        crate::socket::reset_on_close(client);
+        crate::socket::reset_on_close(server);
     }
     copied
 }
@@ -79,7 +79,7 @@ pub(crate) async fn proxy_tunnel(
     };
     let copied = until_forced(tunnel.splice(&mut app, to_tunnel, from_tunnel), drain).await?;
     if copied.is_err() {
-        reset(&app);
+        crate::socket::reset_on_close(&app);
     }
     classify(copied)
 }
@@ -104,14 +104,6 @@ fn classify(copied: io::Result<()>) -> Result<(), Error> {
             Ok(())
         }
         Err(e) => Err(Error::Relay(e)),
-    }
-}
-
-/// Closes `stream` with a TCP reset: `SO_LINGER` 0 makes the close that follows abort the
-/// connection, so the app reads ECONNRESET rather than a clean end of stream.
-fn reset(stream: &TcpStream) {
-    if let Err(e) = socket2::SockRef::from(stream).set_linger(Some(std::time::Duration::ZERO)) {
-        tracing::debug!(error = %e, "could not arm a reset on a relayed connection");
     }
 }
 
@@ -236,9 +228,7 @@ mod tests {
 
     /// Aborts `stream`: the peer reads ECONNRESET.
     fn abort(stream: TcpStream) {
-        socket2::SockRef::from(&stream)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
+        crate::socket::reset_on_close(&stream);
         drop(stream);
     }
 

@@ -213,7 +213,7 @@ fn shed_connection(
     peer: Option<SocketAddr>,
     shed: Shed,
 ) {
-    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    socket::reset_on_close(&stream);
     drop(stream);
     let node = pi.handshakes.node();
     if let Some(total) = node.count_shed(std::time::Instant::now(), SHED_REPORT_INTERVAL) {

@@ -245,6 +245,15 @@ pub fn wildcard(ipv6: bool, port: u16) -> SocketAddr {
     }
 }
 
+/// Arms `stream` so that dropping it aborts the connection with a TCP reset (`SO_LINGER`
+/// 0): the peer reads ECONNRESET rather than a clean end of stream, and no TIME_WAIT is
+/// kept here. For relays passing on a reset and for connections shed at accept.
+pub fn reset_on_close(stream: &TcpStream) {
+    if let Err(e) = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO)) {
+        tracing::debug!(error = %e, "could not arm a reset on close");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
