@@ -331,9 +331,7 @@ fn handshake_limits(env: &Env, mode: ProxyMode) -> Result<HandshakeLimits, Confi
         )?,
     };
     let mut limits = HandshakeLimits::for_pod(node, pod);
-    if env.get("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE").is_some() {
-        limits.source = count("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE", limits.source)?;
-    }
+    limits.source = count("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE", limits.source)?;
     Ok(limits)
 }
 
@@ -768,6 +766,39 @@ mod tests {
             assert!(msg.starts_with(&format!("{var}=")), "{var}: {msg}");
             assert!(msg.contains(expected), "{var}={value}: {msg}");
         }
+    }
+
+    #[test]
+    fn handshake_limits_default_per_mode_and_take_each_variable() {
+        let shared = Config::from_env(&env(&[])).unwrap().proxy.handshakes;
+        assert_eq!(
+            (shared.node, shared.instance, shared.source),
+            (1024, 256, 64)
+        );
+        let dedicated = Config::from_env(&env(&[
+            ("PROXY_MODE", "dedicated"),
+            ("PROXY_WORKLOAD_INFO", "default/client/sleep"),
+            ("AMBIT_MAX_HBONE_HANDSHAKES_PER_POD", "7"),
+        ]))
+        .unwrap()
+        .proxy
+        .handshakes;
+        // One instance, the node's share; the per-pod variable does not apply.
+        assert_eq!(
+            (dedicated.node, dedicated.instance, dedicated.source),
+            (1024, 1024, 256)
+        );
+        let set = Config::from_env(&env(&[
+            ("AMBIT_MAX_HBONE_HANDSHAKES", "100"),
+            ("AMBIT_MAX_HBONE_HANDSHAKES_PER_POD", "60"),
+            ("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE", "40"),
+        ]))
+        .unwrap()
+        .proxy
+        .handshakes;
+        assert_eq!((set.node, set.instance, set.source), (100, 60, 40));
+        assert!(err(&[("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE", "0")])
+            .contains("AMBIT_MAX_HBONE_HANDSHAKES_PER_SOURCE"));
     }
 
     #[test]
