@@ -141,6 +141,18 @@ pub struct CertificateDump {
     pub root_certs: Vec<CertInfo>,
 }
 
+impl CertificateDump {
+    /// An identity without a certificate yet, in `state` (`Initializing`, `Unavailable: ...`).
+    pub fn pending(identity: &SpiffeId, state: String) -> CertificateDump {
+        CertificateDump {
+            identity: identity.to_string(),
+            state,
+            cert_chain: Vec::new(),
+            root_certs: Vec::new(),
+        }
+    }
+}
+
 /// One certificate as shown in `/config_dump`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -218,6 +230,12 @@ pub fn spiffe_ids_of(cert: &CertificateDer<'_>) -> Vec<SpiffeId> {
             .collect(),
         Err(_) => Vec::new(),
     }
+}
+
+/// Every URI SAN of a DER certificate, in order (`None` if it cannot be parsed).
+pub fn uri_sans_of(cert: &CertificateDer<'_>) -> Option<Vec<String>> {
+    let c = x509::parse(cert).ok()?;
+    Some(x509::uri_sans(&c).into_iter().map(str::to_string).collect())
 }
 
 #[cfg(test)]

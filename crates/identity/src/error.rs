@@ -130,14 +130,76 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
 }
 
-/// Failures of [`crate::CertManager`] to produce a certificate or a TLS configuration.
+/// Why an [`crate::Issuer`] produced no certificate, saying whose fault it is.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+pub enum IssueError {
+    /// The local CA could not sign (its files or key): the operator's to fix.
+    #[error("the local CA failed: {0}")]
+    Local(#[from] CaError),
+    /// The CA answered with a gRPC error: it refused this request (often the token or
+    /// the requested identity is not allowed); retrying helps only if that changes.
+    #[error("the CA refused the certificate request with status {code}: {message}")]
+    Refused { code: String, message: String },
+    /// No answer from the CA (connection, TLS or timeout): retried with backoff.
+    #[error("the CA at {address} is unreachable: {reason}")]
+    Unreachable { address: String, reason: String },
+    /// The CA channel could not be set up from our configuration (root, token, headers).
+    #[error("cannot talk to the CA: {reason}")]
+    Channel { reason: String },
+    /// The CA answered with a chain we cannot use: the CA's fault.
+    #[error("the CA returned an unusable certificate chain: {0}")]
+    BadChain(#[source] CertError),
+    /// The CA signed a certificate for another identity than the one asked for.
+    #[error(
+        "the CA returned a certificate for {found}, but {expected} was requested; it was rejected"
+    )]
+    WrongIdentity { expected: String, found: String },
+    /// The fetch was dropped before it finished (the identity was forgotten meanwhile,
+    /// or the fetch task ended without an answer).
+    #[error("the certificate fetch for {identity} was abandoned: {reason}")]
+    Abandoned {
+        identity: String,
+        reason: &'static str,
+    },
+}
+
+impl IssueError {
+    /// A short label for the `cause` of a failed fetch in metrics.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            IssueError::Local(_) => "local_ca",
+            IssueError::Refused { .. } => "refused",
+            IssueError::Unreachable { .. } => "unreachable",
+            IssueError::Channel { .. } => "channel",
+            IssueError::BadChain(_) => "bad_chain",
+            IssueError::WrongIdentity { .. } => "wrong_identity",
+            IssueError::Abandoned { .. } => "abandoned",
+        }
+    }
+}
+
+/// Failures of [`crate::CertManager`] to produce a certificate or a TLS configuration.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ManagerError {
+    /// No certificate: the issuer failed (shared by every caller that waited for it).
     #[error(transparent)]
-    Ca(#[from] CaError),
+    Issue(std::sync::Arc<IssueError>),
     #[error(transparent)]
-    Tls(#[from] TlsError),
+    Tls(std::sync::Arc<TlsError>),
+}
+
+impl From<TlsError> for ManagerError {
+    fn from(e: TlsError) -> Self {
+        ManagerError::Tls(std::sync::Arc::new(e))
+    }
+}
+
+impl From<IssueError> for ManagerError {
+    fn from(e: IssueError) -> Self {
+        ManagerError::Issue(std::sync::Arc::new(e))
+    }
 }
 
 /// Why a peer was refused during the handshake (carried inside `rustls::Error`).

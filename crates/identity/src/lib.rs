@@ -19,10 +19,12 @@ mod x509;
 mod testutil;
 
 pub use ca::{CertificateAuthority, PluginCaPem};
-pub use cert::{spiffe_ids_of, svid_identity, CertInfo, CertificateDump, WorkloadCertificate};
+pub use cert::{
+    spiffe_ids_of, svid_identity, uri_sans_of, CertInfo, CertificateDump, WorkloadCertificate,
+};
 pub use csr::CertificateRequest;
-pub use error::{CaError, CertError, ManagerError, PeerError, TlsError};
-pub use manager::{CertManager, Clock, Issuer};
+pub use error::{CaError, CertError, IssueError, ManagerError, PeerError, TlsError};
+pub use manager::{CertManager, Clock, IssueFuture, Issuer, Priority, MAX_IN_FLIGHT};
 pub use spiffe::{has_spiffe_scheme, SpiffeError, SpiffeId};
 pub use tls::{
     client_config, crypto_provider, peer_identity, placeholder_server_name, server_config,

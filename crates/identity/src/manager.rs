@@ -1,52 +1,82 @@
-//! Per-identity certificate cache for the node proxy, with renewal at half life.
+//! Per-identity certificate cache for the node proxy: fetches through an [`Issuer`] (the
+//! local CA or a remote Istio CA), renews at half life, backs off after failures.
 //!
-//! Each identity has its own slot and lock, so at most one certificate is minted per
-//! identity at a time while different identities mint in parallel. TLS configurations are
-//! cached with the certificate they were built from, so the data path does not rebuild
-//! them per connection; a renewed certificate starts with empty config caches.
+//! - One fetch per identity at a time: concurrent callers share it (single flight).
+//! - At most [`MAX_IN_FLIGHT`] fetches run node-wide; the rest wait in a queue ordered by
+//!   [`Priority`] (a connection waiting beats a prefetch beats a rotation).
+//! - A still valid certificate is always served at once, even while its renewal is due,
+//!   running or failing; callers wait only when there is no valid certificate.
+//! - After a failure the identity backs off (≈1 s, ×2, jitter 0.2, cap 150 s), never past
+//!   the expiry of the certificate it still serves. Callers without a valid certificate
+//!   get the last error until the retry time, so a CA outage is not hammered.
+//!
+//! TLS configurations are cached with the certificate they were built from, so the data
+//! path does not rebuild them per connection; a renewed certificate serves new connections
+//! only, and starts with empty config caches.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use rustls::{ClientConfig, ServerConfig};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::ca::CertificateAuthority;
 use crate::cert::{CertificateDump, WorkloadCertificate};
-use crate::error::{CaError, ManagerError};
+use crate::error::{IssueError, ManagerError};
 use crate::spiffe::SpiffeId;
 use crate::tls;
 
 /// A source of "now" (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
-/// Something that mints workload certificates. The local [`CertificateAuthority`] is one.
+/// What [`Issuer::issue`] returns.
+pub type IssueFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<WorkloadCertificate, IssueError>> + Send + 'a>>;
+
+/// Something that mints workload certificates: the local [`CertificateAuthority`], or a
+/// client of a remote CA.
 pub trait Issuer: Send + Sync {
-    /// A certificate for `id` valid for `ttl` from `now`.
-    fn issue_at(
-        &self,
-        id: &SpiffeId,
-        ttl: Duration,
-        now: SystemTime,
-    ) -> Result<WorkloadCertificate, CaError>;
+    /// A certificate for `id`, asked to be valid for `ttl` from `now`.
+    fn issue<'a>(&'a self, id: &'a SpiffeId, ttl: Duration, now: SystemTime) -> IssueFuture<'a>;
 }
 
 impl Issuer for CertificateAuthority {
-    fn issue_at(
-        &self,
-        id: &SpiffeId,
-        ttl: Duration,
-        now: SystemTime,
-    ) -> Result<WorkloadCertificate, CaError> {
-        CertificateAuthority::issue_at(self, id, ttl, now)
+    fn issue<'a>(&'a self, id: &'a SpiffeId, ttl: Duration, now: SystemTime) -> IssueFuture<'a> {
+        Box::pin(std::future::ready(
+            self.issue_at(id, ttl, now).map_err(IssueError::from),
+        ))
     }
 }
 
-/// First retry delay after a failed renewal.
+/// Who is waiting for a certificate; decides the queue order when [`MAX_IN_FLIGHT`]
+/// fetches are running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Rotation of a certificate that is still valid.
+    Background,
+    /// A prefetch for a workload that arrived on this node.
+    Warmup,
+    /// A connection is waiting.
+    RealTime,
+}
+
+/// Fetches running at once, node-wide (ztunnel's bound on concurrent CSRs).
+pub const MAX_IN_FLIGHT: usize = 8;
+/// First retry delay after a failed fetch.
 const BACKOFF_START: Duration = Duration::from_secs(1);
-/// Longest retry delay after failed renewals.
+/// Longest retry delay after failed fetches.
 const BACKOFF_MAX: Duration = Duration::from_secs(150);
+/// Each delay is moved by up to this fraction either way, so identities that failed
+/// together do not retry together.
+const JITTER: f64 = 0.2;
 /// The renewal task wakes at least this often.
 const MAX_IDLE: Duration = Duration::from_secs(3600);
 /// The renewal task never loops faster than this.
@@ -54,62 +84,132 @@ const MIN_WAIT: Duration = Duration::from_millis(250);
 /// Client configs cached per certificate (one per distinct expected-identity set).
 const MAX_CLIENT_CONFIGS: usize = 256;
 
-/// Mints, caches and renews workload certificates.
+type Outcome = Result<Arc<WorkloadCertificate>, Arc<IssueError>>;
+type QueueKey = (Reverse<Priority>, u64);
+
+/// Fetches, caches and renews workload certificates.
 pub struct CertManager {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     issuer: Arc<dyn Issuer>,
     ttl: Duration,
     clock: Clock,
-    slots: Mutex<HashMap<SpiffeId, Arc<Slot>>>,
+    state: Mutex<State>,
+    /// Wakes the renewal task when due times may have moved (or the manager is gone).
     changed: Arc<Notify>,
+    metrics: CertMetrics,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<SpiffeId, Slot>,
+    /// Fetches waiting for one of the [`MAX_IN_FLIGHT`] places, best first.
+    queue: BTreeMap<QueueKey, Queued>,
+    running: usize,
+    next_seq: u64,
+}
+
+struct Queued {
+    id: SpiffeId,
+    tx: watch::Sender<Option<Outcome>>,
 }
 
 #[derive(Default)]
 struct Slot {
-    entry: Mutex<Option<Entry>>,
+    current: Option<Entry>,
+    fetch: Option<InFlight>,
+    backoff: Option<Backoff>,
+}
+
+/// A fetch queued or running; callers join it through `rx`.
+struct InFlight {
+    seq: u64,
+    priority: Priority,
+    queued: bool,
+    rx: watch::Receiver<Option<Outcome>>,
+}
+
+struct Backoff {
+    retry_at: SystemTime,
+    /// The un-jittered delay just used; the next one doubles it.
+    base: Duration,
+    error: Arc<IssueError>,
 }
 
 struct Entry {
     cert: Arc<WorkloadCertificate>,
     server: Option<Arc<ServerConfig>>,
     clients: HashMap<Vec<SpiffeId>, Arc<ClientConfig>>,
-    /// After a failed renewal: when to try again, and the next delay.
-    retry: Option<(SystemTime, Duration)>,
 }
 
 impl Entry {
-    fn new(cert: WorkloadCertificate) -> Entry {
+    fn new(cert: Arc<WorkloadCertificate>) -> Entry {
         Entry {
-            cert: Arc::new(cert),
+            cert,
             server: None,
             clients: HashMap::new(),
-            retry: None,
         }
     }
+}
 
-    /// Schedules the next attempt after a failure; returns the delay used.
-    fn back_off(&mut self, now: SystemTime) -> Duration {
-        let delay = self.retry.map_or(BACKOFF_START, |(_, d)| d);
-        // Never later than the expiry: the last chance to renew is before the cert lapses.
-        let retry_at = (now + delay).min(self.cert.not_after.max(now));
-        self.retry = Some((retry_at, (delay * 2).min(BACKOFF_MAX)));
-        delay
+impl Slot {
+    /// A certificate that is still valid at `now`.
+    fn valid(&self, now: SystemTime) -> Option<&Entry> {
+        self.current.as_ref().filter(|e| !e.cert.is_expired_at(now))
     }
 
-    /// When the renewal task should look at this entry next.
-    fn due_at(&self) -> SystemTime {
-        match self.retry {
-            Some((at, _)) => at,
-            None => self.cert.renew_at(),
+    /// When a background fetch should start; `None` while one is in flight.
+    fn due_at(&self) -> Option<SystemTime> {
+        if self.fetch.is_some() {
+            return None;
+        }
+        match (&self.backoff, &self.current) {
+            (Some(b), _) => Some(b.retry_at),
+            (None, Some(e)) => Some(e.cert.renew_at()),
+            (None, None) => None,
         }
     }
+}
+
+/// The delay after a failure, given the previous un-jittered one: doubling from
+/// [`BACKOFF_START`], jittered by ±[`JITTER`] (`unit` in 0..1), never above [`BACKOFF_MAX`].
+fn next_delay(previous: Option<Duration>, unit: f64) -> (Duration, Duration) {
+    let base = previous.map_or(BACKOFF_START, |d| (d * 2).min(BACKOFF_MAX));
+    let factor = 1.0 + JITTER * (2.0 * unit.clamp(0.0, 1.0) - 1.0);
+    (base, base.mul_f64(factor).min(BACKOFF_MAX))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Metrics of the certificate cache (see [`CertManager::register_metrics`]).
+#[derive(Clone, Default)]
+struct CertMetrics {
+    expiry: Family<Vec<(String, String)>, Gauge>,
+    failures: Family<Vec<(String, String)>, Counter>,
+}
+
+impl CertMetrics {
+    fn identity_label(id: &SpiffeId) -> Vec<(String, String)> {
+        vec![("identity".to_string(), id.to_string())]
+    }
+
+    fn set_expiry(&self, cert: &WorkloadCertificate) {
+        let secs = cert
+            .not_after
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        self.expiry
+            .get_or_create(&Self::identity_label(&cert.identity))
+            .set(secs);
+    }
+}
+
 impl CertManager {
-    /// A manager minting certificates valid for `ttl` from `ca`.
+    /// A manager minting certificates valid for `ttl` from the local `ca`.
     pub fn new(ca: Arc<CertificateAuthority>, ttl: Duration) -> Arc<Self> {
         Self::with_issuer(ca, ttl, Arc::new(SystemTime::now))
     }
@@ -117,102 +217,192 @@ impl CertManager {
     /// Like [`CertManager::new`] with any issuer and an injected clock.
     pub fn with_issuer(issuer: Arc<dyn Issuer>, ttl: Duration, clock: Clock) -> Arc<Self> {
         Arc::new(CertManager {
-            issuer,
-            ttl,
-            clock,
-            slots: Mutex::new(HashMap::new()),
-            changed: Arc::new(Notify::new()),
+            shared: Arc::new(Shared {
+                issuer,
+                ttl,
+                clock,
+                state: Mutex::new(State::default()),
+                changed: Arc::new(Notify::new()),
+                metrics: CertMetrics::default(),
+            }),
         })
     }
 
     /// The certificate lifetime requested for new certificates.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        self.shared.ttl
     }
 
-    /// The cached certificate if it is before its renewal time, else a newly minted one.
-    /// When minting fails but the cached certificate is still valid, the cached one is kept.
-    pub fn fetch(&self, id: &SpiffeId) -> Result<Arc<WorkloadCertificate>, CaError> {
-        self.with_entry(id, |e| Ok::<_, CaError>(e.cert.clone()))
+    /// Registers `ambit_certificate_expiration_timestamp_seconds{identity}` (the
+    /// `not_after` of each cached certificate, as Unix seconds) and
+    /// `ambit_certificate_fetch_failures_total{cause}`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        let m = &self.shared.metrics;
+        registry.register(
+            "ambit_certificate_expiration_timestamp_seconds",
+            "When each cached workload certificate expires (not_after), in seconds since the Unix epoch, by SPIFFE identity",
+            m.expiry.clone(),
+        );
+        registry.register(
+            "ambit_certificate_fetch_failures",
+            "Workload certificate fetches that failed, by cause (refused, unreachable, channel, bad_chain, wrong_identity, local_ca, abandoned)",
+            m.failures.clone(),
+        );
+    }
+
+    /// A valid certificate for `id`, waiting as a connection would ([`Priority::RealTime`]).
+    pub async fn fetch(&self, id: &SpiffeId) -> Result<Arc<WorkloadCertificate>, ManagerError> {
+        self.fetch_with(id, Priority::RealTime).await
+    }
+
+    /// A valid certificate for `id`: the cached one if still valid (starting its renewal
+    /// if due), else the outcome of a fetch, joined if one is already in flight.
+    pub async fn fetch_with(
+        &self,
+        id: &SpiffeId,
+        priority: Priority,
+    ) -> Result<Arc<WorkloadCertificate>, ManagerError> {
+        let mut rx = match self.shared.lookup(id, priority) {
+            Lookup::Ready(cert) => return Ok(cert),
+            Lookup::Failed(e) => return Err(ManagerError::Issue(e)),
+            Lookup::Wait(rx) => rx,
+        };
+        let outcome = match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone(),
+            Err(_) => None,
+        };
+        outcome
+            .unwrap_or_else(|| {
+                Err(Arc::new(IssueError::Abandoned {
+                    identity: id.to_string(),
+                    reason: "the identity was forgotten while its fetch waited",
+                }))
+            })
+            .map_err(ManagerError::Issue)
+    }
+
+    /// Starts fetching `id`'s certificate ([`Priority::Warmup`]) unless a valid one is
+    /// cached or a fetch is in flight; returns at once. Call inside a tokio runtime.
+    pub fn prefetch(&self, id: &SpiffeId) {
+        drop(self.shared.lookup(id, Priority::Warmup));
     }
 
     /// The (cached) HBONE server config for `id`'s current certificate.
-    pub fn server_config(&self, id: &SpiffeId) -> Result<Arc<ServerConfig>, ManagerError> {
-        self.with_entry(id, |e| {
-            if let Some(config) = &e.server {
-                return Ok(config.clone());
-            }
-            let config = tls::server_config(&e.cert)?;
-            e.server = Some(config.clone());
-            Ok(config)
-        })
+    pub async fn server_config(&self, id: &SpiffeId) -> Result<Arc<ServerConfig>, ManagerError> {
+        let cert = self.fetch(id).await?;
+        if let Some(config) = self
+            .shared
+            .with_current(&cert, |e| e.server.clone())
+            .flatten()
+        {
+            return Ok(config);
+        }
+        // Built outside the lock: it parses the roots, and other identities must not wait.
+        let config = tls::server_config(&cert)?;
+        self.shared.with_current(&cert, |e| {
+            e.server.get_or_insert_with(|| config.clone());
+        });
+        Ok(config)
     }
 
     /// The (cached) HBONE client config for `id`'s current certificate, accepting servers
     /// that prove one of `expected`.
-    pub fn client_config(
+    pub async fn client_config(
         &self,
         id: &SpiffeId,
         expected: &[SpiffeId],
     ) -> Result<Arc<ClientConfig>, ManagerError> {
-        self.with_entry(id, |e| {
-            if let Some(config) = e.clients.get(expected) {
-                return Ok(config.clone());
-            }
-            let config = tls::client_config(&e.cert, expected)?;
+        let cert = self.fetch(id).await?;
+        if let Some(config) = self
+            .shared
+            .with_current(&cert, |e| e.clients.get(expected).cloned())
+            .flatten()
+        {
+            return Ok(config);
+        }
+        let config = tls::client_config(&cert, expected)?;
+        self.shared.with_current(&cert, |e| {
             if e.clients.len() >= MAX_CLIENT_CONFIGS {
                 e.clients.clear();
             }
             e.clients.insert(expected.to_vec(), config.clone());
-            Ok(config)
-        })
+        });
+        Ok(config)
     }
 
-    /// Drops `id`'s certificate (its last workload left this node).
+    /// Drops `id`'s certificate and stops renewing it (its last workload left this node).
+    /// A queued fetch is cancelled; a running one finishes but is not cached.
     pub fn forget(&self, id: &SpiffeId) {
-        lock(&self.slots).remove(id);
+        let mut st = lock(&self.shared.state);
+        if let Some(slot) = st.slots.remove(id) {
+            if let Some(f) = slot.fetch.filter(|f| f.queued) {
+                st.queue.remove(&(Reverse(f.priority), f.seq));
+            }
+        }
+        drop(st);
+        self.shared
+            .metrics
+            .expiry
+            .remove(&CertMetrics::identity_label(id));
     }
 
-    /// The cached certificate of `id` without minting.
+    /// The cached certificate of `id` (valid or not) without fetching.
     pub fn cached(&self, id: &SpiffeId) -> Option<Arc<WorkloadCertificate>> {
-        let slot = lock(&self.slots).get(id).cloned()?;
-        let entry = lock(&slot.entry);
-        entry.as_ref().map(|e| e.cert.clone())
+        let st = lock(&self.shared.state);
+        st.slots.get(id)?.current.as_ref().map(|e| e.cert.clone())
     }
 
-    /// Every cached certificate as shown in `/config_dump`, sorted by identity.
+    /// Every known identity as shown in `/config_dump`, sorted by identity: cached
+    /// certificates as `Available`, others `Initializing` (first fetch running) or
+    /// `Unavailable: <error>` (backing off).
     pub fn dump(&self) -> Vec<CertificateDump> {
-        let mut certs: Vec<Arc<WorkloadCertificate>> = self
-            .slots()
-            .into_iter()
-            .filter_map(|(_, slot)| lock(&slot.entry).as_ref().map(|e| e.cert.clone()))
+        let st = lock(&self.shared.state);
+        let mut out: Vec<CertificateDump> = st
+            .slots
+            .iter()
+            .filter_map(|(id, slot)| match (&slot.current, &slot.backoff) {
+                (Some(e), _) => Some(e.cert.dump()),
+                (None, Some(b)) => Some(CertificateDump::pending(
+                    id,
+                    format!("Unavailable: {}", b.error),
+                )),
+                (None, None) => slot
+                    .fetch
+                    .as_ref()
+                    .map(|_| CertificateDump::pending(id, "Initializing".into())),
+            })
             .collect();
-        certs.sort_by(|a, b| a.identity.cmp(&b.identity));
-        certs.iter().map(|c| c.dump()).collect()
+        drop(st);
+        out.sort_by(|a, b| a.identity.cmp(&b.identity));
+        out
     }
 
-    /// Spawns a task renewing every cached certificate at its half life (failed renewals
-    /// are retried with exponential backoff, the old certificate kept while valid). The
-    /// task ends when the manager is dropped.
+    /// Spawns a task starting the renewal of every cached certificate at its half life and
+    /// the retries after failures. The task ends when the manager is dropped.
     pub fn spawn_renewal(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let weak: Weak<Self> = Arc::downgrade(self);
-        let changed = self.changed.clone();
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        let changed = self.shared.changed.clone();
         tokio::spawn(async move {
             loop {
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                // Only the fetch tasks and the manager keep `shared` alive; a manager
+                // dropped meanwhile ends the loop at the next wake.
+                if Arc::strong_count(&shared) == 1 {
+                    return;
+                }
                 let notified = changed.notified();
                 tokio::pin!(notified);
-                // Register interest before looking, so an insert in between is not missed.
+                // Register interest before looking, so a change in between is not missed.
                 notified.as_mut().enable();
-                let wait = match weak.upgrade() {
-                    Some(this) => {
-                        let now = (this.clock)();
-                        this.renew_due()
-                            .map(|t| t.duration_since(now).unwrap_or(Duration::ZERO))
-                            .unwrap_or(MAX_IDLE)
-                            .clamp(MIN_WAIT, MAX_IDLE)
-                    }
-                    None => return,
-                };
+                let now = (shared.clock)();
+                let wait = shared
+                    .renew_due()
+                    .map(|t| t.duration_since(now).unwrap_or(Duration::ZERO))
+                    .unwrap_or(MAX_IDLE)
+                    .clamp(MIN_WAIT, MAX_IDLE);
+                drop(shared);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = notified => {}
@@ -221,317 +411,293 @@ impl CertManager {
         })
     }
 
-    /// Renews every certificate that is due; returns when the next one will be due.
+    /// Starts every fetch that is due (renewals at half life, retries after failures) in
+    /// the background; returns when the next one will be due.
     pub fn renew_due(&self) -> Option<SystemTime> {
-        let mut next: Option<SystemTime> = None;
-        for (id, slot) in self.slots() {
-            let mut guard = lock(&slot.entry);
-            let Some(entry) = guard.as_mut() else {
+        self.shared.renew_due()
+    }
+
+    /// Waits until no fetch is queued or running (tests, orderly shutdown).
+    pub async fn wait_idle(&self) {
+        loop {
+            let waiting: Vec<watch::Receiver<Option<Outcome>>> = {
+                let st = lock(&self.shared.state);
+                st.slots
+                    .values()
+                    .filter_map(|s| s.fetch.as_ref().map(|f| f.rx.clone()))
+                    .collect()
+            };
+            if waiting.is_empty() && lock(&self.shared.state).running == 0 {
+                return;
+            }
+            for mut rx in waiting {
+                let _ = rx.wait_for(Option::is_some).await;
+            }
+            // A forgotten fetch still running holds a place: let it end.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        lock(&self.shared.state).queue.len()
+    }
+}
+
+enum Lookup {
+    Ready(Arc<WorkloadCertificate>),
+    Failed(Arc<IssueError>),
+    Wait(watch::Receiver<Option<Outcome>>),
+}
+
+impl Shared {
+    fn lookup(self: &Arc<Self>, id: &SpiffeId, priority: Priority) -> Lookup {
+        let mut guard = lock(&self.state);
+        let st: &mut State = &mut guard;
+        let now = (self.clock)();
+        let slot = st.slots.entry(id.clone()).or_default();
+        if let Some(e) = slot.valid(now) {
+            let cert = e.cert.clone();
+            if slot.due_at().is_some_and(|t| now >= t) {
+                self.start(st, id, Priority::Background);
+            }
+            return Lookup::Ready(cert);
+        }
+        if let Some(f) = slot.fetch.as_mut() {
+            let rx = f.rx.clone();
+            if priority > f.priority {
+                let old = (Reverse(f.priority), f.seq);
+                f.priority = priority;
+                if f.queued {
+                    if let Some(q) = st.queue.remove(&old) {
+                        st.queue.insert((Reverse(priority), old.1), q);
+                    }
+                }
+            }
+            return Lookup::Wait(rx);
+        }
+        if let Some(b) = slot.backoff.as_ref().filter(|b| now < b.retry_at) {
+            return Lookup::Failed(b.error.clone());
+        }
+        Lookup::Wait(self.start(st, id, priority))
+    }
+
+    /// Starts a fetch for `id` (whose slot exists and has none in flight), or queues it
+    /// when [`MAX_IN_FLIGHT`] are running.
+    fn start(
+        self: &Arc<Self>,
+        st: &mut State,
+        id: &SpiffeId,
+        priority: Priority,
+    ) -> watch::Receiver<Option<Outcome>> {
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let (tx, rx) = watch::channel(None);
+        let queued = st.running >= MAX_IN_FLIGHT;
+        if let Some(slot) = st.slots.get_mut(id) {
+            slot.fetch = Some(InFlight {
+                seq,
+                priority,
+                queued,
+                rx: rx.clone(),
+            });
+        }
+        if queued {
+            st.queue
+                .insert((Reverse(priority), seq), Queued { id: id.clone(), tx });
+        } else {
+            self.spawn_fetch(st, id.clone(), seq, tx);
+        }
+        rx
+    }
+
+    fn spawn_fetch(
+        self: &Arc<Self>,
+        st: &mut State,
+        id: SpiffeId,
+        seq: u64,
+        tx: watch::Sender<Option<Outcome>>,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Nothing can run the fetch: its waiters see it abandoned.
+            tracing::error!(identity = %id, "certificate fetch outside a tokio runtime");
+            if let Some(slot) = st.slots.get_mut(&id) {
+                slot.fetch = None;
+            }
+            return;
+        };
+        st.running += 1;
+        let mut done = FetchDone {
+            shared: self.clone(),
+            id,
+            seq,
+            tx: Some(tx),
+        };
+        runtime.spawn(async move {
+            let now = (done.shared.clock)();
+            let result = done
+                .shared
+                .issuer
+                .issue(&done.id, done.shared.ttl, now)
+                .await;
+            done.finish(result);
+        });
+    }
+
+    fn finish(
+        self: &Arc<Self>,
+        id: &SpiffeId,
+        seq: u64,
+        result: Result<WorkloadCertificate, IssueError>,
+        tx: watch::Sender<Option<Outcome>>,
+    ) {
+        let outcome: Outcome = match result {
+            // Issuers check this too; a certificate for another identity is never cached.
+            Ok(cert) if cert.identity != *id => Err(Arc::new(IssueError::WrongIdentity {
+                expected: id.to_string(),
+                found: cert.identity.to_string(),
+            })),
+            Ok(cert) => Ok(Arc::new(cert)),
+            Err(e) => Err(Arc::new(e)),
+        };
+        let mut st = lock(&self.state);
+        st.running = st.running.saturating_sub(1);
+        let now = (self.clock)();
+        let slot = st
+            .slots
+            .get_mut(id)
+            .filter(|s| s.fetch.as_ref().is_some_and(|f| f.seq == seq));
+        match (&outcome, slot) {
+            (Ok(cert), Some(slot)) => {
+                slot.fetch = None;
+                slot.backoff = None;
+                slot.current = Some(Entry::new(cert.clone()));
+                self.metrics.set_expiry(cert);
+                tracing::debug!(identity = %id, "workload certificate fetched");
+            }
+            (Err(error), Some(slot)) => {
+                slot.fetch = None;
+                let unit: f64 = rand::random();
+                let (base, delay) = next_delay(slot.backoff.as_ref().map(|b| b.base), unit);
+                let mut retry_at = now + delay;
+                let valid = slot.valid(now).map(|e| e.cert.not_after);
+                if let Some(not_after) = valid {
+                    // The last chance to renew is before the certificate lapses.
+                    retry_at = retry_at.min(not_after);
+                    tracing::warn!(identity = %id, %error, ?delay, "fetching a workload certificate failed; the current one serves until it expires");
+                } else {
+                    tracing::warn!(identity = %id, %error, ?delay, "fetching a workload certificate failed");
+                }
+                slot.backoff = Some(Backoff {
+                    retry_at,
+                    base,
+                    error: error.clone(),
+                });
+            }
+            // Forgotten meanwhile: the waiters get the answer, the cache does not.
+            (_, None) => {}
+        }
+        if let Err(error) = &outcome {
+            self.metrics
+                .failures
+                .get_or_create(&vec![("cause".to_string(), error.cause().to_string())])
+                .inc();
+        }
+        tx.send_replace(Some(outcome));
+        // A place is free: start the best queued fetch still wanted.
+        while st.running < MAX_IN_FLIGHT {
+            let Some((_, q)) = st.queue.pop_first() else {
+                break;
+            };
+            let Some(next_seq) = st
+                .slots
+                .get_mut(&q.id)
+                .and_then(|s| s.fetch.as_mut())
+                .map(|f| {
+                    f.queued = false;
+                    f.seq
+                })
+            else {
                 continue;
             };
-            let now = (self.clock)();
-            if now >= entry.due_at() {
-                match self.issuer.issue_at(&id, self.ttl, now) {
-                    Ok(cert) => {
-                        tracing::debug!(identity = %id, "renewed workload certificate");
-                        *entry = Entry::new(cert);
-                    }
-                    Err(error) => {
-                        let delay = entry.back_off(now);
-                        tracing::warn!(identity = %id, %error, ?delay, "renewing workload certificate failed; keeping the current one while it is valid");
-                    }
-                }
-            }
-            let due = entry.due_at();
-            next = Some(next.map_or(due, |n| n.min(due)));
+            self.spawn_fetch(&mut st, q.id, next_seq, q.tx);
         }
-        next
+        drop(st);
+        self.changed.notify_one();
     }
 
-    fn slots(&self) -> Vec<(SpiffeId, Arc<Slot>)> {
-        lock(&self.slots)
-            .iter()
-            .map(|(id, s)| (id.clone(), s.clone()))
-            .collect()
-    }
-
-    /// Runs `f` on `id`'s entry after making sure it holds a certificate before its
-    /// renewal time (minting under the slot's lock).
-    fn with_entry<R, E: From<CaError>>(
-        &self,
-        id: &SpiffeId,
-        f: impl FnOnce(&mut Entry) -> Result<R, E>,
-    ) -> Result<R, E> {
-        let slot = lock(&self.slots).entry(id.clone()).or_default().clone();
-        let mut guard = lock(&slot.entry);
+    fn renew_due(self: &Arc<Self>) -> Option<SystemTime> {
+        let mut st = lock(&self.state);
         let now = (self.clock)();
-        if let Some(entry) = guard.as_mut() {
-            // Before the renewal time, or backing off after a failure while still valid.
-            if now < entry.due_at() && !entry.cert.is_expired_at(now) {
-                return f(entry);
-            }
+        let due: Vec<SpiffeId> = st
+            .slots
+            .iter()
+            .filter(|(_, s)| s.due_at().is_some_and(|t| now >= t))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &due {
+            self.start(&mut st, id, Priority::Background);
         }
-        match self.issuer.issue_at(id, self.ttl, now) {
-            Ok(cert) => {
-                if guard.is_none() {
-                    self.changed.notify_one();
-                }
-                f(guard.insert(Entry::new(cert)))
-            }
-            Err(error) => match guard.as_mut() {
-                Some(entry) if !entry.cert.is_expired_at(now) => {
-                    let delay = entry.back_off(now);
-                    tracing::warn!(identity = %id, %error, ?delay, "minting a workload certificate failed; using the current one");
-                    f(entry)
-                }
-                _ => Err(error.into()),
-            },
+        st.slots.values().filter_map(Slot::due_at).min()
+    }
+
+    /// Runs `f` on the cache entry of `cert` if it is still its identity's current one.
+    fn with_current<R>(
+        &self,
+        cert: &Arc<WorkloadCertificate>,
+        f: impl FnOnce(&mut Entry) -> R,
+    ) -> Option<R> {
+        let mut st = lock(&self.state);
+        let entry = st.slots.get_mut(&cert.identity)?.current.as_mut()?;
+        Arc::ptr_eq(&entry.cert, cert).then(|| f(entry))
+    }
+}
+
+/// Completes a fetch exactly once: with its result, or as abandoned if the task is
+/// dropped first (runtime shutdown, a panicking issuer), so its place is never leaked.
+struct FetchDone {
+    shared: Arc<Shared>,
+    id: SpiffeId,
+    seq: u64,
+    tx: Option<watch::Sender<Option<Outcome>>>,
+}
+
+impl FetchDone {
+    fn finish(&mut self, result: Result<WorkloadCertificate, IssueError>) {
+        if let Some(tx) = self.tx.take() {
+            self.shared.finish(&self.id, self.seq, result, tx);
         }
+    }
+}
+
+impl Drop for FetchDone {
+    fn drop(&mut self) {
+        let identity = self.id.to_string();
+        self.finish(Err(IssueError::Abandoned {
+            identity,
+            reason: "the fetch task ended without an answer",
+        }));
+    }
+}
+
+impl Drop for CertManager {
+    fn drop(&mut self) {
+        // Lets the renewal task see that it is no longer needed.
+        self.shared.changed.notify_one();
     }
 }
 
 impl std::fmt::Debug for CertManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = lock(&self.shared.state);
         f.debug_struct("CertManager")
-            .field("ttl", &self.ttl)
-            .field("identities", &lock(&self.slots).len())
+            .field("ttl", &self.shared.ttl)
+            .field("identities", &st.slots.len())
+            .field("running", &st.running)
+            .field("queued", &st.queue.len())
             .finish_non_exhaustive()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::{exchange, id};
-
-    /// A clock tests move by hand.
-    fn manual_clock() -> (Clock, Arc<Mutex<SystemTime>>) {
-        let now = Arc::new(Mutex::new(SystemTime::now()));
-        let handle = now.clone();
-        (Arc::new(move || *lock(&handle)), now)
-    }
-
-    fn advance(now: &Mutex<SystemTime>, by: Duration) {
-        *lock(now) += by;
-    }
-
-    const HOUR: Duration = Duration::from_secs(3600);
-
-    fn manager(ttl: Duration) -> (Arc<CertManager>, Arc<Mutex<SystemTime>>) {
-        let ca = Arc::new(CertificateAuthority::ephemeral("cluster.local").unwrap());
-        let (clock, now) = manual_clock();
-        (CertManager::with_issuer(ca, ttl, clock), now)
-    }
-
-    #[test]
-    fn fetch_caches_until_half_life() {
-        let (m, now) = manager(HOUR);
-        let a = id("spiffe://cluster.local/ns/a/sa/a");
-        let first = m.fetch(&a).unwrap();
-        assert!(Arc::ptr_eq(&first, &m.fetch(&a).unwrap()));
-        assert_eq!(first.identity, a);
-        // Just before the renewal time: still cached.
-        let until_renew = first.renew_at().duration_since(*lock(&now)).unwrap();
-        advance(&now, until_renew - Duration::from_secs(1));
-        assert!(Arc::ptr_eq(&first, &m.fetch(&a).unwrap()));
-        // At the renewal time: a new certificate.
-        advance(&now, Duration::from_secs(1));
-        let second = m.fetch(&a).unwrap();
-        assert!(!Arc::ptr_eq(&first, &second));
-        assert_ne!(first.chain[0], second.chain[0]);
-        assert!(second.not_after > first.not_after);
-        // Different identities have different certificates.
-        let b = m.fetch(&id("spiffe://cluster.local/ns/b/sa/b")).unwrap();
-        assert_ne!(b.chain[0], second.chain[0]);
-    }
-
-    #[test]
-    fn renew_due_replaces_certificates_at_half_life() {
-        let (m, now) = manager(HOUR);
-        assert_eq!(m.renew_due(), None);
-        let a = id("spiffe://cluster.local/ns/a/sa/a");
-        let first = m.fetch(&a).unwrap();
-        let server = m.server_config(&a).unwrap();
-        assert_eq!(m.renew_due(), Some(first.renew_at()));
-        assert!(Arc::ptr_eq(&m.cached(&a).unwrap(), &first));
-        advance(&now, HOUR / 2);
-        let next = m.renew_due().unwrap();
-        let renewed = m.cached(&a).unwrap();
-        assert!(!Arc::ptr_eq(&renewed, &first), "renewed without a fetch");
-        assert_eq!(next, renewed.renew_at());
-        assert!(!Arc::ptr_eq(&server, &m.server_config(&a).unwrap()));
-    }
-
-    #[test]
-    fn configs_are_cached_per_certificate() {
-        let (m, _) = manager(HOUR);
-        let a = id("spiffe://cluster.local/ns/a/sa/a");
-        let b = id("spiffe://cluster.local/ns/b/sa/b");
-        let s1 = m.server_config(&a).unwrap();
-        assert!(Arc::ptr_eq(&s1, &m.server_config(&a).unwrap()));
-        let c1 = m.client_config(&a, std::slice::from_ref(&b)).unwrap();
-        assert!(Arc::ptr_eq(
-            &c1,
-            &m.client_config(&a, std::slice::from_ref(&b)).unwrap()
-        ));
-        let c2 = m.client_config(&a, &[b.clone(), a.clone()]).unwrap();
-        assert!(!Arc::ptr_eq(&c1, &c2));
-        assert!(matches!(
-            m.client_config(&a, &[]),
-            Err(ManagerError::Tls(crate::TlsError::NoExpectedIdentities))
-        ));
-    }
-
-    #[tokio::test]
-    async fn manager_configs_interoperate() {
-        let ca = Arc::new(CertificateAuthority::ephemeral("cluster.local").unwrap());
-        let m = CertManager::new(ca, HOUR);
-        let server = id("spiffe://cluster.local/ns/s/sa/server");
-        let client = id("spiffe://cluster.local/ns/c/sa/client");
-        let out = exchange(
-            m.server_config(&server).unwrap(),
-            m.client_config(&client, std::slice::from_ref(&server))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(out.client_id, Some(client));
-        assert_eq!(out.server_id, Some(server));
-    }
-
-    /// Fails on demand.
-    struct Flaky {
-        ca: CertificateAuthority,
-        failing: std::sync::atomic::AtomicBool,
-        calls: std::sync::atomic::AtomicUsize,
-    }
-
-    impl Issuer for Flaky {
-        fn issue_at(
-            &self,
-            id: &SpiffeId,
-            ttl: Duration,
-            now: SystemTime,
-        ) -> Result<WorkloadCertificate, CaError> {
-            use std::sync::atomic::Ordering::SeqCst;
-            self.calls.fetch_add(1, SeqCst);
-            if self.failing.load(SeqCst) {
-                Err(CaError::InvalidTtl { ttl })
-            } else {
-                self.ca.issue_at(id, ttl, now)
-            }
-        }
-    }
-
-    #[test]
-    fn failed_renewal_keeps_the_valid_certificate_and_backs_off() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let flaky = Arc::new(Flaky {
-            ca: CertificateAuthority::ephemeral("cluster.local").unwrap(),
-            failing: false.into(),
-            calls: 0.into(),
-        });
-        let (clock, now) = manual_clock();
-        let m = CertManager::with_issuer(flaky.clone(), HOUR, clock);
-        let a = id("spiffe://cluster.local/ns/a/sa/a");
-        let first = m.fetch(&a).unwrap();
-        flaky.failing.store(true, SeqCst);
-        advance(&now, HOUR / 2 + Duration::from_secs(1));
-        // Due but the issuer fails: the still valid certificate is kept, and the issuer
-        // is not asked again before the retry time.
-        let calls = flaky.calls.load(SeqCst);
-        assert!(Arc::ptr_eq(&m.fetch(&a).unwrap(), &first));
-        assert!(Arc::ptr_eq(&m.fetch(&a).unwrap(), &first));
-        assert_eq!(flaky.calls.load(SeqCst), calls + 1);
-        let t = *lock(&now);
-        // Retries after 1 s, then 2 s, 4 s...
-        assert_eq!(m.renew_due(), Some(t + Duration::from_secs(1)));
-        let calls = flaky.calls.load(SeqCst);
-        assert_eq!(
-            m.renew_due(),
-            Some(t + Duration::from_secs(1)),
-            "not before the retry time"
-        );
-        assert_eq!(flaky.calls.load(SeqCst), calls);
-        advance(&now, Duration::from_secs(1));
-        assert_eq!(m.renew_due(), Some(t + Duration::from_secs(3)));
-        advance(&now, Duration::from_secs(2));
-        assert_eq!(m.renew_due(), Some(t + Duration::from_secs(7)));
-        assert!(Arc::ptr_eq(&m.cached(&a).unwrap(), &first));
-        // The issuer recovers: the next retry renews and clears the backoff.
-        flaky.failing.store(false, SeqCst);
-        advance(&now, Duration::from_secs(4));
-        let next = m.renew_due().unwrap();
-        let renewed = m.cached(&a).unwrap();
-        assert!(!Arc::ptr_eq(&renewed, &first));
-        assert_eq!(next, renewed.renew_at());
-        // Once the old certificate has expired, a failing issuer is an error.
-        flaky.failing.store(true, SeqCst);
-        advance(&now, 2 * HOUR);
-        assert!(m.fetch(&a).is_err());
-    }
-
-    #[test]
-    fn dump_is_sorted_and_forget_removes() {
-        let (m, _) = manager(HOUR);
-        for s in [
-            "spiffe://cluster.local/ns/z/sa/z",
-            "spiffe://cluster.local/ns/a/sa/b",
-            "spiffe://cluster.local/ns/a/sa/a",
-        ] {
-            m.fetch(&id(s)).unwrap();
-        }
-        let ids: Vec<String> = m.dump().into_iter().map(|d| d.identity).collect();
-        assert_eq!(
-            ids,
-            [
-                "spiffe://cluster.local/ns/a/sa/a",
-                "spiffe://cluster.local/ns/a/sa/b",
-                "spiffe://cluster.local/ns/z/sa/z"
-            ]
-        );
-        m.forget(&id("spiffe://cluster.local/ns/a/sa/b"));
-        assert_eq!(m.dump().len(), 2);
-        assert!(m.cached(&id("spiffe://cluster.local/ns/a/sa/b")).is_none());
-    }
-
-    #[test]
-    fn one_mint_per_identity_under_concurrency() {
-        let (m, _) = manager(HOUR);
-        let a = id("spiffe://cluster.local/ns/a/sa/a");
-        let certs: Vec<Arc<WorkloadCertificate>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..8).map(|_| s.spawn(|| m.fetch(&a).unwrap())).collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert!(certs.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])));
-    }
-
-    #[tokio::test]
-    async fn renewal_task_renews_in_real_time() {
-        let ca = Arc::new(CertificateAuthority::ephemeral("cluster.local").unwrap());
-        // 4 s lifetime, 2 s backdate: renewal due within about a second of issue.
-        let m = CertManager::new(ca, Duration::from_secs(4));
-        let task = m.spawn_renewal();
-        let a = id("spiffe://cluster.local/ns/a/sa/a");
-        let first = m.fetch(&a).unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-        loop {
-            let current = m.cached(&a).unwrap();
-            if !Arc::ptr_eq(&current, &first) {
-                assert!(current.not_after >= first.not_after);
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not renewed in time"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        // The task ends once the manager is gone.
-        drop(m);
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("renewal task did not stop")
-            .unwrap();
-    }
-}
+mod tests;
