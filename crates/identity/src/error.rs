@@ -134,8 +134,9 @@ pub enum TlsError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IssueError {
-    /// The local CA could not sign (its files or key): the operator's to fix.
-    #[error("the local CA failed: {0}")]
+    /// Local certificate work failed: the local CA could not sign (its files or key, the
+    /// operator's to fix), or a key or CSR could not be made.
+    #[error("local certificate signing failed: {0}")]
     Local(#[from] CaError),
     /// The CA answered with a gRPC error: it refused this request (often the token or
     /// the requested identity is not allowed); retrying helps only if that changes.
@@ -148,8 +149,8 @@ pub enum IssueError {
     #[error("cannot talk to the CA: {reason}")]
     Channel { reason: String },
     /// The CA answered with a chain we cannot use: the CA's fault.
-    #[error("the CA returned an unusable certificate chain: {0}")]
-    BadChain(#[source] CertError),
+    #[error("the CA returned an unusable certificate chain: {reason}")]
+    BadChain { reason: String },
     /// The CA signed a certificate for another identity than the one asked for.
     #[error(
         "the CA returned a certificate for {found}, but {expected} was requested; it was rejected"
@@ -172,7 +173,7 @@ impl IssueError {
             IssueError::Refused { .. } => "refused",
             IssueError::Unreachable { .. } => "unreachable",
             IssueError::Channel { .. } => "channel",
-            IssueError::BadChain(_) => "bad_chain",
+            IssueError::BadChain { .. } => "bad_chain",
             IssueError::WrongIdentity { .. } => "wrong_identity",
             IssueError::Abandoned { .. } => "abandoned",
         }

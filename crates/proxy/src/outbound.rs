@@ -143,7 +143,7 @@ async fn tunnel(
         );
         move || async move {
             // Cached per (identity, expected peers): no config is built per dial.
-            let tls = pi.certs.client_config(&identity, &expected).map_err(|e| {
+            let tls = pi.certs.client_config(&identity, &expected).await.map_err(|e| {
                 HboneError::Tls(Arc::new(std::io::Error::other(format!(
                     "no client TLS for {identity}: {e}"
                 ))))

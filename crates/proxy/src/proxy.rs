@@ -135,16 +135,18 @@ async fn serve_hbone(
         tracing::debug!(?peer, "socket options on an HBONE connection: {e}");
     }
     let tls = {
-        let state = pi.state.get();
-        let local = match pi.local().workload(&state) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(?peer, "HBONE connection refused: {e}");
-                return;
+        let identity = {
+            let state = pi.state.get();
+            match pi.local().workload(&state) {
+                Ok(w) => w.identity(),
+                Err(e) => {
+                    tracing::warn!(?peer, "HBONE connection refused: {e}");
+                    return;
+                }
             }
         };
-        let identity = local.identity();
-        match pi.certs.server_config(&identity) {
+        // May wait for the CA (RealTime priority) when no valid certificate is cached.
+        match pi.certs.server_config(&identity).await {
             Ok(tls) => tls,
             Err(e) => {
                 let e = crate::error::Error::NoCertificate {
