@@ -63,7 +63,11 @@ impl RemoteIssuer {
         self
     }
 
-    async fn create(&self, id: &SpiffeId, ttl: Duration) -> Result<WorkloadCertificate, IssueError> {
+    async fn create(
+        &self,
+        id: &SpiffeId,
+        ttl: Duration,
+    ) -> Result<WorkloadCertificate, IssueError> {
         let csr = CertificateRequest::new(id)?;
         let message = request_message(&csr, ttl, self.impersonate);
         let channel_error = |e: ambit_grpc::GrpcError| IssueError::Channel {
@@ -71,8 +75,8 @@ impl RemoteIssuer {
         };
         let channel = self.channel.channel().map_err(channel_error)?;
         let request = self.channel.request(message).map_err(channel_error)?;
-        let mut client =
-            IstioCertificateServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let mut client = IstioCertificateServiceClient::new(channel)
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let response = tokio::time::timeout(self.timeout, client.create_certificate(request))
             .await
             .map_err(|_| IssueError::Unreachable {

@@ -63,7 +63,11 @@ impl NodePrefetch {
             certs.forget(id);
         }
         if !plan.prefetch.is_empty() || !plan.forget.is_empty() {
-            tracing::debug!(prefetch = plan.prefetch.len(), forget = plan.forget.len(), "node-local certificates updated");
+            tracing::debug!(
+                prefetch = plan.prefetch.len(),
+                forget = plan.forget.len(),
+                "node-local certificates updated"
+            );
         }
         plan
     }
@@ -95,11 +99,19 @@ mod tests {
     #[test]
     fn prefetches_local_hbone_identities_and_forgets_the_last_to_leave() {
         let mut state = ProxyState::new();
-        state.insert_workload(workload("a1", "a", "sa", "n1", true)).unwrap();
-        state.insert_workload(workload("a2", "a", "sa", "n1", true)).unwrap();
+        state
+            .insert_workload(workload("a1", "a", "sa", "n1", true))
+            .unwrap();
+        state
+            .insert_workload(workload("a2", "a", "sa", "n1", true))
+            .unwrap();
         // Not prefetched: another node, and a plain-TCP workload.
-        state.insert_workload(workload("b1", "b", "sa", "n2", true)).unwrap();
-        state.insert_workload(workload("c1", "c", "sa", "n1", false)).unwrap();
+        state
+            .insert_workload(workload("b1", "b", "sa", "n2", true))
+            .unwrap();
+        state
+            .insert_workload(workload("c1", "c", "sa", "n1", false))
+            .unwrap();
         let mut native = workload("d1", "d", "sa", "n1", false);
         native.native_tunnel = true;
         state.insert_workload(native).unwrap();
@@ -130,10 +142,14 @@ mod tests {
 
     #[tokio::test]
     async fn apply_prefetches_into_the_manager_and_forgets() {
-        let ca = std::sync::Arc::new(ambit_identity::CertificateAuthority::ephemeral("cluster.local").unwrap());
+        let ca = std::sync::Arc::new(
+            ambit_identity::CertificateAuthority::ephemeral("cluster.local").unwrap(),
+        );
         let certs = CertManager::new(ca, std::time::Duration::from_secs(3600));
         let mut state = ProxyState::new();
-        state.insert_workload(workload("a1", "a", "sa", "n1", true)).unwrap();
+        state
+            .insert_workload(workload("a1", "a", "sa", "n1", true))
+            .unwrap();
         let mut p = NodePrefetch::new("n1");
         p.apply(&state, &certs);
         certs.wait_idle().await;

@@ -97,13 +97,23 @@ fn malformed_answers_are_the_cas_fault() {
     for (what, chain) in [
         ("empty", vec![]),
         ("leaf only", vec![good.cert_chain[0].clone()]),
-        ("garbage", vec!["not pem".to_string(), good.cert_chain[1].clone()]),
-        ("too long", vec![good.cert_chain[0].clone(); MAX_CHAIN_ELEMENTS + 1]),
+        (
+            "garbage",
+            vec!["not pem".to_string(), good.cert_chain[1].clone()],
+        ),
+        (
+            "too long",
+            vec![good.cert_chain[0].clone(); MAX_CHAIN_ELEMENTS + 1],
+        ),
     ] {
         let err = certificate_from_response(csr(), &IstioCertificateResponse { cert_chain: chain })
             .unwrap_err();
         assert_eq!(err.cause(), "bad_chain", "{what}: {err}");
-        assert!(err.to_string().starts_with("the CA returned an unusable certificate chain"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("the CA returned an unusable certificate chain"),
+            "{err}"
+        );
     }
 }
 
@@ -117,7 +127,10 @@ fn statuses_say_refused_or_unreachable() {
         refused.to_string(),
         "the CA refused the certificate request with status PermissionDenied (7): token audience mismatch"
     );
-    let down = status_error("https://istiod:15012", &tonic::Status::unavailable("tcp connect error"));
+    let down = status_error(
+        "https://istiod:15012",
+        &tonic::Status::unavailable("tcp connect error"),
+    );
     assert_eq!(down.cause(), "unreachable");
     assert!(down.to_string().contains("https://istiod:15012"), "{down}");
 }

@@ -45,8 +45,10 @@ struct TestCa {
     seen: Mutex<Vec<Seen>>,
 }
 
+struct Svc(Arc<TestCa>);
+
 #[tonic::async_trait]
-impl IstioCertificateService for Arc<TestCa> {
+impl IstioCertificateService for Svc {
     async fn create_certificate(
         &self,
         request: tonic::Request<IstioCertificateRequest>,
@@ -59,12 +61,19 @@ impl IstioCertificateService for Arc<TestCa> {
                 .map(str::to_string)
         };
         let body = request.get_ref();
-        let fields = body.metadata.as_ref().map(|m| m.fields.clone()).unwrap_or_default();
-        let impersonated = fields.get(IMPERSONATED_IDENTITY).and_then(|v| match &v.kind {
-            Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
-            _ => None,
-        });
-        self.seen.lock().unwrap().push(Seen {
+        let fields = body
+            .metadata
+            .as_ref()
+            .map(|m| m.fields.clone())
+            .unwrap_or_default();
+        let impersonated = fields
+            .get(IMPERSONATED_IDENTITY)
+            .and_then(|v| match &v.kind {
+                Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            });
+        let this = &self.0;
+        this.seen.lock().unwrap().push(Seen {
             authorization: header("authorization"),
             clusterid: header("clusterid"),
             extra: header("x-extra"),
@@ -73,7 +82,7 @@ impl IstioCertificateService for Arc<TestCa> {
             validity: body.validity_duration,
         });
         let ttl = Duration::from_secs(body.validity_duration.max(1) as u64);
-        let csr = match self.mode.load(SeqCst) {
+        let csr = match this.mode.load(SeqCst) {
             REFUSE => {
                 return Err(tonic::Status::permission_denied(
                     "this token may not ask for that identity",
@@ -86,7 +95,7 @@ impl IstioCertificateService for Arc<TestCa> {
             }
             _ => body.csr.clone(),
         };
-        let signed = self
+        let signed = this
             .ca
             .sign_request(&csr, ttl, SystemTime::now())
             .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
@@ -187,7 +196,7 @@ async fn start_ca() -> Server {
     });
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(IstioCertificateServiceServer::new(ca.clone()))
+            .add_service(IstioCertificateServiceServer::new(Svc(ca.clone())))
             .serve_with_incoming(incoming),
     );
     Server { addr, root_pem, ca }
@@ -214,8 +223,13 @@ fn web() -> SpiffeId {
 /// Failure guard only.
 const GUARD: Duration = Duration::from_secs(30);
 
-async fn fetch(m: &CertManager, id: &SpiffeId) -> Result<Arc<ambit_identity::WorkloadCertificate>, ManagerError> {
-    tokio::time::timeout(GUARD, m.fetch(id)).await.expect("fetch hung")
+async fn fetch(
+    m: &CertManager,
+    id: &SpiffeId,
+) -> Result<Arc<ambit_identity::WorkloadCertificate>, ManagerError> {
+    tokio::time::timeout(GUARD, m.fetch(id))
+        .await
+        .expect("fetch hung")
 }
 
 #[tokio::test]
@@ -235,7 +249,10 @@ async fn shared_mode_asks_on_behalf_of_the_pod() {
     assert_eq!(s.authorization.as_deref(), Some("Bearer jwt-abc"));
     assert_eq!(s.clusterid.as_deref(), Some("cluster-7"));
     assert_eq!(s.extra.as_deref(), Some("yes"));
-    assert_eq!(s.impersonated.as_deref(), Some("spiffe://cluster.local/ns/default/sa/web"));
+    assert_eq!(
+        s.impersonated.as_deref(),
+        Some("spiffe://cluster.local/ns/default/sa/web")
+    );
     assert_eq!(s.metadata_fields, 1);
     assert_eq!(s.validity, 86400);
     // The certificate works for HBONE.
@@ -246,7 +263,10 @@ async fn shared_mode_asks_on_behalf_of_the_pod() {
 async fn dedicated_mode_sends_no_metadata() {
     let server = start_ca().await;
     let issuer = issuer(server.addr, &server.root_pem, false);
-    let cert = issuer.issue(&web(), Duration::from_secs(3600), SystemTime::now()).await.unwrap();
+    let cert = issuer
+        .issue(&web(), Duration::from_secs(3600), SystemTime::now())
+        .await
+        .unwrap();
     assert_eq!(cert.identity, web());
     let seen = server.ca.seen.lock().unwrap().clone();
     assert_eq!(seen[0].metadata_fields, 0);
@@ -264,9 +284,15 @@ async fn a_certificate_for_another_identity_is_rejected() {
         Arc::new(SystemTime::now),
     );
     let err = fetch(&m, &web()).await.unwrap_err();
-    let ManagerError::Issue(e) = &err else { panic!("{err:?}") };
+    let ManagerError::Issue(e) = &err else {
+        panic!("{err:?}")
+    };
     assert!(matches!(**e, IssueError::WrongIdentity { .. }), "{e:?}");
-    assert!(err.to_string().contains("spiffe://cluster.local/ns/x/sa/admin"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("spiffe://cluster.local/ns/x/sa/admin"),
+        "{err}"
+    );
     assert!(m.cached(&web()).is_none());
 }
 
@@ -275,7 +301,10 @@ async fn a_refusal_names_the_status() {
     let server = start_ca().await;
     server.ca.mode.store(REFUSE, SeqCst);
     let issuer = issuer(server.addr, &server.root_pem, true);
-    let err = issuer.issue(&web(), DAY, SystemTime::now()).await.unwrap_err();
+    let err = issuer
+        .issue(&web(), DAY, SystemTime::now())
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "the CA refused the certificate request with status PermissionDenied (7): this token may not ask for that identity"
@@ -326,7 +355,10 @@ async fn with_the_ca_down_the_valid_certificate_keeps_serving() {
     assert!(Arc::ptr_eq(&fetch(&m, &web()).await.unwrap(), &first));
     m.server_config(&web()).await.unwrap();
     let next = m.renew_due().unwrap();
-    assert!(next > *now.lock().unwrap() && next <= first.not_after, "a retry is scheduled");
+    assert!(
+        next > *now.lock().unwrap() && next <= first.not_after,
+        "a retry is scheduled"
+    );
     // An identity without a certificate gets the CA's failure, saying it is unreachable.
     let other = SpiffeId::parse("spiffe://cluster.local/ns/default/sa/other").unwrap();
     let err = fetch(&m, &other).await.unwrap_err();

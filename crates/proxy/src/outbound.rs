@@ -143,11 +143,15 @@ async fn tunnel(
         );
         move || async move {
             // Cached per (identity, expected peers): no config is built per dial.
-            let tls = pi.certs.client_config(&identity, &expected).await.map_err(|e| {
-                HboneError::Tls(Arc::new(std::io::Error::other(format!(
-                    "no client TLS for {identity}: {e}"
-                ))))
-            })?;
+            let tls = pi
+                .certs
+                .client_config(&identity, &expected)
+                .await
+                .map_err(|e| {
+                    HboneError::Tls(Arc::new(std::io::Error::other(format!(
+                        "no client TLS for {identity}: {e}"
+                    ))))
+                })?;
             let tcp = socket::connect(&*pi.sockets, &pi.cfg, next_hop, None).await?;
             let tcp = ambit_hbone::ReadAhead::new(tcp);
             ambit_hbone::tls::connect(tcp, tls).await
