@@ -8,6 +8,8 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use ambit_caclient::{NodePrefetch, RemoteIssuer};
+use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
 use ambit_identity::{CertManager, CertificateAuthority};
 use ambit_proxy::admission::{HandshakeGate, NodeHandshakes};
 use ambit_proxy::inpod::{PodProxyFactory, WorkloadManager};
@@ -16,7 +18,7 @@ use ambit_proxy::{BoundProxy, ProxyInputs, SharedState};
 use ambit_state::ProxyState;
 
 use crate::admin::{admin_handler, metrics_handler, readiness_handler, AdminContext};
-use crate::config::{Config, LocalConfigSource, ProxyMode};
+use crate::config::{CaSource, Config, LocalConfigSource, ProxyMode};
 use crate::logging::LogHandle;
 use crate::readiness::Ready;
 
@@ -45,6 +47,55 @@ pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<(ProxyState, ser
     }
     let state = ProxyState::from_config(parsed).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     Ok((state, static_config))
+}
+
+/// The certificate manager for the configured issuer (see [`CaSource`]).
+fn cert_manager(cfg: &Config) -> anyhow::Result<Arc<CertManager>> {
+    let CaSource::Remote(remote) = &cfg.ca else {
+        let ca = Arc::new(certificate_authority(cfg)?);
+        return Ok(CertManager::new(ca, cfg.secret_ttl));
+    };
+    let channel = GrpcChannel::new(ChannelConfig {
+        address: remote.address.clone(),
+        root: RootCa::from_env_value(remote.root.as_deref()),
+        alt_hostname: remote.alt_hostname.clone(),
+        token: Token::from_env_value(remote.token.as_deref()),
+        cluster_id: cfg.proxy.cluster_id.clone(),
+        headers: remote.headers.clone(),
+    })
+    .with_context(|| {
+        format!(
+            "the CA channel to {} (CA_ADDRESS, CA_ROOT_CA, AUTH_TOKEN, CA_HEADER_*)",
+            remote.address
+        )
+    })?;
+    // In shared mode the node proxy asks for pods' certificates on their behalf.
+    let impersonate = cfg.proxy_mode == ProxyMode::Shared;
+    tracing::info!(address = %remote.address, impersonate, "workload certificates from the CA");
+    let issuer = RemoteIssuer::new(channel, remote.address.clone(), impersonate);
+    Ok(CertManager::with_issuer(
+        Arc::new(issuer),
+        cfg.secret_ttl,
+        Arc::new(std::time::SystemTime::now),
+    ))
+}
+
+/// Keeps the certificates of this node's HBONE workloads fetched ahead of connections
+/// (shared mode): after every state update, prefetches identities that arrived and
+/// forgets those whose last workload left.
+fn spawn_prefetch(state: SharedState, certs: Arc<CertManager>, node: String) {
+    let mut updates = state.subscribe();
+    let mut prefetch = NodePrefetch::new(node);
+    tokio::spawn(async move {
+        loop {
+            let snapshot = state.get();
+            prefetch.apply(&snapshot, &certs);
+            drop(snapshot);
+            if updates.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 fn certificate_authority(cfg: &Config) -> anyhow::Result<CertificateAuthority> {
@@ -128,14 +179,14 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     }
     let state = SharedState::new(state);
 
-    let ca = Arc::new(certificate_authority(&cfg)?);
-    let certs = CertManager::new(ca, cfg.secret_ttl);
+    let certs = cert_manager(&cfg)?;
 
     let mut registry = Registry::default();
     registry.register_collector(Box::new(crate::process_metrics::ProcessAndRuntime {
         runtime: tokio::runtime::Handle::current(),
     }));
     let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    certs.register_metrics(&mut registry);
     // One node-wide handshake count, whichever mode; its sheds are ambit's own metric.
     let node_handshakes = NodeHandshakes::new(cfg.proxy.handshakes.node);
     registry.register(
@@ -240,6 +291,9 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     );
 
     let renewal = certs.spawn_renewal();
+    if let (ProxyMode::Shared, Some(node)) = (cfg.proxy_mode, &cfg.node_name) {
+        spawn_prefetch(state.clone(), certs.clone(), node.clone());
+    }
     let admin_ctx = AdminContext {
         config: cfg.clone(),
         state,
