@@ -173,6 +173,33 @@ fn ca_key_readable_by_others_is_refused_at_start() {
 }
 
 #[test]
+fn a_ca_root_that_cannot_be_used_is_refused_at_start() {
+    let base = [
+        ("PROXY_MODE", "dedicated"),
+        ("PROXY_WORKLOAD_INFO", "default/client/default"),
+        (
+            "LOCAL_XDS",
+            "workloads:\n- {name: client, namespace: default, workloadIps: [\"127.0.0.1\"]}\n",
+        ),
+        ("CA_ADDRESS", "127.0.0.1:15012"),
+        ("AMBIT_ADMIN_ADDR", "127.0.0.1:1"),
+    ];
+    // Unset CA_ROOT_CA: the chart's root file, absent here.
+    let (code, err) = ztunnel(&base);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("the CA channel to https://127.0.0.1:15012"),
+        "{err}"
+    );
+    assert!(err.contains("root-cert.pem"), "{err}");
+    let mut bad = base.to_vec();
+    bad.push(("CA_ROOT_CA", "not a certificate"));
+    let (code, err) = ztunnel(&bad);
+    assert_ne!(code, 0);
+    assert!(err.contains("CA_ROOT_CA"), "{err}");
+}
+
+#[test]
 fn unknown_workload_in_proxy_workload_info_is_refused() {
     let (code, err) = ztunnel(&[
         ("PROXY_MODE", "dedicated"),
