@@ -201,4 +201,3 @@ pub async fn start_ca() -> Server {
     );
     Server { addr, root_pem, ca }
 }
-
