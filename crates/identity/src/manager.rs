@@ -442,6 +442,12 @@ impl CertManager {
     fn queued(&self) -> usize {
         lock(&self.shared.state).queue.len()
     }
+
+    #[cfg(test)]
+    fn fetch_priority(&self, id: &SpiffeId) -> Option<Priority> {
+        let st = lock(&self.shared.state);
+        st.slots.get(id)?.fetch.as_ref().map(|f| f.priority)
+    }
 }
 
 enum Lookup {

@@ -407,8 +407,11 @@ async fn a_waiting_connection_raises_a_queued_prefetch() {
     // A connection now waits for bg's certificate: it goes ahead of the prefetch.
     let (m3, bg3) = (m.clone(), bg.clone());
     let conn = tokio::spawn(async move { m3.fetch(&bg3).await });
-    tokio::task::yield_now().await;
-    until("the connection joined", || m.queued() == 2).await;
+    until("the connection joined", || {
+        m.fetch_priority(&bg) == Some(Priority::RealTime)
+    })
+    .await;
+    assert_eq!(m.queued(), 2);
     fake.release(1);
     until("one queued start", || {
         fake.calls().len() == MAX_IN_FLIGHT + 1
