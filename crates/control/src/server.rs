@@ -253,7 +253,7 @@ impl Shared {
 pub struct Control {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -364,7 +364,7 @@ impl Control {
         Ok(Control {
             shared,
             local_addr,
-            tasks,
+            tasks: Mutex::new(tasks),
             shutdown,
         })
     }
@@ -439,10 +439,11 @@ impl Control {
         })
     }
 
-    /// Stops serving and waits for the tasks.
-    pub async fn shutdown(mut self) {
-        let _ = self.shutdown.send(true);
-        for t in std::mem::take(&mut self.tasks) {
+    /// Stops serving and waits (at most 5 s per task) for the tasks to end.
+    pub async fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+        let tasks = std::mem::take(&mut *lock(&self.tasks));
+        for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
     }
@@ -450,7 +451,7 @@ impl Control {
 
 impl Drop for Control {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in lock(&self.tasks).iter() {
             t.abort();
         }
     }
