@@ -10,11 +10,7 @@ use std::time::{Duration, SystemTime};
 use ambit_identity::SpiffeId;
 use ambit_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateService;
 use ambit_proto::{IstioCertificateRequest, IstioCertificateResponse};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateSigningRequestDer;
 use tonic::{Request, Response, Status};
-use x509_parser::extensions::{GeneralName, ParsedExtension};
-use x509_parser::prelude::FromDer;
 
 use crate::server::Shared;
 use crate::tokens::{token_tag, Binding, Tokens};
@@ -63,39 +59,16 @@ pub fn bearer(value: Option<&str>) -> Result<&str, Refusal> {
     Ok(token)
 }
 
-/// The URI SANs of a PEM CSR, refusing anything but exactly one SPIFFE URI.
+/// The identity a PEM CSR asks for (its one SPIFFE URI SAN; the signature is checked).
 pub fn csr_identity(csr_pem: &str) -> Result<SpiffeId, Refusal> {
-    let bad = |m: String| Refusal::InvalidArgument(m);
     if csr_pem.len() > MAX_CSR_BYTES {
-        return Err(bad(format!("the CSR is larger than {MAX_CSR_BYTES} bytes")));
+        return Err(Refusal::InvalidArgument(format!(
+            "the CSR is larger than {MAX_CSR_BYTES} bytes"
+        )));
     }
-    let der = CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes()).map_err(|e| {
-        bad(format!(
-            "the csr field is not a PEM certificate request: {e}"
-        ))
-    })?;
-    let (_, csr) =
-        x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
-            .map_err(|e| bad(format!("the certificate request does not parse: {e}")))?;
-    let mut names = Vec::new();
-    if let Some(exts) = csr.requested_extensions() {
-        for ext in exts {
-            if let ParsedExtension::SubjectAlternativeName(san) = ext {
-                names.extend(san.general_names.iter().cloned());
-            }
-        }
-    }
-    match names.as_slice() {
-        [GeneralName::URI(uri)] => SpiffeId::parse(uri)
-            .map_err(|e| bad(format!("the CSR's URI SAN {uri:?} is not a workload identity: {e}"))),
-        [] => Err(bad(
-            "the CSR has no subject alternative name; it must carry exactly one URI SAN spiffe://<td>/ns/<ns>/sa/<sa>".into(),
-        )),
-        many => Err(bad(format!(
-            "the CSR has {} subject alternative names; it must carry exactly one, the URI spiffe://<td>/ns/<ns>/sa/<sa>",
-            many.len()
-        ))),
-    }
+    ambit_identity::requested_identity(csr_pem)
+        .map(|(id, _)| id)
+        .map_err(|e| Refusal::InvalidArgument(e.to_string()))
 }
 
 /// Decides the identity to sign: authenticates the token, checks the CSR and the
