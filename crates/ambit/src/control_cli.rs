@@ -123,3 +123,41 @@ async fn wait_for_signal() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControlArgs,
+    }
+
+    #[test]
+    fn defaults_and_repeated_serving_names() {
+        let cli = Cli::parse_from(["x", "--mesh", "m", "--ca", "c", "--tokens", "t"]);
+        let a = cli.args;
+        assert_eq!(a.listen.to_string(), "[::]:15012");
+        assert_eq!(a.serving_names, ["istiod.istio-system.svc"]);
+        assert_eq!(a.admin.to_string(), "127.0.0.1:15014");
+        let cli = Cli::parse_from([
+            "x",
+            "--mesh",
+            "m",
+            "--ca",
+            "c",
+            "--tokens",
+            "t",
+            "--serving-name",
+            "a.example",
+            "--serving-name",
+            "b.example",
+            "--listen",
+            "127.0.0.1:15012",
+        ]);
+        assert_eq!(cli.args.serving_names, ["a.example", "b.example"]);
+        assert!(Cli::try_parse_from(["x", "--mesh", "m"]).is_err());
+    }
+}

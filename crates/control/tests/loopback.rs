@@ -60,6 +60,53 @@ workloads:
 
 const TOKENS: &str = "- token: node1-token\n  node: node1\n- token: web-token\n  identity: spiffe://cluster.local/ns/default/sa/web\n";
 
+/// The serving certificate is reissued at half its life; new handshakes get the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificate_is_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = dir.path().join("mesh");
+    std::fs::create_dir(&mesh).unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let mut cfg = ControlConfig::new(mesh, dir.path().join("ca"), tokens);
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.serving_cert_ttl = Duration::from_secs(2);
+    let control = Control::start(cfg).await.unwrap();
+    let first = serving_leaf(control.local_addr(), &control.root_pem()).await;
+    let start = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if serving_leaf(control.local_addr(), &control.root_pem()).await != first {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "the serving certificate was not renewed"
+        );
+    }
+}
+
+/// The leaf the server presents, verified against the root and 127.0.0.1.
+async fn serving_leaf(addr: SocketAddr, root_pem: &str) -> Vec<u8> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(ambit_identity::crypto_provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio::time::timeout(WAIT, connector.connect(name, tcp))
+        .await
+        .unwrap()
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     mesh: std::path::PathBuf,
@@ -239,7 +286,32 @@ async fn xds_snapshot_ack_push_and_bad_file() {
     assert_eq!(r.type_url, ADDRESS_TYPE);
     assert_eq!(names(&r), ["c1//v1/Pod/default/late"]);
     assert!(r.removed_resources.is_empty());
-    ads.ack(&r).await;
+    // The client rejects it: the NACK and its message are kept.
+    ads.tx
+        .send(DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            error_detail: Some(ambit_proto::Status {
+                code: 0,
+                message: "c1//v1/Pod/default/late: no".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    eventually("the NACK in /debug", || {
+        fx.control.debug_json()["clients"][0]["types"][ADDRESS_TYPE]["ack"]["state"] == "nacked"
+    })
+    .await;
+    let d = fx.control.debug_json();
+    let t = &d["clients"][0]["types"][ADDRESS_TYPE];
+    assert_eq!(t["ack"]["nonce"], r.nonce.as_str());
+    assert_eq!(t["nacks"][0]["message"], "c1//v1/Pod/default/late: no");
+    assert!(fx
+        .control
+        .metrics_text()
+        .contains("ambit_control_xds_nacks_total 1"));
     assert!(fx.control.mesh_generation() > generation);
 
     // A bad file: reported with file, line and field; the last good mesh stays.
