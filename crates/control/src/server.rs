@@ -48,6 +48,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CLIENT_QUEUE: usize = 16;
 /// Connections (beyond the xDS clients) that may be open at once: CA callers, handshakes.
 const EXTRA_CONNECTIONS: usize = 64;
+/// HTTP/2 streams (xDS streams and CA calls) one connection may have open at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 /// Versions shown per type and client in `/debug`.
 const DEBUG_MAX_VERSIONS: usize = 1000;
 
@@ -333,6 +335,9 @@ impl Control {
         let router = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            // One connection may carry many xDS streams (tests, proxies multiplexing) but
+            // not an unbounded number of calls.
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .add_service(ads)
             .add_service(ca_service);
         tasks.push(tokio::spawn(async move {
