@@ -241,6 +241,9 @@ impl Session {
                     // Answers to older responses will not come any more.
                     ts.outstanding.drain(..=pos);
                     let nonce = req.response_nonce.clone();
+                    // The state shown is the newest response's; an answer to an older one
+                    // is counted (and a NACK kept) but leaves it pending.
+                    let newest = ts.last_nonce.as_deref() == Some(nonce.as_str());
                     match &req.error_detail {
                         Some(status) => {
                             let message = truncate(&status.message, limits.max_nack_message);
@@ -252,12 +255,16 @@ impl Session {
                                 message: message.clone(),
                             });
                             ts.nacks_total += 1;
-                            ts.state = Some(AckState::Nacked { nonce, message });
+                            if newest {
+                                ts.state = Some(AckState::Nacked { nonce, message });
+                            }
                             step.nacked = true;
                         }
                         None => {
                             ts.acks_total += 1;
-                            ts.state = Some(AckState::Acked { nonce });
+                            if newest {
+                                ts.state = Some(AckState::Acked { nonce });
+                            }
                             step.acked = true;
                         }
                     }
@@ -693,6 +700,32 @@ mod tests {
         let step = c.on_request(ack(ADDRESS_TYPE, "bogus"), &s).unwrap();
         assert!(step.stale_nonce);
         assert_eq!(c.debug(10).types[ADDRESS_TYPE].acks, 1);
+    }
+
+    #[test]
+    fn an_ack_of_an_older_response_leaves_the_newest_pending() {
+        let mut c = session();
+        let s1 = snap(1, &[("a", "1")], &[]);
+        let n0 = c
+            .on_request(initial(ADDRESS_TYPE, &[]), &s1)
+            .unwrap()
+            .responses[0]
+            .nonce
+            .clone();
+        let n1 = c.on_snapshot(&snap(2, &[("a", "2")], &[]))[0].nonce.clone();
+        assert!(c.on_request(ack(ADDRESS_TYPE, &n0), &s1).unwrap().acked);
+        assert_eq!(c.debug(10).types[ADDRESS_TYPE].ack, AckState::Pending);
+        assert!(c.on_request(ack(ADDRESS_TYPE, &n1), &s1).unwrap().acked);
+        assert_eq!(
+            c.debug(10).types[ADDRESS_TYPE].ack,
+            AckState::Acked { nonce: n1 }
+        );
+        // n0 was answered (and is older than n1): a repeat is stale.
+        assert!(
+            c.on_request(ack(ADDRESS_TYPE, &n0), &s1)
+                .unwrap()
+                .stale_nonce
+        );
     }
 
     #[test]
