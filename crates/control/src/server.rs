@@ -113,7 +113,7 @@ pub enum ControlError {
     #[error("the tokens: {0}")]
     Tokens(#[from] TokensError),
     #[error(
-        "cannot listen on {addr}: {source} (is another control server or istiod running there?)"
+        "cannot listen on {addr}: {source} (another control server or istiod there? on a host without IPv6, use --listen 0.0.0.0:15012)"
     )]
     Bind {
         addr: SocketAddr,
