@@ -97,11 +97,11 @@ pub fn control_summary(plane: &ControlPlane) -> anyhow::Result<String> {
     Ok(format!(
         "  control plane: ambit control at {} (delta xDS + CA; no node holds the CA key)\n  control metrics: clients {} pushes {} acks {} nacks {} certificates signed {}",
         plane.listen,
-        value("ambit_control_connected_clients"),
-        value("ambit_control_pushes_total"),
-        value("ambit_control_acks_total"),
-        value("ambit_control_nacks_total"),
-        value("ambit_control_certificates_signed_total"),
+        value("ambit_control_xds_clients"),
+        value("ambit_control_xds_pushes_total"),
+        value("ambit_control_xds_acks_total"),
+        value("ambit_control_xds_nacks_total"),
+        value("ambit_control_csr_signed_total"),
     ))
 }
 
