@@ -466,6 +466,7 @@ impl Impl {
 
 #[derive(Default)]
 struct ProxyRound {
+    start_to_request_ms: f64,
     request_to_ack_ms: f64,
     sent_to_ack_ms: f64,
     rss_before_mib: f64,
@@ -658,6 +659,7 @@ fn proxy_round(
         let rss_after_updates = rss_kib(proc.pid)?;
         let mib = |kib: u64| kib as f64 / 1024.0;
         Ok(ProxyRound {
+            start_to_request_ms: (first_request - started).as_secs_f64() * 1e3,
             request_to_ack_ms: (last_ack - first_request).as_secs_f64() * 1e3,
             sent_to_ack_ms: (last_ack - sent).as_secs_f64() * 1e3,
             rss_before_mib: mib(rss_before),
@@ -717,7 +719,11 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
     if let Some(p) = &peer {
         writeln!(out, "Istio's ztunnel: {}\n", p.bin.display())?;
     }
-    let figures: [(&str, Box<dyn Fn(&ProxyRound) -> f64>); 10] = [
+    let figures: [(&str, Box<dyn Fn(&ProxyRound) -> f64>); 11] = [
+        (
+            "process start → first xDS request (ms)",
+            Box::new(|r| r.start_to_request_ms),
+        ),
         ("initial sync, response sent → ACK (ms)", Box::new(|r| r.sent_to_ack_ms)),
         ("initial sync, request → ACK (ms)", Box::new(|r| r.request_to_ack_ms)),
         ("RSS before the answer (MiB)", Box::new(|r| r.rss_before_mib)),
@@ -772,7 +778,8 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
         out,
         "\nSync: the Address response ({} resources) and an empty Authorization response are \
          sent together once both initial requests arrived and RSS was sampled (start + 500 ms); \
-         \"request → ACK\" counts from the first initial request. Updates change one \
+         \"request → ACK\" counts from the first initial request, so it includes the hold until \
+         start + 500 ms. Updates change one \
          workload's canonical_revision, one at a time, each after the previous ACK.",
         initial.resources.len()
     )?;
