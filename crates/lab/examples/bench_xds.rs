@@ -166,7 +166,12 @@ fn in_netns_async<T: Send>(
 // The mesh: 10,000 workloads in 1–2 of 1,000 services each.
 
 fn workload_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(10, 1 + (i / 62_500) as u8, (i / 250 % 250) as u8, (i % 250 + 1) as u8)
+    Ipv4Addr::new(
+        10,
+        1 + (i / 62_500) as u8,
+        (i / 250 % 250) as u8,
+        (i % 250 + 1) as u8,
+    )
 }
 
 fn service_vip(j: usize) -> Ipv4Addr {
@@ -313,8 +318,8 @@ fn mint_pki() -> anyhow::Result<Pki> {
         .push(rcgen::DnType::CommonName, "bench_xds root");
     let ca = ca.self_signed(&ca_key)?;
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let leaf = rcgen::CertificateParams::new(vec![XDS_NAME.to_string()])?
-        .signed_by(&key, &ca, &ca_key)?;
+    let leaf =
+        rcgen::CertificateParams::new(vec![XDS_NAME.to_string()])?.signed_by(&key, &ca, &ca_key)?;
     Ok(Pki {
         root_pem: ca.pem(),
         chain: vec![leaf.der().clone()],
@@ -346,10 +351,7 @@ impl AsyncWrite for Tls {
     ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
-    fn poll_flush(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.0).poll_flush(cx)
     }
     fn poll_shutdown(
@@ -473,6 +475,8 @@ struct ProxyRound {
     rss_after_mib: f64,
     rss_after_updates_mib: f64,
     nacks: usize,
+    /// Whether /config_dump shows the last update's revision: the ACK came after applying.
+    last_update_dumped: bool,
     update_us: Vec<f64>,
 }
 
@@ -657,6 +661,23 @@ fn proxy_round(
             update_us.push((acked - pushed).as_secs_f64() * 1e6);
         }
         let rss_after_updates = rss_kib(proc.pid)?;
+        let last = format!("\"r{}\"", args.updates - 1);
+        let dump_ns = ns_ref.to_string();
+        let dump = tokio::task::spawn_blocking(move || {
+            ambit_lab::http_get(&dump_ns, ([127, 0, 0, 1], 15000).into(), "/config_dump")
+        })
+        .await?;
+        let last_update_dumped = match dump {
+            Ok((200, body)) => body.contains(&last),
+            Ok((status, _)) => {
+                eprintln!("/config_dump answered {status}");
+                false
+            }
+            Err(e) => {
+                eprintln!("/config_dump: {e:#}");
+                false
+            }
+        };
         let mib = |kib: u64| kib as f64 / 1024.0;
         Ok(ProxyRound {
             start_to_request_ms: (first_request - started).as_secs_f64() * 1e3,
@@ -666,6 +687,7 @@ fn proxy_round(
             rss_after_mib: mib(rss_after),
             rss_after_updates_mib: mib(rss_after_updates),
             nacks,
+            last_update_dumped,
             update_us,
         })
     });
@@ -719,27 +741,29 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
     if let Some(p) = &peer {
         writeln!(out, "Istio's ztunnel: {}\n", p.bin.display())?;
     }
-    let figures: [(&str, Box<dyn Fn(&ProxyRound) -> f64>); 11] = [
-        (
-            "process start → first xDS request (ms)",
-            Box::new(|r| r.start_to_request_ms),
-        ),
-        ("initial sync, response sent → ACK (ms)", Box::new(|r| r.sent_to_ack_ms)),
-        ("initial sync, request → ACK (ms)", Box::new(|r| r.request_to_ack_ms)),
-        ("RSS before the answer (MiB)", Box::new(|r| r.rss_before_mib)),
-        ("RSS 1 s after the sync (MiB)", Box::new(|r| r.rss_after_mib)),
-        (
-            "RSS added by the sync (MiB)",
-            Box::new(|r| r.rss_after_mib - r.rss_before_mib),
-        ),
-        (
-            "RSS after the updates (MiB)",
-            Box::new(|r| r.rss_after_updates_mib),
-        ),
-        ("update push → ACK p50 (µs)", Box::new(|r| pct(&r.update_us, 50.0))),
-        ("update push → ACK p90 (µs)", Box::new(|r| pct(&r.update_us, 90.0))),
-        ("update push → ACK p99 (µs)", Box::new(|r| pct(&r.update_us, 99.0))),
-        ("NACKed responses", Box::new(|r| r.nacks as f64)),
+    let figures: [Figure<ProxyRound>; 12] = [
+        ("process start → first xDS request (ms)", |r| {
+            r.start_to_request_ms
+        }),
+        ("initial sync, response sent → ACK (ms)", |r| {
+            r.sent_to_ack_ms
+        }),
+        ("initial sync, request → ACK (ms)", |r| {
+            r.request_to_ack_ms
+        }),
+        ("RSS before the answer (MiB)", |r| r.rss_before_mib),
+        ("RSS 1 s after the sync (MiB)", |r| r.rss_after_mib),
+        ("RSS added by the sync (MiB)", |r| {
+            r.rss_after_mib - r.rss_before_mib
+        }),
+        ("RSS after the updates (MiB)", |r| r.rss_after_updates_mib),
+        ("update push → ACK p50 (µs)", |r| pct(&r.update_us, 50.0)),
+        ("update push → ACK p90 (µs)", |r| pct(&r.update_us, 90.0)),
+        ("update push → ACK p99 (µs)", |r| pct(&r.update_us, 99.0)),
+        ("NACKed responses", |r| r.nacks as f64),
+        ("last update in /config_dump (1 = yes)", |r| {
+            f64::from(u8::from(r.last_update_dumped))
+        }),
     ];
     write!(out, "| figure |")?;
     for i in &impls {
@@ -749,7 +773,11 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
         write!(out, " ambit/Istio |")?;
     }
     writeln!(out)?;
-    writeln!(out, "|---|{}", "---|".repeat(impls.len() + usize::from(impls.len() == 2)))?;
+    writeln!(
+        out,
+        "|---|{}",
+        "---|".repeat(impls.len() + usize::from(impls.len() == 2))
+    )?;
     for (name, f) in &figures {
         write!(out, "| {name} |")?;
         let mut medians = Vec::new();
@@ -858,7 +886,10 @@ fn node(c: usize) -> Node {
     let fields: BTreeMap<String, prost_types::Value> = [
         ("NAME", format!("ztunnel-{c}")),
         ("NAMESPACE", "istio-system".to_string()),
-        ("INSTANCE_IPS", format!("10.250.{}.{}", c / 250, c % 250 + 1)),
+        (
+            "INSTANCE_IPS",
+            format!("10.250.{}.{}", c / 250, c % 250 + 1),
+        ),
         ("NODE_NAME", format!("node{c}")),
         ("CLUSTER_ID", "Kubernetes".to_string()),
     ]
@@ -938,6 +969,8 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
         let _ = writeln!(t, "- token: tok-{c}\n  node: node{}", c % NODES);
     }
     std::fs::write(&tokens, t)?;
+    // The tokens are secrets: the control server asks for an owner-only file.
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     let listen = format!("127.0.0.1:{XDS_PORT}");
     let argv: Vec<String> = vec![
         "control".into(),
@@ -965,7 +998,10 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
             &[("RUST_LOG", "info".to_string())],
         )?;
         let fail = |what: &str| {
-            anyhow::anyhow!("ambit control {what}; its log ends:\n{}", log_tail(&proc.log))
+            anyhow::anyhow!(
+                "ambit control {what}; its log ends:\n{}",
+                log_tail(&proc.log)
+            )
         };
         let deadline = Instant::now() + CONNECT_GUARD;
         while TcpStream::connect(&listen).await.is_err() {
@@ -1063,8 +1099,13 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
         args.clients, args.rounds
     )?;
     writeln!(out, "| figure | median (spread) |\n|---|---|")?;
-    writeln!(out, "| connect → all {} initial syncs (ms) | {} |", args.clients, fmt(sync_ms))?;
-    let rows: [(&str, fn(&FanoutRound) -> f64); 5] = [
+    writeln!(
+        out,
+        "| connect → all {} initial syncs (ms) | {} |",
+        args.clients,
+        fmt(sync_ms)
+    )?;
+    let rows: [Figure<FanoutRound>; 5] = [
         ("file change → first delta (ms)", |r| r.first_ms),
         ("file change → median client (ms)", |r| r.p50_ms),
         ("file change → last delta (ms)", |r| r.last_ms),
@@ -1093,6 +1134,9 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
 
 // ---------------------------------------------------------------------------------------
 // Small statistics.
+
+/// A row of a report: its name and how one round's value is read.
+type Figure<R> = (&'static str, fn(&R) -> f64);
 
 /// Nearest-rank percentile; 0 for no values.
 fn pct(values: &[f64], p: f64) -> f64 {
