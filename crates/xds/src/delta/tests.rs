@@ -346,7 +346,7 @@ fn limits() {
         max_version_len: 4,
         max_tracked_per_type: 2,
         max_errors_listed: 2,
-        max_error_len: 60,
+        max_error_len: 100,
     };
     let mut c = DeltaClient::with_limits(node(), limits);
     let h = c.handle(resp(ADDRESS_TYPE, "1", vec![], &["a", "b", "c", "d"]));
