@@ -22,6 +22,9 @@ use crate::pem;
 use crate::spiffe::{validate_trust_domain, SpiffeId};
 use crate::x509;
 
+mod sign;
+pub use sign::{requested_identity, CsrError, SignedCertificate};
+
 /// The signing certificate.
 pub const CA_CERT_FILE: &str = "ca-cert.pem";
 /// The signing key (PKCS#8; PKCS#1 RSA and SEC1 EC keys are accepted too).

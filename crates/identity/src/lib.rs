@@ -18,7 +18,7 @@ mod x509;
 #[cfg(test)]
 mod testutil;
 
-pub use ca::{CertificateAuthority, PluginCaPem};
+pub use ca::{requested_identity, CertificateAuthority, CsrError, PluginCaPem, SignedCertificate};
 pub use cert::{spiffe_ids_of, svid_identity, CertInfo, CertificateDump, WorkloadCertificate};
 pub use csr::CertificateRequest;
 pub use error::{CaError, CertError, ManagerError, PeerError, TlsError};
