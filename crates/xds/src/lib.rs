@@ -7,9 +7,11 @@
 //! - `client`: the IO driver over one gRPC bidi stream, with reconnects.
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod convert;
 pub mod delta;
 
+pub use client::{Backoff, PlainTransport, StreamEnd, XdsClient, XdsMetrics, XdsTransport};
 pub use convert::{
     address_from_proto, authorization_from_proto, to_proto_address_service,
     to_proto_address_workload, to_proto_authorization, to_proto_service, to_proto_workload,
