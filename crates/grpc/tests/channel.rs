@@ -1,0 +1,230 @@
+//! A GrpcChannel against a real tonic server over TLS on loopback: server-name checks with
+//! the alternative name, the request metadata, and a root file swapped under a channel.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
+use ambit_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
+use ambit_proto::istio::v1::auth::istio_certificate_service_server::{
+    IstioCertificateService, IstioCertificateServiceServer,
+};
+use ambit_proto::{IstioCertificateRequest, IstioCertificateResponse};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Answers with the request metadata it saw, one "key=value" per chain element.
+struct Echo;
+
+#[tonic::async_trait]
+impl IstioCertificateService for Echo {
+    async fn create_certificate(
+        &self,
+        request: tonic::Request<IstioCertificateRequest>,
+    ) -> Result<tonic::Response<IstioCertificateResponse>, tonic::Status> {
+        let mut seen: Vec<String> = request
+            .metadata()
+            .iter()
+            .filter_map(|kv| match kv {
+                tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                    Some(format!("{}={}", k, v.to_str().unwrap_or("?")))
+                }
+                _ => None,
+            })
+            .collect();
+        seen.sort();
+        Ok(tonic::Response::new(IstioCertificateResponse {
+            cert_chain: seen,
+        }))
+    }
+}
+
+struct Tls(tokio_rustls::server::TlsStream<TcpStream>);
+
+impl tonic::transport::server::Connected for Tls {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+impl AsyncRead for Tls {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+impl AsyncWrite for Tls {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// A root and a server certificate signed by it for `names`.
+fn pki(names: &[&str]) -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "test root");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+    (
+        ca.pem(),
+        vec![leaf.der().clone()],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+}
+
+async fn serve(chain: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> SocketAddr {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = futures_util::stream::unfold((listener, acceptor), |(l, a)| async move {
+        loop {
+            let (tcp, _) = match l.accept().await {
+                Ok(x) => x,
+                Err(e) => return Some((Err(e), (l, a))),
+            };
+            // A failed handshake (the client refused our name) is that client's problem.
+            if let Ok(tls) = a.accept(tcp).await {
+                return Some((Ok::<_, std::io::Error>(Tls(tls)), (l, a)));
+            }
+        }
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IstioCertificateServiceServer::new(Echo))
+            .serve_with_incoming(incoming),
+    );
+    addr
+}
+
+fn config(addr: SocketAddr, root: RootCa, alt: Option<&str>) -> ChannelConfig {
+    ChannelConfig {
+        address: format!("{addr}"),
+        root,
+        alt_hostname: alt.map(str::to_string),
+        token: Token::Literal("tok-123".into()),
+        cluster_id: "cluster-a".into(),
+        headers: vec![("X-Extra".into(), "yes".into())],
+    }
+}
+
+async fn call(channel: &GrpcChannel) -> Result<Vec<String>, tonic::Status> {
+    let mut client = IstioCertificateServiceClient::new(channel.channel().unwrap());
+    let request = channel.request(IstioCertificateRequest::default()).unwrap();
+    Ok(client
+        .create_certificate(request)
+        .await?
+        .into_inner()
+        .cert_chain)
+}
+
+#[tokio::test]
+async fn the_alternative_name_is_accepted_and_metadata_is_sent() {
+    let (root, chain, key) = pki(&["istiod.istio-system.svc"]);
+    let addr = serve(chain, key).await;
+
+    // By IP the certificate does not match: refused, and the error says so.
+    let by_ip = GrpcChannel::new(config(addr, RootCa::Inline(root.clone()), None)).unwrap();
+    let err = call(&by_ip).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+
+    let alt = GrpcChannel::new(config(
+        addr,
+        RootCa::Inline(root),
+        Some("istiod.istio-system.svc"),
+    ))
+    .unwrap();
+    let seen = call(&alt).await.unwrap();
+    for want in [
+        "authorization=Bearer tok-123",
+        "clusterid=cluster-a",
+        "x-extra=yes",
+    ] {
+        assert!(
+            seen.iter().any(|s| s == want),
+            "{want} missing from {seen:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_server_signed_by_another_root_is_refused() {
+    let (_, chain, key) = pki(&["localhost"]);
+    let (other_root, _, _) = pki(&["localhost"]);
+    let addr = serve(chain, key).await;
+    let channel =
+        GrpcChannel::new(config(addr, RootCa::Inline(other_root), Some("localhost"))).unwrap();
+    assert!(call(&channel).await.is_err());
+}
+
+#[tokio::test]
+async fn a_swapped_root_file_rebuilds_the_channel() {
+    let (old_root, _, _) = pki(&["localhost"]);
+    let (new_root, chain, key) = pki(&["localhost"]);
+    let addr = serve(chain, key).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("root-cert.pem");
+    std::fs::write(&path, &old_root).unwrap();
+    let channel =
+        GrpcChannel::new(config(addr, RootCa::File(path.clone()), Some("localhost"))).unwrap();
+    assert!(
+        call(&channel).await.is_err(),
+        "the old root must not verify the server"
+    );
+    // As Kubernetes updates a mounted secret: a new file renamed over the old name.
+    let tmp = dir.path().join("..new");
+    std::fs::write(&tmp, &new_root).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    call(&channel).await.unwrap();
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_reason() {
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let err = GrpcChannel::new(config(addr, RootCa::Inline("not pem".into()), None)).unwrap_err();
+    assert!(err.to_string().contains("root certificate"), "{err}");
+    let mut plain = config(addr, RootCa::Inline(pki(&["x"]).0), None);
+    plain.address = "http://127.0.0.1:1".into();
+    let err = GrpcChannel::new(plain).unwrap_err();
+    assert!(err.to_string().contains("plaintext"), "{err}");
+    let mut header = config(addr, RootCa::Inline(pki(&["x"]).0), None);
+    header.headers = vec![("bad header".into(), "v".into())];
+    assert!(GrpcChannel::new(header)
+        .unwrap_err()
+        .to_string()
+        .contains("bad header"));
+    assert_eq!(RootCa::from_env_value(Some("SYSTEM")), RootCa::System);
+    assert!(matches!(
+        RootCa::from_env_value(Some("-----BEGIN")),
+        RootCa::Inline(_)
+    ));
+}
