@@ -82,8 +82,10 @@ fn ztunnel_command_lines_run_the_node_proxy() {
             .expect("run the binary");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{program:?} {args:?}: {stderr}");
+        // With no local config ztunnel's default xDS server applies; shared mode then
+        // needs the node name.
         assert!(
-            stderr.contains("LOCAL_XDS_PATH (or LOCAL_XDS) is required"),
+            stderr.contains("NODE_NAME is required when PROXY_MODE=shared"),
             "{program:?} {args:?}: {stderr}"
         );
     }

@@ -294,3 +294,12 @@ use futures_util::StreamExt as _;
 
 #[cfg(test)]
 mod tests;
+
+impl XdsTransport for ambit_grpc::GrpcChannel {
+    fn channel(&self) -> Result<tonic::transport::Channel, String> {
+        ambit_grpc::GrpcChannel::channel(self).map_err(|e| e.to_string())
+    }
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, String> {
+        ambit_grpc::GrpcChannel::request(self, message).map_err(|e| e.to_string())
+    }
+}

@@ -10,6 +10,8 @@
 pub mod client;
 pub mod convert;
 pub mod delta;
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub use client::{Backoff, PlainTransport, StreamEnd, XdsClient, XdsMetrics, XdsTransport};
 pub use convert::{
