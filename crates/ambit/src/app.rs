@@ -238,7 +238,9 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             let watcher = watcher.clone();
             Box::pin(async move {
                 // Bound now (bind errors stop start-up), serving once the mesh is known.
-                let _ = xds_synced.wait_for(|synced| *synced).await;
+                if !wait_for_sync(&mut xds_synced, &watcher).await {
+                    return Ok(());
+                }
                 proxy.run(watcher).await;
                 Ok(())
             })
@@ -281,7 +283,9 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             tracing::info!(uds = %cfg.inpod_uds.display(), "in-pod mode: waiting for the node agent");
             let watcher = watcher.clone();
             Box::pin(async move {
-                let _ = xds_synced.wait_for(|synced| *synced).await;
+                if !wait_for_sync(&mut xds_synced, &watcher).await {
+                    return Ok(());
+                }
                 Ok(manager.run(watcher).await?)
             })
         }
@@ -350,6 +354,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let _ = data_plane.await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Waits for the first xDS sync; false if the drain began first (nothing to serve then).
+async fn wait_for_sync(
+    synced: &mut tokio::sync::watch::Receiver<bool>,
+    watcher: &ambit_proxy::drain::DrainWatcher,
+) -> bool {
+    tokio::select! {
+        r = synced.wait_for(|s| *s) => r.is_ok(),
+        _ = watcher.draining() => false,
+    }
 }
 
 async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {

@@ -70,8 +70,8 @@ fn model_err(message: String) -> ConvertError {
 /// One decoded `istio.workload.Address`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddressResource {
-    Workload(Workload),
-    Service(Service),
+    Workload(Box<Workload>),
+    Service(Box<Service>),
 }
 
 /// Decodes and checks an `Address` resource (the model's `normalize()` included).
@@ -80,12 +80,12 @@ pub fn address_from_proto(a: pw::Address) -> Result<AddressResource, ConvertErro
         Some(pw::address::Type::Workload(w)) => {
             let mut w = workload_from_proto(w)?;
             w.normalize().map_err(model_err)?;
-            Ok(AddressResource::Workload(w))
+            Ok(AddressResource::Workload(Box::new(w)))
         }
         Some(pw::address::Type::Service(s)) => {
             let mut s = service_from_proto(s)?;
             s.normalize().map_err(model_err)?;
-            Ok(AddressResource::Service(s))
+            Ok(AddressResource::Service(Box::new(s)))
         }
         None => Err(err(
             "type",

@@ -191,7 +191,7 @@ fn json_to_value(v: &serde_json::Value) -> Value {
 /// One change to the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Workload(Workload),
+    Workload(Box<Workload>),
     Service(Service),
     Policy(Authorization),
     /// An Address resource removed by name (see [`Batch::apply`]).
@@ -237,7 +237,7 @@ impl Batch {
                 }
                 Op::Workload(w) => {
                     let uid = w.uid.clone();
-                    state.insert_workload(w).err().map(|e| (uid, e))
+                    state.insert_workload(*w).err().map(|e| (uid, e))
                 }
                 Op::Service(s) => {
                     let key = s.key();
@@ -492,7 +492,7 @@ fn check_resource(
             .map_err(|e| format!("cannot decode istio.workload.Address: {e}"))?;
         match convert::address_from_proto(a).map_err(|e| e.to_string())? {
             AddressResource::Workload(w) => Ok(Op::Workload(w)),
-            AddressResource::Service(s) => Ok(Op::Service(s)),
+            AddressResource::Service(s) => Ok(Op::Service(*s)),
         }
     } else {
         let a = psec::Authorization::decode(any.value.as_slice())

@@ -4,7 +4,8 @@
 //!   `ambit-state` model and back;
 //! - [`delta`]: the sans-IO delta ADS state machine (requests, ACK/NACK, versions,
 //!   readiness, limits);
-//! - `client`: the IO driver over one gRPC bidi stream, with reconnects.
+//! - [`client`]: the IO driver over one gRPC bidi stream (an [`XdsTransport`], in the
+//!   node proxy `ambit_grpc::GrpcChannel`), with ztunnel's reconnect backoff and metrics.
 #![forbid(unsafe_code)]
 
 pub mod client;

@@ -17,7 +17,7 @@ fn workload(p: pw::Workload) -> Result<Workload, ConvertError> {
     match address_from_proto(pw::Address {
         r#type: Some(pw::address::Type::Workload(p)),
     })? {
-        AddressResource::Workload(w) => Ok(w),
+        AddressResource::Workload(w) => Ok(*w),
         other => panic!("not a workload: {other:?}"),
     }
 }
@@ -26,7 +26,7 @@ fn service(p: pw::Service) -> Result<Service, ConvertError> {
     match address_from_proto(pw::Address {
         r#type: Some(pw::address::Type::Service(p)),
     })? {
-        AddressResource::Service(s) => Ok(s),
+        AddressResource::Service(s) => Ok(*s),
         other => panic!("not a service: {other:?}"),
     }
 }
@@ -410,12 +410,12 @@ fn round_trip_through_the_wire() {
     for w in state.workloads() {
         let bytes = to_proto_address_workload(w).encode_to_vec();
         let back = address_from_proto(pw::Address::decode(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(back, AddressResource::Workload((**w).clone()));
+        assert_eq!(back, AddressResource::Workload(Box::new((**w).clone())));
     }
     for s in state.services() {
         let bytes = to_proto_address_service(s).encode_to_vec();
         let back = address_from_proto(pw::Address::decode(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(back, AddressResource::Service((**s).clone()));
+        assert_eq!(back, AddressResource::Service(Box::new((**s).clone())));
     }
     for p in state.policies() {
         let bytes = to_proto_authorization(p).encode_to_vec();
