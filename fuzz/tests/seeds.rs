@@ -428,3 +428,14 @@ fn zds_agent_session_seeds() {
         }
     }
 }
+
+#[test]
+fn csr_request_seeds() {
+    let (id, _) =
+        ambit_identity::requested_identity(&text("csr_request", "valid_p256")).expect("valid_p256");
+    assert_eq!(id.to_string(), "spiffe://cluster.local/ns/default/sa/web");
+    assert!(matches!(
+        ambit_identity::requested_identity(&text("csr_request", "two_sans")),
+        Err(ambit_identity::CsrError::SanCount { found: 2 })
+    ));
+}

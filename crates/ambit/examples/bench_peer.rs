@@ -546,6 +546,7 @@ fn inpod(
             create: running,
             extra_yaml: "",
             proxy_env: &env,
+            control: None,
         })
         .with_context(|| format!("starting the {} cluster", proxy.label()))?;
         clusters.push(c);

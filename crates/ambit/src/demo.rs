@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use ambit_lab::control::ControlPlane;
 use ambit_lab::mesh::{
-    metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_PORT, SERVICE_VIP,
+    metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_PORT,
+    SERVICE_VIP,
 };
+use ambit_lab::peer::NodeProxy;
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -81,6 +84,27 @@ pub fn remove_all_on_signal(cleanups: Vec<ambit_lab::Cleanup>) {
     });
 }
 
+/// Two lines on the control plane: where it runs and what its clients acknowledged.
+pub fn control_summary(plane: &ControlPlane) -> anyhow::Result<String> {
+    let metrics = plane.metrics()?;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Ok(format!(
+        "  control plane: ambit control at {} (delta xDS + CA; no node holds the CA key)\n  control metrics: clients {} pushes {} acks {} nacks {} certificates signed {}",
+        plane.listen,
+        value("ambit_control_xds_clients"),
+        value("ambit_control_xds_pushes_total"),
+        value("ambit_control_xds_acks_total"),
+        value("ambit_control_xds_nacks_total"),
+        value("ambit_control_csr_signed_total"),
+    ))
+}
+
 fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
     let ambit = std::env::current_exe().context("locating the ambit binary")?;
     println!("building two nodes in network namespaces (dedicated mode)...");
@@ -89,7 +113,12 @@ fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
         .iter()
         .map(|(k, v)| (k.as_str(), v.clone()))
         .collect();
-    let nodes = TwoNodes::start(&ambit, "demo", &extra_env)?;
+    let nodes = TwoNodes::launch(TwoNodesSpec {
+        env: &extra_env,
+        // Config over delta xDS and certificates from its CA: no node holds the CA key.
+        control: Some(ambit.clone()),
+        ..TwoNodesSpec::pair("demo", &NodeProxy::Ambit(ambit.clone()))
+    })?;
     remove_on_signal(nodes.lab.cleanup_handle());
     let accepted = nodes.start_app_server(EchoMode::Double)?;
     let capture = nodes.capture_link().ok();
@@ -173,6 +202,9 @@ fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
             metric_sum(text, "istio_tcp_received_bytes_total", &labels),
             metric_sum(text, "istio_tcp_sent_bytes_total", &labels),
         );
+    }
+    if let Some(plane) = &nodes.control {
+        println!("{}", control_summary(plane)?);
     }
     println!();
 

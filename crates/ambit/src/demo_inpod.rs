@@ -8,26 +8,33 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use ambit_lab::inpod::{Cluster, PodSpec};
+use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
+use ambit_lab::peer::NodeProxy;
 
 const APP_PORT: u16 = 8080;
 
 pub fn run(keep: bool) -> anyhow::Result<()> {
     let ambit = std::env::current_exe().context("locating the ambit binary")?;
     println!(
-        "building two nodes (agent + node proxy each) and three pods through the CNI chain..."
+        "building two nodes (agent + node proxy each), `ambit control` on node2, and three pods through the CNI chain..."
     );
-    let cluster = Cluster::start(
-        &ambit,
-        "demo",
-        2,
-        &[
-            PodSpec::new("client", 0),
-            PodSpec::new("neighbour", 0),
-            PodSpec::new("server", 1),
-        ],
-    )?;
+    let pods = [
+        PodSpec::new("client", 0),
+        PodSpec::new("neighbour", 0),
+        PodSpec::new("server", 1),
+    ];
+    let cluster = Cluster::launch(ClusterSpec {
+        ambit: &ambit,
+        tag: "demo",
+        node_proxies: vec![NodeProxy::Ambit(ambit.clone()); 2],
+        pods: &pods,
+        create: pods.len(),
+        extra_yaml: "",
+        proxy_env: &[],
+        // Config over delta xDS and certificates from its CA: no node holds the CA key.
+        control: Some(&ambit),
+    })?;
     crate::demo::remove_on_signal(cluster.lab.cleanup_handle());
     let seen_server = cluster.serve_app("server", APP_PORT, EchoMode::Double)?;
     let seen_neighbour = cluster.serve_app("neighbour", APP_PORT, EchoMode::Double)?;
@@ -119,6 +126,10 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
                 .unwrap_or("?"),
         );
     }
+    if let Some(plane) = &cluster.control {
+        println!();
+        println!("{}", crate::demo::control_summary(plane)?);
+    }
     println!();
     if keep {
         let client = &cluster.pod("client").ns;
@@ -140,6 +151,17 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             "  ambit agent --events-socket {} list",
             cluster.nodes[0].events_socket().display()
         );
+        if let Some(plane) = &cluster.control {
+            println!(
+                "  ip netns exec {} curl -s {}/debug   # what ambit control sent each node proxy",
+                plane.ns,
+                ambit_lab::control::CONTROL_ADMIN
+            );
+            println!(
+                "  edit {}/mesh.yaml                     # pushed to the node proxies as a delta",
+                plane.mesh_dir.display()
+            );
+        }
         println!("  logs: {}", cluster.lab.dir.path().display());
         println!("Press Ctrl-C to remove everything.");
         loop {

@@ -9,6 +9,7 @@ pub mod agent_cli;
 pub mod app;
 pub mod config;
 pub mod config_dump;
+pub mod control_cli;
 #[cfg(feature = "demo")]
 pub mod demo;
 #[cfg(feature = "demo")]

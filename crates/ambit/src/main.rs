@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-use ambit::{agent_cli, app, config, logging, version};
+use ambit::{agent_cli, app, config, control_cli, logging, version};
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +49,10 @@ enum Command {
     /// Run the node agent (enrolls pods into capture and hands their network namespaces to
     /// the node proxy over ZDS), or talk to a running one: `enroll`, `remove`, `list`.
     Agent(Box<agent_cli::AgentArgs>),
+    /// Run a small control server: delta xDS (workloads, services, policies from YAML
+    /// files) and Istio's CA (CreateCertificate) on one TLS port, for meshes without
+    /// Kubernetes. Operator endpoints on --admin: /metrics, /ready, /debug.
+    Control(Box<control_cli::ControlArgs>),
     /// Print the version.
     Version,
 }
@@ -79,6 +83,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("ambit agent: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Control(args) => match control_cli::run(*args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ambit control: {e:#}");
                 ExitCode::FAILURE
             }
         },

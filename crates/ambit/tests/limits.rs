@@ -196,6 +196,7 @@ fn in_shared_mode_a_flooded_pod_leaves_the_others_served() {
         create: pods.len(),
         extra_yaml: "",
         proxy_env: &env,
+        control: None,
     })
     .unwrap();
     let _victim_app = cluster

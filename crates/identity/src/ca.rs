@@ -311,6 +311,81 @@ impl CertificateAuthority {
         )?)
     }
 
+    /// Mints a TLS *server* certificate (for a control plane's xDS/CA port, not a workload):
+    /// DNS and IP SANs, `serverAuth` only, a fresh ECDSA P-256 key, valid for `ttl` from
+    /// `now` (clamped to the CA's own expiry). Returns the chain (leaf, then the
+    /// intermediates), the PKCS#8 key and the leaf's expiry.
+    pub fn issue_server_cert(
+        &self,
+        dns_names: &[String],
+        ips: &[std::net::IpAddr],
+        ttl: Duration,
+        now: SystemTime,
+    ) -> Result<
+        (
+            Vec<CertificateDer<'static>>,
+            PrivatePkcs8KeyDer<'static>,
+            SystemTime,
+        ),
+        CaError,
+    > {
+        if ttl.is_zero() {
+            return Err(CaError::InvalidTtl { ttl });
+        }
+        if now >= self.not_after {
+            return Err(CaError::Expired {
+                not_after: self.not_after,
+            });
+        }
+        let not_before = now.checked_sub(BACKDATE.min(ttl / 2)).unwrap_or(now);
+        let not_after = now
+            .checked_add(ttl)
+            .map_or(self.not_after, |t| t.min(self.not_after));
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(first) = dns_names.first() {
+            params.distinguished_name.push(DnType::CommonName, first);
+        }
+        for name in dns_names {
+            let dns =
+                rcgen::Ia5String::try_from(name.as_str()).map_err(|source| CaError::Rcgen {
+                    context: "a server name that is not an IA5 (ASCII) DNS name",
+                    source,
+                })?;
+            params.subject_alt_names.push(rcgen::SanType::DnsName(dns));
+        }
+        for ip in ips {
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::IpAddress(*ip));
+        }
+        params.not_before = x509::to_offset(not_before);
+        params.not_after = x509::to_offset(not_after);
+        params.serial_number = Some(leaf::random_serial());
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = self.authority_key_id;
+        let key = leaf::new_key()?;
+        let cert = params
+            .signed_by(&key, &self.issuer, &self.key)
+            .map_err(|source| CaError::Rcgen {
+                context: "signing the server certificate",
+                source,
+            })?;
+        let mut chain = Vec::with_capacity(1 + self.intermediates.len());
+        chain.push(cert.der().clone());
+        chain.extend(self.intermediates.iter().cloned());
+        Ok((
+            chain,
+            PrivatePkcs8KeyDer::from(key.serialize_der()),
+            not_after,
+        ))
+    }
+
     /// The trust anchors (root-cert.pem).
     pub fn roots(&self) -> &[CertificateDer<'static>] {
         &self.roots

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use super::control::{ControlPlane, CONTROL_PORT};
 use super::mesh::EchoMode;
 use super::peer::{write_lab_ca, NodeProxy};
 use super::{http_get, wait_until, Lab, Process};
@@ -96,6 +97,8 @@ pub struct Cluster {
     pub node_proxies: Vec<NodeProxy>,
     /// Extra environment for every node proxy.
     pub proxy_env: Vec<(String, String)>,
+    /// The control server configuring the node proxies, when the spec asked for one.
+    pub control: Option<ControlPlane>,
 }
 
 /// What a [`Cluster`] runs: the nodes' proxies (one per node; the agent and the CNI plugin
@@ -109,6 +112,9 @@ pub struct ClusterSpec<'a> {
     pub extra_yaml: &'a str,
     /// Extra environment for every node proxy.
     pub proxy_env: &'a [(&'a str, String)],
+    /// Run `ambit control` (from this binary) on the last node and configure every node
+    /// proxy from it over xDS, with certificates from its CA, instead of a local file.
+    pub control: Option<&'a Path>,
 }
 
 /// The address the n-th pod (from 0) of node `index` gets from host-local.
@@ -177,6 +183,7 @@ impl Cluster {
             create,
             extra_yaml,
             proxy_env: &[],
+            control: None,
         })
     }
 
@@ -191,6 +198,7 @@ impl Cluster {
             create,
             extra_yaml,
             proxy_env,
+            control,
         } = spec;
         let node_count = node_proxies.len();
         let lab = Lab::new(tag)?;
@@ -265,6 +273,30 @@ impl Cluster {
                 ],
             )?;
         }
+        let control = match control {
+            Some(ambit) => {
+                let host = nodes.last().context("a cluster needs a node")?;
+                let ip = if node_count == 2 {
+                    host.ip
+                } else {
+                    Ipv4Addr::LOCALHOST
+                };
+                let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+                let mesh = std::fs::read_to_string(&config_path)?;
+                let mut plane = ControlPlane::prepare(
+                    &lab,
+                    &host.ns,
+                    SocketAddr::from((ip, CONTROL_PORT)),
+                    ambit,
+                    &ca_dir,
+                    &names,
+                    &mesh,
+                )?;
+                plane.start(&lab)?;
+                Some(plane)
+            }
+            None => None,
+        };
         let network = lab.prefix().to_string();
         let mut cluster = Cluster {
             lab,
@@ -280,6 +312,7 @@ impl Cluster {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            control,
         };
         for i in 0..node_count {
             cluster.start_agent(i)?;
@@ -341,7 +374,10 @@ impl Cluster {
     pub fn start_ztunnel(&mut self, node: usize) -> anyhow::Result<()> {
         let n = &self.nodes[node];
         let proxy = &self.node_proxies[node];
-        let mut env = proxy.env(&self.config_path, &self.ca_dir);
+        let mut env = match &self.control {
+            Some(plane) => plane.proxy_env(&n.name)?,
+            None => proxy.env(&self.config_path, &self.ca_dir),
+        };
         env.extend([
             ("PROXY_MODE", "shared".to_string()),
             ("INPOD_UDS", n.zds_socket().display().to_string()),

@@ -4,6 +4,7 @@
 //! the benchmarks; never by the node proxy, so a build without the demo leaves it out.
 #![forbid(unsafe_code)]
 
+pub mod control;
 pub mod inpod;
 pub mod mesh;
 pub mod pcap;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use super::control::{ControlPlane, CONTROL_PORT};
 use super::peer::{write_lab_ca, NodeProxy};
 use super::{http_get, wait_until, Lab, PacketCapture, Process};
 
@@ -75,6 +76,8 @@ pub struct TwoNodes {
     pub ca_dir: PathBuf,
     pub client_impl: NodeProxy,
     pub server_impl: NodeProxy,
+    /// The control server, when the spec asked for one.
+    pub control: Option<ControlPlane>,
 }
 
 /// The dedicated-mode capture rule (iptables arguments after the program): the client
@@ -123,6 +126,9 @@ pub struct TwoNodesSpec<'a> {
     /// Leave `ENABLE_ORIG_SRC` unset for Istio's ztunnel too (its default tries the
     /// client's address, which this lab cannot route back); ambit's is never set.
     pub orig_src_unset: bool,
+    /// Run `ambit control` (from this binary) in the server node and configure both
+    /// proxies from it over xDS, with certificates from its CA, instead of a local file.
+    pub control: Option<PathBuf>,
 }
 
 impl<'a> TwoNodesSpec<'a> {
@@ -136,6 +142,7 @@ impl<'a> TwoNodesSpec<'a> {
             extra_yaml: "",
             mesh: None,
             orig_src_unset: false,
+            control: None,
         }
     }
 
@@ -219,9 +226,38 @@ impl TwoNodes {
             args.extend_from_slice(DEDICATED_CAPTURE);
             lab.exec(&client_ns, &args)?;
         }
+        // With a control server in the server node, the client node's proxy must reach it
+        // uncaptured (on Kubernetes the node proxy runs outside the pods' capture).
+        let mut control = None;
+        if let Some(ambit) = &spec.control {
+            let port = CONTROL_PORT.to_string();
+            let server_ip = SERVER_IP.to_string();
+            lab.exec(
+                &client_ns,
+                &[
+                    "iptables", "-w", "-t", "nat", "-I", "OUTPUT", "-p", "tcp", "-d", &server_ip,
+                    "--dport", &port, "-j", "RETURN",
+                ],
+            )?;
+            let mesh = std::fs::read_to_string(&config_path)?;
+            let mut plane = ControlPlane::prepare(
+                &lab,
+                &server_ns,
+                SocketAddr::from((SERVER_IP, CONTROL_PORT)),
+                ambit,
+                &ca_dir,
+                &["node1", "node2"],
+                &mesh,
+            )?;
+            plane.start(&lab)?;
+            control = Some(plane);
+        }
 
         let env = |proxy: &NodeProxy, workload: &str, node: &str| -> Vec<(&str, String)> {
-            let mut env = proxy.env(&config_path, &ca_dir);
+            let mut env = match &control {
+                Some(plane) => plane.proxy_env(node).unwrap_or_default(),
+                None => proxy.env(&config_path, &ca_dir),
+            };
             env.extend([
                 ("PROXY_MODE", "dedicated".to_string()),
                 (
@@ -263,6 +299,7 @@ impl TwoNodes {
             ca_dir,
             client_impl: spec.client,
             server_impl: spec.server,
+            control,
         };
         nodes.wait_ready(&nodes.client_ns, &nodes.client_proxy)?;
         nodes.wait_ready(&nodes.server_ns, &nodes.server_proxy)?;

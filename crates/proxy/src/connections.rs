@@ -1,12 +1,18 @@
 //! The connections one proxy instance has open, for `/config_dump`'s `workloadState`
 //! (`connections: {inbound: [...], outbound: [...]}`, as ztunnel lists them): each entry
 //! lives while its [`Tracked`] guard does.
+//!
+//! Inbound connections that policy allowed are also kept with what they were authorized
+//! on, so that when the policies change they are checked again and the ones now denied
+//! are closed ([`OpenConnections::recheck`]), as ztunnel does.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use ambit_state::{Denied, ProxyState, RbacContext};
 use serde::Serialize;
+use tokio::sync::watch;
 
 /// How a connection is carried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -52,10 +58,24 @@ pub enum Direction {
     Outbound,
 }
 
+struct Entry {
+    direction: Direction,
+    connection: Connection,
+    policy: Option<PolicyWatch>,
+}
+
+/// What an open inbound connection was authorized on, and how to revoke it.
+struct PolicyWatch {
+    ctx: RbacContext,
+    /// The destination workload's uid: its policies are looked up again in the new state.
+    dst_uid: String,
+    revoke: watch::Sender<Option<Denied>>,
+}
+
 #[derive(Default)]
 struct Inner {
     next: u64,
-    open: BTreeMap<u64, (Direction, Connection)>,
+    open: BTreeMap<u64, Entry>,
 }
 
 /// The open connections of one proxy instance, in the order they opened.
@@ -83,7 +103,14 @@ impl OpenConnections {
         let mut inner = self.inner();
         let id = inner.next;
         inner.next += 1;
-        inner.open.insert(id, (direction, c));
+        inner.open.insert(
+            id,
+            Entry {
+                direction,
+                connection: c,
+                policy: None,
+            },
+        );
         Tracked {
             owner: self.clone(),
             id,
@@ -96,13 +123,71 @@ impl OpenConnections {
             inner
                 .open
                 .values()
-                .filter(|(dir, _)| *dir == d)
-                .map(|(_, c)| c.clone())
+                .filter(|e| e.direction == d)
+                .map(|e| e.connection.clone())
                 .collect()
         };
         ConnectionsDump {
             inbound: of(Direction::Inbound),
             outbound: of(Direction::Outbound),
+        }
+    }
+}
+
+impl OpenConnections {
+    /// Authorizes every watched connection again against `state`; each one now denied is
+    /// told so (its relay closes it) and returned.
+    pub fn recheck(&self, state: &ProxyState) -> Vec<(Connection, Denied)> {
+        let inner = self.inner();
+        let mut denied = Vec::new();
+        for entry in inner.open.values() {
+            let Some(watch) = &entry.policy else { continue };
+            if watch.revoke.borrow().is_some() {
+                continue;
+            }
+            // A destination that left the state keeps its connections: what removal of a
+            // workload means for them is not a policy decision.
+            let Some(dst) = state.workload_by_uid(&watch.dst_uid) else {
+                continue;
+            };
+            if let Err(d) = state.authorize(&watch.ctx, &dst) {
+                watch.revoke.send_replace(Some(d.clone()));
+                denied.push((entry.connection.clone(), d));
+            }
+        }
+        denied
+    }
+}
+
+impl Tracked {
+    /// Keeps the connection's authorization inputs so a policy change re-checks it; the
+    /// returned [`Revoked`] completes if it is denied then.
+    pub fn watch_policy(&self, ctx: RbacContext, dst_uid: &str) -> Revoked {
+        let (tx, rx) = watch::channel(None);
+        if let Some(entry) = self.owner.inner().open.get_mut(&self.id) {
+            entry.policy = Some(PolicyWatch {
+                ctx,
+                dst_uid: dst_uid.to_string(),
+                revoke: tx,
+            });
+        }
+        Revoked(rx)
+    }
+}
+
+/// Completes when a policy change denied the connection.
+pub struct Revoked(watch::Receiver<Option<Denied>>);
+
+impl Revoked {
+    pub async fn denied(mut self) -> Denied {
+        let denied = match self.0.wait_for(Option::is_some).await {
+            Ok(d) => d.clone(),
+            Err(_) => None,
+        };
+        match denied {
+            Some(d) => d,
+            // The entry is gone: the connection is closing anyway.
+            None => std::future::pending().await,
         }
     }
 }
@@ -145,5 +230,76 @@ mod tests {
             one,
             serde_json::json!({"src": "10.0.0.1:1", "originalDst": null, "actualDst": "10.0.0.2:8080", "protocol": "HBONE"})
         );
+    }
+
+    #[tokio::test]
+    async fn a_policy_change_revokes_only_the_connections_it_denies() {
+        let yaml = r#"
+workloads:
+- uid: server
+  name: server
+  namespace: shop
+  workloadIps: [10.0.0.2]
+  protocol: HBONE
+"#;
+        let cfg = ambit_state::parse_local_config("t", yaml).unwrap();
+        let mut state = ProxyState::from_config(cfg).unwrap();
+        let open = Arc::new(OpenConnections::default());
+        let ctx = |sa: &str| RbacContext {
+            source_identity: Some(
+                ambit_identity::SpiffeId::parse(&format!("spiffe://cluster.local/ns/shop/sa/{sa}"))
+                    .unwrap(),
+            ),
+            source_ip: "10.0.0.1".parse().unwrap(),
+            destination: "10.0.0.2:8080".parse().unwrap(),
+        };
+        let conn = |port: u16| {
+            Connection::new(
+                SocketAddr::from(([10, 0, 0, 1], port)),
+                None,
+                "10.0.0.2:8080".parse().unwrap(),
+                Protocol::Hbone,
+            )
+        };
+        let bad = open.track(Direction::Inbound, conn(1));
+        let bad_revoked = bad.watch_policy(ctx("bad"), "server");
+        let good = open.track(Direction::Inbound, conn(2));
+        let good_revoked = good.watch_policy(ctx("good"), "server");
+        // Not watched (an outbound connection): never re-checked.
+        let _out = open.track(Direction::Outbound, conn(3));
+
+        assert!(
+            open.recheck(&state).is_empty(),
+            "no policy yet: all allowed"
+        );
+        let deny: ambit_state::LocalConfig = ambit_state::parse_local_config(
+            "t",
+            r#"
+policies:
+- name: deny-bad
+  namespace: shop
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals: [!Exact "cluster.local/ns/shop/sa/bad"]
+"#,
+        )
+        .unwrap();
+        for p in deny.policies {
+            state.insert_policy(p).unwrap();
+        }
+        let denied = open.recheck(&state);
+        assert_eq!(denied.len(), 1, "{denied:?}");
+        assert_eq!(denied[0].0, conn(1));
+        assert_eq!(denied[0].1.policy.as_deref(), Some("shop/deny-bad"));
+        let d = tokio::time::timeout(std::time::Duration::from_secs(5), bad_revoked.denied())
+            .await
+            .expect("the denied connection is told");
+        assert!(d.reason.contains("shop/deny-bad"), "{d:?}");
+        // Told once; the allowed one is never told.
+        assert!(open.recheck(&state).is_empty());
+        let still =
+            tokio::time::timeout(std::time::Duration::from_millis(50), good_revoked.denied()).await;
+        assert!(still.is_err(), "the allowed connection stays open");
     }
 }

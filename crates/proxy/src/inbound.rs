@@ -17,6 +17,24 @@ use crate::metrics::Reporter;
 use crate::socket;
 use crate::telemetry::{early_failure, ConnectionResult, Endpoints};
 
+/// Relays until done, or until a policy change denies the connection (the relay is
+/// dropped, which closes both sides).
+pub(crate) async fn until_revoked(
+    revoked: Option<crate::connections::Revoked>,
+    relay: impl std::future::Future<Output = Result<(), Error>>,
+) -> Result<(), Error> {
+    let Some(revoked) = revoked else {
+        return relay.await;
+    };
+    tokio::select! {
+        outcome = relay => outcome,
+        denied = revoked.denied() => {
+            tracing::info!(reason = %denied, "closing a connection that a policy change denies");
+            Err(Error::Denied(denied))
+        }
+    }
+}
+
 /// Handles one CONNECT stream: 200 only once the upstream connection exists.
 pub(crate) async fn handle_connect(
     pi: Arc<ProxyInputs>,
@@ -108,6 +126,11 @@ pub(crate) async fn handle_connect(
         Ok(t) => t,
         Err(e) => return result.finish(Err(Error::ClientGone(e.to_string()))),
     };
-    let outcome = proxy_tunnel(&result, &mut tunnel, upstream, TunnelSide::Client, &drain).await;
+    let revoked = result.watch_policy(plan.rbac, &plan.dst_workload.uid);
+    let outcome = until_revoked(
+        revoked,
+        proxy_tunnel(&result, &mut tunnel, upstream, TunnelSide::Client, &drain),
+    )
+    .await;
     result.finish(outcome);
 }

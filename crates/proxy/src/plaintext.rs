@@ -53,6 +53,7 @@ pub(crate) async fn handle(
         Ok(plan) => plan,
         Err(e) => return early_failure(Reporter::Destination, src, Some(dst), &e),
     };
+    let dst_uid = plan.dst_workload.uid.clone();
     let mut result = ConnectionResult::open(
         &pi.metrics,
         Reporter::Destination,
@@ -82,6 +83,9 @@ pub(crate) async fn handle(
             }))
         }
     };
-    let outcome = proxy_bytes(&result, downstream, upstream, &drain).await;
+    let revoked = result.watch_policy(plan.rbac, &dst_uid);
+    let outcome =
+        crate::inbound::until_revoked(revoked, proxy_bytes(&result, downstream, upstream, &drain))
+            .await;
     result.finish(outcome);
 }

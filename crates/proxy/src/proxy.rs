@@ -110,7 +110,24 @@ impl BoundProxy {
                 )
             }
         });
-        tokio::join!(out, plain, hbone);
+        let recheck = recheck_on_change(pi.clone(), drain.clone());
+        tokio::join!(out, plain, hbone, recheck);
+    }
+}
+
+/// Re-checks the open inbound connections whenever the state changes, until draining.
+async fn recheck_on_change(pi: Arc<ProxyInputs>, drain: DrainWatcher) {
+    let mut generation = pi.state.subscribe();
+    generation.mark_unchanged();
+    loop {
+        tokio::select! {
+            changed = generation.changed() => if changed.is_err() { return },
+            _ = drain.draining() => return,
+        }
+        let state = pi.state.get();
+        for (c, denied) in pi.connections.recheck(&state) {
+            tracing::debug!(src = %c.src, dst = %c.actual_dst, reason = %denied, "policy change denies an open connection");
+        }
     }
 }
 

@@ -162,6 +162,16 @@ impl ConnectionResult {
         self.tracked = Some(open.track(direction, c));
     }
 
+    /// Keeps an allowed inbound connection's authorization inputs for re-checks when
+    /// policies change (see [`OpenConnections::recheck`]).
+    pub fn watch_policy(
+        &self,
+        ctx: ambit_state::RbacContext,
+        dst_uid: &str,
+    ) -> Option<crate::connections::Revoked> {
+        self.tracked.as_ref().map(|t| t.watch_policy(ctx, dst_uid))
+    }
+
     /// Records the close with the outcome.
     pub fn finish(mut self, outcome: Result<(), Error>) {
         self.record(outcome);

@@ -87,6 +87,7 @@ fn ambit_agent_and_cni_drive_istio_ztunnel_and_pods_talk_across_both_proxies() {
         create: 3,
         extra_yaml: "",
         proxy_env: &[],
+        control: None,
     })
     .unwrap();
     // On Istio's node; Istio's client to ambit's server; ambit's client to Istio's server.
@@ -152,6 +153,7 @@ fn pods_fail_closed_while_istio_ztunnel_is_down() {
         create: 2,
         extra_yaml: "",
         proxy_env: &[],
+        control: None,
     })
     .unwrap();
     let accepted = cluster.serve_app("c", 8080, EchoMode::Mirror).unwrap();
@@ -229,6 +231,7 @@ fn inpod_observed(proxy: &NodeProxy) -> (String, Value, Value) {
         create: 2,
         extra_yaml: "",
         proxy_env: &[],
+        control: None,
     })
     .unwrap();
     let _app = cluster.serve_app("b", 8080, EchoMode::Double).unwrap();

@@ -14,6 +14,7 @@
 mod agent;
 mod answers;
 mod connect;
+mod control;
 mod differential;
 mod hbone;
 mod pods;

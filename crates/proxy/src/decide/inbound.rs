@@ -61,6 +61,8 @@ pub struct InboundPlan {
     pub authority: Option<String>,
     /// `Err(Error::Denied)` when policy refuses the connection.
     pub verdict: Result<(), Error>,
+    /// What the verdict was reached on, to decide again when policies change.
+    pub rbac: RbacContext,
 }
 
 /// Decides what one CONNECT reaches. Status codes follow ztunnel: 400 malformed or aimed
@@ -164,6 +166,7 @@ fn admit(
     };
     let verdict = state.authorize(&ctx, &dst_workload).map_err(Error::Denied);
     InboundPlan {
+        rbac: ctx,
         target,
         source: source_policy.source_for(client, target.ip()),
         src_workload: state.workload_by_ip(&cfg.network, client),

@@ -1,0 +1,163 @@
+//! `ambit control`: the control server (delta xDS and the CA from files) and its operator
+//! port.
+//!
+//! The operator port (`--admin`, default 127.0.0.1:15014, istiod's monitoring port) serves
+//! `/metrics` (Prometheus/OpenMetrics text), `/ready` (200 once the CA and the mesh are
+//! loaded and the xDS/CA listener is up, else 503) and `/debug` (JSON: the mesh served and,
+//! per connected xDS client, its node id and per type the versions sent, the last nonce,
+//! the ACK/NACK state and the NACK messages).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use http::StatusCode;
+
+use ambit_control::{Control, ControlConfig, DEFAULT_LISTEN, DEFAULT_SERVING_NAME};
+
+use crate::http::{text, with_type, Handler};
+
+#[derive(clap::Args, Debug)]
+pub struct ControlArgs {
+    /// Directory of mesh files (`*.yaml`/`*.yml` in ztunnel's local-config schema:
+    /// workloads, services, policies), merged and watched for changes.
+    #[arg(long)]
+    pub mesh: PathBuf,
+    /// Istio plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem,
+    /// cert-chain.pem). When it holds none of them, an ephemeral root is made and written
+    /// there, so clients can trust its root-cert.pem.
+    #[arg(long)]
+    pub ca: PathBuf,
+    /// Tokens file: a YAML list of `{token, node}` (may ask for the identities of the
+    /// workloads on that node) and `{token, identity}` (that identity only). Keep it 0600.
+    #[arg(long)]
+    pub tokens: PathBuf,
+    /// Where delta xDS and the CA are served (TLS, HTTP/2).
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// DNS name in the serving certificate (repeat for several); clients verify it, or
+    /// ALT_XDS_HOSTNAME / ALT_CA_HOSTNAME, or the IP they dial.
+    #[arg(long = "serving-name", default_value = DEFAULT_SERVING_NAME)]
+    pub serving_names: Vec<String>,
+    /// Operator port: /metrics, /ready, /debug. Keep it on localhost: /debug shows the mesh.
+    #[arg(long, default_value = "127.0.0.1:15014")]
+    pub admin: SocketAddr,
+    /// The trust domain the CA signs identities of.
+    #[arg(long, default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// xDS clients served at once; more are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 1024)]
+    pub max_clients: usize,
+    /// The longest workload certificate signed, in seconds, whatever a request asks.
+    #[arg(long, default_value_t = 7 * 24 * 3600)]
+    pub max_cert_ttl_secs: u64,
+}
+
+pub fn run(args: ControlArgs) -> anyhow::Result<()> {
+    let (_logs, _flush) = crate::logging::init().map_err(anyhow::Error::msg)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name("ambit-control")
+        .build()
+        .context("cannot start the runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ControlArgs) -> anyhow::Result<()> {
+    let mut cfg = ControlConfig::new(args.mesh, args.ca, args.tokens);
+    cfg.listen = args.listen;
+    cfg.serving_names = args.serving_names;
+    cfg.trust_domain = args.trust_domain;
+    cfg.max_clients = args.max_clients;
+    cfg.max_cert_ttl = Duration::from_secs(args.max_cert_ttl_secs);
+    cfg.default_cert_ttl = cfg.default_cert_ttl.min(cfg.max_cert_ttl);
+    let admin = tokio::net::TcpListener::bind(args.admin)
+        .await
+        .with_context(|| format!("cannot listen on the operator port {}", args.admin))?;
+    let control = Arc::new(Control::start(cfg).await?);
+    let (trigger, watcher) = ambit_proxy::drain::new();
+    tokio::spawn(crate::http::serve(admin, handler(control.clone()), watcher));
+    tracing::info!("operator port on {} (/metrics, /ready, /debug)", args.admin);
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    trigger.drain_now().await;
+    control.shutdown().await;
+    Ok(())
+}
+
+fn handler(control: Arc<Control>) -> Handler {
+    Arc::new(move |_method, uri, _headers| match uri.path() {
+        "/metrics" => with_type(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            control.metrics_text(),
+        ),
+        "/ready" if control.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/debug" => with_type(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_string_pretty(&control.debug_json()).unwrap_or_default() + "\n",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /metrics, /ready or /debug\n",
+        ),
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControlArgs,
+    }
+
+    #[test]
+    fn defaults_and_repeated_serving_names() {
+        let cli = Cli::parse_from(["x", "--mesh", "m", "--ca", "c", "--tokens", "t"]);
+        let a = cli.args;
+        assert_eq!(a.listen.to_string(), "[::]:15012");
+        assert_eq!(a.serving_names, ["istiod.istio-system.svc"]);
+        assert_eq!(a.admin.to_string(), "127.0.0.1:15014");
+        let cli = Cli::parse_from([
+            "x",
+            "--mesh",
+            "m",
+            "--ca",
+            "c",
+            "--tokens",
+            "t",
+            "--serving-name",
+            "a.example",
+            "--serving-name",
+            "b.example",
+            "--listen",
+            "127.0.0.1:15012",
+        ]);
+        assert_eq!(cli.args.serving_names, ["a.example", "b.example"]);
+        assert!(Cli::try_parse_from(["x", "--mesh", "m"]).is_err());
+    }
+}

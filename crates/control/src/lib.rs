@@ -1,0 +1,21 @@
+//! `ambit control`: a small control server for meshes without Kubernetes. It serves
+//! ztunnel's delta xDS (`istio.workload.Address`, `istio.security.Authorization`) from YAML
+//! files in the local-config schema, and Istio's CA (`CreateCertificate`) from a plug-in CA
+//! directory, over one TLS port like istiod's 15012.
+//!
+//! - [`session`]: the per-client delta xDS state machine (sans-IO);
+//! - [`convert`]: the mesh model as xDS resources;
+//! - [`mesh`]: the mesh directory, merged;
+//! - [`tokens`], [`ca_service`]: who may ask for which certificate;
+//! - [`server`]: the sockets.
+#![forbid(unsafe_code)]
+
+pub mod ca_service;
+pub mod convert;
+pub mod mesh;
+pub mod server;
+pub mod session;
+pub mod tokens;
+
+pub use server::{Control, ControlConfig, ControlError, DEFAULT_LISTEN, DEFAULT_SERVING_NAME};
+pub use session::{Session, SessionLimits, Snapshot};

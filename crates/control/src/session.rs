@@ -1,0 +1,917 @@
+//! The delta xDS server side of one client stream, sans-IO: given the client's requests and
+//! the current [`Snapshot`], it says which responses to send.
+//!
+//! What the session believes the client holds (`known`: name → version) starts from the
+//! client's `initial_resource_versions` and is updated when a response is produced (as
+//! istiod does: a NACKed resource is not resent until it changes, otherwise a client that
+//! rejects it would be sent it forever). A response is always sent for the first request
+//! of a type, even an empty one, because ztunnel's readiness waits for one of each type.
+//!
+//! Unknown type URLs are ignored (no response; counted and listed in the debug view):
+//! ztunnel only asks for the two Istio types, and an empty answer to a type we do not serve
+//! would claim "you have everything" for something we know nothing about.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use prost::Message;
+use serde::Serialize;
+
+/// The type URLs this server answers.
+pub const SERVED_TYPES: [&str; 2] = [ambit_proto::ADDRESS_TYPE, ambit_proto::AUTHORIZATION_TYPE];
+
+/// The resources of one type, by name.
+pub type TypeResources = BTreeMap<String, Arc<Resource>>;
+
+/// Everything the server serves at one moment. Resources are shared between all sessions.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Bumped on every change; sent as `system_version_info`.
+    pub generation: u64,
+    types: BTreeMap<&'static str, TypeResources>,
+}
+
+impl Snapshot {
+    /// An empty snapshot of the served types.
+    pub fn new(generation: u64) -> Self {
+        Snapshot {
+            generation,
+            types: SERVED_TYPES
+                .iter()
+                .map(|t| (*t, TypeResources::new()))
+                .collect(),
+        }
+    }
+
+    /// Adds (or replaces) a resource of a served type; other types are ignored.
+    pub fn insert(&mut self, type_url: &str, resource: Resource) {
+        if let Some(map) = self.types.get_mut(type_url) {
+            map.insert(resource.name.clone(), Arc::new(resource));
+        }
+    }
+
+    /// The resources of `type_url` (`None` for a type not served).
+    pub fn resources(&self, type_url: &str) -> Option<&TypeResources> {
+        self.types.get(type_url)
+    }
+
+    /// Number of resources of all types.
+    pub fn len(&self) -> usize {
+        self.types.values().map(|m| m.len()).sum()
+    }
+
+    /// True when no resource of any type is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Bounds on what one client can make the server hold or send in one message.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    /// Names one type may subscribe to explicitly, or report in `initial_resource_versions`.
+    pub max_names_per_type: usize,
+    /// A response is split so that the resources in one stay under this many bytes.
+    pub max_response_bytes: usize,
+    /// Responses awaiting an ACK/NACK that are remembered per type; older ones are forgotten.
+    pub max_outstanding: usize,
+    /// NACK messages kept per type (the newest).
+    pub max_nacks_kept: usize,
+    /// Bytes of a NACK message kept.
+    pub max_nack_message: usize,
+    /// Bytes of the node id kept.
+    pub max_node_id: usize,
+    /// Distinct unknown type URLs remembered.
+    pub max_unknown_types: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            max_names_per_type: 100_000,
+            max_response_bytes: 16 * 1024 * 1024,
+            max_outstanding: 16,
+            max_nacks_kept: 8,
+            max_nack_message: 4096,
+            max_node_id: 1024,
+            max_unknown_types: 8,
+        }
+    }
+}
+
+/// A request the session refuses; the stream should be closed with INVALID_ARGUMENT.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The client's fault: every delta request names its type.
+    #[error("a DeltaDiscoveryRequest without type_url (the client must name the resource type)")]
+    NoTypeUrl,
+    /// The client's fault: it asked for more names than the server keeps per client.
+    #[error("{type_url}: the client subscribes to or reports more than {limit} resource names")]
+    TooManyNames { type_url: String, limit: usize },
+}
+
+/// What the last response of a type got from the client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum AckState {
+    /// Nothing sent yet, or the newest response is not answered yet.
+    Pending,
+    Acked {
+        nonce: String,
+    },
+    Nacked {
+        nonce: String,
+        message: String,
+    },
+}
+
+/// A NACK as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NackRecord {
+    pub nonce: String,
+    pub message: String,
+}
+
+/// The outcome of one request or snapshot change.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// To send, in order.
+    pub responses: Vec<DeltaDiscoveryResponse>,
+    /// The request ACKed a response.
+    pub acked: bool,
+    /// The request NACKed a response.
+    pub nacked: bool,
+    /// The request's nonce matched no remembered response (late or bogus); it was ignored.
+    pub stale_nonce: bool,
+    /// The request was for a type this server does not serve; it was ignored.
+    pub unknown_type: bool,
+}
+
+#[derive(Debug, Default)]
+struct TypeState {
+    wildcard: bool,
+    explicit: BTreeSet<String>,
+    /// What the client holds, as far as we know: name → version.
+    known: BTreeMap<String, String>,
+    /// Explicitly subscribed names to answer with a removal if they do not exist.
+    absent_to_report: BTreeSet<String>,
+    outstanding: VecDeque<String>,
+    last_nonce: Option<String>,
+    state: Option<AckState>,
+    nacks: VecDeque<NackRecord>,
+    acks_total: u64,
+    nacks_total: u64,
+    responses_total: u64,
+}
+
+impl TypeState {
+    fn interested(&self, name: &str) -> bool {
+        self.wildcard || self.explicit.contains(name)
+    }
+}
+
+/// One client stream.
+#[derive(Debug)]
+pub struct Session {
+    id: u64,
+    node_id: Option<String>,
+    next_nonce: u64,
+    limits: SessionLimits,
+    types: BTreeMap<String, TypeState>,
+    unknown_types: BTreeSet<String>,
+}
+
+impl Session {
+    /// A session; `id` is unique per server run and prefixes its nonces.
+    pub fn new(id: u64, limits: SessionLimits) -> Self {
+        Session {
+            id,
+            node_id: None,
+            next_nonce: 0,
+            limits,
+            types: BTreeMap::new(),
+            unknown_types: BTreeSet::new(),
+        }
+    }
+
+    /// The node id from the client's first request that carried one.
+    pub fn node_id(&self) -> Option<&str> {
+        self.node_id.as_deref()
+    }
+
+    /// Handles one request from the client.
+    pub fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        snapshot: &Snapshot,
+    ) -> Result<Step, SessionError> {
+        if req.type_url.is_empty() {
+            return Err(SessionError::NoTypeUrl);
+        }
+        if self.node_id.is_none() {
+            if let Some(node) = &req.node {
+                if !node.id.is_empty() {
+                    self.node_id = Some(truncate(&node.id, self.limits.max_node_id));
+                }
+            }
+        }
+        let mut step = Step::default();
+        let Some(resources) = snapshot.resources(&req.type_url) else {
+            if self.unknown_types.len() < self.limits.max_unknown_types {
+                self.unknown_types
+                    .insert(truncate(&req.type_url, self.limits.max_node_id));
+            }
+            step.unknown_type = true;
+            return Ok(step);
+        };
+        let limits = self.limits;
+        let max_names = limits.max_names_per_type;
+        let too_many = || SessionError::TooManyNames {
+            type_url: req.type_url.clone(),
+            limit: max_names,
+        };
+        let first = !self.types.contains_key(&req.type_url);
+        let ts = self.types.entry(req.type_url.clone()).or_default();
+
+        if !req.response_nonce.is_empty() {
+            match ts.outstanding.iter().position(|n| *n == req.response_nonce) {
+                Some(pos) => {
+                    // Answers to older responses will not come any more.
+                    ts.outstanding.drain(..=pos);
+                    let nonce = req.response_nonce.clone();
+                    // The state shown is the newest response's; an answer to an older one
+                    // is counted (and a NACK kept) but leaves it pending.
+                    let newest = ts.last_nonce.as_deref() == Some(nonce.as_str());
+                    match &req.error_detail {
+                        Some(status) => {
+                            let message = truncate(&status.message, limits.max_nack_message);
+                            if ts.nacks.len() >= limits.max_nacks_kept {
+                                ts.nacks.pop_front();
+                            }
+                            ts.nacks.push_back(NackRecord {
+                                nonce: nonce.clone(),
+                                message: message.clone(),
+                            });
+                            ts.nacks_total += 1;
+                            if newest {
+                                ts.state = Some(AckState::Nacked { nonce, message });
+                            }
+                            step.nacked = true;
+                        }
+                        None => {
+                            ts.acks_total += 1;
+                            if newest {
+                                ts.state = Some(AckState::Acked { nonce });
+                            }
+                            step.acked = true;
+                        }
+                    }
+                }
+                None => step.stale_nonce = true,
+            }
+        }
+
+        let mut changed = false;
+        if first {
+            // An empty subscribe list on the first request means "everything" (wildcard).
+            ts.wildcard = req.resource_names_subscribe.is_empty();
+            if req.initial_resource_versions.len() > max_names {
+                return Err(too_many());
+            }
+            for (name, version) in &req.initial_resource_versions {
+                ts.known.insert(name.clone(), version.clone());
+                if !ts.wildcard {
+                    // A client holding a resource wants to hear about it.
+                    ts.explicit.insert(name.clone());
+                }
+            }
+            changed = true;
+        }
+        for name in &req.resource_names_subscribe {
+            if name == "*" {
+                changed |= !ts.wildcard;
+                ts.wildcard = true;
+            } else if ts.explicit.insert(name.clone()) {
+                if ts.explicit.len() > max_names {
+                    return Err(too_many());
+                }
+                ts.absent_to_report.insert(name.clone());
+                changed = true;
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            if name == "*" {
+                changed |= ts.wildcard;
+                ts.wildcard = false;
+            } else if ts.explicit.remove(name) {
+                ts.absent_to_report.remove(name);
+                changed = true;
+            }
+        }
+        if changed {
+            // The client drops what it no longer subscribes to; so do we.
+            let TypeState {
+                known,
+                wildcard,
+                explicit,
+                ..
+            } = &mut *ts;
+            known.retain(|name, _| *wildcard || explicit.contains(name));
+            let responses = self.delta(&req.type_url, resources, snapshot.generation, first);
+            step.responses = responses;
+        }
+        Ok(step)
+    }
+
+    /// Handles a new snapshot: the changes of every subscribed type.
+    pub fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<DeltaDiscoveryResponse> {
+        let subscribed: Vec<String> = self.types.keys().cloned().collect();
+        let mut out = Vec::new();
+        for type_url in subscribed {
+            if let Some(resources) = snapshot.resources(&type_url) {
+                out.extend(self.delta(&type_url, resources, snapshot.generation, false));
+            }
+        }
+        out
+    }
+
+    /// Responses bringing the client of `type_url` to `resources`; at least one when
+    /// `always`.
+    fn delta(
+        &mut self,
+        type_url: &str,
+        resources: &TypeResources,
+        generation: u64,
+        always: bool,
+    ) -> Vec<DeltaDiscoveryResponse> {
+        let limits = self.limits;
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return Vec::new();
+        };
+        let mut changed: Vec<&Arc<Resource>> = Vec::new();
+        for (name, res) in resources {
+            if ts.interested(name) && ts.known.get(name) != Some(&res.version) {
+                changed.push(res);
+            }
+        }
+        let mut removed: Vec<String> = ts
+            .known
+            .keys()
+            .filter(|n| !resources.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in std::mem::take(&mut ts.absent_to_report) {
+            if !resources.contains_key(&name) && !ts.known.contains_key(&name) {
+                removed.push(name);
+            }
+        }
+        if changed.is_empty() && removed.is_empty() && !always {
+            return Vec::new();
+        }
+        for res in &changed {
+            ts.known.insert(res.name.clone(), res.version.clone());
+        }
+        for name in &removed {
+            ts.known.remove(name);
+        }
+
+        // Split the resources so that no response grows past the byte bound.
+        let mut batches: Vec<Vec<Resource>> = vec![Vec::new()];
+        let mut size = 0usize;
+        for res in changed {
+            let len = res.encoded_len();
+            let current = batches.last().map_or(0, Vec::len);
+            if current > 0 && size + len > limits.max_response_bytes {
+                batches.push(Vec::new());
+                size = 0;
+            }
+            size += len;
+            if let Some(b) = batches.last_mut() {
+                b.push((**res).clone());
+            }
+        }
+        let last = batches.len() - 1;
+        let mut out = Vec::with_capacity(batches.len());
+        for (i, batch) in batches.into_iter().enumerate() {
+            let nonce = format!("{:x}-{}", self.id, self.next_nonce);
+            self.next_nonce += 1;
+            if ts.outstanding.len() >= limits.max_outstanding {
+                ts.outstanding.pop_front();
+            }
+            ts.outstanding.push_back(nonce.clone());
+            ts.last_nonce = Some(nonce.clone());
+            ts.state = Some(AckState::Pending);
+            ts.responses_total += 1;
+            out.push(DeltaDiscoveryResponse {
+                system_version_info: generation.to_string(),
+                resources: batch,
+                type_url: type_url.to_string(),
+                removed_resources: if i == last {
+                    std::mem::take(&mut removed)
+                } else {
+                    Vec::new()
+                },
+                nonce,
+            });
+        }
+        out
+    }
+
+    /// What `/debug` shows for this client; at most `max_versions` versions per type.
+    pub fn debug(&self, max_versions: usize) -> SessionDebug {
+        SessionDebug {
+            id: self.id,
+            node_id: self.node_id.clone(),
+            types: self
+                .types
+                .iter()
+                .map(|(url, ts)| {
+                    (
+                        url.clone(),
+                        TypeDebug {
+                            wildcard: ts.wildcard,
+                            explicit_subscriptions: ts.explicit.len(),
+                            resources_sent: ts.known.len(),
+                            versions: ts
+                                .known
+                                .iter()
+                                .take(max_versions)
+                                .map(|(k, v)| (k.clone(), v.clone()))
+                                .collect(),
+                            last_nonce: ts.last_nonce.clone(),
+                            ack: ts.state.clone().unwrap_or(AckState::Pending),
+                            nacks: ts.nacks.iter().cloned().collect(),
+                            responses: ts.responses_total,
+                            acks: ts.acks_total,
+                            nacks_total: ts.nacks_total,
+                        },
+                    )
+                })
+                .collect(),
+            unknown_types: self.unknown_types.iter().cloned().collect(),
+        }
+    }
+}
+
+/// `/debug`'s view of one client.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionDebug {
+    pub id: u64,
+    pub node_id: Option<String>,
+    /// Per type URL.
+    pub types: BTreeMap<String, TypeDebug>,
+    /// Type URLs the client asked for that are not served (ignored).
+    pub unknown_types: Vec<String>,
+}
+
+/// `/debug`'s view of one type of one client.
+#[derive(Debug, Clone, Serialize)]
+pub struct TypeDebug {
+    pub wildcard: bool,
+    pub explicit_subscriptions: usize,
+    /// How many resources the client holds, as far as the server knows.
+    pub resources_sent: usize,
+    /// name → version the client holds (capped).
+    pub versions: BTreeMap<String, String>,
+    pub last_nonce: Option<String>,
+    pub ack: AckState,
+    /// The newest NACKs, oldest first.
+    pub nacks: Vec<NackRecord>,
+    pub responses: u64,
+    pub acks: u64,
+    pub nacks_total: u64,
+}
+
+/// The first `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ambit_proto::{Node, Status, ADDRESS_TYPE, AUTHORIZATION_TYPE};
+
+    fn res(name: &str, version: &str) -> Resource {
+        Resource {
+            name: name.into(),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: ADDRESS_TYPE.into(),
+                value: name.as_bytes().to_vec(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn snap(generation: u64, addresses: &[(&str, &str)], policies: &[(&str, &str)]) -> Snapshot {
+        let mut s = Snapshot::new(generation);
+        for (n, v) in addresses {
+            s.insert(ADDRESS_TYPE, res(n, v));
+        }
+        for (n, v) in policies {
+            s.insert(AUTHORIZATION_TYPE, res(n, v));
+        }
+        s
+    }
+
+    fn initial(type_url: &str, versions: &[(&str, &str)]) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            node: Some(Node {
+                id: "ztunnel~10.0.0.1~zt.istio-system~istio-system.svc.cluster.local".into(),
+                ..Default::default()
+            }),
+            type_url: type_url.into(),
+            initial_resource_versions: versions
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn ack(type_url: &str, nonce: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    fn nack(type_url: &str, nonce: &str, message: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            error_detail: Some(Status {
+                code: 0,
+                message: message.into(),
+                details: vec![],
+            }),
+            ..ack(type_url, nonce)
+        }
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    fn session() -> Session {
+        Session::new(7, SessionLimits::default())
+    }
+
+    #[test]
+    fn first_request_gets_everything_and_the_other_type_an_empty_response() {
+        let s = snap(3, &[("a", "1"), ("b", "1")], &[]);
+        let mut c = session();
+        let step = c.on_request(initial(ADDRESS_TYPE, &[]), &s).unwrap();
+        assert_eq!(step.responses.len(), 1);
+        let r = &step.responses[0];
+        assert_eq!(r.type_url, ADDRESS_TYPE);
+        assert_eq!(names(r), ["a", "b"]);
+        assert!(r.removed_resources.is_empty());
+        assert_eq!(r.system_version_info, "3");
+        assert_eq!(r.nonce, "7-0");
+        assert_eq!(
+            c.node_id(),
+            Some("ztunnel~10.0.0.1~zt.istio-system~istio-system.svc.cluster.local")
+        );
+        // No policy exists, but the client still needs a response to become ready.
+        let step = c.on_request(initial(AUTHORIZATION_TYPE, &[]), &s).unwrap();
+        assert_eq!(step.responses.len(), 1);
+        assert!(step.responses[0].resources.is_empty());
+        assert_eq!(step.responses[0].nonce, "7-1");
+    }
+
+    #[test]
+    fn reconnect_sends_only_what_the_client_lacks_and_removes_what_is_gone() {
+        let s = snap(1, &[("same", "1"), ("changed", "2"), ("new", "1")], &[]);
+        let mut c = session();
+        let step = c
+            .on_request(
+                initial(
+                    ADDRESS_TYPE,
+                    &[("same", "1"), ("changed", "1"), ("gone", "1")],
+                ),
+                &s,
+            )
+            .unwrap();
+        let r = &step.responses[0];
+        assert_eq!(names(r), ["changed", "new"]);
+        assert_eq!(r.removed_resources, ["gone"]);
+    }
+
+    #[test]
+    fn reconnect_with_everything_current_still_gets_one_empty_response() {
+        let s = snap(1, &[("a", "1")], &[]);
+        let mut c = session();
+        let step = c
+            .on_request(initial(ADDRESS_TYPE, &[("a", "1")]), &s)
+            .unwrap();
+        assert_eq!(step.responses.len(), 1);
+        assert!(step.responses[0].resources.is_empty());
+        assert!(step.responses[0].removed_resources.is_empty());
+    }
+
+    #[test]
+    fn snapshot_changes_are_deltas() {
+        let mut c = session();
+        let s1 = snap(1, &[("a", "1"), ("b", "1")], &[("p", "1")]);
+        c.on_request(initial(ADDRESS_TYPE, &[]), &s1).unwrap();
+        c.on_request(initial(AUTHORIZATION_TYPE, &[]), &s1).unwrap();
+        // Nothing changed: nothing to send.
+        assert!(c
+            .on_snapshot(&snap(2, &[("a", "1"), ("b", "1")], &[("p", "1")]))
+            .is_empty());
+        // a changed, b removed, c added; policies unchanged.
+        let out = c.on_snapshot(&snap(3, &[("a", "2"), ("c", "1")], &[("p", "1")]));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].type_url, ADDRESS_TYPE);
+        assert_eq!(names(&out[0]), ["a", "c"]);
+        assert_eq!(out[0].removed_resources, ["b"]);
+        assert_eq!(out[0].system_version_info, "3");
+        // A removal is sent once.
+        assert!(c
+            .on_snapshot(&snap(4, &[("a", "2"), ("c", "1")], &[("p", "1")]))
+            .is_empty());
+        // The policy goes away.
+        let out = c.on_snapshot(&snap(5, &[("a", "2"), ("c", "1")], &[]));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].type_url, AUTHORIZATION_TYPE);
+        assert_eq!(out[0].removed_resources, ["p"]);
+    }
+
+    #[test]
+    fn a_type_never_requested_is_never_pushed() {
+        let mut c = session();
+        let s = snap(1, &[("a", "1")], &[("p", "1")]);
+        c.on_request(initial(ADDRESS_TYPE, &[]), &s).unwrap();
+        let out = c.on_snapshot(&snap(2, &[("a", "1")], &[("p", "2")]));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn acks_and_nacks_are_recorded_per_nonce() {
+        let mut c = session();
+        let s = snap(1, &[("a", "1")], &[]);
+        let n0 = c
+            .on_request(initial(ADDRESS_TYPE, &[]), &s)
+            .unwrap()
+            .responses[0]
+            .nonce
+            .clone();
+        let step = c.on_request(ack(ADDRESS_TYPE, &n0), &s).unwrap();
+        assert!(step.acked && !step.nacked && step.responses.is_empty());
+        let t = &c.debug(10).types[ADDRESS_TYPE];
+        assert_eq!(t.ack, AckState::Acked { nonce: n0.clone() });
+        assert_eq!(t.versions["a"], "1");
+
+        let out = c.on_snapshot(&snap(2, &[("a", "2")], &[]));
+        let n1 = out[0].nonce.clone();
+        assert_ne!(n0, n1, "a fresh nonce per response");
+        assert_eq!(c.debug(10).types[ADDRESS_TYPE].ack, AckState::Pending);
+        let step = c
+            .on_request(nack(ADDRESS_TYPE, &n1, "a: bad address"), &s)
+            .unwrap();
+        assert!(step.nacked && !step.acked);
+        // A NACKed resource is not resent (the client would reject it again).
+        assert!(step.responses.is_empty());
+        assert!(c.on_snapshot(&snap(3, &[("a", "2")], &[])).is_empty());
+        let t = &c.debug(10).types[ADDRESS_TYPE];
+        assert_eq!(
+            t.ack,
+            AckState::Nacked {
+                nonce: n1.clone(),
+                message: "a: bad address".into()
+            }
+        );
+        assert_eq!(t.nacks.len(), 1);
+        assert_eq!((t.acks, t.nacks_total, t.responses), (1, 1, 2));
+
+        // The same nonce again, or one never sent: stale, ignored.
+        let step = c.on_request(ack(ADDRESS_TYPE, &n1), &s).unwrap();
+        assert!(step.stale_nonce && !step.acked);
+        let step = c.on_request(ack(ADDRESS_TYPE, "bogus"), &s).unwrap();
+        assert!(step.stale_nonce);
+        assert_eq!(c.debug(10).types[ADDRESS_TYPE].acks, 1);
+    }
+
+    #[test]
+    fn an_ack_of_an_older_response_leaves_the_newest_pending() {
+        let mut c = session();
+        let s1 = snap(1, &[("a", "1")], &[]);
+        let n0 = c
+            .on_request(initial(ADDRESS_TYPE, &[]), &s1)
+            .unwrap()
+            .responses[0]
+            .nonce
+            .clone();
+        let n1 = c.on_snapshot(&snap(2, &[("a", "2")], &[]))[0].nonce.clone();
+        assert!(c.on_request(ack(ADDRESS_TYPE, &n0), &s1).unwrap().acked);
+        assert_eq!(c.debug(10).types[ADDRESS_TYPE].ack, AckState::Pending);
+        assert!(c.on_request(ack(ADDRESS_TYPE, &n1), &s1).unwrap().acked);
+        assert_eq!(
+            c.debug(10).types[ADDRESS_TYPE].ack,
+            AckState::Acked { nonce: n1 }
+        );
+        // n0 was answered (and is older than n1): a repeat is stale.
+        assert!(
+            c.on_request(ack(ADDRESS_TYPE, &n0), &s1)
+                .unwrap()
+                .stale_nonce
+        );
+    }
+
+    #[test]
+    fn nack_history_and_messages_are_bounded() {
+        let limits = SessionLimits {
+            max_nacks_kept: 2,
+            max_nack_message: 5,
+            ..SessionLimits::default()
+        };
+        let mut c = Session::new(1, limits);
+        let mut s = snap(0, &[("a", "0")], &[]);
+        let mut nonce = c
+            .on_request(initial(ADDRESS_TYPE, &[]), &s)
+            .unwrap()
+            .responses[0]
+            .nonce
+            .clone();
+        for i in 1..=4 {
+            c.on_request(nack(ADDRESS_TYPE, &nonce, "éééééé"), &s)
+                .unwrap();
+            s = snap(i, &[("a", &i.to_string())], &[]);
+            nonce = c.on_snapshot(&s)[0].nonce.clone();
+        }
+        let t = &c.debug(10).types[ADDRESS_TYPE];
+        assert_eq!(t.nacks.len(), 2);
+        assert_eq!(t.nacks_total, 4);
+        assert_eq!(t.nacks[0].message, "éé", "cut at a character boundary");
+    }
+
+    #[test]
+    fn unknown_types_are_ignored() {
+        let mut c = session();
+        let s = snap(1, &[("a", "1")], &[]);
+        let step = c
+            .on_request(
+                initial("type.googleapis.com/envoy.config.cluster.v3.Cluster", &[]),
+                &s,
+            )
+            .unwrap();
+        assert!(step.unknown_type && step.responses.is_empty());
+        assert_eq!(
+            c.debug(10).unknown_types,
+            ["type.googleapis.com/envoy.config.cluster.v3.Cluster"]
+        );
+        assert!(c.on_snapshot(&s).is_empty());
+    }
+
+    #[test]
+    fn a_request_without_type_is_refused() {
+        let mut c = session();
+        let err = c
+            .on_request(DeltaDiscoveryRequest::default(), &Snapshot::new(0))
+            .unwrap_err();
+        assert_eq!(err, SessionError::NoTypeUrl);
+    }
+
+    #[test]
+    fn on_demand_subscriptions() {
+        let s = snap(1, &[("a", "1"), ("b", "1")], &[]);
+        let mut c = session();
+        // ztunnel's XDS_ON_DEMAND: subscribe "*" and unsubscribe "*" = subscribe to nothing.
+        let req = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..initial(ADDRESS_TYPE, &[])
+        };
+        let step = c.on_request(req, &s).unwrap();
+        assert_eq!(step.responses.len(), 1);
+        assert!(step.responses[0].resources.is_empty());
+        // A lookup for b, and one for something that does not exist.
+        let req = DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_subscribe: vec!["b".into(), "/10.9.9.9".into()],
+            ..Default::default()
+        };
+        let r = &c.on_request(req, &s).unwrap().responses[0];
+        assert_eq!(names(r), ["b"]);
+        assert_eq!(r.removed_resources, ["/10.9.9.9"]);
+        // Only b is followed.
+        let out = c.on_snapshot(&snap(2, &[("a", "2"), ("b", "2")], &[]));
+        assert_eq!(names(&out[0]), ["b"]);
+        // The missing name appears later: it is sent.
+        let s3 = snap(3, &[("a", "2"), ("b", "2"), ("/10.9.9.9", "1")], &[]);
+        let out = c.on_snapshot(&s3);
+        assert_eq!(names(&out[0]), ["/10.9.9.9"]);
+        // Unsubscribed: no longer followed, and not "removed" either.
+        let req = DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_unsubscribe: vec!["b".into()],
+            ..Default::default()
+        };
+        assert!(c.on_request(req, &s3).unwrap().responses.is_empty());
+        let s4 = snap(4, &[("a", "2"), ("/10.9.9.9", "1")], &[]);
+        assert!(c.on_snapshot(&s4).is_empty());
+        // Subscribing to "*" later turns into wildcard: a is sent.
+        let req = DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_subscribe: vec!["*".into()],
+            ..Default::default()
+        };
+        let r = &c.on_request(req, &s4).unwrap().responses[0];
+        assert_eq!(names(r), ["a"]);
+        assert!(r.removed_resources.is_empty());
+    }
+
+    #[test]
+    fn a_non_wildcard_client_keeps_following_what_it_reported_holding() {
+        let s = snap(1, &[("a", "2"), ("b", "1")], &[]);
+        let mut c = session();
+        let req = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..initial(ADDRESS_TYPE, &[("a", "1")])
+        };
+        let r = &c.on_request(req, &s).unwrap().responses[0];
+        assert_eq!(names(r), ["a"]);
+    }
+
+    #[test]
+    fn name_counts_are_bounded() {
+        let limits = SessionLimits {
+            max_names_per_type: 2,
+            ..SessionLimits::default()
+        };
+        let s = snap(1, &[], &[]);
+        let mut c = Session::new(1, limits);
+        let err = c
+            .on_request(
+                initial(ADDRESS_TYPE, &[("a", "1"), ("b", "1"), ("c", "1")]),
+                &s,
+            )
+            .unwrap_err();
+        assert!(matches!(err, SessionError::TooManyNames { limit: 2, .. }));
+        let mut c = Session::new(1, limits);
+        let req = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["a".into(), "b".into(), "c".into()],
+            ..initial(ADDRESS_TYPE, &[])
+        };
+        assert!(c.on_request(req, &s).is_err());
+    }
+
+    #[test]
+    fn large_updates_are_split_and_removals_ride_on_the_last_part() {
+        let limits = SessionLimits {
+            max_response_bytes: 40,
+            ..SessionLimits::default()
+        };
+        let mut c = Session::new(1, limits);
+        let s1 = snap(1, &[("old", "1")], &[]);
+        c.on_request(initial(ADDRESS_TYPE, &[]), &s1).unwrap();
+        let many: Vec<(String, String)> =
+            (0..5).map(|i| (format!("name-{i}"), "1".into())).collect();
+        let refs: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let out = c.on_snapshot(&snap(2, &refs, &[]));
+        assert!(out.len() > 1, "{} responses", out.len());
+        let all: Vec<&str> = out.iter().flat_map(names).collect();
+        assert_eq!(all.len(), 5);
+        for r in &out[..out.len() - 1] {
+            assert!(r.removed_resources.is_empty());
+        }
+        assert_eq!(out.last().unwrap().removed_resources, ["old"]);
+        let nonces: BTreeSet<_> = out.iter().map(|r| r.nonce.clone()).collect();
+        assert_eq!(nonces.len(), out.len());
+        // Each part can be ACKed on its own.
+        for r in &out {
+            assert!(
+                c.on_request(ack(ADDRESS_TYPE, &r.nonce), &s1)
+                    .unwrap()
+                    .acked
+            );
+        }
+    }
+
+    #[test]
+    fn the_node_id_is_taken_from_the_first_request_that_has_one_and_bounded() {
+        let limits = SessionLimits {
+            max_node_id: 4,
+            ..SessionLimits::default()
+        };
+        let mut c = Session::new(1, limits);
+        let s = Snapshot::new(0);
+        let mut req = initial(ADDRESS_TYPE, &[]);
+        req.node = None;
+        c.on_request(req, &s).unwrap();
+        assert_eq!(c.node_id(), None);
+        c.on_request(initial(AUTHORIZATION_TYPE, &[]), &s).unwrap();
+        assert_eq!(c.node_id(), Some("ztun"));
+    }
+}
