@@ -299,3 +299,93 @@ async fn node_proxy_gets_ready_from_xds() {
     let (_, dump) = get(admin, "/config_dump").expect("config_dump");
     assert!(dump.contains(UID), "{dump}");
 }
+
+/// What `ambit control` serves (its own encoder) is what the node proxy's decoder reads
+/// back: every workload, service and policy of a full mesh arrives equal.
+#[test]
+fn control_resources_decode_to_the_same_mesh() {
+    const MESH: &str = r#"
+workloads:
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["10.0.0.2", "fd00::2"]
+  protocol: HBONE
+  node: node1
+  network: net1
+  clusterId: cluster1
+  canonicalName: client
+  canonicalRevision: v1
+  workloadName: client
+  workloadType: pod
+  status: Unhealthy
+  locality: {region: r1, zone: z1, subzone: s1}
+  capacity: 2
+  authorizationPolicies: ["default/allow"]
+  waypoint: {destination: "/10.0.0.9", hboneMtlsPort: 15008}
+  networkGateway: {destination: {namespace: gw, hostname: gw.example}, hbonePort: 15009}
+  applicationTunnel: {protocol: PROXY, port: 15088}
+  services:
+    default/echo.default.svc.cluster.local: {80: 8080, 90: 0}
+- {name: server, namespace: default, workloadType: deployment, workloadIps: ["10.0.0.3"]}
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/10.96.0.10", "net1/10.97.0.0/16"]
+  ports: {80: 8080}
+  subjectAltNames: ["spiffe://cluster.local/ns/default/sa/echo"]
+  loadBalancer: {routingPreferences: [Network, Region], mode: Failover, healthPolicy: AllowAll}
+  ipFamilies: IPv4
+  canonical: true
+  visibility: Namespace
+policies:
+- name: allow
+  namespace: default
+  scope: WorkloadSelector
+  action: Allow
+  rules:
+  - - - principals: [{prefix: "cluster.local/"}]
+        sourceIps: ["10.0.0.0/8"]
+        destinationPorts: [8080]
+- {name: g, namespace: istio-system, scope: Global, action: Deny}
+"#;
+    let cfg = ambit_state::parse_local_config("mesh.yaml", MESH).unwrap();
+    let want = ambit_state::ProxyState::from_config(cfg).unwrap();
+    let addresses: Vec<Resource> = want
+        .workloads()
+        .map(|w| ambit_control::convert::workload_resource(w))
+        .chain(
+            want.services()
+                .map(|s| ambit_control::convert::service_resource(s)),
+        )
+        .collect();
+    let policies: Vec<Resource> = want
+        .policies()
+        .map(|p| ambit_control::convert::policy_resource(p))
+        .collect();
+    let mut client = ambit_xds::DeltaClient::new(ambit_xds::NodeConfig::default().to_node());
+    let mut got = ambit_state::ProxyState::new();
+    for (type_url, resources) in [
+        (ADDRESS_TYPE, addresses),
+        (ambit_proto::AUTHORIZATION_TYPE, policies),
+    ] {
+        let handled = client.handle(DeltaDiscoveryResponse {
+            type_url: type_url.into(),
+            nonce: "1".into(),
+            resources,
+            ..Default::default()
+        });
+        assert!(handled.rejected.is_empty(), "{:?}", handled.rejected);
+        handled.batch.apply(&mut got);
+    }
+    let list = |s: &ambit_state::ProxyState| {
+        (
+            s.workloads().map(|w| (**w).clone()).collect::<Vec<_>>(),
+            s.services().map(|x| (**x).clone()).collect::<Vec<_>>(),
+            s.policies().map(|p| (**p).clone()).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(list(&got), list(&want));
+}
