@@ -98,6 +98,57 @@ fn spawn_prefetch(state: SharedState, certs: Arc<CertManager>, node: String) {
     });
 }
 
+fn has_local_workload(state: &ProxyState, cfg: &Config, w: &ambit_proxy::LocalIdentity) -> bool {
+    state
+        .find_local_workload(
+            &w.namespace,
+            &w.name,
+            &w.service_account,
+            cfg.node_name.as_deref(),
+        )
+        .is_some()
+}
+
+/// Starts the xDS client (when configured): batches go to `state`; the returned receiver
+/// turns true once a response of each type was applied and answered, which releases the
+/// `state manager` readiness task and the data plane.
+fn start_xds(
+    cfg: &Arc<Config>,
+    state: &SharedState,
+    metrics: ambit_xds::XdsMetrics,
+    state_ready: crate::readiness::BlockReady,
+) -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
+    let (synced_tx, synced) = tokio::sync::watch::channel(false);
+    let Some(xds) = &cfg.xds else {
+        drop(state_ready);
+        let _ = synced_tx.send(true);
+        return Ok(synced);
+    };
+    let channel = ambit_grpc::GrpcChannel::new(xds.channel.clone())
+        .with_context(|| format!("XDS_ADDRESS={}", xds.channel.address))?;
+    tracing::info!(address = %xds.channel.address, root = %xds.channel.root, token = %xds.channel.token, node = %xds.node.node_id(), "xDS: connecting to the control plane");
+    let check_state = state.clone();
+    let check_cfg = cfg.clone();
+    let client = ambit_xds::XdsClient::new(channel, ambit_xds::DeltaClient::new(xds.node.to_node()))
+        .with_metrics(metrics)
+        .on_ready(move || {
+            if let (ProxyMode::Dedicated, Some(w)) = (check_cfg.proxy_mode, &check_cfg.workload) {
+                if !has_local_workload(&check_state.get(), &check_cfg, w) {
+                    tracing::warn!(
+                        "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload the control plane sent (yet): \
+                         traffic of this workload has no identity until it does",
+                        w.namespace, w.name, w.service_account
+                    );
+                }
+            }
+            drop(state_ready);
+            let _ = synced_tx.send(true);
+        });
+    let sink_state = state.clone();
+    tokio::spawn(client.run(move |batch| sink_state.update(|s| batch.apply(s))));
+    Ok(synced)
+}
+
 fn certificate_authority(cfg: &Config) -> anyhow::Result<CertificateAuthority> {
     match &cfg.local_ca_dir {
         Some(dir) => CertificateAuthority::from_plugin_dir(dir)
@@ -153,21 +204,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let proxy_ready = ready.register("proxy");
     let state_ready = ready.register("state manager");
 
-    let source = cfg
-        .local_config
-        .as_ref()
-        .context("no local configuration source")?;
-    let (state, static_config) = load_state(source)?;
+    let (state, static_config) = match &cfg.local_config {
+        Some(source) => load_state(source)?,
+        // xDS only: the mesh arrives from the control plane.
+        None => (
+            ProxyState::new(),
+            serde_json::to_value(ambit_state::LocalConfig::default()).unwrap_or_default(),
+        ),
+    };
     if let (ProxyMode::Dedicated, Some(w)) = (cfg.proxy_mode, &cfg.workload) {
-        if state
-            .find_local_workload(
-                &w.namespace,
-                &w.name,
-                &w.service_account,
-                cfg.node_name.as_deref(),
-            )
-            .is_none()
-        {
+        // With xDS the workload may not have arrived yet: checked once it has (below).
+        if cfg.xds.is_none() && !has_local_workload(&state, &cfg, w) {
             bail!(
                 "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload in the local config: add a \
                  workload with that namespace, name and serviceAccount",
@@ -194,9 +241,11 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         "Connections to the HBONE port reset before their handshake because a source, pod or node limit was reached",
         node_handshakes.shed_counter(),
     );
+    let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
     let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
         .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));
     let registry = Arc::new(registry);
+    let mut xds_synced = start_xds(&cfg, &state, xds_metrics, state_ready)?;
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
     let (trigger, watcher) = ambit_proxy::drain::new();
@@ -239,6 +288,10 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             );
             let watcher = watcher.clone();
             Box::pin(async move {
+                // Bound now (bind errors stop start-up), serving once the mesh is known.
+                if !wait_for_sync(&mut xds_synced, &watcher).await {
+                    return Ok(());
+                }
                 proxy.run(watcher).await;
                 Ok(())
             })
@@ -280,7 +333,12 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             workload_state = Some(manager.dump_handle());
             tracing::info!(uds = %cfg.inpod_uds.display(), "in-pod mode: waiting for the node agent");
             let watcher = watcher.clone();
-            Box::pin(async move { Ok(manager.run(watcher).await?) })
+            Box::pin(async move {
+                if !wait_for_sync(&mut xds_synced, &watcher).await {
+                    return Ok(());
+                }
+                Ok(manager.run(watcher).await?)
+            })
         }
     };
     tracing::info!(
@@ -326,7 +384,6 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     ));
     let mut data_plane = tokio::spawn(data_plane);
     drop(watcher);
-    drop(state_ready);
     drop(proxy_ready);
 
     tokio::select! {
@@ -351,6 +408,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let _ = data_plane.await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Waits for the first xDS sync; false if the drain began first (nothing to serve then).
+async fn wait_for_sync(
+    synced: &mut tokio::sync::watch::Receiver<bool>,
+    watcher: &ambit_proxy::drain::DrainWatcher,
+) -> bool {
+    tokio::select! {
+        r = synced.wait_for(|s| *s) => r.is_ok(),
+        _ = watcher.draining() => false,
+    }
 }
 
 async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {

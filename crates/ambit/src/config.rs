@@ -91,7 +91,11 @@ pub struct Config {
     pub proxy_mode: ProxyMode,
     pub workload: Option<LocalIdentity>,
     pub local_config: Option<LocalConfigSource>,
+    /// The xDS server, with its scheme; `None`: no xDS.
     pub xds_address: Option<String>,
+    /// The xDS client's channel and node, when `xds_address` is set.
+    #[serde(skip)]
+    pub xds: Option<XdsConfig>,
     pub trust_domain: String,
     pub node_name: Option<String>,
     pub istio_version: String,
@@ -118,6 +122,54 @@ pub struct Config {
     /// Data-plane worker threads (`ZTUNNEL_WORKER_THREADS` and the CPU limit variables).
     pub worker_threads: usize,
     pub proxy: ProxyConfig,
+}
+
+/// What the xDS client needs besides the address: the channel (`XDS_ROOT_CA`,
+/// `ALT_XDS_HOSTNAME`, `AUTH_TOKEN`, the cluster id, `XDS_HEADER_*`) and the node it
+/// announces (`POD_NAME`, `POD_NAMESPACE`, `INSTANCE_IP`, `NODE_NAME`, `ISTIO_META_*`,
+/// `ISTIO_METAJSON_*`).
+#[derive(Clone, Debug)]
+pub struct XdsConfig {
+    pub channel: ambit_grpc::ChannelConfig,
+    pub node: ambit_xds::NodeConfig,
+}
+
+fn xds_config(env: &Env<'_>, address: &str, cluster_id: &str) -> Result<XdsConfig, ConfigError> {
+    let mut headers: Vec<(String, String)> = env
+        .vars
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("XDS_HEADER_")?.to_string(), v.clone())))
+        .filter(|(k, _)| !k.is_empty())
+        .collect();
+    headers.sort();
+    let channel = ambit_grpc::ChannelConfig {
+        address: address.to_string(),
+        root: ambit_grpc::RootCa::from_env_value(env.get("XDS_ROOT_CA")),
+        alt_hostname: env
+            .get("ALT_XDS_HOSTNAME")
+            .filter(|h| !h.is_empty())
+            .map(str::to_string),
+        token: ambit_grpc::Token::from_env_value(env.get("AUTH_TOKEN")),
+        cluster_id: cluster_id.to_string(),
+        headers,
+    };
+    // Named through `get` so a value that is not UTF-8 is refused (see from_process_env).
+    let named = ["POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "NODE_NAME"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), env.get(k)?.to_string())));
+    let prefixed = env
+        .vars
+        .iter()
+        .filter(|(k, _)| k.starts_with("ISTIO_META_") || k.starts_with("ISTIO_METAJSON_"))
+        .map(|(k, v)| (k.clone(), v.clone()));
+    let node = ambit_xds::NodeConfig::from_vars(named.chain(prefixed)).map_err(|e| {
+        ConfigError::Invalid {
+            var: "ISTIO_METAJSON_*",
+            value: e.var.clone(),
+            expected: "a JSON value in every ISTIO_METAJSON_<NAME> variable",
+        }
+    })?;
+    Ok(XdsConfig { channel, node })
 }
 
 struct Env<'a> {
@@ -478,23 +530,22 @@ impl Config {
             (None, Some(y)) => Some(LocalConfigSource::Inline(y.to_string())),
             (None, None) => None,
         };
-        // ztunnel dials istiod by default; ambit has no xDS client yet, so only the
-        // explicit "none" forms are accepted and local config is then required.
+        // ztunnel dials istiod by default. ambit does too, except when a local config is
+        // given: then the local config alone describes the mesh unless XDS_ADDRESS is set
+        // (single-host setups keep working without an istiod to reach).
         let xds_address = match env.get("XDS_ADDRESS") {
-            Some("") | None => None,
-            Some(other) => Some(other.to_string()),
+            Some("") => None,
+            Some(a) => Some(ambit_grpc::with_scheme(a)),
+            None if local_config.is_some() => None,
+            None if env.get("KUBERNETES_SERVICE_HOST").is_some() => {
+                Some("https://istiod.istio-system.svc:15012".to_string())
+            }
+            None => Some("https://localhost:15012".to_string()),
         };
-        if let Some(addr) = &xds_address {
-            return Err(ConfigError::Invalid {
-                var: "XDS_ADDRESS",
-                value: addr.clone(),
-                expected: "empty: this build has no xDS client yet; configure the mesh with LOCAL_XDS_PATH or LOCAL_XDS",
-            });
-        }
-        if local_config.is_none() {
+        if local_config.is_none() && xds_address.is_none() {
             return Err(ConfigError::Missing {
                 var: "LOCAL_XDS_PATH (or LOCAL_XDS)",
-                because: "no xDS server is configured",
+                because: "XDS_ADDRESS is empty (no xDS server)",
             });
         }
         let node_name = env
@@ -614,6 +665,10 @@ impl Config {
             .get("TRUST_DOMAIN")
             .unwrap_or("cluster.local")
             .to_string();
+        let xds = match &xds_address {
+            None => None,
+            Some(address) => Some(xds_config(env, address, &cluster_id)?),
+        };
         if ambit_identity::SpiffeId::new(&trust_domain, "ns", "sa").is_err() {
             return Err(ConfigError::Invalid {
                 var: "TRUST_DOMAIN",
@@ -648,6 +703,7 @@ impl Config {
             workload,
             local_config,
             xds_address,
+            xds,
             trust_domain,
             node_name,
             istio_version: env
@@ -664,12 +720,12 @@ impl Config {
             ca,
             secret_ttl: match env.duration("SECRET_TTL")? {
                 None => Duration::from_secs(86400),
-                Some(ttl) if ttl >= Duration::from_secs(60) => ttl,
+                Some(ttl) if ttl >= Duration::from_secs(10) => ttl,
                 Some(_) => {
                     return Err(ConfigError::Invalid {
                         var: "SECRET_TTL",
                         value: env.get("SECRET_TTL").unwrap_or_default().to_string(),
-                        expected: "a certificate lifetime of at least 1m, such as 24h",
+                        expected: "a certificate lifetime of at least 10s, such as 24h",
                     })
                 }
             },
@@ -835,7 +891,7 @@ mod tests {
             ("KEEPALIVE_INTERVAL", "10h", "1s to 32767s"),
             ("KEEPALIVE_RETRIES", "0", "1 to 127"),
             ("KEEPALIVE_RETRIES", "1000", "1 to 127"),
-            ("SECRET_TTL", "0", "at least 1m"),
+            ("SECRET_TTL", "0", "at least 10s"),
             ("POOL_MAX_STREAMS_PER_CONNECTION", "0", "1 to 65535"),
             ("POOL_UNUSED_RELEASE_TIMEOUT", "5 minutes", "duration"),
             ("ENABLE_ORIG_SRC", "yes", "true or false"),
@@ -850,7 +906,6 @@ mod tests {
             ("TRUST_DOMAIN", "Cluster.Local", "trust domain"),
             ("AMBIT_ADMIN_ADDR", "0.0.0.0:15000", "loopback"),
             ("AMBIT_HBONE_PORT", "70000", "port number"),
-            ("XDS_ADDRESS", "https://istiod:15012", "no xDS client"),
         ];
         for (var, value, expected) in cases {
             let msg = err(&[(var, value)]);
@@ -911,11 +966,79 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("both set"));
-        let none: HashMap<String, String> = HashMap::new();
-        assert!(Config::from_env(&none)
-            .unwrap_err()
-            .to_string()
-            .contains("LOCAL_XDS_PATH"));
+        let none: HashMap<String, String> = [("XDS_ADDRESS", ""), ("NODE_NAME", "n")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        assert_eq!(
+            Config::from_env(&none).unwrap_err().to_string(),
+            "LOCAL_XDS_PATH (or LOCAL_XDS) is required when XDS_ADDRESS is empty (no xDS server)"
+        );
+    }
+
+    #[test]
+    fn xds_defaults_and_variables() {
+        let xds_env = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            let mut m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            m.entry("NODE_NAME".into())
+                .or_insert_with(|| "node1".into());
+            m
+        };
+        // No local config: ztunnel's default address.
+        let c = Config::from_env(&xds_env(&[])).unwrap();
+        assert_eq!(c.xds_address.as_deref(), Some("https://localhost:15012"));
+        let c = Config::from_env(&xds_env(&[("KUBERNETES_SERVICE_HOST", "10.96.0.1")])).unwrap();
+        assert_eq!(
+            c.xds_address.as_deref(),
+            Some("https://istiod.istio-system.svc:15012")
+        );
+        // A local config and no XDS_ADDRESS: no xDS (ambit's difference).
+        let c = Config::from_env(&env(&[])).unwrap();
+        assert!(c.xds_address.is_none() && c.xds.is_none());
+        // Both: the local config, then xDS on top.
+        let c = Config::from_env(&env(&[("XDS_ADDRESS", "cp.example:15012")])).unwrap();
+        assert_eq!(c.xds_address.as_deref(), Some("https://cp.example:15012"));
+        let c = Config::from_env(&xds_env(&[
+            ("XDS_ADDRESS", "https://cp:15012"),
+            ("XDS_ROOT_CA", "SYSTEM"),
+            ("ALT_XDS_HOSTNAME", "istiod.example"),
+            ("AUTH_TOKEN", "literal-token"),
+            ("CLUSTER_ID", "c2"),
+            ("XDS_HEADER_X-Tenant", "t1"),
+            ("POD_NAME", "ztunnel-1"),
+            ("POD_NAMESPACE", "istio-system"),
+            ("INSTANCE_IP", "10.0.0.9"),
+            ("ISTIO_META_DNS_CAPTURE", "true"),
+            ("ISTIO_METAJSON_LABELS", "{\"a\":\"b\"}"),
+        ]))
+        .unwrap();
+        let x = c.xds.unwrap();
+        assert_eq!(x.channel.address, "https://cp:15012");
+        assert_eq!(x.channel.root, ambit_grpc::RootCa::System);
+        assert_eq!(x.channel.alt_hostname.as_deref(), Some("istiod.example"));
+        assert_eq!(
+            x.channel.token,
+            ambit_grpc::Token::Literal("literal-token".into())
+        );
+        assert_eq!(x.channel.cluster_id, "c2");
+        assert_eq!(
+            x.channel.headers,
+            [("X-Tenant".to_string(), "t1".to_string())]
+        );
+        assert_eq!(
+            x.node.node_id(),
+            "ztunnel~10.0.0.9~ztunnel-1.istio-system~istio-system.svc.cluster.local"
+        );
+        assert_eq!(x.node.node_name, "node1");
+        assert_eq!(
+            x.node.proxy_metadata,
+            [("DNS_CAPTURE".to_string(), "true".to_string())]
+        );
+        assert_eq!(x.node.json_metadata[0].0, "LABELS");
+        let bad = Config::from_env(&xds_env(&[("ISTIO_METAJSON_X", "{")]));
+        assert!(bad.unwrap_err().to_string().contains("ISTIO_METAJSON_X"));
     }
 
     #[test]

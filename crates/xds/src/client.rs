@@ -1,0 +1,305 @@
+//! The IO driver: one delta ADS bidi stream at a time over a gRPC channel, feeding the
+//! [`DeltaClient`] state machine and a sink that applies each [`Batch`], reconnecting
+//! with ztunnel's backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use ambit_proto::{DeltaDiscoveryRequest, MAX_XDS_MESSAGE};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+
+use crate::delta::{Batch, DeltaClient};
+
+/// Where the stream goes: a channel and the per-request metadata (bearer token,
+/// `clusterid`, extra headers). `ambit_grpc::GrpcChannel` in the node proxy; a plain
+/// h2c channel in tests.
+pub trait XdsTransport: Send + Sync + 'static {
+    /// A channel to the control plane (lazy connect is fine).
+    fn channel(&self) -> Result<tonic::transport::Channel, String>;
+    /// Wraps the request stream with the call's metadata; called once per stream, so a
+    /// token file is re-read on every reconnect.
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, String>;
+}
+
+/// A channel to a fixed endpoint without metadata (tests, or a control plane that needs
+/// no token).
+#[derive(Clone)]
+pub struct PlainTransport(pub tonic::transport::Channel);
+
+impl XdsTransport for PlainTransport {
+    fn channel(&self) -> Result<tonic::transport::Channel, String> {
+        Ok(self.0.clone())
+    }
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, String> {
+        Ok(tonic::Request::new(message))
+    }
+}
+
+// ----- metrics --------------------------------------------------------------------------
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UrlLabel {
+    url: String,
+}
+
+/// ztunnel's xDS metrics (all "unstable" in its HELP texts).
+#[derive(Clone, Default)]
+pub struct XdsMetrics {
+    terminations: Family<ReasonLabel, Counter>,
+    messages: Family<UrlLabel, Counter>,
+    message_bytes: Family<UrlLabel, Counter>,
+}
+
+impl XdsMetrics {
+    /// Registers `istio_xds_connection_terminations_total{reason}`,
+    /// `istio_xds_message_total{url}` and `istio_xds_message_bytes_total{url}`.
+    pub fn register(registry: &mut Registry) -> XdsMetrics {
+        let m = XdsMetrics::default();
+        registry.register(
+            "istio_xds_connection_terminations",
+            "The total number of completed connections to xds server (unstable)",
+            m.terminations.clone(),
+        );
+        registry.register(
+            "istio_xds_message",
+            "Total number of messages received (unstable)",
+            m.messages.clone(),
+        );
+        registry.register(
+            "istio_xds_message_bytes",
+            "Total number of bytes received (unstable)",
+            m.message_bytes.clone(),
+        );
+        m
+    }
+}
+
+// ----- backoff --------------------------------------------------------------------------
+
+/// How a stream ended, as the terminations metric and the backoff tell them apart.
+#[derive(Debug, Clone)]
+pub enum StreamEnd {
+    /// No channel, or the call could not be made.
+    ConnectionError(String),
+    /// A gRPC error that is not one of the benign ones.
+    Error(tonic::Status),
+    /// A benign gRPC error: the server went away in an ordinary way.
+    Reconnect(tonic::Status),
+    /// The server ended the stream cleanly.
+    Complete,
+}
+
+impl StreamEnd {
+    /// Sorts a gRPC status: Unknown, Cancelled, DeadlineExceeded, and Unavailable saying
+    /// "transport is closing" or "received prior goaway" are benign.
+    pub fn from_status(s: tonic::Status) -> StreamEnd {
+        use tonic::Code;
+        let benign = match s.code() {
+            Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => true,
+            Code::Unavailable => {
+                let m = s.message();
+                m.contains("transport is closing") || m.contains("received prior goaway")
+            }
+            _ => false,
+        };
+        if benign {
+            StreamEnd::Reconnect(s)
+        } else {
+            StreamEnd::Error(s)
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            StreamEnd::ConnectionError(_) => "ConnectionError",
+            StreamEnd::Error(_) => "Error",
+            StreamEnd::Reconnect(_) => "Reconnect",
+            StreamEnd::Complete => "Complete",
+        }
+    }
+}
+
+/// ztunnel's reconnect delay: 10 ms after a benign end, doubling up to 15 s while
+/// errors repeat.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next_error: Duration,
+}
+
+impl Backoff {
+    pub const INITIAL: Duration = Duration::from_millis(10);
+    pub const MAX: Duration = Duration::from_secs(15);
+
+    pub fn new() -> Self {
+        Backoff {
+            next_error: Self::INITIAL,
+        }
+    }
+
+    /// The delay before the next stream, given how the last one ended.
+    pub fn delay(&mut self, end: &StreamEnd) -> Duration {
+        match end {
+            StreamEnd::Reconnect(_) | StreamEnd::Complete => {
+                self.next_error = Self::INITIAL;
+                Self::INITIAL
+            }
+            StreamEnd::ConnectionError(_) | StreamEnd::Error(_) => {
+                let d = self.next_error;
+                self.next_error = (d * 2).min(Self::MAX);
+                d
+            }
+        }
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// ----- the driver -----------------------------------------------------------------------
+
+/// The xDS client of the node proxy.
+pub struct XdsClient<T: XdsTransport> {
+    transport: Arc<T>,
+    delta: DeltaClient,
+    metrics: Option<XdsMetrics>,
+    on_ready: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<T: XdsTransport> XdsClient<T> {
+    pub fn new(transport: T, delta: DeltaClient) -> Self {
+        XdsClient {
+            transport: Arc::new(transport),
+            delta,
+            metrics: None,
+            on_ready: None,
+        }
+    }
+
+    pub fn with_metrics(mut self, metrics: XdsMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Called once, when a response of every type was received and answered.
+    pub fn on_ready(mut self, f: impl FnOnce() + Send + 'static) -> Self {
+        self.on_ready = Some(Box::new(f));
+        self
+    }
+
+    /// Runs forever: one stream after another. `sink` applies each batch atomically (in
+    /// the node proxy: `SharedState::update(|s| batch.apply(s))`).
+    pub async fn run(mut self, mut sink: impl FnMut(Batch) + Send) {
+        let mut backoff = Backoff::new();
+        loop {
+            let end = self.stream_once(&mut sink).await;
+            if let Some(m) = &self.metrics {
+                m.terminations
+                    .get_or_create(&ReasonLabel {
+                        reason: end.reason(),
+                    })
+                    .inc();
+            }
+            let delay = backoff.delay(&end);
+            match &end {
+                StreamEnd::ConnectionError(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "xDS: cannot connect to the control plane (check XDS_ADDRESS, XDS_ROOT_CA and the token)")
+                }
+                StreamEnd::Error(s) => {
+                    tracing::warn!(code = ?s.code(), message = %s.message(), retry_in = ?delay, "xDS stream failed")
+                }
+                StreamEnd::Reconnect(s) => {
+                    tracing::debug!(code = ?s.code(), message = %s.message(), "xDS stream closed; reconnecting")
+                }
+                StreamEnd::Complete => tracing::debug!("xDS stream ended; reconnecting"),
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One stream: initial requests, then responses until it ends.
+    pub async fn stream_once(&mut self, sink: &mut (impl FnMut(Batch) + Send)) -> StreamEnd {
+        let channel = match self.transport.channel() {
+            Ok(c) => c,
+            Err(e) => return StreamEnd::ConnectionError(e),
+        };
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(MAX_XDS_MESSAGE);
+        // Replies are one per response, so a small buffer never fills while we wait.
+        let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(8);
+        let initial = self.delta.initial_requests();
+        let outgoing = futures_util::stream::iter(initial)
+            .chain(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|m| (m, rx))
+            }));
+        let request = match self.transport.request(outgoing) {
+            Ok(r) => r,
+            Err(e) => return StreamEnd::ConnectionError(e),
+        };
+        let mut incoming = match client.delta_aggregated_resources(request).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return StreamEnd::from_status(s),
+        };
+        tracing::info!("xDS stream established");
+        loop {
+            let resp = match incoming.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return StreamEnd::Complete,
+                Err(s) => return StreamEnd::from_status(s),
+            };
+            let handled = self.delta.handle(resp);
+            if let Some(m) = &self.metrics {
+                let url = UrlLabel {
+                    url: handled.type_url.clone(),
+                };
+                m.messages.get_or_create(&url).inc();
+                m.message_bytes
+                    .get_or_create(&url)
+                    .inc_by(handled.payload_bytes);
+            }
+            if handled.known_type && !handled.batch.is_empty() {
+                sink(handled.batch);
+            }
+            if tx.send(handled.reply).await.is_err() {
+                return StreamEnd::ConnectionError("the request stream closed".into());
+            }
+            if handled.known_type && self.delta.answered(&handled.type_url) {
+                tracing::info!("xDS: first response of every type applied and answered");
+                if let Some(f) = self.on_ready.take() {
+                    f();
+                }
+            }
+        }
+    }
+
+    /// The state machine (for versions and readiness).
+    pub fn delta(&self) -> &DeltaClient {
+        &self.delta
+    }
+}
+
+use futures_util::StreamExt as _;
+
+#[cfg(test)]
+mod tests;
+
+impl XdsTransport for ambit_grpc::GrpcChannel {
+    fn channel(&self) -> Result<tonic::transport::Channel, String> {
+        ambit_grpc::GrpcChannel::channel(self).map_err(|e| e.to_string())
+    }
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, String> {
+        ambit_grpc::GrpcChannel::request(self, message).map_err(|e| e.to_string())
+    }
+}

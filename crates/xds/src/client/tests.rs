@@ -1,0 +1,279 @@
+use super::*;
+use std::pin::Pin;
+use std::sync::Mutex;
+
+use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use ambit_proto::istio::{security as psec, workload as pw};
+use ambit_proto::{DeltaDiscoveryResponse, Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambit_state::ProxyState;
+use prost::Message;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::delta::NodeConfig;
+
+type RespStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+/// One stream as the test server sees it.
+struct Conn {
+    requests: mpsc::UnboundedReceiver<DeltaDiscoveryRequest>,
+    responses: mpsc::UnboundedSender<Result<DeltaDiscoveryResponse, Status>>,
+}
+
+struct TestAds {
+    conns: mpsc::UnboundedSender<Conn>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for TestAds {
+    type StreamAggregatedResourcesStream =
+        Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+    type DeltaAggregatedResourcesStream = RespStream;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("sotw"))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        req: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<RespStream>, Status> {
+        let mut incoming = req.into_inner();
+        let (req_tx, req_rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = incoming.message().await {
+                if req_tx.send(m).is_err() {
+                    break;
+                }
+            }
+        });
+        let (resp_tx, resp_rx) = mpsc::unbounded_channel();
+        let _ = self.conns.send(Conn {
+            requests: req_rx,
+            responses: resp_tx,
+        });
+        let out = futures_util::stream::unfold(resp_rx, |mut rx| async move {
+            rx.recv().await.map(|m| (m, rx))
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+const GUARD: Duration = Duration::from_secs(20);
+
+async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(GUARD, rx.recv())
+        .await
+        .expect("timed out waiting")
+        .expect("channel closed")
+}
+
+fn workload_resource(uid: &str) -> Resource {
+    let w = pw::Workload {
+        uid: uid.into(),
+        name: "a".into(),
+        namespace: "ns1".into(),
+        addresses: vec![vec![10, 0, 0, 1].into()],
+        ..Default::default()
+    };
+    Resource {
+        name: uid.into(),
+        version: "v1".into(),
+        resource: Some(prost_types::Any {
+            type_url: ADDRESS_TYPE.into(),
+            value: pw::Address {
+                r#type: Some(pw::address::Type::Workload(w)),
+            }
+            .encode_to_vec(),
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn stream_acks_applies_gets_ready_and_resends_versions() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming =
+        tonic::transport::server::TcpIncoming::from_listener(listener, true, None).unwrap();
+    let (conns_tx, mut conns) = mpsc::unbounded_channel();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(TestAds {
+                conns: conns_tx,
+            }))
+            .serve_with_incoming(incoming),
+    );
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let node = NodeConfig {
+        pod_name: "z".into(),
+        pod_namespace: "istio-system".into(),
+        ..Default::default()
+    }
+    .to_node();
+    let mut registry = Registry::default();
+    let metrics = XdsMetrics::register(&mut registry);
+    let state = Arc::new(Mutex::new(ProxyState::new()));
+    let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
+    let client = XdsClient::new(PlainTransport(channel), DeltaClient::new(node))
+        .with_metrics(metrics)
+        .on_ready(move || {
+            let _ = ready_tx.send(());
+        });
+    let sink_state = state.clone();
+    tokio::spawn(client.run(move |batch| batch.apply(&mut sink_state.lock().unwrap())));
+
+    let mut c1 = next(&mut conns).await;
+    let r1 = next(&mut c1.requests).await;
+    let r2 = next(&mut c1.requests).await;
+    assert_eq!(r1.type_url, ADDRESS_TYPE);
+    assert_eq!(r2.type_url, AUTHORIZATION_TYPE);
+    assert_eq!(
+        r1.node.as_ref().unwrap().id,
+        "ztunnel~1.1.1.1~z.istio-system~istio-system.svc.cluster.local"
+    );
+    assert!(r1.initial_resource_versions.is_empty());
+
+    const W1: &str = "Kubernetes//v1/Pod/ns1/a";
+    c1.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: ADDRESS_TYPE.into(),
+            nonce: "a1".into(),
+            resources: vec![workload_resource(W1)],
+            ..Default::default()
+        }))
+        .unwrap();
+    let ack = next(&mut c1.requests).await;
+    assert_eq!(ack.type_url, ADDRESS_TYPE);
+    assert_eq!(ack.response_nonce, "a1");
+    assert!(ack.error_detail.is_none());
+    assert!(ready_rx.try_recv().is_err(), "not ready with one type");
+    assert!(state.lock().unwrap().workload_by_uid(W1).is_some());
+
+    let bad_policy = Resource {
+        name: "ns1/bad".into(),
+        version: "1".into(),
+        resource: Some(prost_types::Any {
+            type_url: AUTHORIZATION_TYPE.into(),
+            value: psec::Authorization {
+                name: "".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        }),
+        ..Default::default()
+    };
+    c1.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: AUTHORIZATION_TYPE.into(),
+            nonce: "p1".into(),
+            resources: vec![bad_policy],
+            ..Default::default()
+        }))
+        .unwrap();
+    let nack = next(&mut c1.requests).await;
+    assert_eq!(nack.response_nonce, "p1");
+    assert_eq!(
+        nack.error_detail.unwrap().message,
+        "ns1/bad: name: must be non-empty and contain no '/'"
+    );
+    next(&mut ready_rx).await;
+
+    // A clean end: the client comes back with what it accepted.
+    drop(c1);
+    let mut c2 = next(&mut conns).await;
+    let r1 = next(&mut c2.requests).await;
+    let r2 = next(&mut c2.requests).await;
+    assert_eq!(r1.initial_resource_versions.len(), 1);
+    assert_eq!(r1.initial_resource_versions[W1], "v1");
+    assert!(
+        r2.initial_resource_versions.is_empty(),
+        "the rejected one is asked for again"
+    );
+
+    // A benign error, then another stream; readiness fired once only.
+    c2.responses
+        .send(Err(Status::unavailable("transport is closing")))
+        .unwrap();
+    let mut c3 = next(&mut conns).await;
+    let _ = next(&mut c3.requests).await;
+    assert!(ready_rx.try_recv().is_err());
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for want in [
+        "istio_xds_connection_terminations_total{reason=\"Complete\"} 1",
+        "istio_xds_connection_terminations_total{reason=\"Reconnect\"} 1",
+        "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"} 1",
+        "istio_xds_message_total{url=\"type.googleapis.com/istio.security.Authorization\"} 1",
+    ] {
+        assert!(text.contains(want), "{want} missing from\n{text}");
+    }
+}
+
+#[test]
+fn status_classification() {
+    use tonic::Code;
+    let benign = [
+        Status::new(Code::Unknown, "x"),
+        Status::new(Code::Cancelled, "x"),
+        Status::new(Code::DeadlineExceeded, "x"),
+        Status::new(Code::Unavailable, "foo: transport is closing"),
+        Status::new(Code::Unavailable, "received prior goaway: code: NO_ERROR"),
+    ];
+    for s in benign {
+        assert!(
+            matches!(StreamEnd::from_status(s.clone()), StreamEnd::Reconnect(_)),
+            "{s:?}"
+        );
+    }
+    let bad = [
+        Status::new(Code::Unavailable, "connection refused"),
+        Status::new(Code::PermissionDenied, "x"),
+        Status::new(Code::Unauthenticated, "x"),
+        Status::new(Code::Internal, "x"),
+    ];
+    for s in bad {
+        assert!(
+            matches!(StreamEnd::from_status(s.clone()), StreamEnd::Error(_)),
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn backoff_doubles_to_15s_and_resets() {
+    let mut b = Backoff::new();
+    let err = StreamEnd::ConnectionError("x".into());
+    let mut seen = Vec::new();
+    for _ in 0..14 {
+        seen.push(b.delay(&err));
+    }
+    assert_eq!(seen[0], Duration::from_millis(10));
+    assert_eq!(seen[1], Duration::from_millis(20));
+    assert_eq!(seen[2], Duration::from_millis(40));
+    assert_eq!(*seen.last().unwrap(), Duration::from_secs(15));
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(b.delay(&StreamEnd::Complete), Duration::from_millis(10));
+    assert_eq!(
+        b.delay(&StreamEnd::Error(Status::internal("x"))),
+        Duration::from_millis(10)
+    );
+    assert_eq!(
+        b.delay(&StreamEnd::Error(Status::internal("x"))),
+        Duration::from_millis(20)
+    );
+    assert_eq!(
+        b.delay(&StreamEnd::Reconnect(Status::cancelled("x"))),
+        Duration::from_millis(10)
+    );
+}
