@@ -212,7 +212,13 @@ impl Cluster {
         std::fs::create_dir_all(&cni_bin)?;
         std::os::unix::fs::symlink(ambit, cni_bin.join("ambit-cni"))?;
         let ca_dir = lab.dir.path().join("ca");
-        write_lab_ca(&ca_dir, &node_proxies.iter().collect::<Vec<_>>())?;
+        // Under a control server every certificate comes from it, with a root of its own.
+        let lab_ca_users: Vec<&NodeProxy> = if control.is_some() {
+            Vec::new()
+        } else {
+            node_proxies.iter().collect()
+        };
+        write_lab_ca(&ca_dir, &lab_ca_users)?;
         let config_path = lab.dir.path().join("mesh.yaml");
         std::fs::write(&config_path, mesh_yaml(pods) + extra_yaml)?;
 

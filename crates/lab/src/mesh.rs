@@ -214,7 +214,14 @@ impl TwoNodes {
         )?;
 
         let ca_dir = lab.dir.path().join("ca");
-        write_lab_ca(&ca_dir, &[&spec.client, &spec.server])?;
+        // Under a control server every certificate comes from it, so it gets a root of its
+        // own (never the peer's test root, which Istio's FAKE_CA would also sign with).
+        let lab_ca_users: &[&NodeProxy] = if spec.control.is_some() {
+            &[]
+        } else {
+            &[&spec.client, &spec.server]
+        };
+        write_lab_ca(&ca_dir, lab_ca_users)?;
         let config_path = lab.dir.path().join("mesh.yaml");
         let mesh = spec.mesh.map_or_else(mesh_yaml, str::to_string);
         std::fs::write(&config_path, mesh + spec.extra_yaml)?;
