@@ -253,7 +253,9 @@ async fn node_proxy_gets_ready_from_xds() {
         ("PROXY_MODE", "dedicated".to_string()),
         ("PROXY_WORKLOAD_INFO", "ns1/a/default".to_string()),
         ("XDS_ADDRESS", format!("localhost:{}", addr.port())),
-        ("XDS_ROOT_CA", root_pem),
+        ("XDS_ROOT_CA", root_pem.clone()),
+        // No certificate is needed here; the default CA address only needs a usable root.
+        ("CA_ROOT_CA", root_pem),
         ("AUTH_TOKEN", "e2e-token".to_string()),
         ("CLUSTER_ID", "c9".to_string()),
         ("POD_NAME", "ztunnel-e2e".to_string()),
