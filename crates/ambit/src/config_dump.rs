@@ -49,6 +49,10 @@ pub fn config_section(cfg: &Config) -> Value {
     let workload = cfg.workload.as_ref().map(
         |w| json!({"name": w.name, "namespace": w.namespace, "serviceAccount": w.service_account}),
     );
+    let remote_ca = match &cfg.ca {
+        crate::config::CaSource::Remote(r) => Some(r),
+        _ => None,
+    };
     let require_original_source = match p.original_source {
         OriginalSource::Auto => Value::Null,
         OriginalSource::Required => Value::Bool(true),
@@ -80,12 +84,12 @@ pub fn config_section(cfg: &Config) -> Value {
         "proxyWorkloadInformation": workload,
         "clusterId": p.cluster_id,
         "clusterDomain": "cluster.local",
-        "caAddress": null,
+        "caAddress": remote_ca.map(|r| r.address.clone()),
         "caRootCert": "Static",
-        "altCaHostname": null,
+        "altCaHostname": remote_ca.and_then(|r| r.alt_hostname.clone()),
         "xdsAddress": cfg.xds_address,
         "xdsRootCert": "Static",
-        "altXdsHostname": null,
+        "altXdsHostname": cfg.xds.as_ref().and_then(|x| x.channel.alt_hostname.clone()),
         "preferedServiceNamespace": null,
         "secretTtl": duration(cfg.secret_ttl),
         "xdsOnDemand": false,

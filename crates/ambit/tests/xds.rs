@@ -1,6 +1,7 @@
 //! `ambit ztunnel` against an in-process delta xDS server over TLS on 127.0.0.1: the
 //! binary reads the XDS_* variables, stays not ready ("state manager") until a response
-//! of each type arrived, then shows the workload it was sent in `/config_dump`.
+//! of each type arrived, then shows the workload it was sent in `/config_dump`; a batch
+//! with one malformed workload is NACKed naming it while the rest applies.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream as StdTcp};
@@ -32,6 +33,8 @@ const UID: &str = "Kubernetes//v1/Pod/ns1/a";
 struct Ads {
     go: watch::Receiver<bool>,
     meta: mpsc::UnboundedSender<Vec<String>>,
+    /// Every ACK or NACK the proxy sends.
+    replies: mpsc::UnboundedSender<DeltaDiscoveryRequest>,
 }
 
 #[tonic::async_trait]
@@ -63,12 +66,20 @@ impl AggregatedDiscoveryService for Ads {
         let _ = self.meta.send(meta);
         let mut incoming = req.into_inner();
         let mut go = self.go.clone();
+        let replies = self.replies.clone();
         let (tx, rx) = mpsc::unbounded_channel::<Result<DeltaDiscoveryResponse, Status>>();
         tokio::spawn(async move {
             while let Ok(Some(m)) = incoming.message().await {
                 if m.response_nonce.is_empty() {
                     let _ = go.wait_for(|g| *g).await;
                     let _ = tx.send(Ok(answer(&m.type_url)));
+                } else {
+                    // Once the first workload is in: a batch with one good workload
+                    // and one whose address has 5 bytes.
+                    if m.type_url == ADDRESS_TYPE && m.response_nonce == "1" {
+                        let _ = tx.send(Ok(mixed_batch()));
+                    }
+                    let _ = replies.send(m);
                 }
             }
         });
@@ -78,6 +89,43 @@ impl AggregatedDiscoveryService for Ads {
                 |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
             );
         Ok(Response::new(Box::pin(out)))
+    }
+}
+
+const GOOD_UID: &str = "Kubernetes//v1/Pod/ns1/good";
+const BAD_UID: &str = "Kubernetes//v1/Pod/ns1/bad";
+
+fn workload_resource(uid: &str, name: &str, address: Vec<u8>) -> Resource {
+    let w = pw::Workload {
+        uid: uid.into(),
+        name: name.into(),
+        namespace: "ns1".into(),
+        addresses: vec![address.into()],
+        ..Default::default()
+    };
+    Resource {
+        name: uid.into(),
+        version: "2".into(),
+        resource: Some(prost_types::Any {
+            type_url: ADDRESS_TYPE.into(),
+            value: pw::Address {
+                r#type: Some(pw::address::Type::Workload(w)),
+            }
+            .encode_to_vec(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn mixed_batch() -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        type_url: ADDRESS_TYPE.into(),
+        nonce: "2".into(),
+        resources: vec![
+            workload_resource(GOOD_UID, "good", vec![127, 0, 0, 2]),
+            workload_resource(BAD_UID, "bad", vec![127, 0, 0, 3, 9]),
+        ],
+        ..Default::default()
     }
 }
 
@@ -245,7 +293,17 @@ async fn node_proxy_gets_ready_from_xds() {
     let (root_pem, cert, key) = pki();
     let (go_tx, go) = watch::channel(false);
     let (meta_tx, mut meta) = mpsc::unbounded_channel();
-    let addr = serve(Ads { go, meta: meta_tx }, cert, key).await;
+    let (replies_tx, mut replies) = mpsc::unbounded_channel();
+    let addr = serve(
+        Ads {
+            go,
+            meta: meta_tx,
+            replies: replies_tx,
+        },
+        cert,
+        key,
+    )
+    .await;
 
     let readiness = free_port();
     let admin = free_port();
@@ -300,6 +358,31 @@ async fn node_proxy_gets_ready_from_xds() {
     .await;
     let (_, dump) = get(admin, "/config_dump").expect("config_dump");
     assert!(dump.contains(UID), "{dump}");
+
+    // The mixed batch: the bad workload is NACKed by name and reason, the good one applies.
+    let nack = loop {
+        let r = tokio::time::timeout(Duration::from_secs(30), replies.recv())
+            .await
+            .expect("no reply to the mixed batch")
+            .unwrap();
+        if r.response_nonce == "2" {
+            break r;
+        }
+    };
+    let detail = nack.error_detail.expect("a NACK carries error_detail");
+    assert!(detail.message.contains(BAD_UID), "{}", detail.message);
+    assert!(
+        detail.message.contains("4 or 16 bytes"),
+        "{}",
+        detail.message
+    );
+    assert!(!detail.message.contains(GOOD_UID), "{}", detail.message);
+    let dump = eventually("the good workload in /config_dump", || {
+        get(admin, "/config_dump").filter(|(_, d)| d.contains(GOOD_UID))
+    })
+    .await
+    .1;
+    assert!(!dump.contains(BAD_UID), "{dump}");
 }
 
 /// What `ambit control` serves (its own encoder) is what the node proxy's decoder reads
