@@ -889,7 +889,13 @@ async fn serve_client(
                 }
                 Ok(None) => return,
                 Err(status) => {
-                    tracing::debug!("xDS stream ended: {status}");
+                    if status.code() == tonic::Code::OutOfRange {
+                        // Over MAX_REQUEST_BYTES: tell the client why its stream ends.
+                        tracing::warn!("xDS request refused: {}", status.message());
+                        let _ = tx.send(Err(status)).await;
+                    } else {
+                        tracing::debug!("xDS stream ended: {status}");
+                    }
                     return;
                 }
             },

@@ -502,3 +502,73 @@ async fn one_update_reaches_a_hundred_clients() {
         last - started
     );
 }
+
+/// A request over `MAX_REQUEST_BYTES` ends that stream with `OutOfRange` naming the size;
+/// the server goes on serving: a second client syncs as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_request_is_refused_and_others_are_served() {
+    let fx = start().await;
+    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1");
+
+    let big = DeltaDiscoveryRequest {
+        node: Some(Node {
+            id: "ztunnel~10.0.0.1~zt.istio-system~istio-system.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        type_url: ADDRESS_TYPE.into(),
+        resource_names_subscribe: (0..52_000)
+            .map(|i| format!("c1//v1/Pod/default/{i:0>80}"))
+            .collect(),
+        ..Default::default()
+    };
+    let big_len = prost::Message::encoded_len(&big);
+    assert!(big_len > 5 * 1024 * 1024, "{big_len}");
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(big).await.unwrap();
+    let mut client = AggregatedDiscoveryServiceClient::new(ch.clone());
+    // The status comes with the response headers or as the stream's first item.
+    let status = match tokio::time::timeout(
+        WAIT,
+        client.delta_aggregated_resources(ReceiverStream::new(rx)),
+    )
+    .await
+    .unwrap()
+    {
+        Err(status) => status,
+        Ok(r) => tokio::time::timeout(WAIT, r.into_inner().message())
+            .await
+            .expect("no answer in time")
+            .expect_err("the oversized request was answered"),
+    };
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert!(
+        status.message().contains(&format!("found {big_len} bytes"))
+            && status.message().contains(&format!(
+                "the limit is: {} bytes",
+                ambit_control::server::MAX_REQUEST_BYTES
+            )),
+        "{status:?}"
+    );
+    drop(tx);
+    eventually("the refused client gone from /debug", || {
+        fx.control.debug_json()["clients"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    })
+    .await;
+
+    // Another client, on the same connection and on a new one, gets the snapshot.
+    for ch in [
+        ch,
+        channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1"),
+    ] {
+        let mut ads = Ads::open(ch).await;
+        let (a, p) = ads.initial().await;
+        assert_eq!(
+            names(&a),
+            ["c1//v1/Pod/default/client", "c1//v1/Pod/default/server"]
+        );
+        assert_eq!(names(&p), ["default/deny-all"]);
+    }
+    fx.control.shutdown().await;
+}

@@ -170,12 +170,16 @@ impl Default for Backoff {
 
 // ----- the driver -----------------------------------------------------------------------
 
+type OnStreamEnd = Box<dyn FnMut(&StreamEnd) + Send>;
+
 /// The xDS client of the node proxy.
 pub struct XdsClient<T: XdsTransport> {
     transport: Arc<T>,
     delta: DeltaClient,
     metrics: Option<XdsMetrics>,
     on_ready: Option<Box<dyn FnOnce() + Send>>,
+    on_stream_end: Option<OnStreamEnd>,
+    max_message_bytes: usize,
 }
 
 impl<T: XdsTransport> XdsClient<T> {
@@ -185,7 +189,18 @@ impl<T: XdsTransport> XdsClient<T> {
             delta,
             metrics: None,
             on_ready: None,
+            on_stream_end: None,
+            max_message_bytes: MAX_XDS_MESSAGE,
         }
+    }
+
+    /// The largest response decoded, in bytes (default [`MAX_XDS_MESSAGE`], 200 MiB). A
+    /// larger one is refused by gRPC before it is read: nothing of it is applied or
+    /// answered, the stream ends with `OutOfRange` ("decoded message length too large")
+    /// as a [`StreamEnd::Error`], and the client reconnects after the error backoff.
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message_bytes = bytes;
+        self
     }
 
     pub fn with_metrics(mut self, metrics: XdsMetrics) -> Self {
@@ -196,6 +211,13 @@ impl<T: XdsTransport> XdsClient<T> {
     /// Called once, when a response of every type was received and answered.
     pub fn on_ready(mut self, f: impl FnOnce() + Send + 'static) -> Self {
         self.on_ready = Some(Box::new(f));
+        self
+    }
+
+    /// Called by [`XdsClient::run`] each time a stream ends, with how it ended, before the
+    /// backoff delay (the same end the terminations metric counts and the log tells).
+    pub fn on_stream_end(mut self, f: impl FnMut(&StreamEnd) + Send + 'static) -> Self {
+        self.on_stream_end = Some(Box::new(f));
         self
     }
 
@@ -211,6 +233,9 @@ impl<T: XdsTransport> XdsClient<T> {
                         reason: end.reason(),
                     })
                     .inc();
+            }
+            if let Some(f) = &mut self.on_stream_end {
+                f(&end);
             }
             let delay = backoff.delay(&end);
             match &end {
@@ -236,7 +261,7 @@ impl<T: XdsTransport> XdsClient<T> {
             Err(e) => return StreamEnd::ConnectionError(e),
         };
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(MAX_XDS_MESSAGE);
+            .max_decoding_message_size(self.max_message_bytes);
         // Replies are one per response, so a small buffer never fills while we wait.
         let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(8);
         let initial = self.delta.initial_requests();

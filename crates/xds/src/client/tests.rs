@@ -75,11 +75,15 @@ async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>) -> T {
 }
 
 fn workload_resource(uid: &str) -> Resource {
+    workload_at(uid, [10, 0, 0, 1])
+}
+
+fn workload_at(uid: &str, ip: [u8; 4]) -> Resource {
     let w = pw::Workload {
         uid: uid.into(),
         name: "a".into(),
         namespace: "ns1".into(),
-        addresses: vec![vec![10, 0, 0, 1].into()],
+        addresses: vec![ip.to_vec().into()],
         ..Default::default()
     };
     Resource {
@@ -98,22 +102,7 @@ fn workload_resource(uid: &str) -> Resource {
 
 #[tokio::test]
 async fn stream_acks_applies_gets_ready_and_resends_versions() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let incoming =
-        tonic::transport::server::TcpIncoming::from_listener(listener, true, None).unwrap();
-    let (conns_tx, mut conns) = mpsc::unbounded_channel();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(TestAds {
-                conns: conns_tx,
-            }))
-            .serve_with_incoming(incoming),
-    );
-
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_lazy();
+    let (channel, mut conns) = serve().await;
     let node = NodeConfig {
         pod_name: "z".into(),
         pod_namespace: "istio-system".into(),
@@ -215,6 +204,144 @@ async fn stream_acks_applies_gets_ready_and_resends_versions() {
         "istio_xds_connection_terminations_total{reason=\"Reconnect\"} 1",
         "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"} 1",
         "istio_xds_message_total{url=\"type.googleapis.com/istio.security.Authorization\"} 1",
+    ] {
+        assert!(text.contains(want), "{want} missing from\n{text}");
+    }
+}
+
+/// The test ADS server on 127.0.0.1 and a lazy channel to it.
+async fn serve() -> (tonic::transport::Channel, mpsc::UnboundedReceiver<Conn>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming =
+        tonic::transport::server::TcpIncoming::from_listener(listener, true, None).unwrap();
+    let (conns_tx, conns) = mpsc::unbounded_channel();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(TestAds {
+                conns: conns_tx,
+            }))
+            .serve_with_incoming(incoming),
+    );
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    (channel, conns)
+}
+
+/// A response over the configured bound is refused whole: nothing applied, counted or
+/// answered; the stream ends with an error naming the size; the client reconnects with
+/// what it had and applies the next normal response.
+#[tokio::test]
+async fn an_oversized_response_ends_the_stream_and_changes_nothing() {
+    const LIMIT: usize = 64 * 1024;
+    let (channel, mut conns) = serve().await;
+    let node = NodeConfig {
+        pod_name: "z".into(),
+        pod_namespace: "istio-system".into(),
+        ..Default::default()
+    }
+    .to_node();
+    let mut registry = Registry::default();
+    let metrics = XdsMetrics::register(&mut registry);
+    let state = Arc::new(Mutex::new(ProxyState::new()));
+    let (ends_tx, mut ends) = mpsc::unbounded_channel();
+    let client = XdsClient::new(PlainTransport(channel), DeltaClient::new(node))
+        .with_max_message_bytes(LIMIT)
+        .with_metrics(metrics)
+        .on_stream_end(move |end| {
+            let _ = ends_tx.send(end.clone());
+        });
+    let sink_state = state.clone();
+    tokio::spawn(client.run(move |batch| batch.apply(&mut sink_state.lock().unwrap())));
+
+    let mut c1 = next(&mut conns).await;
+    next(&mut c1.requests).await;
+    next(&mut c1.requests).await;
+    const W1: &str = "Kubernetes//v1/Pod/ns1/a";
+    c1.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: ADDRESS_TYPE.into(),
+            nonce: "a1".into(),
+            resources: vec![workload_resource(W1)],
+            ..Default::default()
+        }))
+        .unwrap();
+    assert_eq!(next(&mut c1.requests).await.response_nonce, "a1");
+
+    let big_uid = |i: u32| format!("Kubernetes//v1/Pod/ns1/big-{i}");
+    let big = DeltaDiscoveryResponse {
+        type_url: ADDRESS_TYPE.into(),
+        nonce: "big".into(),
+        resources: (0..2000u32)
+            .map(|i| workload_at(&big_uid(i), [10, 1, (i >> 8) as u8, i as u8]))
+            .collect(),
+        ..Default::default()
+    };
+    let big_len = big.encoded_len();
+    assert!(big_len > LIMIT, "{big_len}");
+    c1.responses.send(Ok(big)).unwrap();
+
+    let end = next(&mut ends).await;
+    let StreamEnd::Error(status) = &end else {
+        panic!("expected an error end, got {end:?}");
+    };
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert!(
+        status.message().contains("too large")
+            && status.message().contains(&format!("found {big_len} bytes"))
+            && status
+                .message()
+                .contains(&format!("the limit is: {LIMIT} bytes")),
+        "{status:?}"
+    );
+    // The first stream got no ACK or NACK for it (its requests end with the stream).
+    while let Some(r) = tokio::time::timeout(GUARD, c1.requests.recv())
+        .await
+        .expect("the first stream did not end")
+    {
+        assert_ne!(r.response_nonce, "big", "{r:?}");
+    }
+
+    // The reconnect asks with the versions it had before: none of the oversized ones.
+    let mut c2 = next(&mut conns).await;
+    let r1 = next(&mut c2.requests).await;
+    next(&mut c2.requests).await;
+    assert_eq!(r1.type_url, ADDRESS_TYPE);
+    assert_eq!(
+        r1.initial_resource_versions,
+        [(W1.to_string(), "v1".to_string())].into()
+    );
+    {
+        let s = state.lock().unwrap();
+        assert_eq!(
+            s.workloads().map(|w| w.uid.to_string()).collect::<Vec<_>>(),
+            [W1]
+        );
+    }
+
+    // A normal response on the new stream is applied and ACKed.
+    const W2: &str = "Kubernetes//v1/Pod/ns1/b";
+    c2.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: ADDRESS_TYPE.into(),
+            nonce: "a2".into(),
+            resources: vec![workload_at(W2, [10, 0, 0, 2])],
+            ..Default::default()
+        }))
+        .unwrap();
+    let ack = next(&mut c2.requests).await;
+    assert_eq!(ack.response_nonce, "a2");
+    assert!(ack.error_detail.is_none());
+    assert!(state.lock().unwrap().workload_by_uid(W2).is_some());
+    assert!(state.lock().unwrap().workload_by_uid(&big_uid(0)).is_none());
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for want in [
+        "istio_xds_connection_terminations_total{reason=\"Error\"} 1",
+        // a1 and a2; the oversized one was never decoded.
+        "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"} 2",
     ] {
         assert!(text.contains(want), "{want} missing from\n{text}");
     }
