@@ -7,10 +7,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream as StdTcp};
 use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use ambit_grpc::server::{incoming, test_pki, AcceptOptions, TestPki};
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -19,9 +18,7 @@ use ambit_proto::istio::workload as pw;
 use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE};
 use futures_util::Stream;
 use prost::Message;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -161,83 +158,13 @@ fn answer(type_url: &str) -> DeltaDiscoveryResponse {
     }
 }
 
-struct Tls(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl tonic::transport::server::Connected for Tls {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-impl AsyncRead for Tls {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-impl AsyncWrite for Tls {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-fn pki() -> (String, CertificateDer<'static>, PrivateKeyDer<'static>) {
-    let root_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut root = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    root.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    root.distinguished_name
-        .push(rcgen::DnType::CommonName, "xds e2e root");
-    let root = root.self_signed(&root_key).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &root, &root_key)
-        .unwrap();
-    (
-        root.pem(),
-        leaf.der().clone(),
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
-}
-
-async fn serve(ads: Ads, cert: CertificateDer<'static>, key: PrivateKeyDer<'static>) -> SocketAddr {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+async fn serve(ads: Ads, pki: &TestPki) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let incoming = futures_util::stream::unfold((listener, acceptor), |(l, a)| async move {
-        loop {
-            let (tcp, _) = match l.accept().await {
-                Ok(x) => x,
-                Err(e) => return Some((Err(e), (l, a))),
-            };
-            if let Ok(tls) = a.accept(tcp).await {
-                return Some((Ok::<_, std::io::Error>(Tls(tls)), (l, a)));
-            }
-        }
-    });
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(AggregatedDiscoveryServiceServer::new(ads))
-            .serve_with_incoming(incoming),
+            .serve_with_incoming(incoming(listener, pki.acceptor(), AcceptOptions::default())),
     );
     addr
 }
@@ -290,7 +217,8 @@ async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_proxy_gets_ready_from_xds() {
-    let (root_pem, cert, key) = pki();
+    let pki = test_pki(&["localhost"]);
+    let root_pem = pki.root_pem.clone();
     let (go_tx, go) = watch::channel(false);
     let (meta_tx, mut meta) = mpsc::unbounded_channel();
     let (replies_tx, mut replies) = mpsc::unbounded_channel();
@@ -300,8 +228,7 @@ async fn node_proxy_gets_ready_from_xds() {
             meta: meta_tx,
             replies: replies_tx,
         },
-        cert,
-        key,
+        &pki,
     )
     .await;
 

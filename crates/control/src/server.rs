@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use ambit_grpc::server::{self, AcceptOptions};
 use ambit_identity::{CaError, CertificateAuthority};
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -23,12 +23,10 @@ use prometheus_client::registry::Registry;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::ca_service::CaService;
@@ -310,17 +308,16 @@ impl Control {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let tls = tokio_rustls::TlsAcceptor::from(server_config(resolver.clone()));
-        let (conn_tx, conn_rx) = mpsc::channel::<Result<TlsConn, std::io::Error>>(64);
-        let conn_slots = Arc::new(Semaphore::new(
-            shared.config.max_clients + EXTRA_CONNECTIONS,
-        ));
-        tasks.push(tokio::spawn(accept_loop(
+        let mut stop_accepting = shutdown_rx.clone();
+        let incoming = server::incoming_until(
             listener,
             tls,
-            conn_tx,
-            conn_slots,
-            shutdown_rx.clone(),
-        )));
+            AcceptOptions {
+                handshake_timeout: Some(HANDSHAKE_TIMEOUT),
+                max_connections: Some(shared.config.max_clients + EXTRA_CONNECTIONS),
+            },
+            async move { stopped(&mut stop_accepting).await },
+        );
 
         let ads = AggregatedDiscoveryServiceServer::new(Ads {
             shared: shared.clone(),
@@ -341,7 +338,6 @@ impl Control {
             .add_service(ads)
             .add_service(ca_service);
         tasks.push(tokio::spawn(async move {
-            let incoming = ReceiverStream::new(conn_rx);
             if let Err(e) = router
                 .serve_with_incoming_shutdown(incoming, async move { stopped(&mut stop).await })
                 .await
@@ -678,109 +674,6 @@ async fn tokens_text(shared: &Shared) -> Result<String, TokensError> {
 /// Resolves once shutdown is asked for (or the control server is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
-}
-
-/// A TLS connection handed to tonic, holding its connection slot.
-struct TlsConn {
-    inner: tokio_rustls::server::TlsStream<TcpStream>,
-    info: TcpConnectInfo,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl Connected for TlsConn {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.info.clone()
-    }
-}
-
-impl AsyncRead for TlsConn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: tokio_rustls::TlsAcceptor,
-    conns: mpsc::Sender<Result<TlsConn, std::io::Error>>,
-    slots: Arc<Semaphore>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut last_shed_report: Option<std::time::Instant> = None;
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stopped(&mut stop) => return,
-            r = listener.accept() => match r {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            let now = std::time::Instant::now();
-            if last_shed_report.is_none_or(|t| now.duration_since(t) > Duration::from_secs(10)) {
-                tracing::warn!("too many connections; closing the one from {peer} (more are closed quietly for 10 s)");
-                last_shed_report = Some(now);
-            }
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let info = TcpConnectInfo {
-            local_addr: stream.local_addr().ok(),
-            remote_addr: Some(peer),
-        };
-        let tls = tls.clone();
-        let conns = conns.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
-                Ok(Ok(inner)) => {
-                    let _ = conns
-                        .send(Ok(TlsConn {
-                            inner,
-                            info,
-                            _slot: slot,
-                        }))
-                        .await;
-                }
-                Ok(Err(e)) => tracing::debug!("TLS handshake from {peer} failed: {e}"),
-                Err(_) => tracing::debug!("TLS handshake from {peer} timed out"),
-            }
-        });
-    }
 }
 
 /// The delta ADS service.

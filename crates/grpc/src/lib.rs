@@ -13,11 +13,14 @@
 //!
 //! TLS is rustls with aws-lc-rs, done here and handed to tonic as a connector, so tonic's
 //! own TLS (which would bring a second crypto library) stays off.
+//!
+//! [`server`] is the other end: tonic served over the same TLS (ambit control, tests).
 #![forbid(unsafe_code)]
 
 mod connect;
 mod error;
 mod root;
+pub mod server;
 mod token;
 
 use std::sync::{Arc, Mutex, PoisonError};

@@ -2,19 +2,15 @@
 //! the alternative name, the request metadata, and a root file swapped under a channel.
 
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 
+use ambit_grpc::server::{incoming, test_pki, AcceptOptions, TestPki};
 use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
 use ambit_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use ambit_proto::istio::v1::auth::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
 use ambit_proto::{IstioCertificateRequest, IstioCertificateResponse};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// Answers with the request metadata it saw, one "key=value" per chain element.
 struct Echo;
@@ -42,82 +38,11 @@ impl IstioCertificateService for Echo {
     }
 }
 
-struct Tls(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl tonic::transport::server::Connected for Tls {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-impl AsyncRead for Tls {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-impl AsyncWrite for Tls {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-/// A root and a server certificate signed by it for `names`.
-fn pki(names: &[&str]) -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "test root");
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap()
-            .signed_by(&key, &ca, &ca_key)
-            .unwrap();
-    (
-        ca.pem(),
-        vec![leaf.der().clone()],
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
-}
-
-async fn serve(chain: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> SocketAddr {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+async fn serve(pki: &TestPki) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let incoming = futures_util::stream::unfold((listener, acceptor), |(l, a)| async move {
-        loop {
-            let (tcp, _) = match l.accept().await {
-                Ok(x) => x,
-                Err(e) => return Some((Err(e), (l, a))),
-            };
-            // A failed handshake (the client refused our name) is that client's problem.
-            if let Ok(tls) = a.accept(tcp).await {
-                return Some((Ok::<_, std::io::Error>(Tls(tls)), (l, a)));
-            }
-        }
-    });
+    // A failed handshake (the client refused our name) is that client's problem.
+    let incoming = incoming(listener, pki.acceptor(), AcceptOptions::default());
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(IstioCertificateServiceServer::new(Echo))
@@ -149,8 +74,9 @@ async fn call(channel: &GrpcChannel) -> Result<Vec<String>, tonic::Status> {
 
 #[tokio::test]
 async fn the_alternative_name_is_accepted_and_metadata_is_sent() {
-    let (root, chain, key) = pki(&["istiod.istio-system.svc"]);
-    let addr = serve(chain, key).await;
+    let pki = test_pki(&["istiod.istio-system.svc"]);
+    let addr = serve(&pki).await;
+    let root = pki.root_pem;
 
     // By IP the certificate does not match: refused, and the error says so.
     let by_ip = GrpcChannel::new(config(addr, RootCa::Inline(root.clone()), None)).unwrap();
@@ -178,9 +104,9 @@ async fn the_alternative_name_is_accepted_and_metadata_is_sent() {
 
 #[tokio::test]
 async fn a_server_signed_by_another_root_is_refused() {
-    let (_, chain, key) = pki(&["localhost"]);
-    let (other_root, _, _) = pki(&["localhost"]);
-    let addr = serve(chain, key).await;
+    let pki = test_pki(&["localhost"]);
+    let other_root = test_pki(&["localhost"]).root_pem;
+    let addr = serve(&pki).await;
     let channel =
         GrpcChannel::new(config(addr, RootCa::Inline(other_root), Some("localhost"))).unwrap();
     assert!(call(&channel).await.is_err());
@@ -188,9 +114,10 @@ async fn a_server_signed_by_another_root_is_refused() {
 
 #[tokio::test]
 async fn a_swapped_root_file_rebuilds_the_channel() {
-    let (old_root, _, _) = pki(&["localhost"]);
-    let (new_root, chain, key) = pki(&["localhost"]);
-    let addr = serve(chain, key).await;
+    let old_root = test_pki(&["localhost"]).root_pem;
+    let pki = test_pki(&["localhost"]);
+    let addr = serve(&pki).await;
+    let new_root = &pki.root_pem;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("root-cert.pem");
     std::fs::write(&path, &old_root).unwrap();
@@ -202,7 +129,7 @@ async fn a_swapped_root_file_rebuilds_the_channel() {
     );
     // As Kubernetes updates a mounted secret: a new file renamed over the old name.
     let tmp = dir.path().join("..new");
-    std::fs::write(&tmp, &new_root).unwrap();
+    std::fs::write(&tmp, new_root).unwrap();
     std::fs::rename(&tmp, &path).unwrap();
     call(&channel).await.unwrap();
 }
@@ -212,11 +139,11 @@ fn bad_configuration_is_refused_with_the_reason() {
     let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let err = GrpcChannel::new(config(addr, RootCa::Inline("not pem".into()), None)).unwrap_err();
     assert!(err.to_string().contains("root certificate"), "{err}");
-    let mut plain = config(addr, RootCa::Inline(pki(&["x"]).0), None);
+    let mut plain = config(addr, RootCa::Inline(test_pki(&["x"]).root_pem), None);
     plain.address = "http://127.0.0.1:1".into();
     let err = GrpcChannel::new(plain).unwrap_err();
     assert!(err.to_string().contains("plaintext"), "{err}");
-    let mut header = config(addr, RootCa::Inline(pki(&["x"]).0), None);
+    let mut header = config(addr, RootCa::Inline(test_pki(&["x"]).root_pem), None);
     header.headers = vec![("bad header".into(), "v".into())];
     assert!(GrpcChannel::new(header)
         .unwrap_err()

@@ -28,10 +28,9 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
+use ambit_grpc::server::{self, TestPki};
 use ambit_lab::peer::IstioZtunnel;
 use ambit_lab::Lab;
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -47,7 +46,6 @@ use ambit_proto::{
 use anyhow::{bail, Context};
 use futures_util::Stream;
 use prost::Message;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -302,67 +300,6 @@ fn updated_workload(k: usize) -> usize {
 }
 
 // ---------------------------------------------------------------------------------------
-// TLS for the bench's xDS server.
-
-struct Pki {
-    root_pem: String,
-    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
-    key_der: Vec<u8>,
-}
-
-fn mint_pki() -> anyhow::Result<Pki> {
-    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "bench_xds root");
-    let ca = ca.self_signed(&ca_key)?;
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let leaf =
-        rcgen::CertificateParams::new(vec![XDS_NAME.to_string()])?.signed_by(&key, &ca, &ca_key)?;
-    Ok(Pki {
-        root_pem: ca.pem(),
-        chain: vec![leaf.der().clone()],
-        key_der: key.serialize_der(),
-    })
-}
-
-/// tonic's `Connected` for a rustls stream (tonic's own TLS feature is off on purpose).
-struct Tls(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl tonic::transport::server::Connected for Tls {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-impl AsyncRead for Tls {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-impl AsyncWrite for Tls {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // The bench's delta ADS server: every stream is handed to the driver, which answers it.
 
 type Outbound = mpsc::UnboundedSender<Result<DeltaDiscoveryResponse, tonic::Status>>;
@@ -411,32 +348,12 @@ fn receiver_stream<T: Send + 'static>(
 }
 
 /// Starts the server on 127.0.0.1:15012 of the current namespace.
-async fn serve_xds(pki: &Pki) -> anyhow::Result<mpsc::UnboundedReceiver<XdsStream>> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(
-            pki.chain.clone(),
-            rustls::pki_types::PrivateKeyDer::Pkcs8(pki.key_der.clone().into()),
-        )?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+async fn serve_xds(pki: &TestPki) -> anyhow::Result<mpsc::UnboundedReceiver<XdsStream>> {
+    let acceptor = server::acceptor(pki.chain.clone(), pki.key.clone_key())?;
     let listener = TcpListener::bind(("127.0.0.1", XDS_PORT))
         .await
         .context("binding the bench's xDS server")?;
-    let incoming = futures_util::stream::unfold((listener, acceptor), |(l, a)| async move {
-        loop {
-            let (tcp, _) = match l.accept().await {
-                Ok(x) => x,
-                Err(e) => return Some((Err(e), (l, a))),
-            };
-            let _ = tcp.set_nodelay(true);
-            if let Ok(tls) = a.accept(tcp).await {
-                return Some((Ok::<_, std::io::Error>(Tls(tls)), (l, a)));
-            }
-        }
-    });
+    let incoming = server::incoming(listener, acceptor, server::AcceptOptions::default());
     let (tx, rx) = mpsc::unbounded_channel();
     let service = AggregatedDiscoveryServiceServer::new(Ads { streams: tx })
         .max_decoding_message_size(MAX_XDS_MESSAGE);
@@ -558,7 +475,7 @@ fn proxy_round(
 ) -> anyhow::Result<ProxyRound> {
     let lab = Lab::new("bxds")?;
     let ns = lab.netns("node")?;
-    let pki = mint_pki()?;
+    let pki = server::test_pki(&[XDS_NAME]);
     let root = lab.dir.path().join("xds-root.pem");
     std::fs::write(&root, &pki.root_pem)?;
     let ca_dir = lab.dir.path().join("ca");

@@ -4,20 +4,17 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use ambit_grpc::server::{incoming, test_pki, AcceptOptions};
 use ambit_identity::{CertificateAuthority, SpiffeId};
 use ambit_proto::istio::v1::auth::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
 use ambit_proto::{IstioCertificateRequest, IstioCertificateResponse};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// The name the server's TLS certificate is for.
 pub const CA_NAME: &str = "istiod.istio-system.svc";
@@ -105,60 +102,6 @@ impl IstioCertificateService for Svc {
     }
 }
 
-/// A server-side TLS stream tonic can serve.
-struct Tls(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl tonic::transport::server::Connected for Tls {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-
-impl AsyncRead for Tls {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Tls {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
-}
-
-/// The server's TLS identity: a root (PEM) and a leaf for [`CA_NAME`] signed by it.
-fn server_pki() -> (String, CertificateDer<'static>, PrivateKeyDer<'static>) {
-    let root_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut root = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    root.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    root.distinguished_name
-        .push(rcgen::DnType::CommonName, "test CA server root");
-    let root = root.self_signed(&root_key).unwrap();
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let leaf = rcgen::CertificateParams::new(vec![CA_NAME.to_string()])
-        .unwrap()
-        .signed_by(&key, &root, &root_key)
-        .unwrap();
-    (
-        root.pem(),
-        leaf.der().clone(),
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
-}
-
 pub struct Server {
     pub addr: SocketAddr,
     pub root_pem: String,
@@ -166,29 +109,10 @@ pub struct Server {
 }
 
 pub async fn start_ca() -> Server {
-    let (root_pem, leaf, key) = server_pki();
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![leaf], key)
-        .unwrap();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let pki = test_pki(&[CA_NAME]);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let incoming = futures_util::stream::unfold((listener, acceptor), |(l, a)| async move {
-        loop {
-            let tcp = match l.accept().await {
-                Ok((tcp, _)) => tcp,
-                Err(e) => return Some((Err(e), (l, a))),
-            };
-            if let Ok(tls) = a.accept(tcp).await {
-                return Some((Ok::<_, std::io::Error>(Tls(tls)), (l, a)));
-            }
-        }
-    });
+    let incoming = incoming(listener, pki.acceptor(), AcceptOptions::default());
     let ca = Arc::new(TestCa {
         ca: CertificateAuthority::ephemeral("cluster.local").unwrap(),
         mode: AtomicU8::new(SIGN),
@@ -199,5 +123,9 @@ pub async fn start_ca() -> Server {
             .add_service(IstioCertificateServiceServer::new(Svc(ca.clone())))
             .serve_with_incoming(incoming),
     );
-    Server { addr, root_pem, ca }
+    Server {
+        addr,
+        root_pem: pki.root_pem,
+        ca,
+    }
 }
