@@ -234,8 +234,13 @@ impl Shared {
     }
 
     fn publish(&self, mesh: Mesh) {
-        let generation = self.mesh_tx.borrow().snapshot.generation + 1;
-        let snapshot = mesh.snapshot(generation);
+        let previous = self.mesh_tx.borrow().clone();
+        let generation = previous.snapshot.generation + 1;
+        // What changed is worked out here once, not by every session.
+        let snapshot = mesh
+            .snapshot(generation)
+            .with_changes_from(&previous.snapshot);
+        drop(previous);
         self.metrics.mesh_generation.set(generation as i64);
         self.metrics.mesh_resources.set(snapshot.len() as i64);
         tracing::info!(

@@ -30,6 +30,16 @@ pub struct Snapshot {
     /// Bumped on every change; sent as `system_version_info`.
     pub generation: u64,
     types: BTreeMap<&'static str, TypeResources>,
+    /// What differs from the snapshot before it (computed once for every session), so a
+    /// session in step with that one looks only at these names.
+    changes: Option<Changes>,
+}
+
+/// The names whose resource was added, changed or removed since generation `since`.
+#[derive(Debug, Clone, Default)]
+struct Changes {
+    since: u64,
+    names: BTreeMap<&'static str, Vec<String>>,
 }
 
 impl Snapshot {
@@ -41,7 +51,33 @@ impl Snapshot {
                 .iter()
                 .map(|t| (*t, TypeResources::new()))
                 .collect(),
+            changes: None,
         }
+    }
+
+    /// This snapshot with the list of what differs from `previous`, the snapshot it
+    /// replaces: one pass over the resources here, instead of one per connected client.
+    pub fn with_changes_from(mut self, previous: &Snapshot) -> Snapshot {
+        let mut names = BTreeMap::new();
+        for (type_url, now) in &self.types {
+            let before = previous.types.get(type_url);
+            let mut differ: Vec<String> = now
+                .iter()
+                .filter(|(name, res)| {
+                    before.and_then(|b| b.get(*name)).map(|r| &r.version) != Some(&res.version)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            if let Some(before) = before {
+                differ.extend(before.keys().filter(|n| !now.contains_key(*n)).cloned());
+            }
+            names.insert(*type_url, differ);
+        }
+        self.changes = Some(Changes {
+            since: previous.generation,
+            names,
+        });
+        self
     }
 
     /// Adds (or replaces) a resource of a served type; other types are ignored.
@@ -164,6 +200,8 @@ struct TypeState {
     acks_total: u64,
     nacks_total: u64,
     responses_total: u64,
+    /// The snapshot generation `known` was last brought in step with (all of it).
+    synced: Option<u64>,
 }
 
 impl TypeState {
@@ -330,9 +368,19 @@ impl Session {
         let subscribed: Vec<String> = self.types.keys().cloned().collect();
         let mut out = Vec::new();
         for type_url in subscribed {
-            if let Some(resources) = snapshot.resources(&type_url) {
-                out.extend(self.delta(&type_url, resources, snapshot.generation, false));
-            }
+            let Some(resources) = snapshot.resources(&type_url) else {
+                continue;
+            };
+            // In step with the snapshot this one replaces: only the names that changed
+            // can need sending. Otherwise (a skipped generation) compare everything.
+            let changed = snapshot.changes.as_ref().and_then(|c| {
+                let in_step = self.types.get(&type_url)?.synced == Some(c.since);
+                in_step.then(|| c.names.get(type_url.as_str())).flatten()
+            });
+            out.extend(match changed {
+                Some(names) => self.delta_of(&type_url, resources, names, snapshot.generation),
+                None => self.delta(&type_url, resources, snapshot.generation, false),
+            });
         }
         out
     }
@@ -346,22 +394,65 @@ impl Session {
         generation: u64,
         always: bool,
     ) -> Vec<DeltaDiscoveryResponse> {
-        let limits = self.limits;
-        let Some(ts) = self.types.get_mut(type_url) else {
+        let Some(ts) = self.types.get(type_url) else {
             return Vec::new();
         };
-        let mut changed: Vec<&Arc<Resource>> = Vec::new();
+        let mut changed: Vec<Arc<Resource>> = Vec::new();
         for (name, res) in resources {
             if ts.interested(name) && ts.known.get(name) != Some(&res.version) {
-                changed.push(res);
+                changed.push(res.clone());
             }
         }
-        let mut removed: Vec<String> = ts
+        let removed: Vec<String> = ts
             .known
             .keys()
             .filter(|n| !resources.contains_key(*n))
             .cloned()
             .collect();
+        self.respond(type_url, resources, changed, removed, generation, always)
+    }
+
+    /// Like [`Session::delta`] when only `names` can differ from what the client holds.
+    fn delta_of(
+        &mut self,
+        type_url: &str,
+        resources: &TypeResources,
+        names: &[String],
+        generation: u64,
+    ) -> Vec<DeltaDiscoveryResponse> {
+        let Some(ts) = self.types.get(type_url) else {
+            return Vec::new();
+        };
+        let mut changed = Vec::new();
+        let mut removed = Vec::new();
+        for name in names {
+            match resources.get(name) {
+                Some(res) if ts.interested(name) && ts.known.get(name) != Some(&res.version) => {
+                    changed.push(res.clone())
+                }
+                Some(_) => {}
+                None if ts.known.contains_key(name) => removed.push(name.clone()),
+                None => {}
+            }
+        }
+        self.respond(type_url, resources, changed, removed, generation, false)
+    }
+
+    /// Records what is sent and builds the responses (at least one when `always`).
+    fn respond(
+        &mut self,
+        type_url: &str,
+        resources: &TypeResources,
+        changed: Vec<Arc<Resource>>,
+        mut removed: Vec<String>,
+        generation: u64,
+        always: bool,
+    ) -> Vec<DeltaDiscoveryResponse> {
+        let limits = self.limits;
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return Vec::new();
+        };
+        ts.synced = Some(generation);
         for name in std::mem::take(&mut ts.absent_to_report) {
             if !resources.contains_key(&name) && !ts.known.contains_key(&name) {
                 removed.push(name);
@@ -389,7 +480,7 @@ impl Session {
             }
             size += len;
             if let Some(b) = batches.last_mut() {
-                b.push((**res).clone());
+                b.push((*res).clone());
             }
         }
         let last = batches.len() - 1;
@@ -645,6 +736,56 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].type_url, AUTHORIZATION_TYPE);
         assert_eq!(out[0].removed_resources, ["p"]);
+    }
+
+    #[test]
+    fn a_session_in_step_gets_the_same_delta_from_the_precomputed_changes() {
+        let s1 = snap(1, &[("a", "1"), ("b", "1"), ("c", "1")], &[("p", "1")]);
+        let s2 = snap(2, &[("a", "2"), ("c", "1"), ("d", "1")], &[]).with_changes_from(&s1);
+        let start = |s: &Snapshot| {
+            let mut c = session();
+            c.on_request(initial(ADDRESS_TYPE, &[]), s).unwrap();
+            c.on_request(initial(AUTHORIZATION_TYPE, &[]), s).unwrap();
+            c
+        };
+        // In step with s1: the changes are used; the delta is what a full compare gives.
+        let mut in_step = start(&s1);
+        let mut full = start(&s1);
+        let plain = snap(2, &[("a", "2"), ("c", "1"), ("d", "1")], &[]);
+        let fast = in_step.on_snapshot(&s2);
+        let slow = full.on_snapshot(&plain);
+        let shape = |out: &[DeltaDiscoveryResponse]| {
+            out.iter()
+                .map(|r| {
+                    (
+                        r.type_url.clone(),
+                        names(r).join(","),
+                        r.removed_resources.join(","),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(shape(&fast), shape(&slow));
+        // Types in the order the session keeps them (type URL order).
+        assert_eq!(
+            shape(&fast),
+            [
+                (
+                    AUTHORIZATION_TYPE.to_string(),
+                    String::new(),
+                    "p".to_string()
+                ),
+                (ADDRESS_TYPE.to_string(), "a,d".to_string(), "b".to_string()),
+            ]
+        );
+        // Out of step (it last saw generation 0): the changes since 1 are not enough, so
+        // everything is compared and nothing is missed.
+        let s0 = snap(0, &[("old", "1")], &[]);
+        let mut behind = start(&s0);
+        let out = behind.on_snapshot(&s2);
+        let address = out.iter().find(|r| r.type_url == ADDRESS_TYPE).unwrap();
+        assert_eq!(names(address), ["a", "c", "d"]);
+        assert_eq!(address.removed_resources, ["old"]);
     }
 
     #[test]
