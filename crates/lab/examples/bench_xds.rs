@@ -454,10 +454,8 @@ fn proxy_env(which: Impl, args: &Args, root: &Path, ca_dir: &Path) -> Vec<(Strin
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     match which {
-        Impl::Ambit => {
-            env.push(("CA_ADDRESS".into(), String::new()));
-            env.push(("LOCAL_CA_DIR".into(), ca_dir.display().to_string()));
-        }
+        // With CA_ADDRESS unset, LOCAL_CA_DIR is the issuer: no CA server is involved.
+        Impl::Ambit => env.push(("LOCAL_CA_DIR".into(), ca_dir.display().to_string())),
         Impl::Istio => env.push(("FAKE_CA".into(), "true".into())),
     }
     for (k, v) in &args.proxy_env {
