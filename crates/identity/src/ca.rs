@@ -279,18 +279,7 @@ impl CertificateAuthority {
         ttl: Duration,
         now: SystemTime,
     ) -> Result<WorkloadCertificate, CaError> {
-        if ttl.is_zero() {
-            return Err(CaError::InvalidTtl { ttl });
-        }
-        if now >= self.not_after {
-            return Err(CaError::Expired {
-                not_after: self.not_after,
-            });
-        }
-        let not_before = now.checked_sub(BACKDATE.min(ttl / 2)).unwrap_or(now);
-        let not_after = now
-            .checked_add(ttl)
-            .map_or(self.not_after, |t| t.min(self.not_after));
+        let (not_before, not_after) = self.validity(ttl, now)?;
         let key = leaf::new_key()?;
         let params = leaf::leaf_params(id, not_before, not_after, self.authority_key_id);
         let cert = params
@@ -311,6 +300,28 @@ impl CertificateAuthority {
         )?)
     }
 
+    /// The validity of a certificate asked for `ttl` from `now`: back-dated a little for
+    /// clock skew, and never past the CA's own expiry.
+    pub(crate) fn validity(
+        &self,
+        ttl: Duration,
+        now: SystemTime,
+    ) -> Result<(SystemTime, SystemTime), CaError> {
+        if ttl.is_zero() {
+            return Err(CaError::InvalidTtl { ttl });
+        }
+        if now >= self.not_after {
+            return Err(CaError::Expired {
+                not_after: self.not_after,
+            });
+        }
+        let not_before = now.checked_sub(BACKDATE.min(ttl / 2)).unwrap_or(now);
+        let not_after = now
+            .checked_add(ttl)
+            .map_or(self.not_after, |t| t.min(self.not_after));
+        Ok((not_before, not_after))
+    }
+
     /// Mints a TLS *server* certificate (for a control plane's xDS/CA port, not a workload):
     /// DNS and IP SANs, `serverAuth` only, a fresh ECDSA P-256 key, valid for `ttl` from
     /// `now` (clamped to the CA's own expiry). Returns the chain (leaf, then the
@@ -329,18 +340,7 @@ impl CertificateAuthority {
         ),
         CaError,
     > {
-        if ttl.is_zero() {
-            return Err(CaError::InvalidTtl { ttl });
-        }
-        if now >= self.not_after {
-            return Err(CaError::Expired {
-                not_after: self.not_after,
-            });
-        }
-        let not_before = now.checked_sub(BACKDATE.min(ttl / 2)).unwrap_or(now);
-        let not_after = now
-            .checked_add(ttl)
-            .map_or(self.not_after, |t| t.min(self.not_after));
+        let (not_before, not_after) = self.validity(ttl, now)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
         if let Some(first) = dns_names.first() {

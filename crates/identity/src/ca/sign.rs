@@ -5,7 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{CertificateSigningRequestParams, SanType};
 
-use super::{CertificateAuthority, BACKDATE};
+use super::CertificateAuthority;
+use crate::error::CaError;
 use crate::leaf;
 use crate::pem;
 use crate::spiffe::SpiffeId;
@@ -76,16 +77,10 @@ impl CertificateAuthority {
         now: SystemTime,
     ) -> Result<SignedCertificate, CsrError> {
         let (identity, csr) = requested_identity(csr_pem)?;
-        if ttl.is_zero() {
-            return Err(CsrError::ZeroTtl);
-        }
-        if now >= self.not_after {
-            return Err(CsrError::CaExpired);
-        }
-        let not_before = now.checked_sub(BACKDATE.min(ttl / 2)).unwrap_or(now);
-        let not_after = now
-            .checked_add(ttl)
-            .map_or(self.not_after, |t| t.min(self.not_after));
+        let (not_before, not_after) = self.validity(ttl, now).map_err(|e| match e {
+            CaError::InvalidTtl { .. } => CsrError::ZeroTtl,
+            _ => CsrError::CaExpired,
+        })?;
         // Only the key comes from the CSR; every other field is the CA's choice.
         let params = leaf::leaf_params(&identity, not_before, not_after, self.authority_key_id);
         let cert = params
