@@ -15,9 +15,10 @@ use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_ser
 };
 use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use ambit_proto::istio::workload as pw;
-use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE};
+use ambit_proto::{
+    address_resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE,
+};
 use futures_util::Stream;
-use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
@@ -100,18 +101,7 @@ fn workload_resource(uid: &str, name: &str, address: Vec<u8>) -> Resource {
         addresses: vec![address.into()],
         ..Default::default()
     };
-    Resource {
-        name: uid.into(),
-        version: "2".into(),
-        resource: Some(prost_types::Any {
-            type_url: ADDRESS_TYPE.into(),
-            value: pw::Address {
-                r#type: Some(pw::address::Type::Workload(w)),
-            }
-            .encode_to_vec(),
-        }),
-        ..Default::default()
-    }
+    address_resource(uid, "2", pw::address::Type::Workload(w))
 }
 
 fn mixed_batch() -> DeltaDiscoveryResponse {
@@ -135,18 +125,7 @@ fn answer(type_url: &str) -> DeltaDiscoveryResponse {
             addresses: vec![vec![127, 0, 0, 1].into()],
             ..Default::default()
         };
-        vec![Resource {
-            name: UID.into(),
-            version: "1".into(),
-            resource: Some(prost_types::Any {
-                type_url: ADDRESS_TYPE.into(),
-                value: pw::Address {
-                    r#type: Some(pw::address::Type::Workload(w)),
-                }
-                .encode_to_vec(),
-            }),
-            ..Default::default()
-        }]
+        vec![address_resource(UID, "1", pw::address::Type::Workload(w))]
     } else {
         Vec::new()
     };

@@ -40,8 +40,8 @@ use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_ser
 use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use ambit_proto::istio::workload::{address, NetworkAddress, Port, PortList};
 use ambit_proto::{
-    Address, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Resource, Service, Workload,
-    ADDRESS_TYPE, AUTHORIZATION_TYPE, MAX_XDS_MESSAGE,
+    address_resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Resource, Service,
+    Workload, ADDRESS_TYPE, AUTHORIZATION_TYPE, MAX_XDS_MESSAGE,
 };
 use anyhow::{bail, Context};
 use futures_util::Stream;
@@ -252,24 +252,11 @@ fn service(j: usize) -> Service {
     }
 }
 
-fn address_resource(name: String, kind: address::Type, version: &str) -> Resource {
-    let value = Address { r#type: Some(kind) }.encode_to_vec();
-    Resource {
-        name,
-        version: version.into(),
-        resource: Some(prost_types::Any {
-            type_url: ADDRESS_TYPE.into(),
-            value,
-        }),
-        ..Default::default()
-    }
-}
-
 fn workload_resource(i: usize, revision: &str) -> Resource {
     address_resource(
         workload_uid(i),
-        address::Type::Workload(workload(i, revision)),
         revision,
+        address::Type::Workload(workload(i, revision)),
     )
 }
 
@@ -279,8 +266,8 @@ fn initial_addresses() -> DeltaDiscoveryResponse {
         .map(|j| {
             address_resource(
                 format!("{}/{}", ns_of(j), service_host(j)),
-                address::Type::Service(service(j)),
                 "v1",
+                address::Type::Service(service(j)),
             )
         })
         .collect();

@@ -64,6 +64,24 @@ pub const DELTA_ADS_PATH: &str =
 /// The CA method path.
 pub const CREATE_CERTIFICATE_PATH: &str =
     "/istio.v1.auth.IstioCertificateService/CreateCertificate";
+/// `kind` (a workload or a service) as a delta xDS resource named `name` at `version`.
+pub fn address_resource(
+    name: impl Into<String>,
+    version: impl Into<String>,
+    kind: istio::workload::address::Type,
+) -> Resource {
+    use prost::Message;
+    Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: ADDRESS_TYPE.into(),
+            value: Address { r#type: Some(kind) }.encode_to_vec(),
+        }),
+        ..Default::default()
+    }
+}
+
 /// ztunnel's bound on one decoded xDS message.
 pub const MAX_XDS_MESSAGE: usize = 200 * 1024 * 1024;
 

@@ -14,12 +14,12 @@ use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_ser
 use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use ambit_proto::istio::workload as pw;
 use ambit_proto::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE,
+    address_resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse, ADDRESS_TYPE,
+    AUTHORIZATION_TYPE,
 };
 use ambit_state::ProxyState;
 use ambit_xds::{DeltaClient, NodeConfig, XdsClient};
 use futures_util::Stream;
-use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
@@ -95,18 +95,7 @@ fn initial_answer(type_url: &str) -> DeltaDiscoveryResponse {
             tunnel_protocol: pw::TunnelProtocol::Hbone as i32,
             ..Default::default()
         };
-        vec![Resource {
-            name: UID.into(),
-            version: "1".into(),
-            resource: Some(prost_types::Any {
-                type_url: ADDRESS_TYPE.into(),
-                value: pw::Address {
-                    r#type: Some(pw::address::Type::Workload(w)),
-                }
-                .encode_to_vec(),
-            }),
-            ..Default::default()
-        }]
+        vec![address_resource(UID, "1", pw::address::Type::Workload(w))]
     } else {
         Vec::new()
     };

@@ -86,18 +86,7 @@ fn workload_at(uid: &str, ip: [u8; 4]) -> Resource {
         addresses: vec![ip.to_vec().into()],
         ..Default::default()
     };
-    Resource {
-        name: uid.into(),
-        version: "v1".into(),
-        resource: Some(prost_types::Any {
-            type_url: ADDRESS_TYPE.into(),
-            value: pw::Address {
-                r#type: Some(pw::address::Type::Workload(w)),
-            }
-            .encode_to_vec(),
-        }),
-        ..Default::default()
-    }
+    ambit_proto::address_resource(uid, "v1", pw::address::Type::Workload(w))
 }
 
 #[tokio::test]
