@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use ambit_state::{Denied, ProxyState, RbacContext};
+use ambit_state::{authorize_with, Denied, ProxyState, RbacContext, Workload};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -61,14 +61,15 @@ pub enum Direction {
 struct Entry {
     direction: Direction,
     connection: Connection,
-    policy: Option<PolicyWatch>,
+    policy: Option<Arc<PolicyWatch>>,
 }
 
 /// What an open inbound connection was authorized on, and how to revoke it.
 struct PolicyWatch {
     ctx: RbacContext,
-    /// The destination workload's uid: its policies are looked up again in the new state.
-    dst_uid: String,
+    /// The destination as last authorized against, and the policy generation then: while
+    /// neither changed, the verdict cannot have changed either.
+    checked: Mutex<(Arc<Workload>, u64)>,
     revoke: watch::Sender<Option<Denied>>,
 }
 
@@ -135,24 +136,43 @@ impl OpenConnections {
 }
 
 impl OpenConnections {
-    /// Authorizes every watched connection again against `state`; each one now denied is
-    /// told so (its relay closes it) and returned.
+    /// Authorizes again, against `state`, every watched connection whose destination or
+    /// policies changed since it was last authorized; each one now denied is told so (its
+    /// relay closes it) and returned.
     pub fn recheck(&self, state: &ProxyState) -> Vec<(Connection, Denied)> {
-        let inner = self.inner();
+        // Copied out, so that connections opening and closing never wait for the checks.
+        let watched: Vec<(Connection, Arc<PolicyWatch>)> = self
+            .inner()
+            .open
+            .values()
+            .filter_map(|e| Some((e.connection.clone(), e.policy.clone()?)))
+            .collect();
+        let generation = state.policy_generation();
+        // Connections to one destination share its policies.
+        let mut policies: std::collections::HashMap<String, Vec<Arc<ambit_state::Authorization>>> =
+            std::collections::HashMap::new();
         let mut denied = Vec::new();
-        for entry in inner.open.values() {
-            let Some(watch) = &entry.policy else { continue };
+        for (connection, watch) in watched {
             if watch.revoke.borrow().is_some() {
                 continue;
             }
+            let mut checked = watch.checked.lock().unwrap_or_else(|p| p.into_inner());
             // A destination that left the state keeps its connections: what removal of a
             // workload means for them is not a policy decision.
-            let Some(dst) = state.workload_by_uid(&watch.dst_uid) else {
+            let Some(dst) = state.workload_by_uid(&checked.0.uid) else {
                 continue;
             };
-            if let Err(d) = state.authorize(&watch.ctx, &dst) {
+            if Arc::ptr_eq(&dst, &checked.0) && checked.1 == generation {
+                continue;
+            }
+            let applying = policies
+                .entry(dst.uid.clone())
+                .or_insert_with(|| state.policies_for(&dst));
+            let verdict = authorize_with(applying, &watch.ctx);
+            *checked = (dst, generation);
+            if let Err(d) = verdict {
                 watch.revoke.send_replace(Some(d.clone()));
-                denied.push((entry.connection.clone(), d));
+                denied.push((connection, d));
             }
         }
         denied
@@ -160,16 +180,22 @@ impl OpenConnections {
 }
 
 impl Tracked {
-    /// Keeps the connection's authorization inputs so a policy change re-checks it; the
-    /// returned [`Revoked`] completes if it is denied then.
-    pub fn watch_policy(&self, ctx: RbacContext, dst_uid: &str) -> Revoked {
+    /// Keeps the connection's authorization inputs so a change of its destination or of
+    /// the policies re-checks it; the returned [`Revoked`] completes if it is denied then.
+    /// `policy_generation` is the state's when `ctx` was authorized against `dst`.
+    pub fn watch_policy(
+        &self,
+        ctx: RbacContext,
+        dst: Arc<Workload>,
+        policy_generation: u64,
+    ) -> Revoked {
         let (tx, rx) = watch::channel(None);
         if let Some(entry) = self.owner.inner().open.get_mut(&self.id) {
-            entry.policy = Some(PolicyWatch {
+            entry.policy = Some(Arc::new(PolicyWatch {
                 ctx,
-                dst_uid: dst_uid.to_string(),
+                checked: Mutex::new((dst, policy_generation)),
                 revoke: tx,
-            });
+            }));
         }
         Revoked(rx)
     }
@@ -262,9 +288,10 @@ workloads:
             )
         };
         let bad = open.track(Direction::Inbound, conn(1));
-        let bad_revoked = bad.watch_policy(ctx("bad"), "server");
+        let server = state.workload_by_uid("server").unwrap();
+        let bad_revoked = bad.watch_policy(ctx("bad"), server.clone(), state.policy_generation());
         let good = open.track(Direction::Inbound, conn(2));
-        let good_revoked = good.watch_policy(ctx("good"), "server");
+        let good_revoked = good.watch_policy(ctx("good"), server, state.policy_generation());
         // Not watched (an outbound connection): never re-checked.
         let _out = open.track(Direction::Outbound, conn(3));
 
@@ -301,5 +328,63 @@ policies:
         let still =
             tokio::time::timeout(std::time::Duration::from_millis(50), good_revoked.denied()).await;
         assert!(still.is_err(), "the allowed connection stays open");
+    }
+
+    #[tokio::test]
+    async fn a_changed_destination_is_rechecked_with_unchanged_policies() {
+        // A WORKLOAD_SELECTOR deny that no workload selects yet.
+        let yaml = r#"
+workloads:
+- uid: server
+  name: server
+  namespace: shop
+  workloadIps: [10.0.0.2]
+  protocol: HBONE
+policies:
+- name: deny-all
+  namespace: shop
+  scope: WorkloadSelector
+  action: Deny
+  rules:
+  - - - namespaces: [!Exact "shop"]
+"#;
+        let cfg = ambit_state::parse_local_config("t", yaml).unwrap();
+        let mut state = ProxyState::from_config(cfg.clone()).unwrap();
+        let open = Arc::new(OpenConnections::default());
+        let ctx = RbacContext {
+            source_identity: Some(
+                ambit_identity::SpiffeId::parse("spiffe://cluster.local/ns/shop/sa/client")
+                    .unwrap(),
+            ),
+            source_ip: "10.0.0.1".parse().unwrap(),
+            destination: "10.0.0.2:8080".parse().unwrap(),
+        };
+        let conn = open.track(
+            Direction::Inbound,
+            Connection::new(
+                "10.0.0.1:1".parse().unwrap(),
+                None,
+                "10.0.0.2:8080".parse().unwrap(),
+                Protocol::Hbone,
+            ),
+        );
+        let server = state.workload_by_uid("server").unwrap();
+        let revoked = conn.watch_policy(ctx, server, state.policy_generation());
+        let policies = state.policy_generation();
+        assert!(
+            open.recheck(&state).is_empty(),
+            "nothing selects the deny yet"
+        );
+        // The server now selects the policy: the policies are the same, the workload not.
+        let mut selecting = cfg.workloads[0].clone();
+        selecting.authorization_policies = vec!["shop/deny-all".into()];
+        state.insert_workload(selecting).unwrap();
+        assert_eq!(state.policy_generation(), policies);
+        let denied = open.recheck(&state);
+        assert_eq!(denied.len(), 1, "{denied:?}");
+        let d = tokio::time::timeout(std::time::Duration::from_secs(5), revoked.denied())
+            .await
+            .expect("the connection is told");
+        assert_eq!(d.policy.as_deref(), Some("shop/deny-all"));
     }
 }

@@ -126,7 +126,7 @@ pub(crate) async fn handle_connect(
         Ok(t) => t,
         Err(e) => return result.finish(Err(Error::ClientGone(e.to_string()))),
     };
-    let revoked = result.watch_policy(plan.rbac, &plan.dst_workload.uid);
+    let revoked = result.watch_policy(plan.rbac, plan.dst_workload, plan.policy_generation);
     let outcome = until_revoked(
         revoked,
         proxy_tunnel(&result, &mut tunnel, upstream, TunnelSide::Client, &drain),

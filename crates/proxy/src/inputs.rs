@@ -38,7 +38,15 @@ impl SharedState {
     }
 
     pub fn replace(&self, state: ProxyState) {
-        self.update(|s| *s = state);
+        {
+            let mut guard = match self.current.write() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            // A new store outright: nothing of the old one needs copying.
+            *guard = Arc::new(state);
+        }
+        self.generation.send_modify(|g| *g += 1);
     }
 
     /// Applies `f` as one batch. Copy-on-write: the store is cloned only while a reader

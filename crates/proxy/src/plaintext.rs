@@ -53,7 +53,7 @@ pub(crate) async fn handle(
         Ok(plan) => plan,
         Err(e) => return early_failure(Reporter::Destination, src, Some(dst), &e),
     };
-    let dst_uid = plan.dst_workload.uid.clone();
+    let dst_workload = plan.dst_workload.clone();
     let mut result = ConnectionResult::open(
         &pi.metrics,
         Reporter::Destination,
@@ -83,7 +83,7 @@ pub(crate) async fn handle(
             }))
         }
     };
-    let revoked = result.watch_policy(plan.rbac, &dst_uid);
+    let revoked = result.watch_policy(plan.rbac, dst_workload, plan.policy_generation);
     let outcome =
         crate::inbound::until_revoked(revoked, proxy_bytes(&result, downstream, upstream, &drain))
             .await;

@@ -167,9 +167,12 @@ impl ConnectionResult {
     pub fn watch_policy(
         &self,
         ctx: ambit_state::RbacContext,
-        dst_uid: &str,
+        dst: std::sync::Arc<ambit_state::Workload>,
+        policy_generation: u64,
     ) -> Option<crate::connections::Revoked> {
-        self.tracked.as_ref().map(|t| t.watch_policy(ctx, dst_uid))
+        self.tracked
+            .as_ref()
+            .map(|t| t.watch_policy(ctx, dst, policy_generation))
     }
 
     /// Records the close with the outcome.

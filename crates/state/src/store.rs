@@ -37,6 +37,9 @@ pub struct ProxyState {
     policies: BTreeMap<String, Arc<Authorization>>,
     /// Namespace ("" for GLOBAL policies) → policy keys.
     policies_by_namespace: HashMap<String, BTreeSet<String>>,
+    /// Bumped whenever a policy is added, replaced or removed, so that decisions taken
+    /// before can tell whether the policies they were taken on are still the same.
+    policy_generation: u64,
 }
 
 /// A service endpoint: a workload and its port map for that service.
@@ -44,6 +47,16 @@ pub struct ProxyState {
 pub struct Endpoint<'a> {
     pub workload: &'a Arc<Workload>,
     pub ports: &'a PortMap,
+}
+
+/// The namespace a policy is indexed under: "" for GLOBAL, its own for NAMESPACE, none
+/// for WORKLOAD_SELECTOR (those are found through the workload's list).
+fn attached_namespace(p: &Authorization) -> Option<&str> {
+    match p.scope {
+        PolicyScope::Global => Some(""),
+        PolicyScope::Namespace => Some(&p.namespace),
+        PolicyScope::WorkloadSelector => None,
+    }
 }
 
 fn workload_label(w: &Workload) -> String {
@@ -210,29 +223,35 @@ impl ProxyState {
         let key = p.key();
         self.remove_policy(&key);
         let p = Arc::new(p);
-        let ns = match p.scope {
-            PolicyScope::Global => Some(String::new()),
-            PolicyScope::Namespace => Some(p.namespace.clone()),
-            PolicyScope::WorkloadSelector => None,
-        };
-        if let Some(ns) = ns {
+        if let Some(ns) = attached_namespace(&p) {
             self.policies_by_namespace
-                .entry(ns)
+                .entry(ns.to_string())
                 .or_default()
                 .insert(key.clone());
         }
         self.policies.insert(key, p.clone());
+        self.policy_generation += 1;
         Ok(p)
     }
 
     /// Removes a policy by `namespace/name`.
     pub fn remove_policy(&mut self, key: &str) -> Option<Arc<Authorization>> {
         let p = self.policies.remove(key)?;
-        self.policies_by_namespace.retain(|_, set| {
-            set.remove(key);
-            !set.is_empty()
-        });
+        if let Some(ns) = attached_namespace(&p) {
+            if let Some(set) = self.policies_by_namespace.get_mut(ns) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.policies_by_namespace.remove(ns);
+                }
+            }
+        }
+        self.policy_generation += 1;
         Some(p)
+    }
+
+    /// Changes whenever a policy is added, replaced or removed.
+    pub fn policy_generation(&self) -> u64 {
+        self.policy_generation
     }
 
     // ----- lookups -------------------------------------------------------------------

@@ -63,6 +63,8 @@ pub struct InboundPlan {
     pub verdict: Result<(), Error>,
     /// What the verdict was reached on, to decide again when policies change.
     pub rbac: RbacContext,
+    /// The state's policy generation the verdict was reached with.
+    pub policy_generation: u64,
 }
 
 /// Decides what one CONNECT reaches. Status codes follow ztunnel: 400 malformed or aimed
@@ -167,6 +169,7 @@ fn admit(
     let verdict = state.authorize(&ctx, &dst_workload).map_err(Error::Denied);
     InboundPlan {
         rbac: ctx,
+        policy_generation: state.policy_generation(),
         target,
         source: source_policy.source_for(client, target.ip()),
         src_workload: state.workload_by_ip(&cfg.network, client),
