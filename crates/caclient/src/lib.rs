@@ -19,8 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use ambit_grpc::GrpcChannel;
 use ambit_identity::{
-    uri_sans_of, CertError, CertificateRequest, IssueError, IssueFuture, Issuer, SpiffeId,
-    WorkloadCertificate,
+    CertError, CertificateRequest, IssueError, IssueFuture, Issuer, SpiffeId, WorkloadCertificate,
 };
 use ambit_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use ambit_proto::{IstioCertificateRequest, IstioCertificateResponse};
@@ -146,7 +145,6 @@ pub fn certificate_from_response(
         )));
     }
     let expected = csr.identity.to_string();
-    let public_key = csr_public_key(&csr)?;
     let cert = WorkloadCertificate::from_ca_response(csr.identity, csr.key, chain).map_err(
         |e| match e {
             CertError::IdentityMismatch { expected, found } => {
@@ -156,42 +154,13 @@ pub fn certificate_from_response(
                 expected: expected.clone(),
                 found: format!("no SPIFFE id (URI SANs {found:?})"),
             },
+            CertError::KeyMismatch => {
+                bad("the leaf certificate is not for the key of our request".into())
+            }
             other => bad(other.to_string()),
         },
     )?;
-    let Some(leaf) = cert.leaf() else {
-        return Err(bad("no leaf certificate".into()));
-    };
-    // The identity a peer sees is the first URI SAN: it must be the one asked for.
-    let sans = uri_sans_of(leaf).ok_or_else(|| bad("the leaf cannot be parsed".into()))?;
-    match sans.first() {
-        Some(first) if *first == expected => {}
-        first => {
-            return Err(IssueError::WrongIdentity {
-                expected,
-                found: first.cloned().unwrap_or_else(|| "no URI SAN".into()),
-            })
-        }
-    }
-    let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref())
-        .map_err(|e| bad(format!("the leaf cannot be parsed: {e}")))?;
-    if parsed.public_key().subject_public_key.data.as_ref() != public_key.as_slice() {
-        return Err(bad(
-            "the leaf certificate is not for the key of our request".into(),
-        ));
-    }
     Ok(cert)
-}
-
-/// The raw public key of the CSR's key pair.
-fn csr_public_key(csr: &CertificateRequest) -> Result<Vec<u8>, IssueError> {
-    let kp = rcgen::KeyPair::try_from(csr.key.secret_pkcs8_der()).map_err(|e| {
-        IssueError::Local(ambit_identity::CaError::Rcgen {
-            context: "reading back the request's key",
-            source: e,
-        })
-    })?;
-    Ok(kp.public_key_raw().to_vec())
 }
 
 #[cfg(test)]

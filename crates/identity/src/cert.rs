@@ -26,7 +26,7 @@ pub struct WorkloadCertificate {
 
 impl WorkloadCertificate {
     /// Assembles a certificate from its parts, reading the validity from the leaf and checking
-    /// that the leaf's SPIFFE URI SANs include `identity`.
+    /// that the leaf is an SVID for `identity` (exactly one SPIFFE id) and carries `key`.
     pub fn new(
         identity: SpiffeId,
         chain: Vec<CertificateDer<'static>>,
@@ -39,21 +39,35 @@ impl WorkloadCertificate {
         }
         let parsed = x509::parse(leaf).map_err(|reason| CertError::Parse { index: 0, reason })?;
         let (not_before, not_after) = x509::validity(&parsed);
-        let uris = x509::uri_sans(&parsed);
-        let ids: Vec<SpiffeId> = uris
-            .iter()
-            .filter_map(|u| SpiffeId::parse(u).ok())
-            .collect();
-        if !ids.contains(&identity) {
-            return match ids.into_iter().next() {
-                Some(found) => Err(CertError::IdentityMismatch {
+        // The leaf must be the SVID peers will accept (exactly one SPIFFE id, `identity`)
+        // and must carry our key, whoever issued it.
+        match svid_identity(leaf) {
+            Ok(found) if found == identity => {}
+            Ok(found) => {
+                return Err(CertError::IdentityMismatch {
                     expected: identity.to_string(),
                     found: found.to_string(),
-                }),
-                None => Err(CertError::NoSpiffeId {
-                    found: uris.iter().map(|u| u.to_string()).collect(),
-                }),
-            };
+                })
+            }
+            Err(PeerError::NoSpiffeId) => {
+                return Err(CertError::NoSpiffeId {
+                    found: x509::uri_sans(&parsed)
+                        .iter()
+                        .map(|u| u.to_string())
+                        .collect(),
+                })
+            }
+            Err(e) => {
+                return Err(CertError::IdentityMismatch {
+                    expected: identity.to_string(),
+                    found: e.to_string(),
+                })
+            }
+        }
+        let pair = rcgen::KeyPair::try_from(key.secret_pkcs8_der())
+            .map_err(|e| CertError::Key(e.to_string()))?;
+        if parsed.public_key().subject_public_key.data.as_ref() != pair.public_key_raw() {
+            return Err(CertError::KeyMismatch);
         }
         for (index, der) in chain.iter().enumerate().skip(1) {
             x509::parse(der).map_err(|reason| CertError::Parse { index, reason })?;
@@ -232,12 +246,6 @@ pub fn spiffe_ids_of(cert: &CertificateDer<'_>) -> Vec<SpiffeId> {
     }
 }
 
-/// Every URI SAN of a DER certificate, in order (`None` if it cannot be parsed).
-pub fn uri_sans_of(cert: &CertificateDer<'_>) -> Option<Vec<String>> {
-    let c = x509::parse(cert).ok()?;
-    Some(x509::uri_sans(&c).into_iter().map(str::to_string).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +253,42 @@ mod tests {
     use crate::testutil::id;
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_leaf_peers_would_refuse_or_for_another_key_is_not_assembled() {
+        let ours = id("spiffe://cluster.local/ns/a/sa/b");
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let leaf_with = |uris: &[&str], signing: &rcgen::KeyPair| {
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = uris
+                .iter()
+                .map(|u| rcgen::SanType::URI((*u).try_into().unwrap()))
+                .collect();
+            p.self_signed(signing).unwrap().der().clone()
+        };
+        let pkcs8 = || PrivatePkcs8KeyDer::from(key.serialize_der());
+        let build = |leaf: CertificateDer<'static>| {
+            WorkloadCertificate::new(ours.clone(), vec![leaf.clone()], pkcs8(), vec![leaf])
+        };
+        // Ours first, then a second SPIFFE id: every peer would refuse this SVID.
+        let two = leaf_with(
+            &[
+                "spiffe://cluster.local/ns/a/sa/b",
+                "spiffe://cluster.local/ns/x/sa/y",
+            ],
+            &key,
+        );
+        assert!(matches!(
+            build(two),
+            Err(CertError::IdentityMismatch { .. })
+        ));
+        // The right identity, but another key than the one we hold.
+        let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let foreign = leaf_with(&["spiffe://cluster.local/ns/a/sa/b"], &other);
+        assert!(matches!(build(foreign), Err(CertError::KeyMismatch)));
+        let good = leaf_with(&["spiffe://cluster.local/ns/a/sa/b"], &key);
+        assert_eq!(build(good).unwrap().identity, ours);
+    }
 
     #[test]
     fn dump_has_ztunnel_shape() {

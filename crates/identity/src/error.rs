@@ -112,6 +112,8 @@ pub enum CertError {
     IdentityMismatch { expected: String, found: String },
     #[error("the private key is not a usable PKCS#8 key: {0}")]
     Key(String),
+    #[error("the leaf certificate is not for this private key")]
+    KeyMismatch,
 }
 
 /// Failures to build a rustls configuration.

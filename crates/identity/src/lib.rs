@@ -19,9 +19,7 @@ mod x509;
 mod testutil;
 
 pub use ca::{requested_identity, CertificateAuthority, CsrError, PluginCaPem, SignedCertificate};
-pub use cert::{
-    spiffe_ids_of, svid_identity, uri_sans_of, CertInfo, CertificateDump, WorkloadCertificate,
-};
+pub use cert::{spiffe_ids_of, svid_identity, CertInfo, CertificateDump, WorkloadCertificate};
 pub use csr::CertificateRequest;
 pub use error::{CaError, CertError, IssueError, ManagerError, PeerError, TlsError};
 pub use manager::{CertManager, Clock, IssueFuture, Issuer, Priority, MAX_IN_FLIGHT};

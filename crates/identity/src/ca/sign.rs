@@ -79,7 +79,8 @@ impl CertificateAuthority {
         let (identity, csr) = requested_identity(csr_pem)?;
         let (not_before, not_after) = self.validity(ttl, now).map_err(|e| match e {
             CaError::InvalidTtl { .. } => CsrError::ZeroTtl,
-            _ => CsrError::CaExpired,
+            CaError::Expired { .. } => CsrError::CaExpired,
+            other => CsrError::Sign(other.to_string()),
         })?;
         // Only the key comes from the CSR; every other field is the CA's choice.
         let params = leaf::leaf_params(&identity, not_before, not_after, self.authority_key_id);
