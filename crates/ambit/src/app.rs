@@ -150,10 +150,10 @@ fn start_xds(
 }
 
 fn certificate_authority(cfg: &Config) -> anyhow::Result<CertificateAuthority> {
-    match &cfg.local_ca_dir {
-        Some(dir) => CertificateAuthority::from_plugin_dir(dir)
+    match &cfg.ca {
+        CaSource::LocalDir(dir) => CertificateAuthority::from_plugin_dir(dir)
             .with_context(|| format!("LOCAL_CA_DIR={}", dir.display())),
-        None => {
+        CaSource::Ephemeral | CaSource::Remote(_) => {
             tracing::warn!(
                 "LOCAL_CA_DIR is not set: created an ephemeral root CA for trust domain {}; \
                  only peers that share this root can talk to this proxy (set LOCAL_CA_DIR to \

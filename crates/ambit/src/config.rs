@@ -102,8 +102,6 @@ pub struct Config {
     /// Every `ISTIO_META_<X>` variable as `<X>`: ztunnel's proxy metadata (shown in
     /// `/config_dump`; ambit itself reads `CLUSTER_ID` and `ISTIO_VERSION` of it).
     pub proxy_metadata: std::collections::BTreeMap<String, String>,
-    /// ambit's local CA: a directory in Istio's plug-in CA layout (`LOCAL_CA_DIR`).
-    pub local_ca_dir: Option<PathBuf>,
     /// The issuer of workload certificates (`CA_ADDRESS`, else `LOCAL_CA_DIR`, ...).
     pub ca: CaSource,
     #[serde(with = "ambit_proxy::config::secs")]
@@ -537,10 +535,9 @@ impl Config {
             Some("") => None,
             Some(a) => Some(ambit_grpc::with_scheme(a)),
             None if local_config.is_some() => None,
-            None if env.get("KUBERNETES_SERVICE_HOST").is_some() => {
-                Some("https://istiod.istio-system.svc:15012".to_string())
-            }
-            None => Some("https://localhost:15012".to_string()),
+            None => Some(
+                default_istiod_address(env.get("KUBERNETES_SERVICE_HOST").is_some()).to_string(),
+            ),
         };
         if local_config.is_none() && xds_address.is_none() {
             return Err(ConfigError::Missing {
@@ -716,7 +713,6 @@ impl Config {
                 .filter_map(|(k, v)| Some((k.strip_prefix("ISTIO_META_")?.to_string(), v.clone())))
                 .filter(|(k, _)| !k.is_empty())
                 .collect(),
-            local_ca_dir,
             ca,
             secret_ttl: match env.duration("SECRET_TTL")? {
                 None => Duration::from_secs(86400),

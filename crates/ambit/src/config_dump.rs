@@ -121,7 +121,11 @@ pub fn config_section(cfg: &Config) -> Value {
     });
     if let Value::Object(m) = &mut v {
         // ambit's additions.
-        m.insert("localCaDir".into(), json!(cfg.local_ca_dir));
+        let local_ca_dir = match &cfg.ca {
+            crate::config::CaSource::LocalDir(dir) => Some(dir),
+            _ => None,
+        };
+        m.insert("localCaDir".into(), json!(local_ca_dir));
         m.insert(
             "localXdsConfig".into(),
             match &cfg.local_config {

@@ -41,7 +41,6 @@ pub struct RemoteIssuer {
     channel: GrpcChannel,
     address: String,
     impersonate: bool,
-    timeout: Duration,
 }
 
 impl RemoteIssuer {
@@ -52,14 +51,7 @@ impl RemoteIssuer {
             channel,
             address: address.into(),
             impersonate,
-            timeout: REQUEST_TIMEOUT,
         }
-    }
-
-    /// Replaces [`REQUEST_TIMEOUT`].
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
     }
 
     async fn create(
@@ -76,11 +68,11 @@ impl RemoteIssuer {
         let request = self.channel.request(message).map_err(channel_error)?;
         let mut client = IstioCertificateServiceClient::new(channel)
             .max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let response = tokio::time::timeout(self.timeout, client.create_certificate(request))
+        let response = tokio::time::timeout(REQUEST_TIMEOUT, client.create_certificate(request))
             .await
             .map_err(|_| IssueError::Unreachable {
                 address: self.address.clone(),
-                reason: format!("no answer within {:?}", self.timeout),
+                reason: format!("no answer within {REQUEST_TIMEOUT:?}"),
             })?
             .map_err(|status| status_error(&self.address, &status))?;
         certificate_from_response(csr, &response.into_inner())

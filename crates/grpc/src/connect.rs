@@ -81,9 +81,16 @@ fn wrong_name(e: &CertificateError) -> bool {
     )
 }
 
+/// `host` as the name a server certificate is checked against (a DNS name or an IP).
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, GrpcError> {
+    ServerName::try_from(host.to_string()).map_err(|_| GrpcError::Address {
+        address: host.to_string(),
+        reason: "the host is not a valid DNS name or IP".into(),
+    })
+}
+
 pub(crate) fn client_config(
     roots: RootCertStore,
-    host: &str,
     alt: Option<&str>,
 ) -> Result<Arc<ClientConfig>, GrpcError> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -99,10 +106,6 @@ pub(crate) fn client_config(
         ),
         None => None,
     };
-    ServerName::try_from(host.to_string()).map_err(|_| GrpcError::Address {
-        address: host.to_string(),
-        reason: "the host is not a valid DNS name or IP".into(),
-    })?;
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| GrpcError::Tls(e.to_string()))?
@@ -118,14 +121,23 @@ pub(crate) fn client_config(
 pub(crate) struct TlsConnector {
     tls: tokio_rustls::TlsConnector,
     host: String,
+    /// The host as the name the server is checked against (the verifier also accepts
+    /// the alternative name).
+    name: ServerName<'static>,
     port: u16,
 }
 
 impl TlsConnector {
-    pub(crate) fn new(config: Arc<ClientConfig>, host: String, port: u16) -> Self {
+    pub(crate) fn new(
+        config: Arc<ClientConfig>,
+        host: String,
+        name: ServerName<'static>,
+        port: u16,
+    ) -> Self {
         TlsConnector {
             tls: tokio_rustls::TlsConnector::from(config),
             host,
+            name,
             port,
         }
     }
@@ -153,10 +165,7 @@ impl tower_service::Service<http::Uri> for TlsConnector {
                 .with_interval(KEEPALIVE_INTERVAL)
                 .with_retries(KEEPALIVE_RETRIES);
             socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive)?;
-            // The name the server is checked against; the verifier also accepts the alt.
-            let name = ServerName::try_from(this.host.clone())
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            let tls = this.tls.connect(name, tcp).await?;
+            let tls = this.tls.connect(this.name, tcp).await?;
             Ok(TokioIo::new(tls))
         })
     }

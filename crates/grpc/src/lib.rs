@@ -63,6 +63,7 @@ pub struct GrpcChannel {
 struct Inner {
     endpoint: Endpoint,
     host: String,
+    server_name: rustls::pki_types::ServerName<'static>,
     port: u16,
     alt_hostname: Option<String>,
     root: RootCa,
@@ -150,6 +151,7 @@ impl GrpcChannel {
         Ok(GrpcChannel {
             inner: Arc::new(Inner {
                 endpoint,
+                server_name: connect::server_name(&host)?,
                 host,
                 port,
                 alt_hostname: cfg.alt_hostname,
@@ -174,8 +176,13 @@ impl GrpcChannel {
             tracing::info!(root = %inner.root, "the root certificate changed: reconnecting with the new one");
         }
         let roots = inner.root.load()?;
-        let tls = connect::client_config(roots, &inner.host, inner.alt_hostname.as_deref())?;
-        let connector = connect::TlsConnector::new(tls, inner.host.clone(), inner.port);
+        let tls = connect::client_config(roots, inner.alt_hostname.as_deref())?;
+        let connector = connect::TlsConnector::new(
+            tls,
+            inner.host.clone(),
+            inner.server_name.clone(),
+            inner.port,
+        );
         let channel = inner.endpoint.connect_with_connector_lazy(connector);
         *cached = Some((stamp, channel.clone()));
         Ok(channel)
