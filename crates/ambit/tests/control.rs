@@ -48,6 +48,31 @@ fn has_policy(dump: &serde_json::Value, name: &str) -> bool {
         .is_some_and(|p| p.iter().any(|p| p["name"] == name))
 }
 
+/// Connections the server node's proxy closed because policy denied them.
+fn denied_closes(metrics: &str) -> u64 {
+    metric_sum(
+        metrics,
+        "istio_tcp_connections_closed_total",
+        &[("reporter", "destination"), ("response_flags", "DENY")],
+    )
+}
+
+/// The server node's proxy took the client's connections over mutual TLS from the
+/// client's identity (so they crossed in HBONE, not in the clear).
+fn assert_tunnelled(nodes: &TwoNodes) {
+    let text = nodes.metrics(&nodes.server_ns).unwrap();
+    let opened = metric_sum(
+        &text,
+        "istio_tcp_connections_opened_total",
+        &[
+            ("reporter", "destination"),
+            ("connection_security_policy", "mutual_tls"),
+            ("source_principal", CLIENT_ID),
+        ],
+    );
+    assert!(opened >= 1, "no mTLS connection from the client: {text}");
+}
+
 /// One round trip on a new connection from the client node.
 fn round_trip(nodes: &TwoNodes, dst: SocketAddr, payload: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut conn = nodes.connect_from_client(dst)?;
@@ -118,6 +143,7 @@ fn the_mesh_follows_the_watched_files_and_policy_changes_close_open_connections(
 
     // Certificates came from the control server's CA: no node was given a CA directory.
     assert_eq!(round_trip(&nodes, direct, b"hello").unwrap(), b"hello");
+    assert_tunnelled(&nodes);
     let dump = config_dump(&nodes.client_ns);
     let certs = dump["certificates"].as_array().unwrap();
     assert!(certs.iter().any(|c| c["identity"] == CLIENT_ID), "{dump}");
@@ -152,9 +178,17 @@ fn the_mesh_follows_the_watched_files_and_policy_changes_close_open_connections(
     open.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut buf = [0u8; 16];
+    // Closed by the proxy: an end of stream or a reset, not a read that timed out.
     let closed = match open.write_all(b"after") {
         Err(_) => true,
-        Ok(()) => matches!(open.read(&mut buf), Ok(0) | Err(_)),
+        Ok(()) => match open.read(&mut buf) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        },
     };
     assert!(closed, "the open connection survived a DENY");
     wait_until(
@@ -162,11 +196,7 @@ fn the_mesh_follows_the_watched_files_and_policy_changes_close_open_connections(
         Duration::from_secs(10),
         || {
             let text = nodes.metrics(&nodes.server_ns).unwrap();
-            metric_sum(
-                &text,
-                "istio_tcp_connections_closed_total",
-                &[("reporter", "destination"), ("response_flags", "DENY")],
-            ) >= 1
+            denied_closes(&text) == 1
         },
     )
     .unwrap();
@@ -174,6 +204,13 @@ fn the_mesh_follows_the_watched_files_and_policy_changes_close_open_connections(
         !matches!(round_trip(&nodes, direct, b"denied"), Ok(b) if b == b"denied"),
         "a new connection passed a DENY"
     );
+    // Refused by the policy at the server, not lost on the way.
+    wait_until(
+        "the new connection to be counted as DENY",
+        Duration::from_secs(10),
+        || denied_closes(&nodes.metrics(&nodes.server_ns).unwrap()) == 2,
+    )
+    .unwrap();
 
     // Remove the policy and the service: both go, and traffic flows again.
     plane.write_mesh(&mesh_with(false, "")).unwrap();
@@ -195,30 +232,44 @@ fn the_mesh_follows_the_watched_files_and_policy_changes_close_open_connections(
 fn a_bad_file_is_reported_and_the_last_good_mesh_keeps_being_served() {
     let nodes = launch("cp-badfile", &[]);
     let plane = nodes.control.as_ref().unwrap();
+    let generation = |d: &serde_json::Value| d["mesh"]["generation"].as_u64();
+    let before = generation(&plane.debug().unwrap()).expect("a mesh generation");
     plane
         .write_mesh(&(mesh_yaml() + "workloads: [this is not a workload]\n"))
         .unwrap();
-    let mut log = String::new();
+    // The server says what is wrong and where, and keeps serving what it had.
+    let mut debug = serde_json::Value::Null;
     wait_until(
         "the bad file to be reported",
         Duration::from_secs(15),
         || {
-            log = plane.log();
-            log.contains("mesh.yaml") && log.contains("line")
+            debug = plane.debug().unwrap();
+            let error = debug["mesh"]["error"].as_str().unwrap_or_default();
+            error.contains("mesh.yaml") && error.contains("line")
         },
     )
-    .unwrap_or_else(|e| panic!("{e}\n{log}"));
-    // Still served, and still routing.
+    .unwrap_or_else(|e| panic!("{e}\n{debug}\n{}", plane.log()));
+    assert_eq!(
+        generation(&debug),
+        Some(before),
+        "a bad file changed the mesh served: {debug}"
+    );
     let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
     let direct = SocketAddr::from((SERVER_IP, APP_PORT));
     assert_eq!(round_trip(&nodes, direct, b"still").unwrap(), b"still");
-    assert!(
-        config_dump(&nodes.client_ns)["workloads"]
-            .as_array()
-            .unwrap()
-            .len()
-            >= 2
-    );
+    // Fixed: the next good file is served and pushed.
+    plane.write_mesh(&mesh_with(true, "")).unwrap();
+    wait_until(
+        "the fixed mesh to reach the client proxy",
+        Duration::from_secs(15),
+        || {
+            has_service(
+                &config_dump(&nodes.client_ns),
+                "echo2.default.svc.cluster.local",
+            )
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log()));
 }
 
 #[test]
@@ -273,7 +324,10 @@ fn a_control_server_restart_keeps_state_and_traffic() {
     .unwrap_or_else(|e| panic!("{e}\n{}", plane.log()));
     echo_once(&mut open, b"after").unwrap();
     let debug = plane.debug().unwrap().to_string();
-    assert!(debug.contains("ztunnel-node1"), "{debug}");
+    assert!(
+        debug.contains("ztunnel-node1") && debug.contains("ztunnel-node2"),
+        "{debug}"
+    );
     nodes.control = Some(plane);
 }
 
@@ -307,6 +361,14 @@ fn certificates_rotate_under_an_open_tunnel_and_outlive_a_ca_outage() {
 
     // The CA goes away: the next renewal fails, is counted, and the valid certificate
     // keeps serving.
+    let unreachable = |text: &str| {
+        metric_sum(
+            text,
+            "ambit_certificate_fetch_failures_total",
+            &[("cause", "unreachable")],
+        )
+    };
+    let before = unreachable(&nodes.metrics(&nodes.client_ns).unwrap());
     let mut plane = nodes.control.take().unwrap();
     plane.stop(&nodes.lab).unwrap();
     let mut text = String::new();
@@ -315,9 +377,7 @@ fn certificates_rotate_under_an_open_tunnel_and_outlive_a_ca_outage() {
         Duration::from_secs(40),
         || {
             text = nodes.metrics(&nodes.client_ns).unwrap();
-            text.lines().any(|l| {
-                l.starts_with("ambit_certificate_fetch_failures_total") && !l.ends_with(" 0")
-            })
+            unreachable(&text) > before
         },
     )
     .unwrap_or_else(|e| panic!("{e}\n{text}"));

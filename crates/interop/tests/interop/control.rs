@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ambit_interop::{ambit_bin, peer, NodeProxy};
 use ambit_lab::mesh::{
-    mesh_yaml, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_HOST,
+    mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_HOST,
 };
 use ambit_lab::{http_get, wait_until};
 
@@ -46,6 +46,29 @@ fn run(client: NodeProxy, server: NodeProxy, tag: &str) {
     conn.read_to_end(&mut back)
         .unwrap_or_else(|e| panic!("{tag}: {e}\n{}", logs(&nodes)));
     assert_eq!(back, b"through both", "{tag}\n{}", logs(&nodes));
+    // It crossed in HBONE: the server node's proxy took it over mutual TLS from the
+    // client's identity, as its metrics say.
+    let mut text = String::new();
+    wait_until(
+        "the server proxy to count the connection",
+        Duration::from_secs(10),
+        || {
+            text = nodes.metrics(&nodes.server_ns).unwrap_or_default();
+            metric_sum(
+                &text,
+                "istio_tcp_connections_opened_total",
+                &[
+                    ("reporter", "destination"),
+                    ("connection_security_policy", "mutual_tls"),
+                    (
+                        "source_principal",
+                        "spiffe://cluster.local/ns/default/sa/client",
+                    ),
+                ],
+            ) >= 1
+        },
+    )
+    .unwrap_or_else(|e| panic!("{tag}: {e}\n{text}"));
 
     let plane = nodes.control.as_ref().unwrap();
     let root = std::fs::read_to_string(plane.ca_dir.join("root-cert.pem")).unwrap();
