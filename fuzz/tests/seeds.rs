@@ -439,3 +439,23 @@ fn csr_request_seeds() {
         Err(ambit_identity::CsrError::SanCount { found: 2 })
     ));
 }
+
+#[test]
+fn socks5_seeds_are_whole_connects() {
+    use ambit_proxy::socks5::wire::{parse_greeting, parse_request, Parsed, Target};
+    for name in ["connect_ipv4", "connect_ipv6", "connect_name"] {
+        let data = seed("socks5_request", name);
+        let Ok(Parsed::Done((), used)) = parse_greeting(&data) else {
+            panic!("{name}: the greeting does not parse");
+        };
+        match parse_request(&data[used..]) {
+            Ok(Parsed::Done(target, len)) => {
+                assert_eq!(used + len, data.len(), "{name}: trailing bytes");
+                if name == "connect_name" {
+                    assert!(matches!(target, Target::Name { port: 80, .. }), "{name}");
+                }
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}

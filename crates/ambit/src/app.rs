@@ -277,6 +277,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 spoof_by_default: false,
                 connections: Default::default(),
                 handshakes: HandshakeGate::new(node_handshakes, cfg.proxy.handshakes),
+                names: None,
             });
             let proxy = BoundProxy::bind(pi)?;
             let addrs = proxy.addresses()?;

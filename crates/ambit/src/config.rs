@@ -630,6 +630,9 @@ impl Config {
                 .port("AMBIT_INBOUND_PLAINTEXT_PORT", ports::INBOUND_PLAINTEXT)?,
             inbound_hbone: hbone_port,
             remote_hbone: env.port("AMBIT_REMOTE_HBONE_PORT", hbone_port)?,
+            socks5: env
+                .bool("UNSTABLE_ENABLE_SOCKS5", false)?
+                .then_some(ports::SOCKS5),
         };
         let h2 = ambit_hbone::H2Settings {
             stream_window,

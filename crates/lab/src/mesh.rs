@@ -110,6 +110,9 @@ pub enum EchoMode {
     Mirror,
     /// Writes back every chunk twice, so the two directions carry different byte counts.
     Double,
+    /// Answers one HTTP/1.1 request (for clients such as curl) with 200 and a body naming
+    /// the address the client came from: `hello from <ip:port>`.
+    Http,
 }
 
 /// What a [`TwoNodes`] lab runs: which node proxy on each node, extra environment for both,
@@ -384,6 +387,9 @@ pub fn serve_echo(listener: TcpListener, mode: EchoMode) -> mpsc::Receiver<Socke
 }
 
 fn echo(mut conn: TcpStream, mode: EchoMode) {
+    if mode == EchoMode::Http {
+        return answer_http(conn);
+    }
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match conn.read(&mut buf) {
@@ -398,6 +404,31 @@ fn echo(mut conn: TcpStream, mode: EchoMode) {
             }
         }
     }
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+}
+
+fn answer_http(mut conn: TcpStream) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > 64 * 1024 {
+            return;
+        }
+    }
+    let peer = conn
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let body = format!("hello from {peer}\n");
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = conn.write_all(response.as_bytes());
     let _ = conn.shutdown(std::net::Shutdown::Write);
 }
 

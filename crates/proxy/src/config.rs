@@ -16,6 +16,8 @@ pub struct Ports {
     /// The HBONE port dialed on remote nodes. Equals `inbound_hbone` except in tests that
     /// run several proxies in one network namespace.
     pub remote_hbone: u16,
+    /// SOCKS5 on 127.0.0.1 (`UNSTABLE_ENABLE_SOCKS5=true`: 15080), else none.
+    pub socks5: Option<u16>,
 }
 
 impl Default for Ports {
@@ -25,6 +27,7 @@ impl Default for Ports {
             inbound_plaintext: ports::INBOUND_PLAINTEXT,
             inbound_hbone: ports::HBONE,
             remote_hbone: ports::HBONE,
+            socks5: None,
         }
     }
 }
@@ -119,6 +122,7 @@ impl ProxyConfig {
     pub fn loop_ports(&self) -> impl Iterator<Item = u16> + '_ {
         self.listener_ports()
             .into_iter()
+            .chain(self.ports.socks5)
             .chain(self.reserved_ports.iter().copied())
     }
 

@@ -96,6 +96,8 @@ pub struct ProxyInputs {
     pub connections: Arc<OpenConnections>,
     /// Admission to the HBONE handshake (this instance's share of the node's).
     pub handshakes: Arc<HandshakeGate>,
+    /// The DNS proxy's resolver, for SOCKS5 requests by name (none: DNS proxy disabled).
+    pub names: Option<Arc<dyn crate::socks5::NameLookup>>,
 }
 
 impl ProxyInputs {

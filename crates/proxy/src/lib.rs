@@ -17,6 +17,7 @@ mod outbound;
 mod plaintext;
 pub mod proxy;
 pub mod socket;
+pub mod socks5;
 pub mod telemetry;
 
 pub use error::{Error, Fault};

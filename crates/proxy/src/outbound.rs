@@ -41,6 +41,18 @@ pub(crate) async fn handle(
             )
         }
     };
+    forward(pi, downstream, src, dst, drain).await
+}
+
+/// Sends a connection from the local workload to `dst`, as decided for a captured one.
+/// SOCKS5 comes here too, with the destination its client asked for.
+pub(crate) async fn forward(
+    pi: Arc<ProxyInputs>,
+    downstream: TcpStream,
+    src: SocketAddr,
+    dst: SocketAddr,
+    drain: DrainWatcher,
+) {
     // Unknown only on a socket that already failed; then nothing matches it.
     let listener = downstream
         .local_addr()

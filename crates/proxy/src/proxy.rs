@@ -22,6 +22,8 @@ pub struct ListenAddresses {
     pub outbound: SocketAddr,
     pub inbound_plaintext: SocketAddr,
     pub inbound_hbone: SocketAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socks5: Option<SocketAddr>,
 }
 
 struct Listener {
@@ -36,6 +38,7 @@ pub struct BoundProxy {
     outbound: Listener,
     plaintext: Listener,
     hbone: Listener,
+    socks5: Option<Listener>,
 }
 
 impl BoundProxy {
@@ -65,10 +68,28 @@ impl BoundProxy {
                 transparent,
             })
         };
+        // Localhost only, IPv4 only, as ztunnel binds it: it is for the workload itself.
+        let socks5 = match ports.socks5 {
+            None => None,
+            Some(port) => {
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                let sock = pi.sockets.listen(addr, false).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot bind the SOCKS5 listener on {addr}: {e}"),
+                    )
+                })?;
+                Some(Listener {
+                    listener: socket::into_listener(sock)?,
+                    transparent: false,
+                })
+            }
+        };
         Ok(BoundProxy {
             outbound: bind(ports.outbound, "outbound")?,
             plaintext: bind(ports.inbound_plaintext, "inbound plaintext")?,
             hbone: bind(ports.inbound_hbone, "HBONE inbound")?,
+            socks5,
             pi: pi.clone(),
         })
     }
@@ -78,6 +99,10 @@ impl BoundProxy {
             outbound: self.outbound.listener.local_addr()?,
             inbound_plaintext: self.plaintext.listener.local_addr()?,
             inbound_hbone: self.hbone.listener.local_addr()?,
+            socks5: match &self.socks5 {
+                Some(l) => Some(l.listener.local_addr()?),
+                None => None,
+            },
         })
     }
 
@@ -110,8 +135,23 @@ impl BoundProxy {
                 )
             }
         });
+        let socks5 = async {
+            if let Some(listener) = self.socks5 {
+                let pi2 = pi.clone();
+                accept_loop(
+                    listener,
+                    Reporter::Source,
+                    &pi,
+                    drain.clone(),
+                    move |stream, src, drain, _| {
+                        crate::socks5::handle(pi2.clone(), stream, src, drain)
+                    },
+                )
+                .await
+            }
+        };
         let recheck = recheck_on_change(pi.clone(), drain.clone());
-        tokio::join!(out, plain, hbone, recheck);
+        tokio::join!(out, plain, hbone, socks5, recheck);
     }
 }
 

@@ -95,6 +95,7 @@ impl PodProxyFactory {
             spoof_by_default: true,
             connections: Arc::new(OpenConnections::default()),
             handshakes: HandshakeGate::new(self.handshakes.clone(), self.cfg.handshakes),
+            names: None,
         });
         let connections = pi.connections.clone();
         let bound = BoundProxy::bind(pi).map_err(|e| e.to_string())?;
