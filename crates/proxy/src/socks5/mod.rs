@@ -107,11 +107,8 @@ async fn negotiate(
     src: SocketAddr,
 ) -> Result<SocketAddr, Refused> {
     let mut buf = Vec::with_capacity(wire::MAX_GREETING);
-    loop {
-        match wire::parse_greeting(&buf)? {
-            Parsed::Incomplete { need } => read_to(stream, &mut buf, need).await?,
-            Parsed::Done((), _) => break,
-        }
+    while let Parsed::Incomplete { need } = wire::parse_greeting(&buf)? {
+        read_to(stream, &mut buf, need).await?;
     }
     stream.write_all(&[wire::VERSION, wire::NO_AUTH]).await?;
     buf.clear();
