@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::mesh::{metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP};
+use ambit_lab::mesh::{metric_sum, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
 use ambit_lab::{wait_until, Lab};
 
 fn ambit() -> &'static Path {
