@@ -13,24 +13,66 @@ use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::peer::NodeProxy;
 
 const APP_PORT: u16 = 8080;
+const ECHO_HOST: &str = "echo.default.svc.cluster.local";
+const ECHO_VIP: [u8; 4] = [10, 96, 0, 10];
+const ECHO_PORT: u16 = 80;
+/// How many connections the client sends to the service VIP.
+const VIP_CONNECTIONS: usize = 20;
+
+/// What the demo adds to the pods' workloads: a service backed by a pod on each node, and
+/// a DENY policy for one client.
+fn semantics_yaml() -> String {
+    let vip = std::net::Ipv4Addr::from(ECHO_VIP);
+    format!(
+        r#"services:
+- name: echo
+  namespace: default
+  hostname: {ECHO_HOST}
+  vips: ["/{vip}"]
+  ports: {{{ECHO_PORT}: {APP_PORT}}}
+policies:
+- name: deny-intruder
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules: [[[ {{principals: [{{exact: "cluster.local/ns/default/sa/intruder"}}]}} ]]]
+"#
+    )
+}
+
+/// Sends `payload`, half-closes and reads the answer (empty when the mesh refused it).
+fn exchange(conn: &mut std::net::TcpStream, payload: &[u8]) -> anyhow::Result<Vec<u8>> {
+    conn.write_all(payload)?;
+    conn.shutdown(Shutdown::Write)?;
+    let mut back = Vec::new();
+    match conn.read_to_end(&mut back) {
+        Ok(_) => Ok(back),
+        // A refused tunnel may reach the app as a reset.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(back),
+        Err(e) => Err(e.into()),
+    }
+}
 
 pub fn run(keep: bool) -> anyhow::Result<()> {
     let ambit = std::env::current_exe().context("locating the ambit binary")?;
     println!(
-        "building two nodes (agent + node proxy each), `ambit control` on node2, and three pods through the CNI chain..."
+        "building two nodes (agent + node proxy each), `ambit control` on node2, and four pods through the CNI chain..."
     );
+    let echo_key = format!("default/{ECHO_HOST}");
     let pods = [
         PodSpec::new("client", 0),
-        PodSpec::new("neighbour", 0),
-        PodSpec::new("server", 1),
+        PodSpec::new("neighbour", 0).endpoint_of(&echo_key, &[]),
+        PodSpec::new("server", 1).endpoint_of(&echo_key, &[]),
+        PodSpec::new("intruder", 0),
     ];
+    let extra_yaml = semantics_yaml();
     let cluster = Cluster::launch(ClusterSpec {
         ambit: &ambit,
         tag: "demo",
         node_proxies: vec![NodeProxy::Ambit(ambit.clone()); 2],
         pods: &pods,
         create: pods.len(),
-        extra_yaml: "",
+        extra_yaml: &extra_yaml,
         proxy_env: &[],
         // Config over delta xDS and certificates from its CA: no node holds the CA key.
         control: Some(&ambit),
@@ -64,6 +106,39 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             .recv_timeout(Duration::from_secs(5))
             .context("the app saw no connection")?;
         rows.push((target, dst, secret.len(), back.len(), peer));
+    }
+
+    // The service: connections to its VIP spread over the pods on both nodes.
+    let vip = SocketAddr::from((ECHO_VIP, ECHO_PORT));
+    let (mut on_neighbour, mut on_server) = (0, 0);
+    for _ in 0..VIP_CONNECTIONS {
+        let mut conn = cluster.connect_from("client", vip)?;
+        let back = exchange(&mut conn, b"lb")?;
+        if back != b"lblb" {
+            bail!("{ECHO_HOST} ({vip}): expected the echo back, got {back:?}");
+        }
+        // Exactly one of the two endpoints saw it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if seen_neighbour.try_recv().is_ok() {
+                on_neighbour += 1;
+                break;
+            }
+            if seen_server.try_recv().is_ok() {
+                on_server += 1;
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("no endpoint of {ECHO_HOST} saw the connection");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // The DENY policy: the intruder's connection is refused at the server's node proxy.
+    let mut conn = cluster.connect_from("intruder", vip)?;
+    let denied = exchange(&mut conn, &secret)?;
+    if !denied.is_empty() {
+        bail!("the intruder got an answer past the DENY policy: {denied:?}");
     }
 
     let mut wires = Vec::new();
@@ -102,6 +177,23 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             peer.ip()
         );
     }
+    println!();
+    println!(
+        "  client -> {ECHO_HOST} ({vip}), {VIP_CONNECTIONS} connections: {on_neighbour} to neighbour (node1), {on_server} to server (node2)"
+    );
+    let denials: u64 = (0..cluster.nodes.len())
+        .map(|i| {
+            let text = cluster.metrics(i).unwrap_or_default();
+            metric_sum(
+                &text,
+                "istio_tcp_connections_failed_total",
+                &[("reporter", "destination"), ("response_flags", "DENY")],
+            )
+        })
+        .sum();
+    println!(
+        "  intruder -> {ECHO_HOST} ({vip}): refused by DENY policy default/deny-intruder (denials counted: {denials})"
+    );
     println!();
     for (name, segments, ports, clear) in &wires {
         println!(

@@ -27,6 +27,9 @@ pub struct PodSpec {
     pub service_account: String,
     /// Index into the cluster's nodes.
     pub node: usize,
+    /// The services this pod is an endpoint of: `namespace/hostname` → (service port,
+    /// target port) pairs (none: the service's own target ports apply).
+    pub services: Vec<(String, Vec<(u16, u16)>)>,
 }
 
 impl PodSpec {
@@ -35,7 +38,14 @@ impl PodSpec {
             name: name.into(),
             service_account: name.into(),
             node,
+            services: Vec::new(),
         }
+    }
+
+    /// Makes the pod an endpoint of `service` (`namespace/hostname`), with a port map.
+    pub fn endpoint_of(mut self, service: &str, ports: &[(u16, u16)]) -> PodSpec {
+        self.services.push((service.into(), ports.to_vec()));
+        self
     }
 }
 
@@ -130,10 +140,20 @@ fn mesh_yaml(specs: &[PodSpec]) -> String {
         let ip = predicted_ip(spec.node, *nth);
         *nth += 1;
         out.push_str(&format!(
-            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n  workloadName: {name}\n  services: {{}}\n",
+            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n  workloadName: {name}\n  services: {{{services}}}\n",
             name = spec.name,
             sa = spec.service_account,
             node = spec.node + 1,
+            services = spec
+                .services
+                .iter()
+                .map(|(key, ports)| {
+                    let ports: Vec<String> =
+                        ports.iter().map(|(p, t)| format!("{p}: {t}")).collect();
+                    format!("\"{key}\": {{{}}}", ports.join(", "))
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
         ));
     }
     out
