@@ -5,9 +5,10 @@
 //! node proxy (it accepts what the test waypoint sends, and refuses the misdirected
 //! request with 400 as ambit does).
 
-use ambit_interop::compare::{family, json_diff, parse_prometheus};
 use ambit_interop::both;
-use ambit_lab::waypoint::{observe_waypoint, ConnectRecord, WaypointObserved};
+use ambit_interop::compare::{family, json_diff, parse_prometheus};
+use ambit_lab::mesh::SERVICE_HOST;
+use ambit_lab::waypoint::{observe_waypoint, ConnectRecord, WaypointObserved, WAYPOINT_ID};
 use serde_json::Value;
 
 /// A record without what differs by nature (the client's port, header values such as
@@ -49,8 +50,27 @@ fn waypoint_traffic_looks_the_same_from_both_client_proxies() {
     let ea: Vec<String> = a.records.iter().map(essence).collect();
     let ei: Vec<String> = i.records.iter().map(essence).collect();
     assert_eq!(ea, ei, "what the waypoint saw: ambit (left), Istio (right)");
+    assert!(
+        ea[0].starts_with(
+            "authority=10.96.0.10:80 peer=Some(\"spiffe://cluster.local/ns/default/sa/client\")"
+        ),
+        "{ea:?}"
+    );
+    assert!(
+        ea[0].ends_with("onward=ok") && ea[1].ends_with("onward=400"),
+        "{ea:?}"
+    );
     let mut diffs = Vec::new();
     for ((name, fa), (_, fi)) in client_side(&a).into_iter().zip(client_side(&i)) {
+        // Istio's ztunnel counts the connection to the waypoint's workload, for the
+        // original service: the comparison is of something.
+        let rows = fi.as_array().cloned().unwrap_or_default();
+        assert!(
+            rows.iter().any(|r| r["destination_workload"] == "waypoint"
+                && r["destination_service"] == SERVICE_HOST
+                && r["destination_principal"] == WAYPOINT_ID),
+            "{name} from Istio's ztunnel: {fi}"
+        );
         for d in json_diff(&fa, &fi) {
             diffs.push(format!("{name}: {d:?}"));
         }
