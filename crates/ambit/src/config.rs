@@ -747,6 +747,7 @@ impl Config {
                 h2,
                 pool,
                 response_baggage: env.bool("ENABLE_RESPONSE_BAGGAGE", true)?,
+                localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL", true)?,
                 handshakes,
                 reserved_ports,
             },

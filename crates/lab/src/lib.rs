@@ -9,6 +9,7 @@ pub mod inpod;
 pub mod mesh;
 pub mod pcap;
 pub mod peer;
+pub mod waypoint;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;

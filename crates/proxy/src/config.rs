@@ -82,6 +82,9 @@ pub struct ProxyConfig {
     pub pool: ClientSettings,
     /// Send destination metadata back in the CONNECT response (`ENABLE_RESPONSE_BAGGAGE`).
     pub response_baggage: bool,
+    /// Deliver PROXY-protocol application tunnels to loopback rather than the pod IP
+    /// (`LOCALHOST_APP_TUNNEL`).
+    pub localhost_app_tunnel: bool,
     /// Connections each proxy instance lets into the HBONE handshake at once.
     pub handshakes: crate::admission::HandshakeLimits,
     /// Ports besides the three listeners that captured traffic must never reach: the
@@ -102,6 +105,7 @@ impl Default for ProxyConfig {
             h2: H2Settings::default(),
             pool: ClientSettings::default(),
             response_baggage: true,
+            localhost_app_tunnel: true,
             handshakes: Default::default(),
             reserved_ports: Vec::new(),
         }

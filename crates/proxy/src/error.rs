@@ -115,7 +115,9 @@ impl Error {
             | Error::Denied(_)
             | Error::ClientGone(_) => Fault::Downstream,
             Error::NoOriginalDestination(_) | Error::LocalWorkloadMissing { .. } => Fault::Config,
-            Error::Route(RouteError::WaypointUnsupported { .. }) => Fault::Config,
+            Error::Route(
+                RouteError::WaypointNotFound { .. } | RouteError::WaypointInOtherNetwork { .. },
+            ) => Fault::Config,
             Error::Route(_) | Error::UpstreamConnect { .. } | Error::Relay(_) => Fault::Upstream,
             Error::Tunnel(e) => match e.fault() {
                 ambit_hbone::Fault::Local => Fault::Internal,
@@ -215,8 +217,9 @@ mod tests {
                 Fault::Upstream,
             ),
             (
-                Error::Route(RouteError::WaypointUnsupported {
+                Error::Route(RouteError::WaypointInOtherNetwork {
                     target: "service shop/api".into(),
+                    network: "far".into(),
                 }),
                 ResponseFlag::None,
                 503,

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use ambit_hbone::server::IncomingConnect;
 use ambit_identity::SpiffeId;
+use tokio::io::AsyncWriteExt;
 
 use crate::connections::{Connection, Direction, Protocol};
 use crate::copy::{proxy_tunnel, TunnelSide};
@@ -96,10 +97,17 @@ pub(crate) async fn handle_connect(
         incoming.reject(e.hbone_status());
         return result.finish(Err(e));
     }
-    let target = plan.target;
+    let target = plan.connect;
     // The client may give up while we dial the app: stop dialing then.
     let connected = tokio::select! {
-        connected = socket::connect(&*pi.sockets, &pi.cfg, target, plan.source) => connected,
+        connected = async {
+            let mut upstream = socket::connect(&*pi.sockets, &pi.cfg, target, plan.source).await?;
+            // A PROXY application tunnel learns who the client is before any payload.
+            if let Some(header) = &plan.proxy_header {
+                upstream.write_all(header).await?;
+            }
+            Ok::<_, std::io::Error>(upstream)
+        } => connected,
         reason = incoming.client_reset() => {
             return result.finish(Err(Error::ClientGone(format!(
                 "stream reset ({reason}) while connecting to {target}"

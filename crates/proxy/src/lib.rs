@@ -16,6 +16,7 @@ pub mod metrics;
 mod outbound;
 mod plaintext;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod socket;
 pub mod socks5;
 pub mod telemetry;

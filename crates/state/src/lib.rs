@@ -18,6 +18,7 @@ mod rbac;
 mod route;
 mod service;
 mod store;
+mod waypoint;
 mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
@@ -34,6 +35,7 @@ pub use service::{
     Service, Visibility,
 };
 pub use store::{Endpoint, PortMap, ProxyState};
+pub use waypoint::{is_from_waypoint, is_waypoint_for, resolve_waypoint, ResolvedWaypoint};
 pub use workload::{
     check_gateway, AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination,
     HealthStatus, Locality, NetworkMode, TunnelProtocol, Workload, DEFAULT_CLUSTER_ID,

@@ -1,12 +1,14 @@
 //! The outbound decision: where a connection from a local workload goes, and how.
 //!
-//! Order (ztunnel's, see the reference §10.1/§10.3): a service VIP (visibility-aware) is
-//! load-balanced to an endpoint; a workload IP goes to that workload; anything else is
-//! passed through as plain TCP. An endpoint that speaks HBONE is reached through its
-//! HBONE port with the target `ip:port` as the CONNECT authority.
+//! Order (ztunnel's, see the reference §10.1/§10.3): a service VIP (visibility-aware)
+//! with a waypoint goes to the waypoint; otherwise it is load-balanced to an endpoint; a
+//! workload IP goes to that workload, or to its waypoint unless the connection comes from
+//! that waypoint; anything else is passed through as plain TCP. An endpoint that speaks
+//! HBONE is reached through its HBONE port with the target `ip:port` as the CONNECT
+//! authority; a waypoint gets the original destination as the authority.
 //!
-//! Not yet supported, and refused rather than silently bypassed: waypoints (service or
-//! workload) — [`RouteError::WaypointUnsupported`]. Endpoints in another network (double
+//! Not yet supported, and refused rather than silently bypassed: waypoints in another
+//! network ([`RouteError::WaypointInOtherNetwork`]). Endpoints in another network (double
 //! HBONE through a network gateway) and endpoints without an IP (hostname / gateway only)
 //! are not candidates yet. Each has its marked place below.
 
@@ -18,6 +20,7 @@ use rand::Rng;
 
 use crate::service::{LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Service};
 use crate::store::{PortMap, ProxyState};
+use crate::waypoint::{is_from_waypoint, resolve_waypoint, ResolvedWaypoint};
 use crate::workload::{HealthStatus, TunnelProtocol, Workload};
 
 /// One outbound connection to decide.
@@ -27,6 +30,9 @@ pub struct RouteInput<'a> {
     pub source: &'a Workload,
     /// The original destination, as dialed by the application.
     pub dst: SocketAddr,
+    /// The application's address (the connection's source IP), to recognise a waypoint
+    /// sending traffic on to its destination.
+    pub src_ip: IpAddr,
     /// This proxy's network (`NETWORK`), where the destination is looked up.
     pub network: &'a str,
     /// The HBONE port of remote proxies (15008).
@@ -38,14 +44,19 @@ pub struct RouteInput<'a> {
 pub enum Route {
     /// Through an HBONE tunnel.
     Hbone {
-        /// Where to open the mTLS connection: `endpoint-ip:hbone_port`.
+        /// Where to open the mTLS connection: `endpoint-ip:hbone_port`, or the waypoint's
+        /// `ip:hbone_mtls_port`.
         next_hop: SocketAddr,
-        /// The CONNECT `:authority`: `endpoint-ip:target-port`.
+        /// The CONNECT `:authority`: `endpoint-ip:target-port`; through a waypoint, the
+        /// original destination.
         authority: SocketAddr,
-        /// Identities the server may present (service SANs, then the workload identity).
+        /// Identities the server may present (service SANs, then the workload identity;
+        /// for a waypoint its identity, then its service's SANs).
         expected_identities: Vec<SpiffeId>,
+        /// The workload the tunnel reaches: the endpoint, or the waypoint.
         destination: Arc<Workload>,
-        /// The service, when the destination was a service VIP.
+        /// The service, when the destination was a service VIP (the original one, also
+        /// through a waypoint).
         service: Option<Arc<Service>>,
     },
     /// Plain TCP: to a workload outside the mesh, or passthrough to an unknown address.
@@ -84,9 +95,13 @@ pub enum RouteError {
     /// The service does not define the dialed port.
     #[error("service {service} has no port {port}")]
     UnknownTargetPort { service: String, port: u16 },
-    /// The destination is behind a waypoint, which this proxy does not support yet.
-    #[error("{target} uses a waypoint, which is not supported yet")]
-    WaypointUnsupported { target: String },
+    /// The waypoint configured for the destination does not resolve to a pod.
+    #[error("{target} uses a waypoint that cannot be reached: {why}; fix the waypoint's service or workload in the mesh configuration")]
+    WaypointNotFound { target: String, why: String },
+    /// The waypoint is in another network: that needs double HBONE through a network
+    /// gateway, which this proxy does not do; refused rather than bypassing the waypoint.
+    #[error("{target} uses a waypoint in network {network:?}, which needs double HBONE (not supported); traffic is refused rather than sent around the waypoint")]
+    WaypointInOtherNetwork { target: String, network: String },
 }
 
 /// Decides where a connection goes. `rng` picks among equally good endpoints.
@@ -97,10 +112,16 @@ pub fn route(
 ) -> Result<Route, RouteError> {
     let dst_ip = input.dst.ip();
     if let Some(svc) = state.service_by_vip(input.network, dst_ip, &input.source.namespace) {
+        // Service waypoint (reference §10.1 step 4), whoever the source is.
+        if let Some(gw) = &svc.waypoint {
+            let target = format!("service {}", svc.key());
+            let wp = resolve_waypoint(state, input, gw, &target, rng)?;
+            return Ok(via_waypoint(input, wp, Some(svc)));
+        }
         return route_service(state, input, svc, rng);
     }
     if let Some(wl) = state.workload_by_ip(input.network, dst_ip) {
-        return route_workload(input, wl);
+        return route_workload(state, input, wl, rng);
     }
     // Unknown destination: passthrough.
     Ok(Route::Tcp {
@@ -110,15 +131,37 @@ pub fn route(
     })
 }
 
-/// A destination addressed by its own IP.
-fn route_workload(input: &RouteInput<'_>, wl: Arc<Workload>) -> Result<Route, RouteError> {
-    // Workload waypoint (reference §10.1 step 7) slots in here.
-    if wl.waypoint.is_some() {
-        return Err(RouteError::WaypointUnsupported {
-            target: format!("workload {}", wl.uid),
-        });
+/// A destination addressed by its own IP: through its waypoint (reference §10.1 step 7)
+/// unless the connection comes from that waypoint (the sandwich), else direct.
+fn route_workload(
+    state: &ProxyState,
+    input: &RouteInput<'_>,
+    wl: Arc<Workload>,
+    rng: &mut impl Rng,
+) -> Result<Route, RouteError> {
+    if let Some(gw) = &wl.waypoint {
+        if !is_from_waypoint(state, input.network, gw, input.source, input.src_ip) {
+            let target = format!("workload {}", wl.uid);
+            let wp = resolve_waypoint(state, input, gw, &target, rng)?;
+            return Ok(via_waypoint(input, wp, None));
+        }
     }
     Ok(direct(input, wl, None, input.dst.ip(), input.dst.port()))
+}
+
+/// HBONE to a waypoint, asking it for the original destination, untranslated.
+fn via_waypoint(
+    input: &RouteInput<'_>,
+    wp: ResolvedWaypoint,
+    service: Option<Arc<Service>>,
+) -> Route {
+    Route::Hbone {
+        next_hop: wp.next_hop,
+        authority: input.dst,
+        expected_identities: wp.expected_identities,
+        destination: wp.workload,
+        service,
+    }
 }
 
 /// A chosen endpoint: HBONE or plain TCP by its tunnel protocol.
@@ -166,18 +209,14 @@ struct Candidate {
     port: u16,
 }
 
-fn route_service(
+/// A service VIP without a waypoint (or a waypoint's own service): load-balanced to one
+/// endpoint.
+pub(crate) fn route_service(
     state: &ProxyState,
     input: &RouteInput<'_>,
     svc: Arc<Service>,
     rng: &mut impl Rng,
 ) -> Result<Route, RouteError> {
-    // Service waypoint (reference §10.1 step 4) slots in here.
-    if svc.waypoint.is_some() {
-        return Err(RouteError::WaypointUnsupported {
-            target: format!("service {}", svc.key()),
-        });
-    }
     let mode = svc.lb_mode();
     if mode == LoadBalancerMode::Passthrough {
         return Ok(Route::Tcp {
@@ -465,6 +504,7 @@ services:
         let input = RouteInput {
             source: &src,
             dst: dst.parse().unwrap(),
+            src_ip: "10.0.0.2".parse().unwrap(),
             network: "",
             hbone_port: 15008,
         };
@@ -531,8 +571,8 @@ services:
             ("passthrough service", "10.96.0.15:80", &["tcp 10.96.0.15:80 - pass"]),
             ("named port: only endpoints with a map", "10.96.0.16:80", &["hbone 10.0.4.1:15008 10.0.4.1:9999 named named"]),
             ("other-network endpoints are not candidates", "10.96.0.17:80", &["error: no healthy upstream for service default/remote.default.svc.cluster.local"]),
-            ("service waypoint refused", "10.96.0.18:80", &["error: service default/wp.default.svc.cluster.local uses a waypoint, which is not supported yet"]),
-            ("workload waypoint refused", "10.0.6.1:80", &["error: workload Kubernetes//v1/Pod/default/behind-waypoint uses a waypoint, which is not supported yet"]),
+            ("service waypoint that resolves to nothing: refused", "10.96.0.18:80", &["error: service default/wp.default.svc.cluster.local uses a waypoint that cannot be reached: no service or workload has the waypoint address /10.0.9.9; fix the waypoint's service or workload in the mesh configuration"]),
+            ("workload waypoint that resolves to nothing: refused", "10.0.6.1:80", &["error: workload Kubernetes//v1/Pod/default/behind-waypoint uses a waypoint that cannot be reached: no service or workload has the waypoint address /10.0.9.9; fix the waypoint's service or workload in the mesh configuration"]),
             ("namespace-visible service from another namespace: passthrough", "10.96.0.19:80", &["tcp 10.96.0.19:80 - -"]),
             ("failover prefers same zone", "10.96.0.20:80", &["hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 local"]),
             ("strict keeps same node only", "10.96.0.21:80", &["hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 strict"]),
@@ -548,6 +588,7 @@ services:
                 let input = RouteInput {
                     source: &src,
                     dst: dst.parse().unwrap(),
+                    src_ip: "10.0.0.2".parse().unwrap(),
                     network: "",
                     hbone_port: 15008,
                 };
@@ -612,6 +653,7 @@ services:
         let input = RouteInput {
             source: &src,
             dst: "10.96.0.10:80".parse().unwrap(),
+            src_ip: "10.0.0.2".parse().unwrap(),
             network: "",
             hbone_port: 15008,
         };
@@ -660,6 +702,7 @@ services:
             let input = RouteInput {
                 source: &src,
                 dst: dst.parse().unwrap(),
+                src_ip: "10.0.0.2".parse().unwrap(),
                 network: "",
                 hbone_port: 15008,
             };

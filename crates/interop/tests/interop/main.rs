@@ -9,7 +9,8 @@
 //! - `zds`: an independent agent peer driving both through the same ZDS sequence;
 //! - `differential`: `/config_dump`, metrics and access logs for the same scenarios;
 //! - `connect`: the CONNECT request each client sends, recorded;
-//! - `answers`: the HBONE server's answers to the same raw requests.
+//! - `answers`: the HBONE server's answers to the same raw requests;
+//! - `waypoint`: the lab's test waypoint with either proxy as the client or the server node.
 
 mod agent;
 mod answers;
@@ -19,4 +20,5 @@ mod differential;
 mod hbone;
 mod pods;
 mod single;
+mod waypoint;
 mod zds;

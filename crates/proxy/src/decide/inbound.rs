@@ -6,17 +6,19 @@
 //! attributed (malformed, another workload's address, an unknown service port, a loop) is
 //! refused before any metric is counted; one that can is counted, then authorized.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use ambit_hbone::headers::Authority;
-use ambit_hbone::request::validate;
+use ambit_hbone::request::{validate, Rejection};
 use ambit_identity::SpiffeId;
-use ambit_state::{ProxyState, RbacContext, Service, Workload};
+use ambit_state::{is_waypoint_for, AppTunnelProtocol, ProxyState, RbacContext, Service, Workload};
+use http::StatusCode;
 
 use super::{is_loop_port, Local, SourcePolicy};
 use crate::config::ProxyConfig;
 use crate::error::Error;
+use crate::proxy_protocol;
 use crate::socket::{canonical_ip, Spoof};
 
 /// The facts about one CONNECT stream.
@@ -48,8 +50,14 @@ pub struct PlaintextConnection<'a> {
 /// An attributed inbound connection: where it goes, and whether it may.
 #[derive(Debug)]
 pub struct InboundPlan {
-    /// The app: the local workload's IP and the translated port.
+    /// The app: the local workload's IP and the translated port (the application
+    /// tunnel's port when it has one).
     pub target: SocketAddr,
+    /// Where to dial: `target`, or loopback for a PROXY application tunnel with
+    /// `LOCALHOST_APP_TUNNEL`.
+    pub connect: SocketAddr,
+    /// The PROXY v2 header to write to the app before any payload (PROXY tunnels only).
+    pub proxy_header: Option<Vec<u8>>,
     /// Connect from the client's address (original-source preservation), or from ours.
     pub source: Option<Spoof>,
     pub dst_workload: Arc<Workload>,
@@ -76,7 +84,7 @@ pub fn plan_hbone(state: &ProxyState, input: &HboneRequest<'_>) -> Result<Inboun
     let (target_port, hostname_service) = match &request.authority {
         Authority::Addr(addr) => {
             let requested = canonical_ip(addr.ip());
-            if requested != local_ip {
+            if !may_tunnel_to(state, input.cfg, &dst_workload, local_ip, requested) {
                 return Err(Error::IpMismatch {
                     local: local_ip,
                     requested,
@@ -108,19 +116,80 @@ pub fn plan_hbone(state: &ProxyState, input: &HboneRequest<'_>) -> Result<Inboun
             target_port,
         )
     });
+    // The target IP is always the one the connection arrived on; an application tunnel
+    // may move the port.
+    let tunnel = dst_workload.application_tunnel.clone();
+    let app_port = tunnel
+        .as_ref()
+        .and_then(|t| t.port)
+        .filter(|p| *p != 0)
+        .unwrap_or(target_port);
+    // What the tunnel was asked for, as the PROXY header's destination: the authority,
+    // or for a hostname a VIP of the service in our network (IPv4 first).
+    let tunnel_target = match &request.authority {
+        Authority::Addr(addr) => SocketAddr::new(canonical_ip(addr.ip()), addr.port()),
+        Authority::Host { port, .. } => {
+            let vips = || {
+                dst_service
+                    .iter()
+                    .flat_map(|s| s.vips.iter())
+                    .filter(|v| v.network == input.cfg.network)
+                    .map(|v| v.address)
+            };
+            let ip = vips()
+                .find(|ip| ip.is_ipv4())
+                .or_else(|| vips().next())
+                .unwrap_or(local_ip);
+            SocketAddr::new(ip, *port)
+        }
+    };
     let client = canonical_ip(input.peer.ip());
     let mut plan = admit(
         state,
         input.cfg,
-        SocketAddr::new(local_ip, target_port),
+        SocketAddr::new(local_ip, app_port),
         client,
         input.peer_identity.cloned(),
         dst_workload,
         dst_service,
         input.source_policy,
     );
+    if tunnel.is_some_and(|t| t.protocol == AppTunnelProtocol::Proxy) {
+        let peer = SocketAddr::new(client, input.peer.port());
+        let id = input.peer_identity.map(|i| i.to_string());
+        let header = proxy_protocol::encode(peer, tunnel_target, id.as_deref()).map_err(|e| {
+            Error::BadRequest(Rejection::new(StatusCode::BAD_REQUEST, e.to_string()))
+        })?;
+        plan.proxy_header = Some(header);
+        if input.cfg.localhost_app_tunnel {
+            let lo: IpAddr = if local_ip.is_ipv4() {
+                Ipv4Addr::LOCALHOST.into()
+            } else {
+                Ipv6Addr::LOCALHOST.into()
+            };
+            // The real source travels in the header; loopback is never spoofed.
+            plan.connect = SocketAddr::new(lo, app_port);
+            plan.source = None;
+        }
+    }
     plan.authority = Some(request.authority.to_string());
     Ok(plan)
+}
+
+/// Whether a CONNECT that arrived on `local_ip` may ask for `requested` (reference §2.1,
+/// server step 4): its own IP; any IP when the local workload takes an application
+/// tunnel; or an IP whose service or workload has this workload as its waypoint (the
+/// sandwich). Anything else is refused: the client meant another pod.
+pub fn may_tunnel_to(
+    state: &ProxyState,
+    cfg: &ProxyConfig,
+    local: &Workload,
+    local_ip: IpAddr,
+    requested: IpAddr,
+) -> bool {
+    requested == local_ip
+        || local.application_tunnel.is_some()
+        || is_waypoint_for(state, &cfg.network, requested, local)
 }
 
 /// Decides what a captured plaintext connection reaches: only our own workload, always
@@ -171,6 +240,8 @@ fn admit(
         rbac: ctx,
         policy_generation: state.policy_generation(),
         target,
+        connect: target,
+        proxy_header: None,
         source: source_policy.source_for(client, target.ip()),
         src_workload: state.workload_by_ip(&cfg.network, client),
         dst_workload,
@@ -400,6 +471,153 @@ mod tests {
             }
             assert_eq!(got, want, "{what}");
         }
+    }
+
+    /// A CONNECT to a local workload other than `server`, arriving on `arrived_on`.
+    fn hbone_to(
+        cfg: &ProxyConfig,
+        local: (&str, &str),
+        arrived_on: &str,
+        authority: &str,
+        peer: &str,
+    ) -> Result<InboundPlan, Error> {
+        let state = mesh();
+        let id = identity(local.0, local.1);
+        let client = spiffe("shop", "client");
+        let request = connect(authority, &[]);
+        plan_hbone(
+            &state,
+            &HboneRequest {
+                cfg,
+                local: Local {
+                    identity: &id,
+                    node: None,
+                },
+                request: &request,
+                peer: peer.parse().unwrap(),
+                arrived_on: arrived_on.parse().unwrap(),
+                peer_identity: Some(&client),
+                source_policy: auto(),
+            },
+        )
+    }
+
+    #[test]
+    fn an_authority_for_another_ip_only_for_our_own_waypoint_or_an_app_tunnel() {
+        let cfg = ProxyConfig::default();
+        let waypoint = ("waypoint", "waypoint");
+        // Accepted ones are still authorized, on the local IP and the port reached: the
+        // shop namespace allows only its app ports (8080, 8443, 9090).
+        let denied = "401 connection closed due to policy rejection: explicitly denied by: \
+                      shop/app-ports-only";
+        let table: &[(&str, (&str, &str), &str, &str, String)] = &[
+            (
+                "the waypoint of a service: the service's VIP",
+                waypoint,
+                "10.0.9.9:15008",
+                "10.96.0.14:80",
+                format!("10.0.9.9:80 from 10.0.0.1 service=- -> {denied}"),
+            ),
+            (
+                "the waypoint of a workload: its pod IP",
+                waypoint,
+                "10.0.9.9:15008",
+                "10.0.0.4:8080",
+                "10.0.9.9:8080 from 10.0.0.1 service=- -> allow".into(),
+            ),
+            (
+                "the waypoint asked for a pod it does not serve",
+                waypoint,
+                "10.0.9.9:15008",
+                "10.0.0.2:8080",
+                "400 ip mismatch: 10.0.9.9 != 10.0.0.2".into(),
+            ),
+            (
+                "a pod asked for a workload whose waypoint is another pod",
+                ("server", "server"),
+                "10.0.0.2:15008",
+                "10.0.0.4:8080",
+                "400 ip mismatch: 10.0.0.2 != 10.0.0.4".into(),
+            ),
+            (
+                "a pod asked for a VIP whose waypoint is another pod",
+                ("server", "server"),
+                "10.0.0.2:15008",
+                "10.96.0.14:80",
+                "400 ip mismatch: 10.0.0.2 != 10.96.0.14".into(),
+            ),
+            (
+                "an application tunnel takes any authority, on its own port",
+                ("tunnel", "tunnel"),
+                "10.0.0.6:15008",
+                "10.96.0.10:80",
+                format!("10.0.0.6:15088 from proxy service=- -> {denied}"),
+            ),
+        ];
+        for (what, local, arrived, authority, want) in table {
+            let got = show(hbone_to(&cfg, *local, arrived, authority, "10.0.0.1:45000"));
+            assert_eq!(&got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_proxy_application_tunnel_gets_the_header_on_loopback_by_default() {
+        let on = ProxyConfig::default();
+        let p = hbone_to(
+            &on,
+            ("tunnel", "tunnel"),
+            "10.0.0.6:15008",
+            "10.96.0.10:80",
+            "10.0.0.1:45000",
+        )
+        .unwrap();
+        assert_eq!(p.target, "10.0.0.6:15088".parse().unwrap());
+        assert_eq!(p.connect, "127.0.0.1:15088".parse().unwrap());
+        assert!(p.source.is_none(), "loopback is never spoofed");
+        let want = crate::proxy_protocol::encode(
+            "10.0.0.1:45000".parse().unwrap(),
+            "10.96.0.10:80".parse().unwrap(),
+            Some("spiffe://cluster.local/ns/shop/sa/client"),
+        )
+        .unwrap();
+        assert_eq!(p.proxy_header.as_deref(), Some(want.as_slice()));
+        // IPv6 arrival: IPv6 loopback.
+        let p = hbone_to(
+            &on,
+            ("tunnel", "tunnel"),
+            "[fd00::6]:15008",
+            "[fd00::6]:80",
+            "[fd00::1]:45000",
+        )
+        .unwrap();
+        assert_eq!(p.connect, "[::1]:15088".parse().unwrap());
+        // LOCALHOST_APP_TUNNEL=false: the pod IP, spoofed as any inbound.
+        let off = ProxyConfig {
+            localhost_app_tunnel: false,
+            ..ProxyConfig::default()
+        };
+        let p = hbone_to(
+            &off,
+            ("tunnel", "tunnel"),
+            "10.0.0.6:15008",
+            "10.0.0.6:80",
+            "10.0.0.1:45000",
+        )
+        .unwrap();
+        assert_eq!(p.connect, "10.0.0.6:15088".parse().unwrap());
+        assert_eq!(p.source.map(|s| s.ip), Some("10.0.0.1".parse().unwrap()));
+        assert!(p.proxy_header.is_some());
+        // No tunnel: no header, the pod IP.
+        let p = hbone_to(
+            &on,
+            ("server", "server"),
+            "10.0.0.2:15008",
+            "10.0.0.2:8080",
+            "10.0.0.1:45000",
+        )
+        .unwrap();
+        assert_eq!(p.connect, p.target);
+        assert!(p.proxy_header.is_none());
     }
 
     #[test]

@@ -130,6 +130,25 @@ workloads:
   workloadIps: [10.0.0.4]
   protocol: HBONE
   waypoint: {destination: "/10.0.9.9", hboneMtlsPort: 15008}
+- uid: wp2
+  name: behind-missing-waypoint
+  namespace: shop
+  workloadIps: [10.0.0.5]
+  protocol: HBONE
+  waypoint: {destination: "/10.0.9.8", hboneMtlsPort: 15008}
+- uid: waypoint1
+  name: waypoint
+  namespace: shop
+  serviceAccount: waypoint
+  workloadIps: [10.0.9.9]
+  protocol: HBONE
+- uid: tun1
+  name: tunnel
+  namespace: shop
+  serviceAccount: tunnel
+  workloadIps: [10.0.0.6, "fd00::6"]
+  protocol: HBONE
+  applicationTunnel: {protocol: PROXY, port: 15088}
 - uid: remote1
   name: remote
   namespace: shop

@@ -86,6 +86,7 @@ pub fn plan_outbound(
     let route_input = RouteInput {
         source: &source,
         dst,
+        src_ip: input.src.ip(),
         network: &input.cfg.network,
         hbone_port: input.cfg.ports.remote_hbone,
     };
@@ -295,18 +296,31 @@ mod tests {
                 "10.96.0.15:80",
                 "error: no healthy upstream for service shop/far.shop.svc.cluster.local".into(),
             ),
-            // Steps 4 and 7: waypoints are refused, never bypassed.
+            // Steps 4 and 7: through the waypoint with the original destination as the
+            // authority (the full table is in ambit-state's outbound_plan test).
             (
                 "a service with a waypoint",
                 "10.96.0.14:80",
-                "error: service shop/waypointed.shop.svc.cluster.local uses a waypoint, which is \
-                 not supported yet"
-                    .into(),
+                format!(
+                    "hbone 10.0.9.9:15008 authority=10.96.0.14:80 ids={}",
+                    sa("waypoint")
+                ),
             ),
             (
                 "a workload with a waypoint",
                 "10.0.0.4:8080",
-                "error: workload wp1 uses a waypoint, which is not supported yet".into(),
+                format!(
+                    "hbone 10.0.9.9:15008 authority=10.0.0.4:8080 ids={}",
+                    sa("waypoint")
+                ),
+            ),
+            (
+                "a waypoint that resolves to nothing: refused, never bypassed",
+                "10.0.0.5:8080",
+                "error: workload wp2 uses a waypoint that cannot be reached: no service or \
+                 workload has the waypoint address /10.0.9.8; fix the waypoint's service or \
+                 workload in the mesh configuration"
+                    .into(),
             ),
         ];
         for (what, dst, want) in table {

@@ -1,0 +1,212 @@
+//! Waypoints: resolving a `waypoint` gateway address to the pod that takes the traffic,
+//! and telling whether a connection comes from a waypoint (the "sandwich").
+//!
+//! Reference §10.1 steps 4 and 7, §10.3 (Waypoint mode), §2.1 (expected SANs). A waypoint
+//! is addressed by IP (its service VIP, load-balanced like any service, or a pod IP) or by
+//! `namespace/hostname` (its service). HBONE goes to the chosen pod at the gateway's
+//! `hbone_mtls_port`, translated by the waypoint service's port map. A waypoint in
+//! another network would need double HBONE (reference §10.2), which this proxy does not
+//! do: such traffic is refused, never sent around the waypoint.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ambit_identity::SpiffeId;
+use rand::Rng;
+
+use crate::route::{route_service, Route, RouteError, RouteInput};
+use crate::service::Service;
+use crate::store::ProxyState;
+use crate::workload::{GatewayAddress, GatewayDestination, Workload};
+
+/// The pod a waypoint address resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedWaypoint {
+    /// The waypoint pod.
+    pub workload: Arc<Workload>,
+    /// Where to open HBONE: `pod-ip:translated hbone_mtls_port`.
+    pub next_hop: SocketAddr,
+    /// The identities the waypoint may present: its workload identity, then the waypoint
+    /// service's SANs (reference §2.1).
+    pub expected_identities: Vec<SpiffeId>,
+}
+
+/// Resolves `gw` for a connection from `input.source` (its network and namespace).
+/// `target` names what the waypoint serves, for the error messages.
+pub fn resolve_waypoint(
+    state: &ProxyState,
+    input: &RouteInput<'_>,
+    gw: &GatewayAddress,
+    target: &str,
+    rng: &mut impl Rng,
+) -> Result<ResolvedWaypoint, RouteError> {
+    let not_found = |why: String| RouteError::WaypointNotFound {
+        target: target.to_string(),
+        why,
+    };
+    let other_network = |network: &str| RouteError::WaypointInOtherNetwork {
+        target: target.to_string(),
+        network: network.to_string(),
+    };
+    let service = match &gw.destination {
+        GatewayDestination::Address(addr) => {
+            if addr.network != input.source.network {
+                return Err(other_network(&addr.network));
+            }
+            let by_vip = state.service_by_vip(&addr.network, addr.address, &input.source.namespace);
+            match by_vip {
+                Some(svc) => svc,
+                None => {
+                    // A waypoint pod by its own IP: its HBONE port as given.
+                    let Some(wl) = state.workload_by_ip(&addr.network, addr.address) else {
+                        return Err(not_found(format!(
+                            "no service or workload has the waypoint address {addr}"
+                        )));
+                    };
+                    return Ok(ResolvedWaypoint {
+                        next_hop: SocketAddr::new(addr.address, gw.hbone_mtls_port),
+                        expected_identities: identities(&wl, None),
+                        workload: wl,
+                    });
+                }
+            }
+        }
+        GatewayDestination::Hostname(h) => state
+            .service_by_key(&format!("{}/{}", h.namespace, h.hostname))
+            .ok_or_else(|| not_found(format!("no service {}/{}", h.namespace, h.hostname)))?,
+    };
+    // Endpoints in another network only: double HBONE territory, refused loudly.
+    let endpoints: Vec<_> = state.endpoints(&service.key()).collect();
+    if !endpoints.is_empty()
+        && endpoints
+            .iter()
+            .all(|ep| ep.workload.network != input.source.network)
+    {
+        return Err(other_network(&endpoints[0].workload.network));
+    }
+    // Waypoint mode (§10.3): the waypoint service need not list the HBONE port when its
+    // pods take it through an application tunnel; then the port stays as it is.
+    let mut svc = (*service).clone();
+    svc.waypoint = None;
+    svc.ports.entry(gw.hbone_mtls_port).or_insert(0);
+    let dialed = match &gw.destination {
+        GatewayDestination::Address(a) => a.address,
+        // A hostname keeps the caller's IP family.
+        GatewayDestination::Hostname(_) => input.dst.ip(),
+    };
+    let lb_input = RouteInput {
+        dst: SocketAddr::new(dialed, gw.hbone_mtls_port),
+        ..*input
+    };
+    match route_service(state, &lb_input, Arc::new(svc), rng) {
+        Ok(Route::Hbone {
+            authority,
+            destination,
+            ..
+        })
+        | Ok(Route::Tcp {
+            target: authority,
+            destination: Some(destination),
+            ..
+        }) => Ok(ResolvedWaypoint {
+            next_hop: authority,
+            expected_identities: identities(&destination, Some(&service)),
+            workload: destination,
+        }),
+        Ok(Route::Tcp {
+            destination: None, ..
+        }) => Err(not_found(format!(
+            "the waypoint service {} is a passthrough service",
+            service.key()
+        ))),
+        Err(e) => Err(not_found(format!(
+            "the waypoint service {}: {e}",
+            service.key()
+        ))),
+    }
+}
+
+/// The waypoint's workload identity, then its service's SANs (invalid ones skipped).
+fn identities(wl: &Workload, service: Option<&Service>) -> Vec<SpiffeId> {
+    let mut ids = vec![wl.identity()];
+    let sans = service.iter().flat_map(|s| s.subject_alt_names.iter());
+    for id in sans.filter_map(|s| SpiffeId::parse(s).ok()) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// Every workload `gw` may resolve to in `network`: the one with that IP, or the
+/// endpoints of the waypoint service.
+fn waypoint_workloads(
+    state: &ProxyState,
+    network: &str,
+    namespace: &str,
+    gw: &GatewayAddress,
+) -> Vec<Arc<Workload>> {
+    let service = match &gw.destination {
+        GatewayDestination::Address(addr) => {
+            match state.service_by_vip(&addr.network, addr.address, namespace) {
+                Some(s) => Some(s),
+                None => {
+                    return state
+                        .workload_by_ip(network, addr.address)
+                        .into_iter()
+                        .collect()
+                }
+            }
+        }
+        GatewayDestination::Hostname(h) => {
+            state.service_by_key(&format!("{}/{}", h.namespace, h.hostname))
+        }
+    };
+    service
+        .map(|s| {
+            state
+                .endpoints(&s.key())
+                .map(|ep| ep.workload.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a connection from `source` at `src_ip` comes from the waypoint `gw` itself
+/// (its identity and one of its IPs): then it is not sent back through it (reference
+/// §10.1 step 7).
+pub fn is_from_waypoint(
+    state: &ProxyState,
+    network: &str,
+    gw: &GatewayAddress,
+    source: &Workload,
+    src_ip: IpAddr,
+) -> bool {
+    let identity = source.identity();
+    waypoint_workloads(state, network, &source.namespace, gw)
+        .iter()
+        .any(|w| w.identity() == identity && w.workload_ips.contains(&src_ip))
+}
+
+/// Whether `local` is a waypoint of what `authority_ip` names (a service VIP or a
+/// workload IP in `network`): inbound then accepts an authority that is not its own IP
+/// (reference §2.1, server step 4).
+pub fn is_waypoint_for(
+    state: &ProxyState,
+    network: &str,
+    authority_ip: IpAddr,
+    local: &Workload,
+) -> bool {
+    // Services are looked up as the local workload sees them.
+    let gw = match state.service_by_vip(network, authority_ip, &local.namespace) {
+        Some(svc) => svc.waypoint.clone(),
+        None => state
+            .workload_by_ip(network, authority_ip)
+            .and_then(|w| w.waypoint.clone()),
+    };
+    gw.is_some_and(|gw| {
+        waypoint_workloads(state, network, &local.namespace, &gw)
+            .iter()
+            .any(|w| w.uid == local.uid)
+    })
+}
