@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use ambit_identity::SpiffeId;
 use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::peer::NodeProxy;
+use ambit_lab::waypoint::{TestWaypoint, WaypointRoute};
 
 const APP_PORT: u16 = 8080;
 const ECHO_HOST: &str = "echo.default.svc.cluster.local";
@@ -18,18 +20,42 @@ const ECHO_VIP: [u8; 4] = [10, 96, 0, 10];
 const ECHO_PORT: u16 = 80;
 /// How many connections the client sends to the service VIP.
 const VIP_CONNECTIONS: usize = 20;
+const REVIEWS_HOST: &str = "reviews.default.svc.cluster.local";
+const REVIEWS_VIP: [u8; 4] = [10, 96, 0, 20];
+/// The waypoint "pod": an extra address of node2's link, where the test waypoint listens
+/// on 15008 (in shared mode the node proxy serves 15008 only inside pods).
+const WAYPOINT_IP: [u8; 4] = [10, 78, 0, 3];
+const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
 
 /// What the demo adds to the pods' workloads: a service backed by a pod on each node, and
 /// a DENY policy for one client.
 fn semantics_yaml() -> String {
     let vip = std::net::Ipv4Addr::from(ECHO_VIP);
+    let reviews_vip = std::net::Ipv4Addr::from(REVIEWS_VIP);
+    let waypoint_ip = std::net::Ipv4Addr::from(WAYPOINT_IP);
     format!(
-        r#"services:
+        r#"- uid: cluster1//v1/Pod/default/waypoint
+  name: waypoint
+  namespace: default
+  serviceAccount: waypoint
+  trustDomain: cluster.local
+  workloadIps: ["{waypoint_ip}"]
+  protocol: HBONE
+  node: node2
+  canonicalName: waypoint
+  workloadName: waypoint
+services:
 - name: echo
   namespace: default
   hostname: {ECHO_HOST}
   vips: ["/{vip}"]
   ports: {{{ECHO_PORT}: {APP_PORT}}}
+- name: reviews
+  namespace: default
+  hostname: {REVIEWS_HOST}
+  vips: ["/{reviews_vip}"]
+  ports: {{{ECHO_PORT}: {APP_PORT}}}
+  waypoint: {{destination: "/{waypoint_ip}", hboneMtlsPort: 15008}}
 policies:
 - name: deny-intruder
   namespace: default
@@ -53,6 +79,41 @@ fn exchange(conn: &mut std::net::TcpStream, payload: &[u8]) -> anyhow::Result<Ve
     }
 }
 
+/// The test waypoint on node2, as the `reviews` service's waypoint.
+fn start_waypoint(cluster: &Cluster) -> anyhow::Result<TestWaypoint> {
+    let node = &cluster.nodes[1];
+    let waypoint_ip = std::net::Ipv4Addr::from(WAYPOINT_IP);
+    cluster.lab.exec(
+        &node.ns,
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{waypoint_ip}/24"),
+            "dev",
+            "eth0",
+        ],
+    )?;
+    let ca = ambit_identity::CertificateAuthority::from_plugin_dir(&cluster.ca_dir)?;
+    let cert = ca.issue(&SpiffeId::parse(WAYPOINT_ID)?, Duration::from_secs(3600))?;
+    let server = cluster.pod("server");
+    TestWaypoint::start(
+        &cluster.lab,
+        &node.ns,
+        SocketAddr::from((WAYPOINT_IP, 15008)),
+        cert,
+        vec![WaypointRoute {
+            authority: SocketAddr::from((REVIEWS_VIP, ECHO_PORT)),
+            pod: SocketAddr::from((server.ip, APP_PORT)),
+            pod_identity: SpiffeId::parse(&format!(
+                "spiffe://cluster.local/ns/default/sa/{}",
+                server.service_account
+            ))?,
+            via: None,
+        }],
+    )
+}
+
 pub fn run(keep: bool) -> anyhow::Result<()> {
     let ambit = std::env::current_exe().context("locating the ambit binary")?;
     println!(
@@ -62,7 +123,9 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     let pods = [
         PodSpec::new("client", 0),
         PodSpec::new("neighbour", 0).endpoint_of(&echo_key, &[]),
-        PodSpec::new("server", 1).endpoint_of(&echo_key, &[]),
+        PodSpec::new("server", 1)
+            .endpoint_of(&echo_key, &[])
+            .endpoint_of(&format!("default/{REVIEWS_HOST}"), &[]),
         PodSpec::new("intruder", 0),
     ];
     let extra_yaml = semantics_yaml();
@@ -141,6 +204,21 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         bail!("the intruder got an answer past the DENY policy: {denied:?}");
     }
 
+    // The waypoint: traffic to `reviews` goes to it first, and it forwards to the pod
+    // with its own identity.
+    let waypoint = start_waypoint(&cluster)?;
+    let reviews = SocketAddr::from((REVIEWS_VIP, ECHO_PORT));
+    let mut conn = cluster.connect_from("client", reviews)?;
+    let back = exchange(&mut conn, b"via the waypoint")?;
+    if back != b"via the waypointvia the waypoint" {
+        bail!("{REVIEWS_HOST} ({reviews}) through the waypoint: got {back:?}");
+    }
+    let record = waypoint
+        .records()
+        .into_iter()
+        .next()
+        .context("the waypoint saw nothing")?;
+
     let mut wires = Vec::new();
     for (name, capture) in [("node1 bridge cni0", bridge), ("node1 link eth0", link)] {
         if let Some(c) = capture {
@@ -194,6 +272,26 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     println!(
         "  intruder -> {ECHO_HOST} ({vip}): refused by DENY policy default/deny-intruder (denials counted: {denials})"
     );
+    println!(
+        "  client -> {REVIEWS_HOST} ({reviews}): through the waypoint at {}, which saw CONNECT {} from {}, then went on to {} as {WAYPOINT_ID}",
+        waypoint.addr,
+        record.authority,
+        record.peer_identity.as_deref().unwrap_or("no identity"),
+        record
+            .forwarded_to
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "nowhere".into()),
+    );
+    let from_waypoint = metric_sum(
+        &cluster.metrics(1)?,
+        "istio_tcp_connections_opened_total",
+        &[
+            ("reporter", "destination"),
+            ("source_principal", WAYPOINT_ID),
+            ("destination_workload", "server"),
+        ],
+    );
+    println!("  node2 counted {from_waypoint} connection(s) to server from the waypoint's identity, over mTLS");
     println!();
     for (name, segments, ports, clear) in &wires {
         println!(
