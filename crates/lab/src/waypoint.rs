@@ -245,8 +245,9 @@ async fn open_onward(
     route: &WaypointRoute,
 ) -> Result<ambit_hbone::H2Stream, ambit_hbone::HboneError> {
     let next_hop = SocketAddr::new(route.via.unwrap_or(route.pod.ip()), NODE_HBONE_PORT);
-    let tls = ambit_identity::tls::client_config(&shared.cert, &[route.pod_identity.clone()])
-        .map_err(|e| ambit_hbone::HboneError::Tls(Arc::new(std::io::Error::other(e))))?;
+    let tls =
+        ambit_identity::tls::client_config(&shared.cert, std::slice::from_ref(&route.pod_identity))
+            .map_err(|e| ambit_hbone::HboneError::Tls(Arc::new(std::io::Error::other(e))))?;
     let key = PoolKey {
         src_identity: shared.cert.identity.to_string(),
         dst_identities: vec![route.pod_identity.to_string()],
