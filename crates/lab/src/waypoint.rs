@@ -352,6 +352,8 @@ pub struct WaypointObserved {
     pub records: Vec<ConnectRecord>,
     pub client_metrics: String,
     pub server_metrics: String,
+    /// The client node proxy's log (access lines included).
+    pub client_log: String,
 }
 
 /// Two nodes running `client` and `server` and the test waypoint in the server node.
@@ -445,5 +447,6 @@ pub fn observe_waypoint(
         records: waypoint.records(),
         client_metrics: nodes.metrics(&nodes.client_ns)?,
         server_metrics: nodes.metrics(&nodes.server_ns)?,
+        client_log: std::fs::read_to_string(&nodes.client_proxy.log)?,
     })
 }

@@ -80,6 +80,25 @@ fn waypoint_traffic_looks_the_same_from_both_client_proxies() {
         "client-side metrics, ambit vs Istio:\n{}",
         diffs.join("\n")
     );
+    // The access logs name the same destination: the waypoint's workload and identity,
+    // the original service, the VIP as the HBONE address.
+    let dst = |log: &str| -> Vec<Vec<(String, String)>> {
+        ambit_interop::compare::access_lines(log)
+            .into_iter()
+            .map(|l| {
+                l.fields
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("dst.") || k == "src.identity")
+                    .collect()
+            })
+            .collect()
+    };
+    let (da, di) = (dst(&a.client_log), dst(&i.client_log));
+    assert_eq!(da.len(), 2, "two access lines expected:\n{}", a.client_log);
+    assert_eq!(
+        da, di,
+        "client access logs' destinations: ambit (left), Istio (right)"
+    );
 }
 
 #[test]
