@@ -141,3 +141,29 @@ fn traffic_from_the_waypoint_itself_goes_direct() {
     )
     .unwrap_or_else(|e| panic!("{e}\n{text}"));
 }
+
+/// An application tunnel with PROXY protocol: the app, on loopback at the tunnel's port,
+/// reads a PROXY v2 header naming the client (address and SPIFFE id) and the target the
+/// client asked for, then the payload.
+#[test]
+fn a_proxy_application_tunnel_gets_the_header_then_the_payload() {
+    use ambit_lab::mesh::{APP_PORT, CLIENT_IP, SERVER_IP};
+    let got =
+        ambit_lab::waypoint::observe_app_tunnel("e2e-apptunnel", &ambit(), &ambit(), b"payload")
+            .unwrap();
+    // Signature, v2 PROXY, TCP over IPv4, 12 address bytes + TLV 0xD0 (3 + id).
+    let mut want = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    want.extend_from_slice(&[0x21, 0x11]);
+    want.extend_from_slice(&((12 + 3 + CLIENT_ID.len()) as u16).to_be_bytes());
+    want.extend_from_slice(&CLIENT_IP.octets());
+    want.extend_from_slice(&SERVER_IP.octets());
+    assert!(got.len() > 28, "{got:?}");
+    assert_eq!(&got[..24], &want[..], "{got:?}");
+    // The client's port varies; the target is the authority's port.
+    assert_eq!(&got[26..28], &APP_PORT.to_be_bytes());
+    let mut tlv = vec![0xD0];
+    tlv.extend_from_slice(&(CLIENT_ID.len() as u16).to_be_bytes());
+    tlv.extend_from_slice(CLIENT_ID.as_bytes());
+    tlv.extend_from_slice(b"payload");
+    assert_eq!(&got[28..], &tlv[..], "{:?}", String::from_utf8_lossy(&got));
+}

@@ -111,3 +111,25 @@ fn istio_ztunnel_accepts_what_the_test_waypoint_sends() {
     let refused = seen.records[1].onward.clone().unwrap_err();
     assert!(refused.contains("400"), "{refused}");
 }
+
+/// The PROXY v2 header both servers write to a PROXY application tunnel, byte for byte
+/// but for the client's port.
+#[test]
+fn both_servers_write_the_same_proxy_header() {
+    let [ambit, istio] = both().unwrap();
+    let mask = |mut b: Vec<u8>| {
+        // IPv4: signature 12, version/family/length 4, addresses 8, then the source port.
+        if b.len() >= 26 {
+            b[24] = 0;
+            b[25] = 0;
+        }
+        b
+    };
+    let a = mask(
+        ambit_lab::waypoint::observe_app_tunnel("io-at-a", &ambit, &ambit, b"payload").unwrap(),
+    );
+    let i = mask(
+        ambit_lab::waypoint::observe_app_tunnel("io-at-i", &ambit, &istio, b"payload").unwrap(),
+    );
+    assert_eq!(a, i, "ambit (left), Istio (right)");
+}
