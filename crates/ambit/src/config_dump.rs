@@ -112,7 +112,7 @@ pub fn config_section(cfg: &Config) -> Value {
         },
         "xdsHeaders": [],
         "caHeaders": [],
-        "localhostAppTunnel": true,
+        "localhostAppTunnel": p.localhost_app_tunnel,
         "ztunnelIdentity": null,
         "ztunnelWorkload": null,
         "ipv6Enabled": v6,

@@ -245,8 +245,9 @@ async fn open_onward(
     route: &WaypointRoute,
 ) -> Result<ambit_hbone::H2Stream, ambit_hbone::HboneError> {
     let next_hop = SocketAddr::new(route.via.unwrap_or(route.pod.ip()), NODE_HBONE_PORT);
-    let tls = ambit_identity::tls::client_config(&shared.cert, &[route.pod_identity.clone()])
-        .map_err(|e| ambit_hbone::HboneError::Tls(Arc::new(std::io::Error::other(e))))?;
+    let tls =
+        ambit_identity::tls::client_config(&shared.cert, std::slice::from_ref(&route.pod_identity))
+            .map_err(|e| ambit_hbone::HboneError::Tls(Arc::new(std::io::Error::other(e))))?;
     let key = PoolKey {
         src_identity: shared.cert.identity.to_string(),
         dst_identities: vec![route.pod_identity.to_string()],
@@ -351,6 +352,8 @@ pub struct WaypointObserved {
     pub records: Vec<ConnectRecord>,
     pub client_metrics: String,
     pub server_metrics: String,
+    /// The client node proxy's log (access lines included).
+    pub client_log: String,
 }
 
 /// Two nodes running `client` and `server` and the test waypoint in the server node.
@@ -444,5 +447,62 @@ pub fn observe_waypoint(
         records: waypoint.records(),
         client_metrics: nodes.metrics(&nodes.client_ns)?,
         server_metrics: nodes.metrics(&nodes.server_ns)?,
+        client_log: std::fs::read_to_string(&nodes.client_proxy.log)?,
     })
+}
+
+/// The port the server pod's PROXY application tunnel listens on, on loopback.
+pub const APP_TUNNEL_PORT: u16 = 15088;
+
+/// Two nodes running `client` and `server`, the server pod taking a PROXY application
+/// tunnel on loopback port [`APP_TUNNEL_PORT`]. The client sends `payload` to the server
+/// pod's app port and half-closes; returns every byte the tunnel's app received (the
+/// PROXY v2 header, then the payload).
+pub fn observe_app_tunnel(
+    tag: &str,
+    client: &super::peer::NodeProxy,
+    server: &super::peer::NodeProxy,
+    payload: &[u8],
+) -> anyhow::Result<Vec<u8>> {
+    use super::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP};
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let mesh = waypoint_mesh().replace(
+        "  workloadName: server\n",
+        &format!(
+            "  workloadName: server\n  applicationTunnel: {{protocol: PROXY, port: {APP_TUNNEL_PORT}}}\n"
+        ),
+    );
+    let nodes = TwoNodes::launch(TwoNodesSpec {
+        mesh: Some(&mesh),
+        ..TwoNodesSpec::of(tag, client.clone(), server.clone())
+    })?;
+    let listener = Lab::in_netns(&nodes.server_ns, || {
+        std::net::TcpListener::bind(("127.0.0.1", APP_TUNNEL_PORT))
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let got = (|| -> std::io::Result<Vec<u8>> {
+            let (mut s, _) = listener.accept()?;
+            s.set_read_timeout(Some(Duration::from_secs(20)))?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)?;
+            s.write_all(b"ok")?;
+            Ok(got)
+        })();
+        let _ = tx.send(got);
+    });
+    let mut conn = nodes.connect_from_client(SocketAddr::from((SERVER_IP, APP_PORT)))?;
+    conn.write_all(payload)?;
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut back = Vec::new();
+    conn.read_to_end(&mut back)?;
+    let got = rx
+        .recv_timeout(Duration::from_secs(20))
+        .context("the application tunnel's app got no connection")??;
+    anyhow::ensure!(
+        back == b"ok",
+        "the client got {back:?} back, not the app's answer"
+    );
+    Ok(got)
 }

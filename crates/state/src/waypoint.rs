@@ -86,9 +86,14 @@ pub fn resolve_waypoint(
     }
     // Waypoint mode (§10.3): the waypoint service need not list the HBONE port when its
     // pods take it through an application tunnel; then the port stays as it is.
-    let mut svc = (*service).clone();
-    svc.waypoint = None;
-    svc.ports.entry(gw.hbone_mtls_port).or_insert(0);
+    // (A named port, target 0: only endpoints that map it or take an application tunnel.)
+    let svc = if service.ports.contains_key(&gw.hbone_mtls_port) {
+        service.clone()
+    } else {
+        let mut svc = (*service).clone();
+        svc.ports.insert(gw.hbone_mtls_port, 0);
+        Arc::new(svc)
+    };
     let dialed = match &gw.destination {
         GatewayDestination::Address(a) => a.address,
         // A hostname keeps the caller's IP family.
@@ -98,7 +103,7 @@ pub fn resolve_waypoint(
         dst: SocketAddr::new(dialed, gw.hbone_mtls_port),
         ..*input
     };
-    match route_service(state, &lb_input, Arc::new(svc), rng) {
+    match route_service(state, &lb_input, svc, rng) {
         Ok(Route::Hbone {
             authority,
             destination,

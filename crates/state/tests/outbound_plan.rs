@@ -68,6 +68,14 @@ workloads:
   protocol: HBONE
   services:
     default/waypoint.default.svc.cluster.local: {15008: 15008}
+- name: waypoint-2
+  namespace: default
+  serviceAccount: waypoint2
+  workloadIps: ["10.1.9.2"]
+  protocol: HBONE
+  applicationTunnel: {protocol: NONE, port: 15088}
+  services:
+    default/wp2.default.svc.cluster.local: {}
 services:
 - name: echo
   namespace: default
@@ -111,6 +119,13 @@ services:
   vips: ["/10.96.0.32"]
   ports: {80: 80}
   waypoint: {destination: "net2/10.2.9.1", hboneMtlsPort: 15008}
+- {name: wp2, namespace: default, hostname: wp2.default.svc.cluster.local, vips: ["/10.96.9.2"]}
+- name: details
+  namespace: default
+  hostname: details.default.svc.cluster.local
+  vips: ["/10.96.0.33"]
+  ports: {80: 9080}
+  waypoint: {destination: "/10.96.9.2", hboneMtlsPort: 15008}
 - name: waypoint
   namespace: default
   hostname: waypoint.default.svc.cluster.local
@@ -175,6 +190,9 @@ fn outbound_plan_table() {
          "hbone 10.1.9.1:15008 10.96.0.30:80 [default/sa/waypoint default/sa/waypoint-san] waypoint reviews"),
         ("service waypoint by hostname", "client", "10.1.0.1", "10.96.0.31:80",
          "hbone 10.1.9.1:15008 10.96.0.31:80 [default/sa/waypoint default/sa/waypoint-san] waypoint ratings"),
+        ("a waypoint service without the HBONE port: its application-tunnel pods take it",
+         "client", "10.1.0.1", "10.96.0.33:80",
+         "hbone 10.1.9.2:15008 10.96.0.33:80 [default/sa/waypoint2] waypoint-2 details"),
         ("a service waypoint applies to the waypoint itself too", "waypoint", "10.1.9.1", "10.96.0.30:80",
          "hbone 10.1.9.1:15008 10.96.0.30:80 [default/sa/waypoint default/sa/waypoint-san] waypoint reviews"),
         ("the service behind the waypoint, dialed at its pod: direct", "client", "10.1.0.1", "10.1.3.1:9080",

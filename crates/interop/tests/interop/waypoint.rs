@@ -80,6 +80,25 @@ fn waypoint_traffic_looks_the_same_from_both_client_proxies() {
         "client-side metrics, ambit vs Istio:\n{}",
         diffs.join("\n")
     );
+    // The access logs name the same destination: the waypoint's workload and identity,
+    // the original service, the VIP as the HBONE address.
+    let dst = |log: &str| -> Vec<Vec<(String, String)>> {
+        ambit_interop::compare::access_lines(log)
+            .into_iter()
+            .map(|l| {
+                l.fields
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("dst.") || k == "src.identity")
+                    .collect()
+            })
+            .collect()
+    };
+    let (da, di) = (dst(&a.client_log), dst(&i.client_log));
+    assert_eq!(da.len(), 2, "two access lines expected:\n{}", a.client_log);
+    assert_eq!(
+        da, di,
+        "client access logs' destinations: ambit (left), Istio (right)"
+    );
 }
 
 #[test]
@@ -91,4 +110,26 @@ fn istio_ztunnel_accepts_what_the_test_waypoint_sends() {
     assert_eq!(seen.records[0].onward, Ok(()));
     let refused = seen.records[1].onward.clone().unwrap_err();
     assert!(refused.contains("400"), "{refused}");
+}
+
+/// The PROXY v2 header both servers write to a PROXY application tunnel, byte for byte
+/// but for the client's port.
+#[test]
+fn both_servers_write_the_same_proxy_header() {
+    let [ambit, istio] = both().unwrap();
+    let mask = |mut b: Vec<u8>| {
+        // IPv4: signature 12, version/family/length 4, addresses 8, then the source port.
+        if b.len() >= 26 {
+            b[24] = 0;
+            b[25] = 0;
+        }
+        b
+    };
+    let a = mask(
+        ambit_lab::waypoint::observe_app_tunnel("io-at-a", &ambit, &ambit, b"payload").unwrap(),
+    );
+    let i = mask(
+        ambit_lab::waypoint::observe_app_tunnel("io-at-i", &ambit, &istio, b"payload").unwrap(),
+    );
+    assert_eq!(a, i, "ambit (left), Istio (right)");
 }

@@ -510,7 +510,9 @@ mod tests {
         // shop namespace allows only its app ports (8080, 8443, 9090).
         let denied = "401 connection closed due to policy rejection: explicitly denied by: \
                       shop/app-ports-only";
-        let table: &[(&str, (&str, &str), &str, &str, String)] = &[
+        // (what, local workload name and service account, arrived on, authority, outcome)
+        type Row<'a> = (&'a str, (&'a str, &'a str), &'a str, &'a str, String);
+        let table: &[Row] = &[
             (
                 "the waypoint of a service: the service's VIP",
                 waypoint,
