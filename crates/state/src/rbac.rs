@@ -43,16 +43,44 @@ impl ProxyState {
     }
 }
 
+/// Told of every dry-run policy that matched (its key and action), for a metric.
+pub type DryRunHook = Box<dyn Fn(&str, PolicyAction) + Send + Sync>;
+
+static DRY_RUN_HOOK: std::sync::OnceLock<DryRunHook> = std::sync::OnceLock::new();
+
+/// Installs the process-wide hook [`authorize_with`] calls for each matching dry-run
+/// policy (the node proxy counts them). Only the first call installs; false after that.
+pub fn set_dry_run_hook(hook: DryRunHook) -> bool {
+    DRY_RUN_HOOK.set(hook).is_ok()
+}
+
 /// Evaluates a set of policies (already selected for the destination) against `ctx`.
+/// Matching dry-run policies are logged and reported to the hook of
+/// [`set_dry_run_hook`], never enforced.
 pub fn authorize_with<P: Borrow<Authorization>>(
     policies: &[P],
     ctx: &RbacContext,
+) -> Result<(), Denied> {
+    authorize_observed(policies, ctx, &mut |p| {
+        if let Some(hook) = DRY_RUN_HOOK.get() {
+            hook(&p.key(), p.action);
+        }
+    })
+}
+
+/// [`authorize_with`], with `on_dry_run` told of each matching dry-run policy instead of
+/// the process-wide hook.
+pub fn authorize_observed<P: Borrow<Authorization>>(
+    policies: &[P],
+    ctx: &RbacContext,
+    on_dry_run: &mut dyn FnMut(&Authorization),
 ) -> Result<(), Denied> {
     let policies = policies.iter().map(Borrow::borrow);
     for p in policies.clone().filter(|p| p.action == PolicyAction::Deny) {
         if matches(p, ctx) {
             if p.dry_run {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run DENY policy matched (not enforced)");
+                on_dry_run(p);
             } else {
                 tracing::debug!(policy = %p.key(), ctx = ?ctx, "denied by policy");
                 return Err(Denied {
@@ -65,15 +93,15 @@ pub fn authorize_with<P: Borrow<Authorization>>(
     let mut enforced_allow = false;
     let mut allowed = false;
     for p in policies.filter(|p| p.action == PolicyAction::Allow) {
-        let m = matches(p, ctx);
         if p.dry_run {
-            if m {
+            if matches(p, ctx) {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run ALLOW policy matched (not enforced)");
+                on_dry_run(p);
             }
             continue;
         }
         enforced_allow = true;
-        if m {
+        if matches(p, ctx) {
             tracing::debug!(policy = %p.key(), ctx = ?ctx, "allowed by policy");
             allowed = true;
             break;
@@ -91,10 +119,26 @@ pub fn authorize_with<P: Borrow<Authorization>>(
 /// A policy matches if any rule matches; a rule if all its clauses match (no clauses ⇒
 /// match); a clause if any of its match objects matches (no match objects ⇒ match).
 /// A policy without rules never matches.
+///
+/// L7 attributes (see [`crate::policy::L7_ATTRIBUTES`]) cannot be seen here: a rule of an
+/// ALLOW policy that uses one never matches; in a DENY policy they are ignored, and a
+/// match object left with no L4 field matches everything (deny more, never less).
 pub fn matches(p: &Authorization, ctx: &RbacContext) -> bool {
+    let deny = p.action == PolicyAction::Deny;
     p.rules.iter().any(|rule| {
-        rule.iter()
-            .all(|clause| clause.is_empty() || clause.iter().any(|m| match_object(m, ctx)))
+        if !deny && rule.iter().flatten().any(RbacMatch::has_l7) {
+            return false;
+        }
+        rule.iter().all(|clause| {
+            clause.is_empty()
+                || clause.iter().any(|m| {
+                    if deny && m.has_l7() {
+                        m.has_no_l4_field() || match_fields(m, ctx)
+                    } else {
+                        match_object(m, ctx)
+                    }
+                })
+        })
     })
 }
 
@@ -105,9 +149,11 @@ fn family<T>(pos: &[T], neg: &[T], f: impl Fn(&T) -> bool) -> bool {
 }
 
 fn match_object(m: &RbacMatch, ctx: &RbacContext) -> bool {
-    if m.is_empty() {
-        return false;
-    }
+    !m.is_empty() && match_fields(m, ctx)
+}
+
+/// Every L4 field family of the match object passes.
+fn match_fields(m: &RbacMatch, ctx: &RbacContext) -> bool {
     let id = ctx.source_identity.as_ref();
     let principal = id.map(ident::principal);
     let namespace = id.map(|i| i.namespace()).unwrap_or("");

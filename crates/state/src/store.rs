@@ -221,6 +221,20 @@ impl ProxyState {
     pub fn insert_policy(&mut self, mut p: Authorization) -> Result<Arc<Authorization>, String> {
         p.normalize()?;
         let key = p.key();
+        let l7 = p.l7_attributes();
+        if !l7.is_empty() {
+            let effect = match p.action {
+                crate::policy::PolicyAction::Allow => {
+                    "its rules that use them never match (allow less)"
+                }
+                crate::policy::PolicyAction::Deny => "they are ignored (deny more)",
+            };
+            tracing::warn!(
+                policy = %key,
+                attributes = ?l7,
+                "policy uses attributes an L4 proxy cannot see: {effect}"
+            );
+        }
         self.remove_policy(&key);
         let p = Arc::new(p);
         if let Some(ns) = attached_namespace(&p) {
@@ -401,6 +415,11 @@ impl ProxyState {
     /// All services, in `namespace/hostname` order.
     pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
         self.services.values()
+    }
+
+    /// The policy `namespace/name`.
+    pub fn policy_by_key(&self, key: &str) -> Option<Arc<Authorization>> {
+        self.policies.get(key).cloned()
     }
 
     /// All policies, in `namespace/name` order.
