@@ -325,6 +325,154 @@ mod tests {
         assert!(failures.is_empty(), "\n{}", failures.join("\n"));
     }
 
+    /// Every match field and its negation, each against a context it admits and one it
+    /// does not: (match object, context, want).
+    #[test]
+    fn every_field_and_negation() {
+        let c = client();
+        let v6 = ctx(
+            id("spiffe://cluster.local/ns/default/sa/client"),
+            "fd00::2",
+            "[fd00::3]:8080",
+        );
+        let anon = ctx(None, "10.0.0.2", "10.0.0.3:8080");
+        // Identities with '.' and '*' are compared byte for byte: no glob, no regex.
+        let dotted = ctx(
+            id("spiffe://example.org/ns/a.b/sa/x.y"),
+            "10.0.0.2",
+            "10.0.0.3:8080",
+        );
+        let other_td = ctx(
+            id("spiffe://examplexorg/ns/axb/sa/xxy"),
+            "10.0.0.2",
+            "10.0.0.3:8080",
+        );
+        let cases: &[(&str, &RbacContext, bool)] = &[
+            ("{destinationIps: [\"10.0.0.0/24\"]}", &c, true),
+            ("{destinationIps: [\"10.0.1.0/24\"]}", &c, false),
+            ("{destinationIps: [\"fd00::/64\"]}", &v6, true),
+            ("{destinationIps: [\"fd00::3\"]}", &v6, true),
+            ("{notDestinationIps: [\"10.0.0.3\"]}", &c, false),
+            ("{notDestinationIps: [\"10.0.1.0/24\"]}", &c, true),
+            ("{sourceIps: [\"10.0.0.2\"]}", &c, true),
+            ("{sourceIps: [\"10.0.0.3\"]}", &c, false),
+            ("{sourceIps: [\"fd00::2/128\"]}", &v6, true),
+            ("{notSourceIps: [\"10.0.0.0/30\"]}", &c, false),
+            ("{notSourceIps: [\"10.0.0.4/30\"]}", &c, true),
+            ("{destinationPorts: [8080]}", &c, true),
+            ("{destinationPorts: [8081]}", &c, false),
+            ("{notDestinationPorts: [8080]}", &c, false),
+            ("{notDestinationPorts: [8081]}", &c, true),
+            ("{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &c, true),
+            ("{principals: [{exact: \"cluster.local/ns/default/sa/clien\"}]}", &c, false),
+            ("{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &anon, false),
+            ("{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &c, false),
+            ("{notPrincipals: [{exact: \"cluster.local/ns/default/sa/other\"}]}", &c, true),
+            ("{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &anon, true),
+            ("{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}", &dotted, true),
+            ("{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}", &other_td, false),
+            ("{principals: [{exact: \"*\"}]}", &c, false),
+            ("{principals: [{exact: \"cluster.local/ns/default/sa/*\"}]}", &c, false),
+            ("{principals: [{prefix: \"*\"}]}", &c, false),
+            ("{principals: [{suffix: \"/sa/*\"}]}", &c, false),
+            ("{principals: [{prefix: \"example.org/ns/a.b/\"}]}", &other_td, false),
+            ("{notPrincipals: [{exact: \"*\"}]}", &c, true),
+            ("{namespaces: [{exact: default}]}", &c, true),
+            ("{namespaces: [{exact: a.b}]}", &dotted, true),
+            ("{namespaces: [{exact: a.b}]}", &other_td, false),
+            ("{namespaces: [{exact: \"*\"}]}", &c, false),
+            ("{namespaces: [{suffix: ult}]}", &c, true),
+            ("{notNamespaces: [{exact: default}]}", &c, false),
+            ("{notNamespaces: [{prefix: x}]}", &c, true),
+            ("{serviceAccounts: [{namespace: default, serviceAccount: client}]}", &c, true),
+            ("{serviceAccounts: [{namespace: default, serviceAccount: \"*\"}]}", &c, false),
+            ("{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}", &dotted, true),
+            ("{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}", &other_td, false),
+            ("{notServiceAccounts: [{namespace: default, serviceAccount: client}]}", &c, false),
+            ("{notServiceAccounts: [{namespace: default, serviceAccount: other}]}", &c, true),
+            // Presence: any non-empty value.
+            ("{principals: [{presence: {}}]}", &c, true),
+            ("{principals: [{presence: {}}]}", &anon, false),
+            ("{notPrincipals: [{presence: {}}]}", &c, false),
+            ("{namespaces: [{presence: {}}]}", &anon, false),
+            ("{notNamespaces: [{presence: {}}]}", &c, false),
+            // The empty match object never matches.
+            ("{}", &c, false),
+            ("{}", &anon, false),
+        ];
+        let mut failures = Vec::new();
+        for (obj, c, want) in cases {
+            for action in ["Allow", "Deny"] {
+                let p = policy(action, false, &format!("[[[{obj}]]]"));
+                if matches(&p, c) != *want {
+                    failures.push(format!("{action} {obj} ({:?}): want {want}", c.source_identity));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    /// L7 attributes: an ALLOW rule that uses one never matches; a DENY is enforced on its
+    /// L4 fields alone (all traffic when it has none).
+    #[test]
+    fn l7_attributes_fail_closed() {
+        let c = client();
+        let cases: &[(&str, &str, bool)] = &[
+            ("Allow", "[[[{paths: [\"/admin\"]}]]]", false),
+            ("Allow", "[[[{namespaces: [{exact: default}], methods: [GET]}]]]", false),
+            // The whole rule, even when another clause would have matched.
+            ("Allow", "[[[{namespaces: [{exact: default}]}], [{hosts: [a.example]}]]]", false),
+            // Another rule without L7 attributes still can.
+            ("Allow", "[[[{requestPrincipals: [\"*\"]}]], [[{namespaces: [{exact: default}]}]]]", true),
+            ("Deny", "[[[{paths: [\"/admin\"]}]]]", true),
+            ("Deny", "[[[{when: [{key: \"request.headers[x]\", values: [y]}]}]]]", true),
+            ("Deny", "[[[{namespaces: [{exact: default}], notMethods: [GET]}]]]", true),
+            ("Deny", "[[[{namespaces: [{exact: other}], headers: {x: y}}]]]", false),
+            ("Deny", "[[[{destinationPorts: [9090], notPaths: [\"/\"]}]]]", false),
+        ];
+        for (action, rules, want) in cases {
+            let p = policy(action, false, rules);
+            assert!(!p.l7_attributes().is_empty(), "{rules}");
+            assert_eq!(matches(&p, &c), *want, "{action} {rules}");
+        }
+        // Every name is read.
+        for name in crate::policy::L7_ATTRIBUTES {
+            let p = policy("Allow", false, &format!("[[[{{{name}: [x]}}]]]"));
+            assert_eq!(p.l7_attributes().into_iter().collect::<Vec<_>>(), [*name]);
+        }
+        // An ALLOW whose only rule is L7 leaves the workload with an ALLOW that admits
+        // nobody: denied, never allowed.
+        let only = policy("Allow", false, "[[[{methods: [GET]}]]]");
+        assert!(authorize_with(&[only], &c).is_err());
+    }
+
+    #[test]
+    fn dry_run_is_counted_not_enforced() {
+        let c = client();
+        let yes = "[[[{namespaces: [{exact: default}]}]]]";
+        let no = "[[[{namespaces: [{exact: other}]}]]]";
+        let named = |mut p: Authorization, n: &str| {
+            p.name = n.into();
+            p
+        };
+        let policies = vec![
+            named(policy("Deny", true, yes), "dry-deny"),
+            named(policy("Deny", true, no), "dry-deny-miss"),
+            named(policy("Allow", true, yes), "dry-allow"),
+            named(policy("Allow", false, yes), "allow"),
+        ];
+        let mut seen = Vec::new();
+        let verdict = authorize_observed(&policies, &c, &mut |p| seen.push((p.key(), p.action)));
+        assert!(verdict.is_ok());
+        assert_eq!(
+            seen,
+            [
+                ("default/dry-deny".to_string(), PolicyAction::Deny),
+                ("default/dry-allow".to_string(), PolicyAction::Allow),
+            ]
+        );
+    }
+
     #[test]
     fn rule_structure_table() {
         let c = client();
