@@ -482,3 +482,98 @@ fn a_reset_reaches_the_other_app_as_a_reset() {
         "the server app must see the client app's reset"
     );
 }
+
+/// `LOCAL_XDS_PATH` is watched: a DENY added to the file closes an open connection
+/// (counted with `response_flags="DENY"`); a bad policy added later is reported (log and
+/// metric) and the rest of the new file still applies.
+#[test]
+fn local_file_changes_apply_to_open_connections() {
+    let nodes = TwoNodes::start(ambit(), "e2e-reload", &[]).unwrap();
+    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let direct = SocketAddr::from((SERVER_IP, APP_PORT));
+    let echo = |conn: &mut std::net::TcpStream, payload: &[u8]| -> std::io::Result<()> {
+        conn.write_all(payload)?;
+        let mut buf = vec![0u8; payload.len()];
+        conn.read_exact(&mut buf)?;
+        assert_eq!(buf, payload);
+        Ok(())
+    };
+    let mut open = nodes.connect_from_client(direct).unwrap();
+    open.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    echo(&mut open, b"first").unwrap();
+
+    let mesh = std::fs::read_to_string(&nodes.config_path).unwrap();
+    let deny = "policies:\n- {name: deny-client, namespace: default, scope: Namespace, action: Deny, rules: [[[{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}]]]}\n";
+    // Written whole under another name, then renamed over: the watcher never reads half.
+    let write = |text: &str| {
+        let tmp = nodes.config_path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &nodes.config_path).unwrap();
+    };
+    write(&format!("{mesh}{deny}"));
+    // Closed by the proxy: an end of stream or a reset, not a read that timed out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let closed = loop {
+        let mut buf = [0u8; 16];
+        let r = open.write_all(b"again").and_then(|()| open.read(&mut buf));
+        match r {
+            Ok(0) => break true,
+            Err(e)
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break true
+            }
+            _ if Instant::now() > deadline => break false,
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert!(
+        closed,
+        "the open connection survived a DENY added to the file"
+    );
+    let labels = [("reporter", "destination"), ("response_flags", "DENY")];
+    wait_until(
+        "the close to be counted as DENY",
+        Duration::from_secs(10),
+        || {
+            let text = nodes.metrics(&nodes.server_ns).unwrap();
+            metric_sum(&text, "istio_tcp_connections_closed_total", &labels) >= 1
+        },
+    )
+    .unwrap();
+
+    // The DENY goes, and a bad policy (an invalid CIDR) comes: it is refused and
+    // reported, the removal still applies.
+    let bad = "policies:\n- {name: broken, namespace: elsewhere, scope: Namespace, action: Allow, rules: [[[{sourceIps: [\"10.0.0.0/33\"]}]]]}\n";
+    write(&format!("{mesh}{bad}"));
+    let mut text = String::new();
+    wait_until(
+        "the bad policy to be reported",
+        Duration::from_secs(15),
+        || {
+            text = nodes.metrics(&nodes.server_ns).unwrap();
+            metric_sum(
+                &text,
+                "ambit_local_config_rejected_policies",
+                &[("policy", "elsewhere/broken")],
+            ) == 1
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    wait_until(
+        "the client to be admitted again",
+        Duration::from_secs(15),
+        || {
+            let Ok(mut conn) = nodes.connect_from_client(direct) else {
+                return false;
+            };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            echo(&mut conn, b"back in").is_ok()
+        },
+    )
+    .unwrap();
+}

@@ -33,7 +33,7 @@ pub use rbac::{
     authorize_observed, authorize_with, matches as policy_matches, set_dry_run_hook, Denied,
     DryRunHook, RbacContext,
 };
-pub use route::{route, Route, RouteError, RouteInput};
+pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
 pub use service::{
     IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
     Service, Visibility,

@@ -363,19 +363,59 @@ mod tests {
             ("{destinationPorts: [8081]}", &c, false),
             ("{notDestinationPorts: [8080]}", &c, false),
             ("{notDestinationPorts: [8081]}", &c, true),
-            ("{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &c, true),
-            ("{principals: [{exact: \"cluster.local/ns/default/sa/clien\"}]}", &c, false),
-            ("{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &anon, false),
-            ("{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &c, false),
-            ("{notPrincipals: [{exact: \"cluster.local/ns/default/sa/other\"}]}", &c, true),
-            ("{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}", &anon, true),
-            ("{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}", &dotted, true),
-            ("{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}", &other_td, false),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &c,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/clien\"}]}",
+                &c,
+                false,
+            ),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &anon,
+                false,
+            ),
+            (
+                "{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &c,
+                false,
+            ),
+            (
+                "{notPrincipals: [{exact: \"cluster.local/ns/default/sa/other\"}]}",
+                &c,
+                true,
+            ),
+            (
+                "{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &anon,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}",
+                &dotted,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}",
+                &other_td,
+                false,
+            ),
             ("{principals: [{exact: \"*\"}]}", &c, false),
-            ("{principals: [{exact: \"cluster.local/ns/default/sa/*\"}]}", &c, false),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/*\"}]}",
+                &c,
+                false,
+            ),
             ("{principals: [{prefix: \"*\"}]}", &c, false),
             ("{principals: [{suffix: \"/sa/*\"}]}", &c, false),
-            ("{principals: [{prefix: \"example.org/ns/a.b/\"}]}", &other_td, false),
+            (
+                "{principals: [{prefix: \"example.org/ns/a.b/\"}]}",
+                &other_td,
+                false,
+            ),
             ("{notPrincipals: [{exact: \"*\"}]}", &c, true),
             ("{namespaces: [{exact: default}]}", &c, true),
             ("{namespaces: [{exact: a.b}]}", &dotted, true),
@@ -384,12 +424,36 @@ mod tests {
             ("{namespaces: [{suffix: ult}]}", &c, true),
             ("{notNamespaces: [{exact: default}]}", &c, false),
             ("{notNamespaces: [{prefix: x}]}", &c, true),
-            ("{serviceAccounts: [{namespace: default, serviceAccount: client}]}", &c, true),
-            ("{serviceAccounts: [{namespace: default, serviceAccount: \"*\"}]}", &c, false),
-            ("{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}", &dotted, true),
-            ("{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}", &other_td, false),
-            ("{notServiceAccounts: [{namespace: default, serviceAccount: client}]}", &c, false),
-            ("{notServiceAccounts: [{namespace: default, serviceAccount: other}]}", &c, true),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &c,
+                true,
+            ),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: \"*\"}]}",
+                &c,
+                false,
+            ),
+            (
+                "{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}",
+                &dotted,
+                true,
+            ),
+            (
+                "{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}",
+                &other_td,
+                false,
+            ),
+            (
+                "{notServiceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &c,
+                false,
+            ),
+            (
+                "{notServiceAccounts: [{namespace: default, serviceAccount: other}]}",
+                &c,
+                true,
+            ),
             // Presence: any non-empty value.
             ("{principals: [{presence: {}}]}", &c, true),
             ("{principals: [{presence: {}}]}", &anon, false),
@@ -405,7 +469,10 @@ mod tests {
             for action in ["Allow", "Deny"] {
                 let p = policy(action, false, &format!("[[[{obj}]]]"));
                 if matches(&p, c) != *want {
-                    failures.push(format!("{action} {obj} ({:?}): want {want}", c.source_identity));
+                    failures.push(format!(
+                        "{action} {obj} ({:?}): want {want}",
+                        c.source_identity
+                    ));
                 }
             }
         }
@@ -419,16 +486,44 @@ mod tests {
         let c = client();
         let cases: &[(&str, &str, bool)] = &[
             ("Allow", "[[[{paths: [\"/admin\"]}]]]", false),
-            ("Allow", "[[[{namespaces: [{exact: default}], methods: [GET]}]]]", false),
+            (
+                "Allow",
+                "[[[{namespaces: [{exact: default}], methods: [GET]}]]]",
+                false,
+            ),
             // The whole rule, even when another clause would have matched.
-            ("Allow", "[[[{namespaces: [{exact: default}]}], [{hosts: [a.example]}]]]", false),
+            (
+                "Allow",
+                "[[[{namespaces: [{exact: default}]}], [{hosts: [a.example]}]]]",
+                false,
+            ),
             // Another rule without L7 attributes still can.
-            ("Allow", "[[[{requestPrincipals: [\"*\"]}]], [[{namespaces: [{exact: default}]}]]]", true),
+            (
+                "Allow",
+                "[[[{requestPrincipals: [\"*\"]}]], [[{namespaces: [{exact: default}]}]]]",
+                true,
+            ),
             ("Deny", "[[[{paths: [\"/admin\"]}]]]", true),
-            ("Deny", "[[[{when: [{key: \"request.headers[x]\", values: [y]}]}]]]", true),
-            ("Deny", "[[[{namespaces: [{exact: default}], notMethods: [GET]}]]]", true),
-            ("Deny", "[[[{namespaces: [{exact: other}], headers: {x: y}}]]]", false),
-            ("Deny", "[[[{destinationPorts: [9090], notPaths: [\"/\"]}]]]", false),
+            (
+                "Deny",
+                "[[[{when: [{key: \"request.headers[x]\", values: [y]}]}]]]",
+                true,
+            ),
+            (
+                "Deny",
+                "[[[{namespaces: [{exact: default}], notMethods: [GET]}]]]",
+                true,
+            ),
+            (
+                "Deny",
+                "[[[{namespaces: [{exact: other}], headers: {x: y}}]]]",
+                false,
+            ),
+            (
+                "Deny",
+                "[[[{destinationPorts: [9090], notPaths: [\"/\"]}]]]",
+                false,
+            ),
         ];
         for (action, rules, want) in cases {
             let p = policy(action, false, rules);

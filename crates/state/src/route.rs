@@ -159,11 +159,121 @@ fn direct(
     }
 }
 
-/// An endpoint that can take the connection.
-struct Candidate {
-    workload: Arc<Workload>,
-    ip: IpAddr,
+/// An endpoint chosen for a connection: the workload, the IP to dial and the (translated)
+/// target port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picked {
+    pub workload: Arc<Workload>,
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+/// What the endpoint is picked for (reference §10.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickMode {
+    /// A service the application dialed: the service must define the port.
+    Standard,
+    /// A waypoint service: the port may be absent when the endpoint has an application
+    /// tunnel (then the service port itself is used).
+    Waypoint,
+}
+
+/// How many weighted draws over all endpoints are tried before the exact scan.
+const DRAWS: usize = 8;
+
+/// Picks an endpoint of `svc` for a connection to `dialed_ip:port` from `source`, by the
+/// rules of reference §10.3: health (unless `AllowAll`), the source's network, the target
+/// port (endpoint map, then the service's target port, then an application tunnel's
+/// service port), an IP the service's families allow (the dialed family first); with
+/// STRICT/FAILOVER the best-ranked locality; then at random weighted by capacity.
+///
+/// Standard mode without locality preferences draws from all endpoints by capacity and
+/// keeps the first eligible draw (O(log n) each); after a few ineligible ones it scans
+/// all endpoints. Either way the result is distributed exactly as the scan alone.
+/// Does not look at waypoints or PASSTHROUGH: the caller decides those.
+pub fn pick_endpoint(
+    state: &ProxyState,
+    svc: &Service,
     port: u16,
+    dialed_ip: IpAddr,
+    source: &Workload,
+    mode: PickMode,
+    rng: &mut impl Rng,
+) -> Result<Picked, RouteError> {
+    let svc_target = match (svc.ports.get(&port), mode) {
+        (Some(&t), _) => t,
+        (None, PickMode::Waypoint) => 0,
+        (None, PickMode::Standard) => {
+            return Err(RouteError::UnknownTargetPort {
+                service: svc.key(),
+                port,
+            })
+        }
+    };
+    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
+    let eligible = |wl: &Arc<Workload>, ports: &PortMap| -> Option<Picked> {
+        if !allow_unhealthy && wl.status != HealthStatus::Healthy {
+            return None;
+        }
+        // Endpoints in another network need double HBONE through their network gateway
+        // (reference §10.2); not candidates until that exists.
+        if wl.network != source.network {
+            return None;
+        }
+        let port = target_port(wl, ports, port, svc_target)?;
+        // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
+        // gateway) are not candidates yet.
+        let ip = pick_ip(svc, wl, dialed_ip)?;
+        Some(Picked {
+            workload: wl.clone(),
+            ip,
+            port,
+        })
+    };
+    let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
+    let key = svc.key();
+    let Some(index) = state.endpoint_index(&key) else {
+        return Err(no_upstream());
+    };
+    let mode = svc.lb_mode();
+    let ranked = matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover);
+    if !ranked {
+        for _ in 0..DRAWS {
+            let Some(i) = index.pick(rng) else { break };
+            let (wl, ports) = &index.endpoints[i];
+            if let Some(p) = eligible(wl, ports) {
+                return Ok(p);
+            }
+        }
+    }
+    let mut candidates: Vec<Picked> = index
+        .endpoints
+        .iter()
+        .filter_map(|(wl, ports)| eligible(wl, ports))
+        .collect();
+    if ranked {
+        let prefs = svc
+            .load_balancer
+            .as_ref()
+            .map(|lb| lb.routing_preferences.as_slice())
+            .unwrap_or_default();
+        if mode == LoadBalancerMode::Strict {
+            candidates.retain(|c| prefs.iter().all(|s| scope_matches(*s, source, &c.workload)));
+        }
+        let ranks: Vec<usize> = candidates
+            .iter()
+            .map(|c| rank(prefs, source, &c.workload))
+            .collect();
+        if let Some(&best) = ranks.iter().max() {
+            let mut i = 0;
+            candidates.retain(|_| {
+                let keep = ranks[i] == best;
+                i += 1;
+                keep
+            });
+        }
+    }
+    pick_weighted(candidates, rng).ok_or_else(no_upstream)
 }
 
 fn route_service(
@@ -178,69 +288,22 @@ fn route_service(
             target: format!("service {}", svc.key()),
         });
     }
-    let mode = svc.lb_mode();
-    if mode == LoadBalancerMode::Passthrough {
+    if svc.lb_mode() == LoadBalancerMode::Passthrough {
         return Ok(Route::Tcp {
             target: input.dst,
             destination: None,
             service: Some(svc),
         });
     }
-    let port = input.dst.port();
-    let Some(&svc_target) = svc.ports.get(&port) else {
-        return Err(RouteError::UnknownTargetPort {
-            service: svc.key(),
-            port,
-        });
-    };
-    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
-    let mut candidates: Vec<Candidate> = state
-        .endpoints(&svc.key())
-        .filter(|ep| allow_unhealthy || ep.workload.status == HealthStatus::Healthy)
-        // Endpoints in another network need double HBONE through their network gateway
-        // (reference §10.2); not candidates until that exists.
-        .filter(|ep| ep.workload.network == input.source.network)
-        .filter_map(|ep| {
-            let port = target_port(ep.workload, ep.ports, port, svc_target)?;
-            // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
-            // gateway) are not candidates yet.
-            let ip = pick_ip(&svc, ep.workload, input.dst.ip())?;
-            Some(Candidate {
-                workload: ep.workload.clone(),
-                ip,
-                port,
-            })
-        })
-        .collect();
-    if matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover) {
-        let prefs = svc
-            .load_balancer
-            .as_ref()
-            .map(|lb| lb.routing_preferences.as_slice())
-            .unwrap_or_default();
-        if mode == LoadBalancerMode::Strict {
-            candidates.retain(|c| {
-                prefs
-                    .iter()
-                    .all(|s| scope_matches(*s, input.source, &c.workload))
-            });
-        }
-        let ranks: Vec<usize> = candidates
-            .iter()
-            .map(|c| rank(prefs, input.source, &c.workload))
-            .collect();
-        if let Some(&best) = ranks.iter().max() {
-            let mut i = 0;
-            candidates.retain(|_| {
-                let keep = ranks[i] == best;
-                i += 1;
-                keep
-            });
-        }
-    }
-    let Some(chosen) = pick_weighted(candidates, rng) else {
-        return Err(RouteError::NoHealthyUpstream { service: svc.key() });
-    };
+    let chosen = pick_endpoint(
+        state,
+        &svc,
+        input.dst.port(),
+        input.dst.ip(),
+        input.source,
+        PickMode::Standard,
+        rng,
+    )?;
     Ok(direct(
         input,
         chosen.workload,
@@ -309,7 +372,7 @@ fn rank(prefs: &[LoadBalancerScope], src: &Workload, dst: &Workload) -> usize {
 
 /// Picks one candidate at random, weighted by workload capacity (all-zero capacities:
 /// uniformly).
-fn pick_weighted(mut candidates: Vec<Candidate>, rng: &mut impl Rng) -> Option<Candidate> {
+fn pick_weighted(mut candidates: Vec<Picked>, rng: &mut impl Rng) -> Option<Picked> {
     if candidates.len() <= 1 {
         return candidates.pop();
     }

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::addr::NetworkAddress;
 use crate::config::LocalConfig;
@@ -40,6 +40,30 @@ pub struct ProxyState {
     /// Bumped whenever a policy is added, replaced or removed, so that decisions taken
     /// before can tell whether the policies they were taken on are still the same.
     policy_generation: u64,
+    /// Service key → its endpoints prepared for weighted choice, built on first use after
+    /// each change of that service's endpoints (so a batch of changes costs one build).
+    endpoint_index: HashMap<String, Arc<OnceLock<EndpointIndex>>>,
+}
+
+/// The endpoints of one service, in uid order, with the running sum of their capacities
+/// for an O(log n) weighted choice.
+#[derive(Debug, Default)]
+pub(crate) struct EndpointIndex {
+    pub(crate) endpoints: Vec<(Arc<Workload>, PortMap)>,
+    /// `cumulative[i]`: the capacities of endpoints `0..=i` added up.
+    cumulative: Vec<u64>,
+}
+
+impl EndpointIndex {
+    /// One endpoint at random, weighted by capacity (uniformly when all are 0).
+    pub(crate) fn pick(&self, rng: &mut impl rand::Rng) -> Option<usize> {
+        let total = *self.cumulative.last()?;
+        if total == 0 {
+            return Some(rng.gen_range(0..self.endpoints.len()));
+        }
+        let r = rng.gen_range(0..total);
+        Some(self.cumulative.partition_point(|c| *c <= r))
+    }
 }
 
 /// A service endpoint: a workload and its port map for that service.
@@ -145,6 +169,8 @@ impl ProxyState {
                 .entry(svc.clone())
                 .or_default()
                 .insert(w.uid.clone(), ports.clone());
+            self.endpoint_index
+                .insert(svc.clone(), Arc::new(OnceLock::new()));
         }
         self.workloads.insert(w.uid.clone(), w.clone());
         Ok(w)
@@ -164,6 +190,10 @@ impl ProxyState {
                 eps.remove(uid);
                 if eps.is_empty() {
                     self.endpoints.remove(svc);
+                    self.endpoint_index.remove(svc);
+                } else {
+                    self.endpoint_index
+                        .insert(svc.clone(), Arc::new(OnceLock::new()));
                 }
             }
         }
@@ -390,6 +420,29 @@ impl ProxyState {
                     ports,
                 })
             })
+    }
+
+    /// The endpoints of a service prepared for weighted choice (none without endpoints).
+    pub(crate) fn endpoint_index(&self, service_key: &str) -> Option<&EndpointIndex> {
+        let cell = self.endpoint_index.get(service_key)?;
+        Some(cell.get_or_init(|| {
+            let endpoints: Vec<(Arc<Workload>, PortMap)> = self
+                .endpoints(service_key)
+                .map(|e| (e.workload.clone(), e.ports.clone()))
+                .collect();
+            let mut sum = 0u64;
+            let cumulative = endpoints
+                .iter()
+                .map(|(w, _)| {
+                    sum += u64::from(w.capacity);
+                    sum
+                })
+                .collect();
+            EndpointIndex {
+                endpoints,
+                cumulative,
+            }
+        }))
     }
 
     /// The policies that apply to a workload: GLOBAL ones, NAMESPACE ones of its
