@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ambit_identity::SpiffeId;
 use ambit_state::{
-    route, Authorization, PolicyAction, PolicyScope, ProxyState, RbacContext, RbacMatch,
-    RouteInput, Service, StringMatch, Workload,
+    pick_endpoint, route, Authorization, PickMode, PolicyAction, PolicyScope, ProxyState,
+    RbacContext, RbacMatch, RouteInput, Service, StringMatch, Workload,
 };
 use criterion::{criterion_group, criterion_main, Criterion};
 use rand::rngs::StdRng;
@@ -128,7 +128,28 @@ fn endpoints(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(1);
     // Built on first use after a change: not part of the measured decision.
     route(&s, &input, &mut rng).unwrap();
-    g.bench_function("service_10k_endpoints", |b| {
+    let svc = s
+        .service_by_vip("", "10.96.0.10".parse().unwrap(), "client")
+        .unwrap();
+    let dialed: IpAddr = "10.96.0.10".parse().unwrap();
+    g.bench_function("pick_endpoint_10k_endpoints", |b| {
+        b.iter(|| {
+            black_box(
+                pick_endpoint(
+                    &s,
+                    &svc,
+                    80,
+                    black_box(dialed),
+                    &client,
+                    PickMode::Standard,
+                    &mut rng,
+                )
+                .unwrap(),
+            )
+        })
+    });
+    // The whole outbound decision: VIP lookup, endpoint, HBONE route with its identities.
+    g.bench_function("route_vip_10k_endpoints", |b| {
         b.iter(|| black_box(route(&s, black_box(&input), &mut rng).unwrap()))
     });
     g.finish();

@@ -39,7 +39,9 @@ impl ProxyState {
     /// Authorizes a connection to `dst_workload` against the policies that apply to it
     /// (see [`ProxyState::policies_for`]).
     pub fn authorize(&self, ctx: &RbacContext, dst_workload: &Workload) -> Result<(), Denied> {
-        authorize_with(&self.policies_for(dst_workload), ctx)
+        let mut applying: Vec<&Authorization> = Vec::with_capacity(16);
+        self.each_policy_for(dst_workload, |p| applying.push(p));
+        authorize_with(&applying, ctx)
     }
 }
 

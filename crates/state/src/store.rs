@@ -35,8 +35,8 @@ pub struct ProxyState {
     endpoints: BTreeMap<String, BTreeMap<String, PortMap>>,
     /// By `namespace/name`.
     policies: BTreeMap<String, Arc<Authorization>>,
-    /// Namespace ("" for GLOBAL policies) → policy keys.
-    policies_by_namespace: HashMap<String, BTreeSet<String>>,
+    /// Namespace ("" for GLOBAL policies) → policy key → policy.
+    policies_by_namespace: HashMap<String, BTreeMap<String, Arc<Authorization>>>,
     /// Bumped whenever a policy is added, replaced or removed, so that decisions taken
     /// before can tell whether the policies they were taken on are still the same.
     policy_generation: u64,
@@ -271,7 +271,7 @@ impl ProxyState {
             self.policies_by_namespace
                 .entry(ns.to_string())
                 .or_default()
-                .insert(key.clone());
+                .insert(key.clone(), p.clone());
         }
         self.policies.insert(key, p.clone());
         self.policy_generation += 1;
@@ -448,16 +448,45 @@ impl ProxyState {
     /// The policies that apply to a workload: GLOBAL ones, NAMESPACE ones of its
     /// namespace, and those it selects by name (unknown names skipped); in key order.
     pub fn policies_for(&self, w: &Workload) -> Vec<Arc<Authorization>> {
-        let mut keys: BTreeSet<&str> = BTreeSet::new();
-        for ns in ["", w.namespace.as_str()] {
-            if let Some(set) = self.policies_by_namespace.get(ns) {
-                keys.extend(set.iter().map(String::as_str));
+        let mut out: Vec<Arc<Authorization>> = Vec::new();
+        self.each_policy_for(w, |p| out.push(p.clone()));
+        // One policy may be both attached and named: keep it once.
+        out.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        out
+    }
+
+    /// The policies of [`ProxyState::policies_for`], without collecting them: the GLOBAL
+    /// ones, then those of the workload's namespace (each in key order), then those it
+    /// names that are not among them already. Cost: the policies that apply, not all.
+    pub(crate) fn each_policy_for<'a>(
+        &'a self,
+        w: &Workload,
+        mut f: impl FnMut(&'a Arc<Authorization>),
+    ) {
+        let global = self.policies_by_namespace.get("");
+        let own = self.policies_by_namespace.get(w.namespace.as_str());
+        global
+            .into_iter()
+            .chain(own)
+            .flat_map(|m| m.values())
+            .for_each(&mut f);
+        for (i, key) in w.authorization_policies.iter().enumerate() {
+            let Some(p) = self.policies.get(key) else {
+                continue;
+            };
+            if w.authorization_policies[..i].contains(key) {
+                continue;
+            }
+            let attached = match attached_namespace(p) {
+                Some("") => true,
+                Some(ns) => ns == w.namespace,
+                None => false,
+            };
+            if !attached {
+                f(p);
             }
         }
-        keys.extend(w.authorization_policies.iter().map(String::as_str));
-        keys.into_iter()
-            .filter_map(|k| self.policies.get(k).cloned())
-            .collect()
     }
 
     /// All workloads, in uid order.
