@@ -78,8 +78,9 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
     on_dry_run: &mut dyn FnMut(&Authorization),
 ) -> Result<(), Denied> {
     let policies = policies.iter().map(Borrow::borrow);
+    let peer = Peer::new(ctx);
     for p in policies.clone().filter(|p| p.action == PolicyAction::Deny) {
-        if matches(p, ctx) {
+        if matches_peer(p, &peer) {
             if p.dry_run {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run DENY policy matched (not enforced)");
                 on_dry_run(p);
@@ -96,14 +97,14 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
     let mut allowed = false;
     for p in policies.filter(|p| p.action == PolicyAction::Allow) {
         if p.dry_run {
-            if matches(p, ctx) {
+            if matches_peer(p, &peer) {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run ALLOW policy matched (not enforced)");
                 on_dry_run(p);
             }
             continue;
         }
         enforced_allow = true;
-        if matches(p, ctx) {
+        if matches_peer(p, &peer) {
             tracing::debug!(policy = %p.key(), ctx = ?ctx, "allowed by policy");
             allowed = true;
             break;
@@ -126,6 +127,32 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
 /// ALLOW policy that uses one never matches; in a DENY policy they are ignored, and a
 /// match object left with no L4 field matches everything (deny more, never less).
 pub fn matches(p: &Authorization, ctx: &RbacContext) -> bool {
+    matches_peer(p, &Peer::new(ctx))
+}
+
+/// The connection as the match fields see it, derived once per decision.
+struct Peer<'a> {
+    ctx: &'a RbacContext,
+    /// The peer's SPIFFE id without `spiffe://`, made on first use.
+    principal: std::cell::OnceCell<Option<String>>,
+}
+
+impl<'a> Peer<'a> {
+    fn new(ctx: &'a RbacContext) -> Self {
+        Peer {
+            ctx,
+            principal: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn principal(&self) -> Option<&str> {
+        self.principal
+            .get_or_init(|| self.ctx.source_identity.as_ref().map(ident::principal))
+            .as_deref()
+    }
+}
+
+fn matches_peer(p: &Authorization, ctx: &Peer<'_>) -> bool {
     let deny = p.action == PolicyAction::Deny;
     p.rules.iter().any(|rule| {
         if !deny && rule.iter().flatten().any(RbacMatch::has_l7) {
@@ -150,14 +177,14 @@ fn family<T>(pos: &[T], neg: &[T], f: impl Fn(&T) -> bool) -> bool {
     (pos.is_empty() || pos.iter().any(&f)) && !neg.iter().any(&f)
 }
 
-fn match_object(m: &RbacMatch, ctx: &RbacContext) -> bool {
-    !m.is_empty() && match_fields(m, ctx)
+fn match_object(m: &RbacMatch, ctx: &Peer<'_>) -> bool {
+    !m.has_no_l4_field() && match_fields(m, ctx)
 }
 
 /// Every L4 field family of the match object passes.
-fn match_fields(m: &RbacMatch, ctx: &RbacContext) -> bool {
+fn match_fields(m: &RbacMatch, peer: &Peer<'_>) -> bool {
+    let ctx = peer.ctx;
     let id = ctx.source_identity.as_ref();
-    let principal = id.map(ident::principal);
     let namespace = id.map(|i| i.namespace()).unwrap_or("");
     let dst_ip = ctx.destination.ip();
     let dst_port = ctx.destination.port();
@@ -176,7 +203,7 @@ fn match_fields(m: &RbacMatch, ctx: &RbacContext) -> bool {
             })
         },
     ) && family(&m.principals, &m.not_principals, |s: &StringMatch| {
-        principal.as_deref().is_some_and(|p| s.matches(p))
+        peer.principal().is_some_and(|p| s.matches(p))
     }) && family(&m.namespaces, &m.not_namespaces, |s: &StringMatch| {
         s.matches(namespace)
     })

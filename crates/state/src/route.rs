@@ -694,6 +694,68 @@ services:
         assert!((850..=950).contains(&to_heavy), "{to_heavy}");
     }
 
+    /// The weighted draw over all endpoints never changes who may be picked, nor how
+    /// often: a heavy endpoint that is not eligible is skipped, the eligible ones keep
+    /// their capacity ratio, and eligible zero-capacity ones are still found.
+    #[test]
+    fn draws_fall_back_to_the_exact_scan() {
+        let mut s = mesh();
+        let set = |s: &mut ProxyState, name: &str, capacity: u32, healthy: bool| {
+            let mut w = (*s
+                .workload_by_uid(&format!("Kubernetes//v1/Pod/default/{name}"))
+                .unwrap())
+            .clone();
+            w.capacity = capacity;
+            w.status = if healthy {
+                HealthStatus::Healthy
+            } else {
+                HealthStatus::Unhealthy
+            };
+            w.services.insert(
+                "default/sick.default.svc.cluster.local".into(),
+                [(80, 8080)].into(),
+            );
+            s.insert_workload(w).unwrap();
+        };
+        set(&mut s, "sick", 1000, false);
+        set(&mut s, "echo-1", 1, true);
+        set(&mut s, "echo-2", 3, true);
+        let svc = s
+            .service_by_key("default/sick.default.svc.cluster.local")
+            .unwrap();
+        let src = s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let dialed: IpAddr = "10.96.0.12".parse().unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut heavy = 0;
+        for _ in 0..4000 {
+            let p =
+                pick_endpoint(&s, &svc, 80, dialed, &src, PickMode::Standard, &mut rng).unwrap();
+            assert_ne!(p.workload.name, "sick");
+            if p.workload.name == "echo-2" {
+                heavy += 1;
+            }
+        }
+        // Expected 3000 (p = 3/4); the bounds are more than 7 standard deviations away.
+        assert!((2800..=3200).contains(&heavy), "{heavy}");
+        // Only zero-capacity endpoints eligible: still picked.
+        set(&mut s, "echo-1", 0, true);
+        set(&mut s, "echo-2", 0, true);
+        let p = pick_endpoint(&s, &svc, 80, dialed, &src, PickMode::Standard, &mut rng).unwrap();
+        assert_ne!(p.workload.name, "sick");
+        // A port the service lacks: an error in Standard mode; in Waypoint mode only an
+        // endpoint with an application tunnel could take it (none here).
+        assert!(matches!(
+            pick_endpoint(&s, &svc, 81, dialed, &src, PickMode::Standard, &mut rng),
+            Err(RouteError::UnknownTargetPort { .. })
+        ));
+        assert!(matches!(
+            pick_endpoint(&s, &svc, 81, dialed, &src, PickMode::Waypoint, &mut rng),
+            Err(RouteError::NoHealthyUpstream { .. })
+        ));
+    }
+
     #[test]
     fn zero_capacity_still_routes() {
         let mut s = mesh();
