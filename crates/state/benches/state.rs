@@ -167,9 +167,9 @@ fn endpoints(c: &mut Criterion) {
     }
     for i in 0..1000u32 {
         let mut svc = Service::new(
-            &format!("s{i}"),
-            &format!("ns-{i}"),
-            &format!("s{i}.ns-{i}"),
+            format!("s{i}"),
+            format!("ns-{i}"),
+            format!("s{i}.ns-{i}"),
         );
         svc.vips = vec![format!("/10.96.{}.{}", i / 250, i % 250).parse().unwrap()];
         svc.ports.insert(80, 8080);
