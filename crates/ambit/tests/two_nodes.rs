@@ -577,3 +577,49 @@ fn local_file_changes_apply_to_open_connections() {
     )
     .unwrap();
 }
+
+/// A service with an endpoint on each node, of capacities 1 (node1) and 4 (node2): the
+/// client's connections to its VIP reach both, the heavier one more often.
+#[test]
+fn service_endpoints_on_two_nodes_share_connections_by_capacity() {
+    // The client workload is the light endpoint (node1, served by its own node proxy's
+    // HBONE inbound), the server the heavy one (node2).
+    let endpoint =
+        format!("  services:\n    default/{SERVICE_HOST}:\n      {SERVICE_PORT}: {APP_PORT}\n");
+    let mesh = ambit_lab::mesh::mesh_yaml()
+        .replacen("  services: {}\n", &format!("  capacity: 1\n{endpoint}"), 1)
+        .replacen("  node: node2\n", "  node: node2\n  capacity: 4\n", 1);
+    assert!(
+        mesh.contains("capacity: 1") && mesh.contains("capacity: 4"),
+        "{mesh}"
+    );
+    let nodes = TwoNodes::launch(ambit_lab::mesh::TwoNodesSpec {
+        mesh: Some(&mesh),
+        ..ambit_lab::mesh::TwoNodesSpec::pair(
+            "e2e-weights",
+            &ambit_lab::peer::NodeProxy::Ambit(ambit().to_path_buf()),
+        )
+    })
+    .unwrap();
+    // node2's app echoes once, node1's twice: the answer's length says who served it.
+    let _server = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let listener = Lab::in_netns(&nodes.client_ns, || {
+        std::net::TcpListener::bind(SocketAddr::from((CLIENT_IP, APP_PORT)))
+    })
+    .unwrap();
+    let _local = ambit_lab::mesh::serve_echo(listener, EchoMode::Double);
+    let vip = SocketAddr::from((SERVICE_VIP, SERVICE_PORT));
+    // 100 connections, not 50: with p = 1/5 for the light endpoint, 50 cannot make both
+    // checks below fail by luck less than once in a million (0.8^50 = 1.4e-5 alone).
+    // With 100: P(light = 0) = 0.8^100 = 2e-10; P(light >= heavy) = P(Bin(100, 0.2) >=
+    // 50) < 1e-10; P(heavy = 0) = 0.2^100. Together under 1e-9.
+    let (mut light, mut heavy) = (0u32, 0u32);
+    for _ in 0..100 {
+        match exchange(&nodes, vip, b"w").as_slice() {
+            b"ww" => light += 1,
+            b"w" => heavy += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(light > 0 && heavy > light, "light {light}, heavy {heavy}");
+}
