@@ -140,22 +140,23 @@ impl std::fmt::Debug for PolicyGauges {
 impl Collector for PolicyGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let state = self.state.get();
-        let mut family = encoder.encode_descriptor(
-            "ambit_rbac_unsupported_attributes",
-            "1 for each attribute an L4 proxy cannot see (HTTP paths, methods, ...) that a policy uses: its ALLOW rules using it never match, its DENY rules are enforced without it",
-            None,
-            MetricType::Gauge,
-        )?;
-        for p in state.policies() {
-            for attribute in p.l7_attributes() {
-                let labels = [
-                    ("policy".to_string(), p.key()),
-                    ("attribute".to_string(), attribute.to_string()),
-                ];
-                ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        {
+            let mut family = encoder.encode_descriptor(
+                "ambit_rbac_unsupported_attributes",
+                "1 for each attribute an L4 proxy cannot see (HTTP paths, methods, ...) that a policy uses: its ALLOW rules using it never match, its DENY rules are enforced without it",
+                None,
+                MetricType::Gauge,
+            )?;
+            for p in state.policies() {
+                for attribute in p.l7_attributes() {
+                    let labels = [
+                        ("policy".to_string(), p.key()),
+                        ("attribute".to_string(), attribute.to_string()),
+                    ];
+                    ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+                }
             }
         }
-        drop(family);
         let rejected = self
             .report
             .rejected

@@ -419,6 +419,18 @@ mod tests {
     }
 
     #[test]
+    fn null_and_empty_policy_sections() {
+        for yaml in ["policies:\n", "policies: ~\n", "policies: []\n"] {
+            let load = load_local_config("f", yaml, None).unwrap();
+            assert!(load.config.policies.is_empty(), "{yaml}");
+            assert!(parse_local_config("f", yaml).unwrap().policies.is_empty());
+        }
+        let err = parse_local_config("f", "policies: 3\n").unwrap_err().to_string();
+        assert!(err.contains("expected a sequence"), "{err}");
+        assert!(load_local_config("f", "policies: 3\n", None).is_err());
+    }
+
+    #[test]
     fn apply_local_change_diffs() {
         let old_cfg = load_local_config("f", &file(&[SEL, DENY]), None)
             .unwrap()
