@@ -166,11 +166,7 @@ fn endpoints(c: &mut Criterion) {
         .unwrap();
     }
     for i in 0..1000u32 {
-        let mut svc = Service::new(
-            format!("s{i}"),
-            format!("ns-{i}"),
-            format!("s{i}.ns-{i}"),
-        );
+        let mut svc = Service::new(format!("s{i}"), format!("ns-{i}"), format!("s{i}.ns-{i}"));
         svc.vips = vec![format!("/10.96.{}.{}", i / 250, i % 250).parse().unwrap()];
         svc.ports.insert(80, 8080);
         s.insert_service(svc).unwrap();

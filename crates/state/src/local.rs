@@ -425,7 +425,9 @@ mod tests {
             assert!(load.config.policies.is_empty(), "{yaml}");
             assert!(parse_local_config("f", yaml).unwrap().policies.is_empty());
         }
-        let err = parse_local_config("f", "policies: 3\n").unwrap_err().to_string();
+        let err = parse_local_config("f", "policies: 3\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("expected a sequence"), "{err}");
         assert!(load_local_config("f", "policies: 3\n", None).is_err());
     }
