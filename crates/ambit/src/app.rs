@@ -22,18 +22,19 @@ use crate::config::{CaSource, Config, LocalConfigSource, ProxyMode};
 use crate::logging::LogHandle;
 use crate::readiness::Ready;
 
-/// Reads and checks the local config: a bad file names the file, the position and field.
-pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<(ProxyState, serde_json::Value)> {
-    let (name, yaml) = match source {
-        LocalConfigSource::File(path) => (
-            path.display().to_string(),
-            std::fs::read_to_string(path)
-                .with_context(|| format!("LOCAL_XDS_PATH: cannot read {}", path.display()))?,
-        ),
-        LocalConfigSource::Inline(yaml) => ("LOCAL_XDS".to_string(), yaml.clone()),
-    };
-    let parsed = ambit_state::parse_local_config(&name, &yaml)?;
-    let mut static_config = serde_json::to_value(&parsed).unwrap_or_default();
+/// Reads and checks the local config: a bad file names the file, the position and field
+/// (a bad policy is refused alone, see [`crate::local_config`]). Also returns the load
+/// and its store, which a file watch starts from.
+pub fn load_state(
+    source: &LocalConfigSource,
+) -> anyhow::Result<(
+    ProxyState,
+    serde_json::Value,
+    (ambit_state::LocalLoad, ProxyState),
+)> {
+    let (name, yaml) = crate::local_config::read(source)?;
+    let (load, state) = crate::local_config::load(&name, &yaml, None)?;
+    let mut static_config = serde_json::to_value(&load.config).unwrap_or_default();
     // ztunnel's `staticConfig` shows each service with an (always empty) `endpoints`.
     if let Some(services) = static_config
         .get_mut("services")
@@ -45,8 +46,7 @@ pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<(ProxyState, ser
             }
         }
     }
-    let state = ProxyState::from_config(parsed).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-    Ok((state, static_config))
+    Ok((state.clone(), static_config, (load, state)))
 }
 
 /// The certificate manager for the configured issuer (see [`CaSource`]).
@@ -204,12 +204,16 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let proxy_ready = ready.register("proxy");
     let state_ready = ready.register("state manager");
 
-    let (state, static_config) = match &cfg.local_config {
-        Some(source) => load_state(source)?,
+    let (state, static_config, local_load) = match &cfg.local_config {
+        Some(source) => {
+            let (state, static_config, load) = load_state(source)?;
+            (state, static_config, Some(load))
+        }
         // xDS only: the mesh arrives from the control plane.
         None => (
             ProxyState::new(),
             serde_json::to_value(ambit_state::LocalConfig::default()).unwrap_or_default(),
+            None,
         ),
     };
     if let (ProxyMode::Dedicated, Some(w)) = (cfg.proxy_mode, &cfg.workload) {
@@ -241,6 +245,14 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         "Connections to the HBONE port reset before their handshake because a source, pod or node limit was reached",
         node_handshakes.shed_counter(),
     );
+    let policy_report = crate::local_config::PolicyReport::default();
+    if let Some(load) = &local_load {
+        policy_report.set_rejected(&load.0);
+    }
+    crate::local_config::register_metrics(&mut registry, state.clone(), policy_report.clone());
+    if let (Some(LocalConfigSource::File(path)), Some(load)) = (&cfg.local_config, local_load) {
+        crate::local_config::spawn_watch(path.clone(), state.clone(), load, policy_report);
+    }
     let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
     let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
         .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));

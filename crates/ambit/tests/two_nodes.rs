@@ -482,3 +482,144 @@ fn a_reset_reaches_the_other_app_as_a_reset() {
         "the server app must see the client app's reset"
     );
 }
+
+/// `LOCAL_XDS_PATH` is watched: a DENY added to the file closes an open connection
+/// (counted with `response_flags="DENY"`); a bad policy added later is reported (log and
+/// metric) and the rest of the new file still applies.
+#[test]
+fn local_file_changes_apply_to_open_connections() {
+    let nodes = TwoNodes::start(ambit(), "e2e-reload", &[]).unwrap();
+    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let direct = SocketAddr::from((SERVER_IP, APP_PORT));
+    let echo = |conn: &mut std::net::TcpStream, payload: &[u8]| -> std::io::Result<()> {
+        conn.write_all(payload)?;
+        let mut buf = vec![0u8; payload.len()];
+        conn.read_exact(&mut buf)?;
+        assert_eq!(buf, payload);
+        Ok(())
+    };
+    let mut open = nodes.connect_from_client(direct).unwrap();
+    open.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    echo(&mut open, b"first").unwrap();
+
+    let mesh = std::fs::read_to_string(&nodes.config_path).unwrap();
+    let deny = "policies:\n- {name: deny-client, namespace: default, scope: Namespace, action: Deny, rules: [[[{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}]]]}\n";
+    // Written whole under another name, then renamed over: the watcher never reads half.
+    let write = |text: &str| {
+        let tmp = nodes.config_path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &nodes.config_path).unwrap();
+    };
+    write(&format!("{mesh}{deny}"));
+    // Closed by the proxy: an end of stream or a reset, not a read that timed out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let closed = loop {
+        let mut buf = [0u8; 16];
+        let r = open.write_all(b"again").and_then(|()| open.read(&mut buf));
+        match r {
+            Ok(0) => break true,
+            Err(e)
+                if !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break true
+            }
+            _ if Instant::now() > deadline => break false,
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    assert!(
+        closed,
+        "the open connection survived a DENY added to the file"
+    );
+    let labels = [("reporter", "destination"), ("response_flags", "DENY")];
+    wait_until(
+        "the close to be counted as DENY",
+        Duration::from_secs(10),
+        || {
+            let text = nodes.metrics(&nodes.server_ns).unwrap();
+            metric_sum(&text, "istio_tcp_connections_closed_total", &labels) >= 1
+        },
+    )
+    .unwrap();
+
+    // The DENY goes, and a bad policy (an invalid CIDR) comes: it is refused and
+    // reported, the removal still applies.
+    let bad = "policies:\n- {name: broken, namespace: elsewhere, scope: Namespace, action: Allow, rules: [[[{sourceIps: [\"10.0.0.0/33\"]}]]]}\n";
+    write(&format!("{mesh}{bad}"));
+    let mut text = String::new();
+    wait_until(
+        "the bad policy to be reported",
+        Duration::from_secs(15),
+        || {
+            text = nodes.metrics(&nodes.server_ns).unwrap();
+            metric_sum(
+                &text,
+                "ambit_local_config_rejected_policies",
+                &[("policy", "elsewhere/broken")],
+            ) == 1
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    wait_until(
+        "the client to be admitted again",
+        Duration::from_secs(15),
+        || {
+            let Ok(mut conn) = nodes.connect_from_client(direct) else {
+                return false;
+            };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+            echo(&mut conn, b"back in").is_ok()
+        },
+    )
+    .unwrap();
+}
+
+/// A service with an endpoint on each node, of capacities 1 (node1) and 4 (node2): the
+/// client's connections to its VIP reach both, the heavier one more often.
+#[test]
+fn service_endpoints_on_two_nodes_share_connections_by_capacity() {
+    // The client workload is the light endpoint (node1, served by its own node proxy's
+    // HBONE inbound), the server the heavy one (node2).
+    let endpoint =
+        format!("  services:\n    default/{SERVICE_HOST}:\n      {SERVICE_PORT}: {APP_PORT}\n");
+    let mesh = ambit_lab::mesh::mesh_yaml()
+        .replacen("  services: {}\n", &format!("  capacity: 1\n{endpoint}"), 1)
+        .replacen("  node: node2\n", "  node: node2\n  capacity: 4\n", 1);
+    assert!(
+        mesh.contains("capacity: 1") && mesh.contains("capacity: 4"),
+        "{mesh}"
+    );
+    let nodes = TwoNodes::launch(ambit_lab::mesh::TwoNodesSpec {
+        mesh: Some(&mesh),
+        ..ambit_lab::mesh::TwoNodesSpec::pair(
+            "e2e-weights",
+            &ambit_lab::peer::NodeProxy::Ambit(ambit().to_path_buf()),
+        )
+    })
+    .unwrap();
+    // node2's app echoes once, node1's twice: the answer's length says who served it.
+    let _server = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let listener = Lab::in_netns(&nodes.client_ns, || {
+        std::net::TcpListener::bind(SocketAddr::from((CLIENT_IP, APP_PORT)))
+    })
+    .unwrap();
+    let _local = ambit_lab::mesh::serve_echo(listener, EchoMode::Double);
+    let vip = SocketAddr::from((SERVICE_VIP, SERVICE_PORT));
+    // 100 connections, not 50: with p = 1/5 for the light endpoint, 50 cannot make both
+    // checks below fail by luck less than once in a million (0.8^50 = 1.4e-5 alone).
+    // With 100: P(light = 0) = 0.8^100 = 2e-10; P(light >= heavy) = P(Bin(100, 0.2) >=
+    // 50) < 1e-10; P(heavy = 0) = 0.2^100. Together under 1e-9.
+    let (mut light, mut heavy) = (0u32, 0u32);
+    for _ in 0..100 {
+        match exchange(&nodes, vip, b"w").as_slice() {
+            b"ww" => light += 1,
+            b"w" => heavy += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(light > 0 && heavy > light, "light {light}, heavy {heavy}");
+}

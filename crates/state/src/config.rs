@@ -18,7 +18,8 @@ pub struct LocalConfig {
     pub workloads: Vec<Workload>,
     #[serde(default, deserialize_with = "null_as_empty")]
     pub services: Vec<Service>,
-    #[serde(default, deserialize_with = "null_as_empty")]
+    /// Read through [`crate::local::policies`], so that a bad policy can be skipped.
+    #[serde(default, deserialize_with = "crate::local::policies")]
     pub policies: Vec<Authorization>,
 }
 
@@ -51,7 +52,7 @@ pub fn parse_local_config(source: &str, yaml: &str) -> Result<LocalConfig, Confi
 
 /// Adds the line and column to an item refused after parsing: of the field the message
 /// starts with (`name: must not be empty`), else of the item (`workloads[1]`).
-fn locate_invalid(err: ConfigError, yaml: &str) -> ConfigError {
+pub(crate) fn locate_invalid(err: ConfigError, yaml: &str) -> ConfigError {
     let ConfigError::Invalid {
         origin,
         item,
@@ -82,7 +83,11 @@ fn locate_invalid(err: ConfigError, yaml: &str) -> ConfigError {
 /// Every `authorizationPolicies` entry of a workload names a policy of the file. (Over
 /// xDS a reference may arrive before its policy; a local file is complete, so a name that
 /// resolves to nothing is a typo that would leave the workload without its policy.)
-fn check_policy_references(source: &str, yaml: &str, cfg: &LocalConfig) -> Result<(), ConfigError> {
+pub(crate) fn check_policy_references(
+    source: &str,
+    yaml: &str,
+    cfg: &LocalConfig,
+) -> Result<(), ConfigError> {
     let defined: std::collections::BTreeSet<String> =
         cfg.policies.iter().map(|p| p.key()).collect();
     for (i, w) in cfg.workloads.iter().enumerate() {
@@ -127,14 +132,17 @@ fn suggest_policy(written: &str, namespace: &str, cfg: &LocalConfig) -> Option<S
 }
 
 /// True for YAML with no content (nothing, comments only, a bare `---`, or `null`).
-fn is_empty_document(yaml: &str) -> bool {
+pub(crate) fn is_empty_document(yaml: &str) -> bool {
     matches!(
         yaml_serde::from_str::<yaml_serde::Value>(yaml),
         Ok(yaml_serde::Value::Null)
     )
 }
 
-fn parse_error(origin: &str, err: serde_path_to_error::Error<yaml_serde::Error>) -> ConfigError {
+pub(crate) fn parse_error(
+    origin: &str,
+    err: serde_path_to_error::Error<yaml_serde::Error>,
+) -> ConfigError {
     let path = match err.path().to_string() {
         p if p == "." => String::new(),
         p => p,
@@ -424,7 +432,7 @@ policies:
             (
                 "unknown match field",
                 "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Allow\n  rules: [[[{sourceIp: [\"10.0.0.0/8\"]}]]]\n".into(),
-                "f.yaml: line 6, column 14: policies[0].rules[0][0][0].sourceIp: unknown field `sourceIp`, expected one of `namespaces`, `notNamespaces`, `serviceAccounts`, `notServiceAccounts`, `principals`, `notPrincipals`, `sourceIps`, `notSourceIps`, `destinationIps`, `notDestinationIps`, `destinationPorts`, `notDestinationPorts`",
+                "f.yaml: line 6, column 14: policies[0].rules[0][0][0].sourceIp: unknown field `sourceIp`, expected one of `namespaces`, `notNamespaces`, `serviceAccounts`, `notServiceAccounts`, `principals`, `notPrincipals`, `sourceIps`, `notSourceIps`, `destinationIps`, `notDestinationIps`, `destinationPorts`, `notDestinationPorts`, `paths`, `notPaths`, `methods`, `notMethods`, `hosts`, `notHosts`, `requestPrincipals`, `notRequestPrincipals`, `headers`, `notHeaders`, `remoteIps`, `notRemoteIps`, `when`",
             ),
             (
                 "yaml syntax",

@@ -11,6 +11,7 @@ mod config;
 mod dump;
 mod error;
 mod ident;
+mod local;
 mod locate;
 mod names;
 mod policy;
@@ -24,17 +25,21 @@ mod workload;
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
 pub use config::{parse_local_config, LocalConfig};
 pub use error::{ConfigError, UnknownPolicy};
+pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
 pub use policy::{
     Authorization, Clause, PolicyAction, PolicyScope, RbacMatch, Rule, ServiceAccountMatch,
-    StringMatch,
+    StringMatch, L7_ATTRIBUTES,
 };
-pub use rbac::{authorize_with, matches as policy_matches, Denied, RbacContext};
-pub use route::{route, Route, RouteError, RouteInput};
+pub use rbac::{
+    authorize_observed, authorize_with, matches as policy_matches, set_dry_run_hook, Denied,
+    DryRunHook, RbacContext,
+};
+pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
 pub use service::{
     IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
     Service, Visibility,
 };
-pub use store::{Endpoint, PortMap, ProxyState};
+pub use store::{AddressTarget, Endpoint, PortMap, ProxyState};
 pub use waypoint::{is_from_waypoint, is_waypoint_for, resolve_waypoint, ResolvedWaypoint};
 pub use workload::{
     check_gateway, AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination,

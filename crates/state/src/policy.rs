@@ -255,12 +255,106 @@ pub struct RbacMatch {
     pub destination_ports: Vec<u16>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ports: Vec<u16>,
+    // Attributes only an L7 proxy can see, written as an AuthorizationPolicy would (see
+    // [`L7_ATTRIBUTES`]): read so that they are never mistaken for "no condition", never
+    // evaluated. Kept as written, for `/config_dump`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_paths: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_methods: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_hosts: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_principals: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_request_principals: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_headers: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_ips: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_remote_ips: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<serde_json::Value>,
 }
+
+/// The L7 attributes a match object may carry in the local configuration, by their
+/// camelCase names. An L4 proxy cannot see them, so (as Istio does for TCP traffic) a rule
+/// of an ALLOW policy that uses one never matches (allow less), and a DENY policy is
+/// enforced with them ignored (deny more): never a silent "allow".
+pub const L7_ATTRIBUTES: &[&str] = &[
+    "paths",
+    "notPaths",
+    "methods",
+    "notMethods",
+    "hosts",
+    "notHosts",
+    "requestPrincipals",
+    "notRequestPrincipals",
+    "headers",
+    "notHeaders",
+    "remoteIps",
+    "notRemoteIps",
+    "when",
+];
 
 impl RbacMatch {
     /// True if no field is set (such a match object never matches).
     pub fn is_empty(&self) -> bool {
         *self == RbacMatch::default()
+    }
+
+    /// True if no L4 field is set (L7 attributes may be).
+    pub fn has_no_l4_field(&self) -> bool {
+        self.namespaces.is_empty()
+            && self.not_namespaces.is_empty()
+            && self.service_accounts.is_empty()
+            && self.not_service_accounts.is_empty()
+            && self.principals.is_empty()
+            && self.not_principals.is_empty()
+            && self.source_ips.is_empty()
+            && self.not_source_ips.is_empty()
+            && self.destination_ips.is_empty()
+            && self.not_destination_ips.is_empty()
+            && self.destination_ports.is_empty()
+            && self.not_destination_ports.is_empty()
+    }
+
+    /// The L7 attributes set (camelCase names, in [`L7_ATTRIBUTES`] order).
+    pub fn l7_attributes(&self) -> impl Iterator<Item = &'static str> + '_ {
+        let set = [
+            &self.paths,
+            &self.not_paths,
+            &self.methods,
+            &self.not_methods,
+            &self.hosts,
+            &self.not_hosts,
+            &self.request_principals,
+            &self.not_request_principals,
+            &self.headers,
+            &self.not_headers,
+            &self.remote_ips,
+            &self.not_remote_ips,
+            &self.when,
+        ];
+        L7_ATTRIBUTES
+            .iter()
+            .zip(set)
+            .filter(|(_, v)| v.is_some())
+            .map(|(n, _)| *n)
+    }
+
+    /// True if an L7 attribute is set.
+    pub fn has_l7(&self) -> bool {
+        self.l7_attributes().next().is_some()
     }
 }
 
@@ -290,6 +384,16 @@ impl Authorization {
     /// The key workloads use to select the policy: `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The L7 attributes (see [`L7_ATTRIBUTES`]) any of its match objects sets.
+    pub fn l7_attributes(&self) -> std::collections::BTreeSet<&'static str> {
+        self.rules
+            .iter()
+            .flatten()
+            .flatten()
+            .flat_map(RbacMatch::l7_attributes)
+            .collect()
     }
 
     /// Checks the policy. The error names the field at fault.

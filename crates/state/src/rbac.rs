@@ -39,20 +39,51 @@ impl ProxyState {
     /// Authorizes a connection to `dst_workload` against the policies that apply to it
     /// (see [`ProxyState::policies_for`]).
     pub fn authorize(&self, ctx: &RbacContext, dst_workload: &Workload) -> Result<(), Denied> {
-        authorize_with(&self.policies_for(dst_workload), ctx)
+        let mut applying: Vec<&Authorization> = Vec::with_capacity(16);
+        self.each_policy_for(dst_workload, |p| applying.push(p));
+        authorize_with(&applying, ctx)
     }
 }
 
+/// Told of every dry-run policy that matched (its key and action), for a metric.
+pub type DryRunHook = Box<dyn Fn(&str, PolicyAction) + Send + Sync>;
+
+static DRY_RUN_HOOK: std::sync::OnceLock<DryRunHook> = std::sync::OnceLock::new();
+
+/// Installs the process-wide hook [`authorize_with`] calls for each matching dry-run
+/// policy (the node proxy counts them). Only the first call installs; false after that.
+pub fn set_dry_run_hook(hook: DryRunHook) -> bool {
+    DRY_RUN_HOOK.set(hook).is_ok()
+}
+
 /// Evaluates a set of policies (already selected for the destination) against `ctx`.
+/// Matching dry-run policies are logged and reported to the hook of
+/// [`set_dry_run_hook`], never enforced.
 pub fn authorize_with<P: Borrow<Authorization>>(
     policies: &[P],
     ctx: &RbacContext,
 ) -> Result<(), Denied> {
+    authorize_observed(policies, ctx, &mut |p| {
+        if let Some(hook) = DRY_RUN_HOOK.get() {
+            hook(&p.key(), p.action);
+        }
+    })
+}
+
+/// [`authorize_with`], with `on_dry_run` told of each matching dry-run policy instead of
+/// the process-wide hook.
+pub fn authorize_observed<P: Borrow<Authorization>>(
+    policies: &[P],
+    ctx: &RbacContext,
+    on_dry_run: &mut dyn FnMut(&Authorization),
+) -> Result<(), Denied> {
     let policies = policies.iter().map(Borrow::borrow);
+    let peer = Peer::new(ctx);
     for p in policies.clone().filter(|p| p.action == PolicyAction::Deny) {
-        if matches(p, ctx) {
+        if matches_peer(p, &peer) {
             if p.dry_run {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run DENY policy matched (not enforced)");
+                on_dry_run(p);
             } else {
                 tracing::debug!(policy = %p.key(), ctx = ?ctx, "denied by policy");
                 return Err(Denied {
@@ -65,15 +96,15 @@ pub fn authorize_with<P: Borrow<Authorization>>(
     let mut enforced_allow = false;
     let mut allowed = false;
     for p in policies.filter(|p| p.action == PolicyAction::Allow) {
-        let m = matches(p, ctx);
         if p.dry_run {
-            if m {
+            if matches_peer(p, &peer) {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run ALLOW policy matched (not enforced)");
+                on_dry_run(p);
             }
             continue;
         }
         enforced_allow = true;
-        if m {
+        if matches_peer(p, &peer) {
             tracing::debug!(policy = %p.key(), ctx = ?ctx, "allowed by policy");
             allowed = true;
             break;
@@ -91,10 +122,52 @@ pub fn authorize_with<P: Borrow<Authorization>>(
 /// A policy matches if any rule matches; a rule if all its clauses match (no clauses ⇒
 /// match); a clause if any of its match objects matches (no match objects ⇒ match).
 /// A policy without rules never matches.
+///
+/// L7 attributes (see [`crate::policy::L7_ATTRIBUTES`]) cannot be seen here: a rule of an
+/// ALLOW policy that uses one never matches; in a DENY policy they are ignored, and a
+/// match object left with no L4 field matches everything (deny more, never less).
 pub fn matches(p: &Authorization, ctx: &RbacContext) -> bool {
+    matches_peer(p, &Peer::new(ctx))
+}
+
+/// The connection as the match fields see it, derived once per decision.
+struct Peer<'a> {
+    ctx: &'a RbacContext,
+    /// The peer's SPIFFE id without `spiffe://`, made on first use.
+    principal: std::cell::OnceCell<Option<String>>,
+}
+
+impl<'a> Peer<'a> {
+    fn new(ctx: &'a RbacContext) -> Self {
+        Peer {
+            ctx,
+            principal: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn principal(&self) -> Option<&str> {
+        self.principal
+            .get_or_init(|| self.ctx.source_identity.as_ref().map(ident::principal))
+            .as_deref()
+    }
+}
+
+fn matches_peer(p: &Authorization, ctx: &Peer<'_>) -> bool {
+    let deny = p.action == PolicyAction::Deny;
     p.rules.iter().any(|rule| {
-        rule.iter()
-            .all(|clause| clause.is_empty() || clause.iter().any(|m| match_object(m, ctx)))
+        if !deny && rule.iter().flatten().any(RbacMatch::has_l7) {
+            return false;
+        }
+        rule.iter().all(|clause| {
+            clause.is_empty()
+                || clause.iter().any(|m| {
+                    if deny && m.has_l7() {
+                        m.has_no_l4_field() || match_fields(m, ctx)
+                    } else {
+                        match_object(m, ctx)
+                    }
+                })
+        })
     })
 }
 
@@ -104,12 +177,14 @@ fn family<T>(pos: &[T], neg: &[T], f: impl Fn(&T) -> bool) -> bool {
     (pos.is_empty() || pos.iter().any(&f)) && !neg.iter().any(&f)
 }
 
-fn match_object(m: &RbacMatch, ctx: &RbacContext) -> bool {
-    if m.is_empty() {
-        return false;
-    }
+fn match_object(m: &RbacMatch, ctx: &Peer<'_>) -> bool {
+    !m.has_no_l4_field() && match_fields(m, ctx)
+}
+
+/// Every L4 field family of the match object passes.
+fn match_fields(m: &RbacMatch, peer: &Peer<'_>) -> bool {
+    let ctx = peer.ctx;
     let id = ctx.source_identity.as_ref();
-    let principal = id.map(ident::principal);
     let namespace = id.map(|i| i.namespace()).unwrap_or("");
     let dst_ip = ctx.destination.ip();
     let dst_port = ctx.destination.port();
@@ -128,7 +203,7 @@ fn match_object(m: &RbacMatch, ctx: &RbacContext) -> bool {
             })
         },
     ) && family(&m.principals, &m.not_principals, |s: &StringMatch| {
-        principal.as_deref().is_some_and(|p| s.matches(p))
+        peer.principal().is_some_and(|p| s.matches(p))
     }) && family(&m.namespaces, &m.not_namespaces, |s: &StringMatch| {
         s.matches(namespace)
     })
@@ -277,6 +352,249 @@ mod tests {
             }
         }
         assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    /// Every match field and its negation, each against a context it admits and one it
+    /// does not: (match object, context, want).
+    #[test]
+    fn every_field_and_negation() {
+        let c = client();
+        let v6 = ctx(
+            id("spiffe://cluster.local/ns/default/sa/client"),
+            "fd00::2",
+            "[fd00::3]:8080",
+        );
+        let anon = ctx(None, "10.0.0.2", "10.0.0.3:8080");
+        // Identities with '.' and '*' are compared byte for byte: no glob, no regex.
+        let dotted = ctx(
+            id("spiffe://example.org/ns/a.b/sa/x.y"),
+            "10.0.0.2",
+            "10.0.0.3:8080",
+        );
+        let other_td = ctx(
+            id("spiffe://examplexorg/ns/axb/sa/xxy"),
+            "10.0.0.2",
+            "10.0.0.3:8080",
+        );
+        let cases: &[(&str, &RbacContext, bool)] = &[
+            ("{destinationIps: [\"10.0.0.0/24\"]}", &c, true),
+            ("{destinationIps: [\"10.0.1.0/24\"]}", &c, false),
+            ("{destinationIps: [\"fd00::/64\"]}", &v6, true),
+            ("{destinationIps: [\"fd00::3\"]}", &v6, true),
+            ("{notDestinationIps: [\"10.0.0.3\"]}", &c, false),
+            ("{notDestinationIps: [\"10.0.1.0/24\"]}", &c, true),
+            ("{sourceIps: [\"10.0.0.2\"]}", &c, true),
+            ("{sourceIps: [\"10.0.0.3\"]}", &c, false),
+            ("{sourceIps: [\"fd00::2/128\"]}", &v6, true),
+            ("{notSourceIps: [\"10.0.0.0/30\"]}", &c, false),
+            ("{notSourceIps: [\"10.0.0.4/30\"]}", &c, true),
+            ("{destinationPorts: [8080]}", &c, true),
+            ("{destinationPorts: [8081]}", &c, false),
+            ("{notDestinationPorts: [8080]}", &c, false),
+            ("{notDestinationPorts: [8081]}", &c, true),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &c,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/clien\"}]}",
+                &c,
+                false,
+            ),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &anon,
+                false,
+            ),
+            (
+                "{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &c,
+                false,
+            ),
+            (
+                "{notPrincipals: [{exact: \"cluster.local/ns/default/sa/other\"}]}",
+                &c,
+                true,
+            ),
+            (
+                "{notPrincipals: [{exact: \"cluster.local/ns/default/sa/client\"}]}",
+                &anon,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}",
+                &dotted,
+                true,
+            ),
+            (
+                "{principals: [{exact: \"example.org/ns/a.b/sa/x.y\"}]}",
+                &other_td,
+                false,
+            ),
+            ("{principals: [{exact: \"*\"}]}", &c, false),
+            (
+                "{principals: [{exact: \"cluster.local/ns/default/sa/*\"}]}",
+                &c,
+                false,
+            ),
+            ("{principals: [{prefix: \"*\"}]}", &c, false),
+            ("{principals: [{suffix: \"/sa/*\"}]}", &c, false),
+            (
+                "{principals: [{prefix: \"example.org/ns/a.b/\"}]}",
+                &other_td,
+                false,
+            ),
+            ("{notPrincipals: [{exact: \"*\"}]}", &c, true),
+            ("{namespaces: [{exact: default}]}", &c, true),
+            ("{namespaces: [{exact: a.b}]}", &dotted, true),
+            ("{namespaces: [{exact: a.b}]}", &other_td, false),
+            ("{namespaces: [{exact: \"*\"}]}", &c, false),
+            ("{namespaces: [{suffix: ult}]}", &c, true),
+            ("{notNamespaces: [{exact: default}]}", &c, false),
+            ("{notNamespaces: [{prefix: x}]}", &c, true),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &c,
+                true,
+            ),
+            (
+                "{serviceAccounts: [{namespace: default, serviceAccount: \"*\"}]}",
+                &c,
+                false,
+            ),
+            (
+                "{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}",
+                &dotted,
+                true,
+            ),
+            (
+                "{serviceAccounts: [{namespace: a.b, serviceAccount: x.y}]}",
+                &other_td,
+                false,
+            ),
+            (
+                "{notServiceAccounts: [{namespace: default, serviceAccount: client}]}",
+                &c,
+                false,
+            ),
+            (
+                "{notServiceAccounts: [{namespace: default, serviceAccount: other}]}",
+                &c,
+                true,
+            ),
+            // Presence: any non-empty value.
+            ("{principals: [{presence: {}}]}", &c, true),
+            ("{principals: [{presence: {}}]}", &anon, false),
+            ("{notPrincipals: [{presence: {}}]}", &c, false),
+            ("{namespaces: [{presence: {}}]}", &anon, false),
+            ("{notNamespaces: [{presence: {}}]}", &c, false),
+            // The empty match object never matches.
+            ("{}", &c, false),
+            ("{}", &anon, false),
+        ];
+        let mut failures = Vec::new();
+        for (obj, c, want) in cases {
+            for action in ["Allow", "Deny"] {
+                let p = policy(action, false, &format!("[[[{obj}]]]"));
+                if matches(&p, c) != *want {
+                    failures.push(format!(
+                        "{action} {obj} ({:?}): want {want}",
+                        c.source_identity
+                    ));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
+    /// L7 attributes: an ALLOW rule that uses one never matches; a DENY is enforced on its
+    /// L4 fields alone (all traffic when it has none).
+    #[test]
+    fn l7_attributes_fail_closed() {
+        let c = client();
+        let cases: &[(&str, &str, bool)] = &[
+            ("Allow", "[[[{paths: [\"/admin\"]}]]]", false),
+            (
+                "Allow",
+                "[[[{namespaces: [{exact: default}], methods: [GET]}]]]",
+                false,
+            ),
+            // The whole rule, even when another clause would have matched.
+            (
+                "Allow",
+                "[[[{namespaces: [{exact: default}]}], [{hosts: [a.example]}]]]",
+                false,
+            ),
+            // Another rule without L7 attributes still can.
+            (
+                "Allow",
+                "[[[{requestPrincipals: [\"*\"]}]], [[{namespaces: [{exact: default}]}]]]",
+                true,
+            ),
+            ("Deny", "[[[{paths: [\"/admin\"]}]]]", true),
+            (
+                "Deny",
+                "[[[{when: [{key: \"request.headers[x]\", values: [y]}]}]]]",
+                true,
+            ),
+            (
+                "Deny",
+                "[[[{namespaces: [{exact: default}], notMethods: [GET]}]]]",
+                true,
+            ),
+            (
+                "Deny",
+                "[[[{namespaces: [{exact: other}], headers: {x: y}}]]]",
+                false,
+            ),
+            (
+                "Deny",
+                "[[[{destinationPorts: [9090], notPaths: [\"/\"]}]]]",
+                false,
+            ),
+        ];
+        for (action, rules, want) in cases {
+            let p = policy(action, false, rules);
+            assert!(!p.l7_attributes().is_empty(), "{rules}");
+            assert_eq!(matches(&p, &c), *want, "{action} {rules}");
+        }
+        // Every name is read.
+        for name in crate::policy::L7_ATTRIBUTES {
+            let p = policy("Allow", false, &format!("[[[{{{name}: [x]}}]]]"));
+            assert_eq!(p.l7_attributes().into_iter().collect::<Vec<_>>(), [*name]);
+        }
+        // An ALLOW whose only rule is L7 leaves the workload with an ALLOW that admits
+        // nobody: denied, never allowed.
+        let only = policy("Allow", false, "[[[{methods: [GET]}]]]");
+        assert!(authorize_with(&[only], &c).is_err());
+    }
+
+    #[test]
+    fn dry_run_is_counted_not_enforced() {
+        let c = client();
+        let yes = "[[[{namespaces: [{exact: default}]}]]]";
+        let no = "[[[{namespaces: [{exact: other}]}]]]";
+        let named = |mut p: Authorization, n: &str| {
+            p.name = n.into();
+            p
+        };
+        let policies = vec![
+            named(policy("Deny", true, yes), "dry-deny"),
+            named(policy("Deny", true, no), "dry-deny-miss"),
+            named(policy("Allow", true, yes), "dry-allow"),
+            named(policy("Allow", false, yes), "allow"),
+        ];
+        let mut seen = Vec::new();
+        let verdict = authorize_observed(&policies, &c, &mut |p| seen.push((p.key(), p.action)));
+        assert!(verdict.is_ok());
+        assert_eq!(
+            seen,
+            [
+                ("default/dry-deny".to_string(), PolicyAction::Deny),
+                ("default/dry-allow".to_string(), PolicyAction::Allow),
+            ]
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use ambit_identity::SpiffeId;
 use rand::Rng;
 
 use crate::service::{LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Service};
-use crate::store::{PortMap, ProxyState};
+use crate::store::{AddressTarget, PortMap, ProxyState};
 use crate::waypoint::{is_from_waypoint, resolve_waypoint, ResolvedWaypoint};
 use crate::workload::{HealthStatus, TunnelProtocol, Workload};
 
@@ -111,24 +111,24 @@ pub fn route(
     rng: &mut impl Rng,
 ) -> Result<Route, RouteError> {
     let dst_ip = input.dst.ip();
-    if let Some(svc) = state.service_by_vip(input.network, dst_ip, &input.source.namespace) {
-        // Service waypoint (reference §10.1 step 4), whoever the source is.
-        if let Some(gw) = &svc.waypoint {
-            let target = format!("service {}", svc.key());
-            let wp = resolve_waypoint(state, input, gw, &target, rng)?;
-            return Ok(via_waypoint(input, wp, Some(svc)));
+    match state.lookup_address(input.network, dst_ip, &input.source.namespace) {
+        Some(AddressTarget::Service(svc)) => {
+            // Service waypoint (reference §10.1 step 4), whoever the source is.
+            if let Some(gw) = &svc.waypoint {
+                let target = format!("service {}", svc.key());
+                let wp = resolve_waypoint(state, input, gw, &target, rng)?;
+                return Ok(via_waypoint(input, wp, Some(svc)));
+            }
+            route_service(state, input, svc, rng)
         }
-        return route_service(state, input, svc, rng);
+        Some(AddressTarget::Workload(wl)) => route_workload(state, input, wl, rng),
+        // Unknown destination: passthrough.
+        None => Ok(Route::Tcp {
+            target: input.dst,
+            destination: None,
+            service: None,
+        }),
     }
-    if let Some(wl) = state.workload_by_ip(input.network, dst_ip) {
-        return route_workload(state, input, wl, rng);
-    }
-    // Unknown destination: passthrough.
-    Ok(Route::Tcp {
-        target: input.dst,
-        destination: None,
-        service: None,
-    })
 }
 
 /// A destination addressed by its own IP: through its waypoint (reference §10.1 step 7)
@@ -140,7 +140,7 @@ fn route_workload(
     rng: &mut impl Rng,
 ) -> Result<Route, RouteError> {
     if let Some(gw) = &wl.waypoint {
-        if !is_from_waypoint(state, input.network, gw, input.source, input.src_ip) {
+        if !is_from_waypoint(state, gw, input.source, input.src_ip) {
             let target = format!("workload {}", wl.uid);
             let wp = resolve_waypoint(state, input, gw, &target, rng)?;
             return Ok(via_waypoint(input, wp, None));
@@ -202,71 +202,110 @@ fn direct(
     }
 }
 
-/// An endpoint that can take the connection.
-struct Candidate {
-    workload: Arc<Workload>,
-    ip: IpAddr,
-    port: u16,
+/// An endpoint chosen for a connection: the workload, the IP to dial and the (translated)
+/// target port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picked {
+    pub workload: Arc<Workload>,
+    pub ip: IpAddr,
+    pub port: u16,
 }
 
-/// A service VIP without a waypoint (or a waypoint's own service): load-balanced to one
-/// endpoint.
-pub(crate) fn route_service(
+/// What the endpoint is picked for (reference §10.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickMode {
+    /// A service the application dialed: the service must define the port.
+    Standard,
+    /// A waypoint service: the port may be absent when the endpoint has an application
+    /// tunnel (then the service port itself is used).
+    Waypoint,
+}
+
+/// How many weighted draws over all endpoints are tried before the exact scan.
+const DRAWS: usize = 8;
+
+/// Picks an endpoint of `svc` for a connection to `dialed_ip:port` from `source`, by the
+/// rules of reference §10.3: health (unless `AllowAll`), the source's network, the target
+/// port (endpoint map, then the service's target port, then an application tunnel's
+/// service port), an IP the service's families allow (the dialed family first); with
+/// STRICT/FAILOVER the best-ranked locality; then at random weighted by capacity.
+///
+/// Standard mode without locality preferences draws from all endpoints by capacity and
+/// keeps the first eligible draw (O(log n) each); after a few ineligible ones it scans
+/// all endpoints. Either way the result is distributed exactly as the scan alone.
+/// Does not look at waypoints or PASSTHROUGH: the caller decides those.
+pub fn pick_endpoint(
     state: &ProxyState,
-    input: &RouteInput<'_>,
-    svc: Arc<Service>,
+    svc: &Service,
+    port: u16,
+    dialed_ip: IpAddr,
+    source: &Workload,
+    mode: PickMode,
     rng: &mut impl Rng,
-) -> Result<Route, RouteError> {
-    let mode = svc.lb_mode();
-    if mode == LoadBalancerMode::Passthrough {
-        return Ok(Route::Tcp {
-            target: input.dst,
-            destination: None,
-            service: Some(svc),
-        });
-    }
-    let port = input.dst.port();
-    let Some(&svc_target) = svc.ports.get(&port) else {
-        return Err(RouteError::UnknownTargetPort {
-            service: svc.key(),
-            port,
-        });
-    };
-    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
-    let mut candidates: Vec<Candidate> = state
-        .endpoints(&svc.key())
-        .filter(|ep| allow_unhealthy || ep.workload.status == HealthStatus::Healthy)
-        // Endpoints in another network need double HBONE through their network gateway
-        // (reference §10.2); not candidates until that exists.
-        .filter(|ep| ep.workload.network == input.source.network)
-        .filter_map(|ep| {
-            let port = target_port(ep.workload, ep.ports, port, svc_target)?;
-            // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
-            // gateway) are not candidates yet.
-            let ip = pick_ip(&svc, ep.workload, input.dst.ip())?;
-            Some(Candidate {
-                workload: ep.workload.clone(),
-                ip,
+) -> Result<Picked, RouteError> {
+    let svc_target = match (svc.ports.get(&port), mode) {
+        (Some(&t), _) => t,
+        (None, PickMode::Waypoint) => 0,
+        (None, PickMode::Standard) => {
+            return Err(RouteError::UnknownTargetPort {
+                service: svc.key(),
                 port,
             })
+        }
+    };
+    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
+    let eligible = |wl: &Arc<Workload>, ports: &PortMap| -> Option<Picked> {
+        if !allow_unhealthy && wl.status != HealthStatus::Healthy {
+            return None;
+        }
+        // Endpoints in another network need double HBONE through their network gateway
+        // (reference §10.2); not candidates until that exists.
+        if wl.network != source.network {
+            return None;
+        }
+        let port = target_port(wl, ports, port, svc_target)?;
+        // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
+        // gateway) are not candidates yet.
+        let ip = pick_ip(svc, wl, dialed_ip)?;
+        Some(Picked {
+            workload: wl.clone(),
+            ip,
+            port,
         })
+    };
+    let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
+    let key = svc.key();
+    let Some(index) = state.endpoint_index(&key) else {
+        return Err(no_upstream());
+    };
+    let mode = svc.lb_mode();
+    let ranked = matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover);
+    if !ranked {
+        for _ in 0..DRAWS {
+            let Some(i) = index.pick(rng) else { break };
+            let (wl, ports) = &index.endpoints[i];
+            if let Some(p) = eligible(wl, ports) {
+                return Ok(p);
+            }
+        }
+    }
+    let mut candidates: Vec<Picked> = index
+        .endpoints
+        .iter()
+        .filter_map(|(wl, ports)| eligible(wl, ports))
         .collect();
-    if matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover) {
+    if ranked {
         let prefs = svc
             .load_balancer
             .as_ref()
             .map(|lb| lb.routing_preferences.as_slice())
             .unwrap_or_default();
         if mode == LoadBalancerMode::Strict {
-            candidates.retain(|c| {
-                prefs
-                    .iter()
-                    .all(|s| scope_matches(*s, input.source, &c.workload))
-            });
+            candidates.retain(|c| prefs.iter().all(|s| scope_matches(*s, source, &c.workload)));
         }
         let ranks: Vec<usize> = candidates
             .iter()
-            .map(|c| rank(prefs, input.source, &c.workload))
+            .map(|c| rank(prefs, source, &c.workload))
             .collect();
         if let Some(&best) = ranks.iter().max() {
             let mut i = 0;
@@ -277,9 +316,33 @@ pub(crate) fn route_service(
             });
         }
     }
-    let Some(chosen) = pick_weighted(candidates, rng) else {
-        return Err(RouteError::NoHealthyUpstream { service: svc.key() });
-    };
+    pick_weighted(candidates, rng).ok_or_else(no_upstream)
+}
+
+/// A service VIP without a waypoint (or a waypoint's own service): load-balanced to one
+/// endpoint.
+pub(crate) fn route_service(
+    state: &ProxyState,
+    input: &RouteInput<'_>,
+    svc: Arc<Service>,
+    rng: &mut impl Rng,
+) -> Result<Route, RouteError> {
+    if svc.lb_mode() == LoadBalancerMode::Passthrough {
+        return Ok(Route::Tcp {
+            target: input.dst,
+            destination: None,
+            service: Some(svc),
+        });
+    }
+    let chosen = pick_endpoint(
+        state,
+        &svc,
+        input.dst.port(),
+        input.dst.ip(),
+        input.source,
+        PickMode::Standard,
+        rng,
+    )?;
     Ok(direct(
         input,
         chosen.workload,
@@ -348,7 +411,7 @@ fn rank(prefs: &[LoadBalancerScope], src: &Workload, dst: &Workload) -> usize {
 
 /// Picks one candidate at random, weighted by workload capacity (all-zero capacities:
 /// uniformly).
-fn pick_weighted(mut candidates: Vec<Candidate>, rng: &mut impl Rng) -> Option<Candidate> {
+fn pick_weighted(mut candidates: Vec<Picked>, rng: &mut impl Rng) -> Option<Picked> {
     if candidates.len() <= 1 {
         return candidates.pop();
     }
@@ -671,6 +734,68 @@ services:
             }
         }
         assert!((850..=950).contains(&to_heavy), "{to_heavy}");
+    }
+
+    /// The weighted draw over all endpoints never changes who may be picked, nor how
+    /// often: a heavy endpoint that is not eligible is skipped, the eligible ones keep
+    /// their capacity ratio, and eligible zero-capacity ones are still found.
+    #[test]
+    fn draws_fall_back_to_the_exact_scan() {
+        let mut s = mesh();
+        let set = |s: &mut ProxyState, name: &str, capacity: u32, healthy: bool| {
+            let mut w = (*s
+                .workload_by_uid(&format!("Kubernetes//v1/Pod/default/{name}"))
+                .unwrap())
+            .clone();
+            w.capacity = capacity;
+            w.status = if healthy {
+                HealthStatus::Healthy
+            } else {
+                HealthStatus::Unhealthy
+            };
+            w.services.insert(
+                "default/sick.default.svc.cluster.local".into(),
+                [(80, 8080)].into(),
+            );
+            s.insert_workload(w).unwrap();
+        };
+        set(&mut s, "sick", 1000, false);
+        set(&mut s, "echo-1", 1, true);
+        set(&mut s, "echo-2", 3, true);
+        let svc = s
+            .service_by_key("default/sick.default.svc.cluster.local")
+            .unwrap();
+        let src = s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let dialed: IpAddr = "10.96.0.12".parse().unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut heavy = 0;
+        for _ in 0..4000 {
+            let p =
+                pick_endpoint(&s, &svc, 80, dialed, &src, PickMode::Standard, &mut rng).unwrap();
+            assert_ne!(p.workload.name, "sick");
+            if p.workload.name == "echo-2" {
+                heavy += 1;
+            }
+        }
+        // Expected 3000 (p = 3/4); the bounds are more than 7 standard deviations away.
+        assert!((2800..=3200).contains(&heavy), "{heavy}");
+        // Only zero-capacity endpoints eligible: still picked.
+        set(&mut s, "echo-1", 0, true);
+        set(&mut s, "echo-2", 0, true);
+        let p = pick_endpoint(&s, &svc, 80, dialed, &src, PickMode::Standard, &mut rng).unwrap();
+        assert_ne!(p.workload.name, "sick");
+        // A port the service lacks: an error in Standard mode; in Waypoint mode only an
+        // endpoint with an application tunnel could take it (none here).
+        assert!(matches!(
+            pick_endpoint(&s, &svc, 81, dialed, &src, PickMode::Standard, &mut rng),
+            Err(RouteError::UnknownTargetPort { .. })
+        ));
+        assert!(matches!(
+            pick_endpoint(&s, &svc, 81, dialed, &src, PickMode::Waypoint, &mut rng),
+            Err(RouteError::NoHealthyUpstream { .. })
+        ));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::addr::NetworkAddress;
 use crate::config::LocalConfig;
@@ -35,11 +35,42 @@ pub struct ProxyState {
     endpoints: BTreeMap<String, BTreeMap<String, PortMap>>,
     /// By `namespace/name`.
     policies: BTreeMap<String, Arc<Authorization>>,
-    /// Namespace ("" for GLOBAL policies) → policy keys.
-    policies_by_namespace: HashMap<String, BTreeSet<String>>,
+    /// Namespace ("" for GLOBAL policies) → policy key → policy.
+    policies_by_namespace: HashMap<String, BTreeMap<String, Arc<Authorization>>>,
     /// Bumped whenever a policy is added, replaced or removed, so that decisions taken
     /// before can tell whether the policies they were taken on are still the same.
     policy_generation: u64,
+    /// Service key → its endpoints prepared for weighted choice, built on first use after
+    /// each change of that service's endpoints (so a batch of changes costs one build).
+    endpoint_index: HashMap<String, Arc<OnceLock<EndpointIndex>>>,
+}
+
+/// The endpoints of one service, in uid order, with the running sum of their capacities
+/// for an O(log n) weighted choice.
+#[derive(Debug, Default)]
+pub(crate) struct EndpointIndex {
+    pub(crate) endpoints: Vec<(Arc<Workload>, PortMap)>,
+    /// `cumulative[i]`: the capacities of endpoints `0..=i` added up.
+    cumulative: Vec<u64>,
+}
+
+impl EndpointIndex {
+    /// One endpoint at random, weighted by capacity (uniformly when all are 0).
+    pub(crate) fn pick(&self, rng: &mut impl rand::Rng) -> Option<usize> {
+        let total = *self.cumulative.last()?;
+        if total == 0 {
+            return Some(rng.gen_range(0..self.endpoints.len()));
+        }
+        let r = rng.gen_range(0..total);
+        Some(self.cumulative.partition_point(|c| *c <= r))
+    }
+}
+
+/// What an address names (see [`ProxyState::lookup_address`]).
+#[derive(Debug, Clone)]
+pub enum AddressTarget {
+    Service(Arc<Service>),
+    Workload(Arc<Workload>),
 }
 
 /// A service endpoint: a workload and its port map for that service.
@@ -145,6 +176,8 @@ impl ProxyState {
                 .entry(svc.clone())
                 .or_default()
                 .insert(w.uid.clone(), ports.clone());
+            self.endpoint_index
+                .insert(svc.clone(), Arc::new(OnceLock::new()));
         }
         self.workloads.insert(w.uid.clone(), w.clone());
         Ok(w)
@@ -164,6 +197,10 @@ impl ProxyState {
                 eps.remove(uid);
                 if eps.is_empty() {
                     self.endpoints.remove(svc);
+                    self.endpoint_index.remove(svc);
+                } else {
+                    self.endpoint_index
+                        .insert(svc.clone(), Arc::new(OnceLock::new()));
                 }
             }
         }
@@ -221,13 +258,27 @@ impl ProxyState {
     pub fn insert_policy(&mut self, mut p: Authorization) -> Result<Arc<Authorization>, String> {
         p.normalize()?;
         let key = p.key();
+        let l7 = p.l7_attributes();
+        if !l7.is_empty() {
+            let effect = match p.action {
+                crate::policy::PolicyAction::Allow => {
+                    "its rules that use them never match (allow less)"
+                }
+                crate::policy::PolicyAction::Deny => "they are ignored (deny more)",
+            };
+            tracing::warn!(
+                policy = %key,
+                attributes = ?l7,
+                "policy uses attributes an L4 proxy cannot see: {effect}"
+            );
+        }
         self.remove_policy(&key);
         let p = Arc::new(p);
         if let Some(ns) = attached_namespace(&p) {
             self.policies_by_namespace
                 .entry(ns.to_string())
                 .or_default()
-                .insert(key.clone());
+                .insert(key.clone(), p.clone());
         }
         self.policies.insert(key, p.clone());
         self.policy_generation += 1;
@@ -298,25 +349,73 @@ impl ProxyState {
 
     /// The service with this VIP in this network that a workload in `src_namespace` may
     /// reach. Exact VIPs first, ranked: same namespace, then canonical, then key order;
-    /// then CIDR VIPs, ranked: same namespace, longest prefix, canonical.
+    /// then CIDR VIPs, ranked: same namespace, longest prefix, canonical. (To decide what
+    /// an address names, use [`ProxyState::lookup_address`]: a workload's own IP comes
+    /// before a CIDR VIP.)
     pub fn service_by_vip(
         &self,
         network: &str,
         ip: IpAddr,
         src_namespace: &str,
     ) -> Option<Arc<Service>> {
-        if let Some(keys) = self.service_by_vip.get(&(network.to_string(), ip)) {
-            let best = keys
-                .iter()
-                .filter_map(|k| self.services.get(k))
-                .filter(|s| s.visible_to(src_namespace))
-                // max_by_key keeps the last maximum: iterate in reverse for key order.
-                .rev()
-                .max_by_key(|s| (s.namespace == src_namespace, s.canonical));
-            if let Some(s) = best {
-                return Some(s.clone());
-            }
+        self.service_by_exact_vip(network, ip, src_namespace)
+            .or_else(|| self.service_by_cidr_vip(network, ip, src_namespace))
+    }
+
+    /// What an address in `network` names for a workload in `src_namespace`, in ztunnel's
+    /// order: a service's exact VIP, then a workload's own IP, and only then a CIDR VIP (so
+    /// a pod inside a CIDR ServiceEntry's range is still that pod, with its waypoint).
+    pub fn lookup_address(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        src_namespace: &str,
+    ) -> Option<AddressTarget> {
+        if let Some(s) = self.service_by_exact_vip(network, ip, src_namespace) {
+            return Some(AddressTarget::Service(s));
         }
+        if let Some(w) = self.workload_by_ip(network, ip) {
+            return Some(AddressTarget::Workload(w));
+        }
+        self.service_by_cidr_vip(network, ip, src_namespace)
+            .map(AddressTarget::Service)
+    }
+
+    /// Every service with exactly this VIP in `network`, whoever may see it.
+    pub fn services_at_vip(
+        &self,
+        network: &str,
+        ip: IpAddr,
+    ) -> impl Iterator<Item = &Arc<Service>> + '_ {
+        self.service_by_vip
+            .get(&(network.to_string(), ip))
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.services.get(k))
+    }
+
+    fn service_by_exact_vip(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        src_namespace: &str,
+    ) -> Option<Arc<Service>> {
+        let keys = self.service_by_vip.get(&(network.to_string(), ip))?;
+        keys.iter()
+            .filter_map(|k| self.services.get(k))
+            .filter(|s| s.visible_to(src_namespace))
+            // max_by_key keeps the last maximum: iterate in reverse for key order.
+            .rev()
+            .max_by_key(|s| (s.namespace == src_namespace, s.canonical))
+            .cloned()
+    }
+
+    fn service_by_cidr_vip(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        src_namespace: &str,
+    ) -> Option<Arc<Service>> {
         self.cidr_vips
             .iter()
             .filter(|(vip, _)| vip.network == network && vip.contains(ip))
@@ -378,19 +477,71 @@ impl ProxyState {
             })
     }
 
+    /// The endpoints of a service prepared for weighted choice (none without endpoints).
+    pub(crate) fn endpoint_index(&self, service_key: &str) -> Option<&EndpointIndex> {
+        let cell = self.endpoint_index.get(service_key)?;
+        Some(cell.get_or_init(|| {
+            let endpoints: Vec<(Arc<Workload>, PortMap)> = self
+                .endpoints(service_key)
+                .map(|e| (e.workload.clone(), e.ports.clone()))
+                .collect();
+            let mut sum = 0u64;
+            let cumulative = endpoints
+                .iter()
+                .map(|(w, _)| {
+                    sum += u64::from(w.capacity);
+                    sum
+                })
+                .collect();
+            EndpointIndex {
+                endpoints,
+                cumulative,
+            }
+        }))
+    }
+
     /// The policies that apply to a workload: GLOBAL ones, NAMESPACE ones of its
     /// namespace, and those it selects by name (unknown names skipped); in key order.
     pub fn policies_for(&self, w: &Workload) -> Vec<Arc<Authorization>> {
-        let mut keys: BTreeSet<&str> = BTreeSet::new();
-        for ns in ["", w.namespace.as_str()] {
-            if let Some(set) = self.policies_by_namespace.get(ns) {
-                keys.extend(set.iter().map(String::as_str));
+        let mut out: Vec<Arc<Authorization>> = Vec::new();
+        self.each_policy_for(w, |p| out.push(p.clone()));
+        // One policy may be both attached and named: keep it once.
+        out.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        out
+    }
+
+    /// The policies of [`ProxyState::policies_for`], without collecting them: the GLOBAL
+    /// ones, then those of the workload's namespace (each in key order), then those it
+    /// names that are not among them already. Cost: the policies that apply, not all.
+    pub(crate) fn each_policy_for<'a>(
+        &'a self,
+        w: &Workload,
+        mut f: impl FnMut(&'a Arc<Authorization>),
+    ) {
+        let global = self.policies_by_namespace.get("");
+        let own = self.policies_by_namespace.get(w.namespace.as_str());
+        global
+            .into_iter()
+            .chain(own)
+            .flat_map(|m| m.values())
+            .for_each(&mut f);
+        for (i, key) in w.authorization_policies.iter().enumerate() {
+            let Some(p) = self.policies.get(key) else {
+                continue;
+            };
+            if w.authorization_policies[..i].contains(key) {
+                continue;
+            }
+            let attached = match attached_namespace(p) {
+                Some("") => true,
+                Some(ns) => ns == w.namespace,
+                None => false,
+            };
+            if !attached {
+                f(p);
             }
         }
-        keys.extend(w.authorization_policies.iter().map(String::as_str));
-        keys.into_iter()
-            .filter_map(|k| self.policies.get(k).cloned())
-            .collect()
     }
 
     /// All workloads, in uid order.
@@ -401,6 +552,11 @@ impl ProxyState {
     /// All services, in `namespace/hostname` order.
     pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
         self.services.values()
+    }
+
+    /// The policy `namespace/name`.
+    pub fn policy_by_key(&self, key: &str) -> Option<Arc<Authorization>> {
+        self.policies.get(key).cloned()
     }
 
     /// All policies, in `namespace/name` order.

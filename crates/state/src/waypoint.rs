@@ -14,8 +14,10 @@ use std::sync::Arc;
 use ambit_identity::SpiffeId;
 use rand::Rng;
 
-use crate::route::{route_service, Route, RouteError, RouteInput};
+use crate::route::{pick_endpoint, PickMode, RouteError, RouteInput};
+use crate::service::LoadBalancerMode;
 use crate::service::Service;
+use crate::store::AddressTarget;
 use crate::store::ProxyState;
 use crate::workload::{GatewayAddress, GatewayDestination, Workload};
 
@@ -53,21 +55,20 @@ pub fn resolve_waypoint(
             if addr.network != input.source.network {
                 return Err(other_network(&addr.network));
             }
-            let by_vip = state.service_by_vip(&addr.network, addr.address, &input.source.namespace);
-            match by_vip {
-                Some(svc) => svc,
-                None => {
-                    // A waypoint pod by its own IP: its HBONE port as given.
-                    let Some(wl) = state.workload_by_ip(&addr.network, addr.address) else {
-                        return Err(not_found(format!(
-                            "no service or workload has the waypoint address {addr}"
-                        )));
-                    };
+            match state.lookup_address(&addr.network, addr.address, &input.source.namespace) {
+                Some(AddressTarget::Service(svc)) => svc,
+                // A waypoint pod by its own IP: its HBONE port as given.
+                Some(AddressTarget::Workload(wl)) => {
                     return Ok(ResolvedWaypoint {
                         next_hop: SocketAddr::new(addr.address, gw.hbone_mtls_port),
                         expected_identities: identities(&wl, None),
                         workload: wl,
-                    });
+                    })
+                }
+                None => {
+                    return Err(not_found(format!(
+                        "no service or workload has the waypoint address {addr}"
+                    )))
                 }
             }
         }
@@ -75,59 +76,46 @@ pub fn resolve_waypoint(
             .service_by_key(&format!("{}/{}", h.namespace, h.hostname))
             .ok_or_else(|| not_found(format!("no service {}/{}", h.namespace, h.hostname)))?,
     };
-    // Endpoints in another network only: double HBONE territory, refused loudly.
-    let endpoints: Vec<_> = state.endpoints(&service.key()).collect();
-    if !endpoints.is_empty()
-        && endpoints
-            .iter()
-            .all(|ep| ep.workload.network != input.source.network)
-    {
-        return Err(other_network(&endpoints[0].workload.network));
+    if service.lb_mode() == LoadBalancerMode::Passthrough {
+        return Err(not_found(format!(
+            "the waypoint service {} is a passthrough service",
+            service.key()
+        )));
     }
-    // Waypoint mode (§10.3): the waypoint service need not list the HBONE port when its
-    // pods take it through an application tunnel; then the port stays as it is.
-    // (A named port, target 0: only endpoints that map it or take an application tunnel.)
-    let svc = if service.ports.contains_key(&gw.hbone_mtls_port) {
-        service.clone()
-    } else {
-        let mut svc = (*service).clone();
-        svc.ports.insert(gw.hbone_mtls_port, 0);
-        Arc::new(svc)
-    };
     let dialed = match &gw.destination {
         GatewayDestination::Address(a) => a.address,
         // A hostname keeps the caller's IP family.
         GatewayDestination::Hostname(_) => input.dst.ip(),
     };
-    let lb_input = RouteInput {
-        dst: SocketAddr::new(dialed, gw.hbone_mtls_port),
-        ..*input
-    };
-    match route_service(state, &lb_input, svc, rng) {
-        Ok(Route::Hbone {
-            authority,
-            destination,
-            ..
-        })
-        | Ok(Route::Tcp {
-            target: authority,
-            destination: Some(destination),
-            ..
-        }) => Ok(ResolvedWaypoint {
-            next_hop: authority,
-            expected_identities: identities(&destination, Some(&service)),
-            workload: destination,
+    // Waypoint mode (§10.3): the waypoint service need not list the HBONE port when its
+    // pods take it through an application tunnel.
+    match pick_endpoint(
+        state,
+        &service,
+        gw.hbone_mtls_port,
+        dialed,
+        input.source,
+        PickMode::Waypoint,
+        rng,
+    ) {
+        Ok(picked) => Ok(ResolvedWaypoint {
+            next_hop: SocketAddr::new(picked.ip, picked.port),
+            expected_identities: identities(&picked.workload, Some(&service)),
+            workload: picked.workload,
         }),
-        Ok(Route::Tcp {
-            destination: None, ..
-        }) => Err(not_found(format!(
-            "the waypoint service {} is a passthrough service",
-            service.key()
-        ))),
-        Err(e) => Err(not_found(format!(
-            "the waypoint service {}: {e}",
-            service.key()
-        ))),
+        Err(e) => {
+            // Endpoints in another network only: double HBONE territory, refused loudly.
+            let mut endpoints = state.endpoints(&service.key()).peekable();
+            if let Some(first) = endpoints.peek().map(|ep| ep.workload.network.clone()) {
+                if endpoints.all(|ep| ep.workload.network != input.source.network) {
+                    return Err(other_network(&first));
+                }
+            }
+            Err(not_found(format!(
+                "the waypoint service {}: {e}",
+                service.key()
+            )))
+        }
     }
 }
 
@@ -143,24 +131,19 @@ fn identities(wl: &Workload, service: Option<&Service>) -> Vec<SpiffeId> {
     ids
 }
 
-/// Every workload `gw` may resolve to in `network`: the one with that IP, or the
-/// endpoints of the waypoint service.
+/// Every workload `gw` may resolve to (in the network of its address): the one with that
+/// IP, or the endpoints of the waypoint service.
 fn waypoint_workloads(
     state: &ProxyState,
-    network: &str,
     namespace: &str,
     gw: &GatewayAddress,
 ) -> Vec<Arc<Workload>> {
     let service = match &gw.destination {
         GatewayDestination::Address(addr) => {
-            match state.service_by_vip(&addr.network, addr.address, namespace) {
-                Some(s) => Some(s),
-                None => {
-                    return state
-                        .workload_by_ip(network, addr.address)
-                        .into_iter()
-                        .collect()
-                }
+            match state.lookup_address(&addr.network, addr.address, namespace) {
+                Some(AddressTarget::Service(s)) => Some(s),
+                Some(AddressTarget::Workload(w)) => return vec![w],
+                None => None,
             }
         }
         GatewayDestination::Hostname(h) => {
@@ -182,13 +165,12 @@ fn waypoint_workloads(
 /// §10.1 step 7).
 pub fn is_from_waypoint(
     state: &ProxyState,
-    network: &str,
     gw: &GatewayAddress,
     source: &Workload,
     src_ip: IpAddr,
 ) -> bool {
     let identity = source.identity();
-    waypoint_workloads(state, network, &source.namespace, gw)
+    waypoint_workloads(state, &source.namespace, gw)
         .iter()
         .any(|w| w.identity() == identity && w.workload_ips.contains(&src_ip))
 }
@@ -202,15 +184,29 @@ pub fn is_waypoint_for(
     authority_ip: IpAddr,
     local: &Workload,
 ) -> bool {
-    // Services are looked up as the local workload sees them.
-    let gw = match state.service_by_vip(network, authority_ip, &local.namespace) {
-        Some(svc) => svc.waypoint.clone(),
-        None => state
-            .workload_by_ip(network, authority_ip)
-            .and_then(|w| w.waypoint.clone()),
-    };
-    gw.is_some_and(|gw| {
-        waypoint_workloads(state, network, &local.namespace, &gw)
+    // The workload at that IP, and every service with exactly that VIP (whoever may see
+    // it: the client chose the address, not us); a CIDR VIP only when nothing else has it.
+    let mut gateways: Vec<GatewayAddress> = Vec::new();
+    if let Some(gw) = state
+        .workload_by_ip(network, authority_ip)
+        .and_then(|w| w.waypoint.clone())
+    {
+        gateways.push(gw);
+    }
+    gateways.extend(
+        state
+            .services_at_vip(network, authority_ip)
+            .filter_map(|s| s.waypoint.clone()),
+    );
+    if gateways.is_empty() {
+        if let Some(AddressTarget::Service(s)) =
+            state.lookup_address(network, authority_ip, &local.namespace)
+        {
+            gateways.extend(s.waypoint.clone());
+        }
+    }
+    gateways.iter().any(|gw| {
+        waypoint_workloads(state, &local.namespace, gw)
             .iter()
             .any(|w| w.uid == local.uid)
     })

@@ -120,6 +120,12 @@ services:
   ports: {80: 80}
   waypoint: {destination: "net2/10.2.9.1", hboneMtlsPort: 15008}
 - {name: wp2, namespace: default, hostname: wp2.default.svc.cluster.local, vips: ["/10.96.9.2"]}
+- name: range
+  namespace: default
+  hostname: range.example.com
+  vips: ["/10.1.4.0/24"]
+  ports: {5432: 5432}
+  loadBalancer: {mode: PASSTHROUGH}
 - name: details
   namespace: default
   hostname: details.default.svc.cluster.local
@@ -201,6 +207,12 @@ fn outbound_plan_table() {
          "hbone 10.1.9.1:15008 10.1.4.1:5432 [default/sa/waypoint default/sa/waypoint-san] waypoint -"),
         ("workload waypoint by pod IP, its own HBONE port", "client", "10.1.0.1", "10.1.4.2:6379",
          "hbone 10.1.9.1:15009 10.1.4.2:6379 [default/sa/waypoint] waypoint -"),
+        ("a pod inside a CIDR service's range is still that pod, with its waypoint",
+         "client", "10.1.0.1", "10.1.4.1:5432",
+         "hbone 10.1.9.1:15008 10.1.4.1:5432 [default/sa/waypoint default/sa/waypoint-san] waypoint -"),
+        ("an address of the CIDR range no pod has: that service (passthrough)",
+         "client", "10.1.0.1", "10.1.4.99:5432",
+         "tcp 10.1.4.99:5432 - range"),
         ("sandwich: from the waypoint (identity and IP): direct", "waypoint", "10.1.9.1", "10.1.4.1:5432",
          "hbone 10.1.4.1:15008 10.1.4.1:5432 [default/sa/db] db -"),
         ("waypoint identity from another IP is not the waypoint", "waypoint", "10.1.9.7", "10.1.4.1:5432",

@@ -365,6 +365,7 @@ pub fn authorization_from_proto(p: psec::Authorization) -> Result<Authorization,
                     not_service_accounts: service_accounts(x.not_service_accounts),
                     principals: string_matches(x.principals),
                     not_principals: string_matches(x.not_principals),
+                    ..RbacMatch::default()
                 });
             }
             clauses.push(matches);

@@ -1,0 +1,238 @@
+//! The local configuration (`LOCAL_XDS_PATH`, `LOCAL_XDS`): loaded at start-up, then (a
+//! file) watched and re-applied when it changes, and the policy metrics that go with it.
+//!
+//! A change is applied as one batch, so open connections are re-checked against the new
+//! policies at once. A file that does not load (bad YAML, a bad workload or service) is
+//! refused whole and the running configuration stays; a bad policy is refused alone
+//! (see [`ambit_state::load_local_config`]): its last good version, or a fail-closed
+//! stand-in, stays in its place.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use ambit_proxy::SharedState;
+use ambit_state::{KeptVersion, LocalConfig, LocalLoad, PolicyAction, ProxyState};
+
+use crate::config::LocalConfigSource;
+
+/// How often the file is looked at.
+const POLL: Duration = Duration::from_secs(1);
+
+/// The local configuration read from its source: its name (for errors) and text.
+pub fn read(source: &LocalConfigSource) -> anyhow::Result<(String, String)> {
+    Ok(match source {
+        LocalConfigSource::File(path) => (
+            path.display().to_string(),
+            std::fs::read_to_string(path)
+                .with_context(|| format!("LOCAL_XDS_PATH: cannot read {}", path.display()))?,
+        ),
+        LocalConfigSource::Inline(yaml) => ("LOCAL_XDS".to_string(), yaml.clone()),
+    })
+}
+
+/// Loads `yaml`, logging each rejected policy loudly, and builds its store.
+pub fn load(
+    name: &str,
+    yaml: &str,
+    previous: Option<&LocalConfig>,
+) -> anyhow::Result<(LocalLoad, ProxyState)> {
+    let load = ambit_state::load_local_config(name, yaml, previous)?;
+    for r in &load.rejected {
+        let kept = match r.kept {
+            KeptVersion::Previous => "its previous version stays",
+            KeptVersion::FailClosed => {
+                "a fail-closed stand-in applies (an ALLOW that admits nobody, or a DENY of all traffic)"
+            }
+        };
+        tracing::error!(policy = %r.key, "policy rejected, {kept}: {}", r.error);
+    }
+    let state =
+        ProxyState::from_config(load.config.clone()).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    Ok((load, state))
+}
+
+/// What identifies a version of the file: a change of any is worth a read.
+fn stamp(path: &Path) -> Option<(u64, u64, u64, std::time::SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
+}
+
+/// What the policy metrics read.
+#[derive(Clone, Default)]
+pub struct PolicyReport {
+    /// Keys of the policies of the local file refused by the last load.
+    rejected: Arc<Mutex<Vec<String>>>,
+    /// Applied and refused reloads.
+    reloads: Family<ReloadLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DryRunLabels {
+    policy: String,
+    action: &'static str,
+}
+
+impl PolicyReport {
+    pub fn set_rejected(&self, load: &LocalLoad) {
+        let keys = load.rejected.iter().map(|r| r.key.clone()).collect();
+        *self.rejected.lock().unwrap_or_else(|p| p.into_inner()) = keys;
+    }
+}
+
+/// Registers ambit's policy metrics (all additive, `ambit_` prefixed): dry-run matches,
+/// policies using attributes an L4 proxy cannot see, rejected local policies, reloads.
+pub fn register_metrics(registry: &mut Registry, state: SharedState, report: PolicyReport) {
+    let dry_run = Family::<DryRunLabels, Counter>::default();
+    registry.register(
+        "ambit_rbac_dry_run_matches",
+        "Connections a dry-run authorization policy matched (logged, not enforced), by policy and action",
+        dry_run.clone(),
+    );
+    let hook_family = dry_run;
+    ambit_state::set_dry_run_hook(Box::new(move |policy, action| {
+        let action = match action {
+            PolicyAction::Allow => "ALLOW",
+            PolicyAction::Deny => "DENY",
+        };
+        hook_family
+            .get_or_create(&DryRunLabels {
+                policy: policy.to_string(),
+                action,
+            })
+            .inc();
+    }));
+    registry.register(
+        "ambit_local_config_reloads",
+        "Changes of LOCAL_XDS_PATH seen, by result (applied, or refused and the running configuration kept)",
+        report.reloads.clone(),
+    );
+    registry.register_collector(Box::new(PolicyGauges { state, report }));
+}
+
+#[derive(Clone)]
+struct PolicyGauges {
+    state: SharedState,
+    report: PolicyReport,
+}
+
+impl std::fmt::Debug for PolicyGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PolicyGauges")
+    }
+}
+
+impl Collector for PolicyGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let state = self.state.get();
+        {
+            let mut family = encoder.encode_descriptor(
+                "ambit_rbac_unsupported_attributes",
+                "1 for each attribute an L4 proxy cannot see (HTTP paths, methods, ...) that a policy uses: its ALLOW rules using it never match, its DENY rules are enforced without it",
+                None,
+                MetricType::Gauge,
+            )?;
+            for p in state.policies() {
+                for attribute in p.l7_attributes() {
+                    let labels = [
+                        ("policy".to_string(), p.key()),
+                        ("attribute".to_string(), attribute.to_string()),
+                    ];
+                    ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let rejected = self
+            .report
+            .rejected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut family = encoder.encode_descriptor(
+            "ambit_local_config_rejected_policies",
+            "1 for each policy of the local configuration refused by its last load (its previous version, or a fail-closed stand-in, applies)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for key in rejected {
+            let labels = [("policy".to_string(), key)];
+            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Watches `path` (about once a second: device, inode, size, modification time) and
+/// applies each new version to `shared` as one batch. `applied` is what was loaded at
+/// start-up.
+pub fn spawn_watch(
+    path: PathBuf,
+    shared: SharedState,
+    mut applied: (LocalLoad, ProxyState),
+    report: PolicyReport,
+) {
+    tokio::spawn(async move {
+        let mut last = stamp(&path);
+        let mut interval = tokio::time::interval(POLL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let now = stamp(&path);
+            if now == last {
+                continue;
+            }
+            last = now;
+            let name = path.display().to_string();
+            let loaded = tokio::task::spawn_blocking({
+                let path = path.clone();
+                let previous = applied.0.config.clone();
+                move || -> anyhow::Result<(LocalLoad, ProxyState)> {
+                    let (name, yaml) = read(&LocalConfigSource::File(path))?;
+                    load(&name, &yaml, Some(&previous))
+                }
+            })
+            .await;
+            match loaded {
+                Ok(Ok(next)) => {
+                    if next.0.config == applied.0.config {
+                        report.set_rejected(&next.0);
+                        continue;
+                    }
+                    shared.update(|s| s.apply_local_change(&applied.1, &next.1));
+                    report.set_rejected(&next.0);
+                    report
+                        .reloads
+                        .get_or_create(&ReloadLabels { result: "applied" })
+                        .inc();
+                    tracing::info!(file = %name, rejected = next.0.rejected.len(), "local configuration reloaded");
+                    applied = next;
+                }
+                Ok(Err(e)) => {
+                    report
+                        .reloads
+                        .get_or_create(&ReloadLabels { result: "refused" })
+                        .inc();
+                    tracing::error!(
+                        "local configuration not reloaded, the running one stays: {e:#}"
+                    );
+                }
+                Err(e) => tracing::error!("local configuration reload failed: {e}"),
+            }
+        }
+    });
+}
