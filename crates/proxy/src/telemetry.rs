@@ -188,18 +188,23 @@ impl ConnectionResult {
         self.tracked = None;
         let c2s = self.bytes.client_to_server.load(Ordering::Relaxed);
         let s2c = self.bytes.server_to_client.load(Ordering::Relaxed);
+        // Istio's orientation for both reporters: received = client to server. The byte
+        // counters keep the labels the connection opened with (no response flag), as
+        // ztunnel's do; only the close and the failure carry the outcome.
+        self.metrics
+            .received_bytes
+            .get_or_create(&self.labels)
+            .inc_by(c2s);
+        self.metrics
+            .sent_bytes
+            .get_or_create(&self.labels)
+            .inc_by(s2c);
         let mut labels = self.labels.clone();
         let flag = outcome
             .as_ref()
             .err()
             .map_or(ResponseFlag::None, Error::response_flag);
         labels.response_flags = flag.as_str();
-        // Istio's orientation for both reporters: received = client to server.
-        self.metrics
-            .received_bytes
-            .get_or_create(&labels)
-            .inc_by(c2s);
-        self.metrics.sent_bytes.get_or_create(&labels).inc_by(s2c);
         self.metrics.connections_closed.get_or_create(&labels).inc();
         if flag != ResponseFlag::None {
             self.metrics.connections_failed.get_or_create(&labels).inc();

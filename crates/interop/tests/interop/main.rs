@@ -19,6 +19,7 @@ mod control;
 mod differential;
 mod hbone;
 mod pods;
+mod semantics;
 mod single;
 mod waypoint;
 mod zds;
