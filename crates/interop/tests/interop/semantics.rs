@@ -53,6 +53,7 @@ struct Observed {
     answers: Vec<Vec<u8>>,
     client_metrics: String,
     server_metrics: String,
+    client_log: String,
 }
 
 fn exchange(nodes: &TwoNodes, dst: SocketAddr) -> Vec<u8> {
@@ -122,6 +123,7 @@ fn observe(proxy: &NodeProxy) -> Observed {
         answers,
         client_metrics: nodes.metrics(&nodes.client_ns).unwrap(),
         server_metrics: nodes.metrics(&nodes.server_ns).unwrap(),
+        client_log: std::fs::read_to_string(&nodes.client_proxy.log).unwrap(),
     }
 }
 
@@ -176,6 +178,31 @@ fn vip_no_healthy_upstream_and_policies_give_the_same_outcomes_and_metrics() {
         assert!(a.answers[n].is_empty(), "ambit, {what}: {:?}", a.answers[n]);
     }
     assert_eq!(a.answers, i.answers, "what the client app saw");
+    // No healthy upstream: refused before any connection is counted, with the same
+    // access log line (fields and level; the error text is each proxy's own).
+    for (who, log) in [("ambit", &a.client_log), ("Istio", &i.client_log)] {
+        let lines: Vec<_> = ambit_interop::compare::access_lines(log)
+            .into_iter()
+            .filter(|l| l.field("dst.addr") == Some("10.96.0.13:80"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{who}:\n{log}");
+        let l = &lines[0];
+        assert_eq!(
+            (l.level.as_str(), l.message.as_str()),
+            ("warn", "connection failed"),
+            "{who}: {l:?}"
+        );
+        assert_eq!(
+            l.names(),
+            ["src.addr", "dst.addr", "direction", "error"],
+            "{who}: {l:?}"
+        );
+        assert!(
+            l.field("error")
+                .is_some_and(|e| e.contains("no healthy upstream")),
+            "{who}: {l:?}"
+        );
+    }
     // Both denied at the server and counted with the DENY flag.
     for (who, text) in [("ambit", &a.server_metrics), ("Istio", &i.server_metrics)] {
         assert_eq!(
