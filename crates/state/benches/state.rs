@@ -122,6 +122,7 @@ fn endpoints(c: &mut Criterion) {
     let input = RouteInput {
         source: &client,
         dst: "10.96.0.10:80".parse().unwrap(),
+        src_ip: client.workload_ips[0],
         network: "",
         hbone_port: 15008,
     };
