@@ -7,13 +7,23 @@
 //! pod's namespace.
 #![forbid(unsafe_code)]
 
+pub mod forward;
 pub mod mesh;
 pub mod message;
+pub mod metrics;
+pub mod resolver;
+pub mod server;
+pub mod sockets;
 
+pub use forward::{ForwardError, ResolvConf};
 pub use mesh::{SearchList, Settings};
 pub use message::{
     decide, encode_reply, handle_locally, parse_request, Decision, Parsed, Protocol,
 };
+pub use metrics::DnsMetrics;
+pub use resolver::{ClientIdentity, DnsConfig, DnsError, Resolver, StateSource};
+pub use server::{DnsServer, ListenAddr, DNS_PORT};
+pub use sockets::{DnsSockets, LocalSockets};
 
 #[cfg(test)]
 mod tests;
