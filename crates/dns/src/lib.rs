@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod forward;
+pub mod fuzzing;
 pub mod mesh;
 pub mod message;
 pub mod metrics;
