@@ -27,6 +27,8 @@ pub struct PodSpec {
     pub service_account: String,
     /// Index into the cluster's nodes.
     pub node: usize,
+    /// The workload's `services` map, as a YAML flow map (`{}`: none).
+    pub services: String,
 }
 
 impl PodSpec {
@@ -35,6 +37,7 @@ impl PodSpec {
             name: name.into(),
             service_account: name.into(),
             node,
+            services: "{}".into(),
         }
     }
 }
@@ -130,8 +133,9 @@ fn mesh_yaml(specs: &[PodSpec]) -> String {
         let ip = predicted_ip(spec.node, *nth);
         *nth += 1;
         out.push_str(&format!(
-            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n  workloadName: {name}\n  services: {{}}\n",
+            "- uid: cluster1//v1/Pod/default/{name}\n  name: {name}\n  namespace: default\n  serviceAccount: {sa}\n  trustDomain: cluster.local\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node{node}\n  canonicalName: {name}\n  workloadName: {name}\n  services: {services}\n",
             name = spec.name,
+            services = spec.services,
             sa = spec.service_account,
             node = spec.node + 1,
         ));
