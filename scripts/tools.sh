@@ -28,7 +28,7 @@ BUILD_TOOLS=(make=make cc=gcc)
 # The fuzz crate's seed tests: libfuzzer-sys builds libFuzzer, which is C++.
 FUZZ_TOOLS=(c++=g++)
 # The tools the end-to-end tests use.
-NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 curl=curl /usr/lib/cni/bridge=containernetworking-plugins)
+NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 curl=curl dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins)
 # The demo's: nodes, capture rules, ipsets, the CNI plugins, and tcpdump to show the wire.
 DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump /usr/lib/cni/bridge=containernetworking-plugins)
 # The interop suite's: namespaces, capture rules, ipsets and the CNI plugins.

@@ -457,5 +457,20 @@ fn socks5_seeds_are_whole_connects() {
             }
             other => panic!("{name}: {other:?}"),
         }
+/// Every DNS seed gets a reply (none is cut short before the decision), and keeps the
+/// target's invariants.
+#[test]
+fn dns_query_seeds() {
+    for (name, bytes) in seeds_of("dns_query") {
+        ambit_dns::fuzzing::query_path(&bytes);
+        let query = &bytes[1..];
+        let reply = ambit_dns::handle_locally(
+            &ambit_state::ProxyState::new(),
+            None,
+            &ambit_dns::Settings::default(),
+            query,
+            ambit_dns::Protocol::Tcp,
+        );
+        assert!(reply.is_some(), "{name}: answered");
     }
 }

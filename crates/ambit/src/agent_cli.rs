@@ -29,8 +29,9 @@ pub struct AgentArgs {
     /// Also capture IPv6 (ip6tables rules, the v6 probe set).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub ipv6: bool,
-    /// Redirect pods' DNS to the node proxy's DNS port 15053.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    /// Redirect pods' DNS (UDP and TCP 53) to the node proxy's DNS proxy on 15053, as
+    /// istio-cni does by default; `--dns-capture false` leaves pods' DNS alone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub dns_capture: bool,
     /// The uid the node proxy runs as, when not root: it may use the ZDS socket too (the
     /// agent checks every peer's uid with SO_PEERCRED; root and the agent's own uid always

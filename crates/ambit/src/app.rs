@@ -198,6 +198,35 @@ fn ipv6_admin_optional(e: &std::io::Error, configured_port: u16) -> bool {
         || (configured_port == 0 && e.kind() == ErrorKind::AddrInUse)
 }
 
+/// The DNS proxy's configuration: the settings, and the upstream nameservers (and, for
+/// dedicated mode, the search list) of resolv.conf.
+fn dns_config(cfg: &Config) -> anyhow::Result<Option<Arc<ambit_dns::DnsConfig>>> {
+    let Some(dns) = &cfg.dns else {
+        return Ok(None);
+    };
+    let upstream = ambit_dns::ResolvConf::read(&dns.resolv_conf)
+        .context("the DNS proxy forwards to its nameservers (AMBIT_DNS_RESOLV_CONF)")?;
+    if upstream.nameservers.is_empty() {
+        tracing::warn!(
+            path = %dns.resolv_conf.display(),
+            "no nameserver in resolv.conf: names outside the mesh get SERVFAIL"
+        );
+    }
+    let search = match cfg.proxy_mode {
+        ProxyMode::Shared => ambit_dns::SearchList::Kubernetes,
+        ProxyMode::Dedicated => ambit_dns::SearchList::Fixed(upstream.search.clone()),
+    };
+    Ok(Some(Arc::new(ambit_dns::DnsConfig {
+        settings: ambit_dns::Settings {
+            cluster_domain: dns.cluster_domain.clone(),
+            search,
+            ipv6_enabled: cfg.proxy.ipv6_enabled,
+            preferred_namespace: dns.preferred_namespace.clone(),
+        },
+        upstream,
+    })))
+}
+
 pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let cfg = Arc::new(cfg);
     let ready = Ready::default();
@@ -254,6 +283,11 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         crate::local_config::spawn_watch(path.clone(), state.clone(), load, policy_report);
     }
     let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
+    let dns = dns_config(&cfg)?;
+    let dns_metrics = dns
+        .as_ref()
+        .map(|_| ambit_dns::DnsMetrics::register(&mut registry));
+    let dns_ready = dns.as_ref().map(|_| ready.register("dns proxy"));
     let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
         .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));
     let registry = Arc::new(registry);
@@ -291,6 +325,38 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 handshakes: HandshakeGate::new(node_handshakes, cfg.proxy.handshakes),
                 names: None,
             });
+            let dns_server = match (&dns, &cfg.dns, dns_metrics) {
+                (Some(dns), Some(dns_cfg), Some(metrics)) => {
+                    let sockets = Arc::new(ambit_dns::LocalSockets {
+                        mark: cfg.proxy.packet_mark,
+                        reuse_port: false,
+                    });
+                    let local = &pi.local;
+                    let source = state.clone();
+                    let resolver = Arc::new(ambit_dns::Resolver::new(
+                        dns,
+                        Arc::new(move || source.get()),
+                        ambit_dns::ClientIdentity {
+                            namespace: local.namespace.clone(),
+                            name: local.name.clone(),
+                            service_account: local.service_account.clone(),
+                            node: cfg.node_name.clone(),
+                        },
+                        sockets.clone(),
+                        metrics,
+                    ));
+                    let server = ambit_dns::DnsServer::bind(
+                        resolver,
+                        sockets.as_ref(),
+                        dns_cfg.listen,
+                        cfg.proxy.ipv6_enabled,
+                    )
+                    .context("ISTIO_META_DNS_PROXY_ADDR (ISTIO_META_DNS_CAPTURE=false turns the DNS proxy off)")?;
+                    tracing::info!(addresses = ?server.local_addrs(), "DNS proxy bound");
+                    Some(server)
+                }
+                _ => None,
+            };
             let proxy = BoundProxy::bind(pi)?;
             let addrs = proxy.addresses()?;
             tracing::info!(
@@ -305,6 +371,11 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 if !wait_for_sync(&mut xds_synced, &watcher).await {
                     return Ok(());
                 }
+                if let Some(server) = dns_server {
+                    let w = watcher.clone();
+                    tokio::spawn(server.run(async move { w.draining().await }));
+                }
+                drop(dns_ready);
                 proxy.run(watcher).await;
                 Ok(())
             })
@@ -324,7 +395,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 mark,
                 reuse_port: cfg.inpod_port_reuse,
                 handshakes: node_handshakes,
+                dns: match (dns, &cfg.dns, dns_metrics) {
+                    (Some(dns), Some(dns_cfg), Some(metrics)) => Some(ambit_proxy::inpod::PodDns {
+                        cfg: dns,
+                        metrics,
+                        listen: dns_cfg.listen,
+                    }),
+                    _ => None,
+                },
             };
+            // Each pod's DNS server is bound with its other listeners.
+            drop(dns_ready);
             let pending = Mutex::new(Some(ready.register("workload proxy manager")));
             let ready_for_manager = ready.clone();
             let on_ready = Box::new(move |is_ready: bool| {

@@ -120,6 +120,72 @@ pub struct Config {
     /// Data-plane worker threads (`ZTUNNEL_WORKER_THREADS` and the CPU limit variables).
     pub worker_threads: usize,
     pub proxy: ProxyConfig,
+    /// The DNS proxy; `None` when `ISTIO_META_DNS_CAPTURE` is set and not `true`.
+    pub dns: Option<DnsProxyConfig>,
+}
+
+/// The DNS proxy's settings.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsProxyConfig {
+    /// `ISTIO_META_DNS_PROXY_ADDR` (default `localhost:15053`): the dedicated-mode address;
+    /// in shared mode every pod gets 15053 on its loopback.
+    pub addr: String,
+    #[serde(skip)]
+    pub listen: ambit_dns::ListenAddr,
+    /// `CLUSTER_DOMAIN` (default `cluster.local`).
+    pub cluster_domain: String,
+    /// `PREFERED_SERVICE_NAMESPACE`: tie-break namespace for mesh names.
+    pub preferred_namespace: Option<String>,
+    /// Where the forwarded queries go: the nameservers of this file (ztunnel reads its own
+    /// `/etc/resolv.conf`; `AMBIT_DNS_RESOLV_CONF` names another, for tests).
+    pub resolv_conf: PathBuf,
+}
+
+fn dns_config(env: &Env<'_>) -> Result<Option<DnsProxyConfig>, ConfigError> {
+    // ztunnel: on unless the proxy metadata says DNS_CAPTURE is something but "true".
+    if let Some(v) = env.get("ISTIO_META_DNS_CAPTURE") {
+        if !v.trim().eq_ignore_ascii_case("true") {
+            return Ok(None);
+        }
+    }
+    let addr = env
+        .get("ISTIO_META_DNS_PROXY_ADDR")
+        .unwrap_or("localhost:15053")
+        .to_string();
+    let listen = addr
+        .parse::<ambit_dns::ListenAddr>()
+        .map_err(|_| ConfigError::Invalid {
+            var: "ISTIO_META_DNS_PROXY_ADDR",
+            value: addr.clone(),
+            expected: "localhost:<port> or <ip>:<port>, such as localhost:15053",
+        })?;
+    let cluster_domain = env
+        .get("CLUSTER_DOMAIN")
+        .unwrap_or("cluster.local")
+        .trim()
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
+    if cluster_domain.is_empty() {
+        return Err(ConfigError::Invalid {
+            var: "CLUSTER_DOMAIN",
+            value: String::new(),
+            expected: "a DNS domain such as cluster.local",
+        });
+    }
+    Ok(Some(DnsProxyConfig {
+        addr,
+        listen,
+        cluster_domain,
+        preferred_namespace: env
+            .get("PREFERED_SERVICE_NAMESPACE")
+            .filter(|v| !v.is_empty())
+            .map(str::to_string),
+        resolv_conf: env
+            .get("AMBIT_DNS_RESOLV_CONF")
+            .unwrap_or("/etc/resolv.conf")
+            .into(),
+    }))
 }
 
 /// What the xDS client needs besides the address: the channel (`XDS_ROOT_CA`,
@@ -736,6 +802,7 @@ impl Config {
             stats_addr,
             readiness_addr,
             worker_threads: worker_threads(env, cores)?,
+            dns: dns_config(env)?,
             proxy: ProxyConfig {
                 ports,
                 packet_mark,
@@ -838,6 +905,41 @@ mod tests {
         assert_eq!(c.admin_addr, "127.0.0.1:15000".parse().unwrap());
         assert_eq!(c.proxy.ports.inbound_hbone, 15008);
         assert_eq!(c.proxy.original_source, OriginalSource::Auto);
+    }
+
+    #[test]
+    fn dns_proxy_settings() {
+        let c = Config::from_env(&env(&[])).unwrap();
+        let dns = c.dns.expect("DNS proxy on by default");
+        assert_eq!(dns.listen, ambit_dns::ListenAddr::Localhost(15053));
+        assert_eq!(dns.cluster_domain, "cluster.local");
+        assert_eq!(dns.resolv_conf, PathBuf::from("/etc/resolv.conf"));
+        assert!(dns.preferred_namespace.is_none());
+        for on in ["true", "TRUE", "True"] {
+            let c = Config::from_env(&env(&[("ISTIO_META_DNS_CAPTURE", on)])).unwrap();
+            assert!(c.dns.is_some(), "{on}");
+        }
+        for off in ["false", "", "no"] {
+            let c = Config::from_env(&env(&[("ISTIO_META_DNS_CAPTURE", off)])).unwrap();
+            assert!(c.dns.is_none(), "{off:?}");
+        }
+        let c = Config::from_env(&env(&[
+            ("ISTIO_META_DNS_PROXY_ADDR", "10.0.0.5:53"),
+            ("CLUSTER_DOMAIN", "Corp.Example."),
+            ("PREFERED_SERVICE_NAMESPACE", "shared"),
+            ("AMBIT_DNS_RESOLV_CONF", "/tmp/r.conf"),
+        ]))
+        .unwrap();
+        let dns = c.dns.unwrap();
+        assert_eq!(
+            dns.listen,
+            ambit_dns::ListenAddr::Exact("10.0.0.5:53".parse().unwrap())
+        );
+        assert_eq!(dns.cluster_domain, "corp.example");
+        assert_eq!(dns.preferred_namespace.as_deref(), Some("shared"));
+        assert_eq!(dns.resolv_conf, PathBuf::from("/tmp/r.conf"));
+        assert!(err(&[("ISTIO_META_DNS_PROXY_ADDR", "somewhere")])
+            .contains("ISTIO_META_DNS_PROXY_ADDR"));
     }
 
     #[test]

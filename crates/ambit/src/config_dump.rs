@@ -1,8 +1,8 @@
 //! `/config_dump`'s `config` section in ztunnel's shape: the same keys and value forms
 //! (`{"secs", "nanos"}` durations, `{"Localhost": [ipv6, port]}` or `{"SocketAddr": …}`
 //! addresses, `Shared`/`Dedicated`) for every setting ambit has. Keys for what ambit does
-//! not have carry the value that says so (`dnsProxy: false`, `caAddress: null`); ztunnel's
-//! DNS resolver settings are left out. ambit's own settings come last, under names
+//! not have carry the value that says so (`caAddress: null`); ztunnel's DNS resolver
+//! settings (hickory's) are left out. ambit's own settings come last, under names
 //! ztunnel does not use (README: differences).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use crate::config::{Config, LocalConfigSource, ProxyMode};
 use ambit_proxy::config::OriginalSource;
 
-/// The keys of ztunnel's `config` section that ambit leaves out: it has no DNS proxy, so
-/// no resolver settings to show.
+/// The keys of ztunnel's `config` section that ambit leaves out: hickory-resolver's
+/// settings, which ambit's forwarder (nameservers of resolv.conf) does not have.
 pub const OMITTED_ZTUNNEL_KEYS: &[&str] = &["dnsResolverCfg", "dnsResolverOpts"];
 
 /// The keys only ambit's `config` section has.
@@ -60,7 +60,7 @@ pub fn config_section(cfg: &Config) -> Value {
     };
     let mut v = json!({
         "proxy": true,
-        "dnsProxy": false,
+        "dnsProxy": cfg.dns.is_some(),
         "windowSize": p.h2.stream_window,
         "connectionWindowSize": p.h2.connection_window,
         "frameSize": p.h2.frame_size,
@@ -73,7 +73,10 @@ pub fn config_section(cfg: &Config) -> Value {
         "inboundAddr": wildcard(v6, p.ports.inbound_hbone).to_string(),
         "inboundPlaintextAddr": wildcard(v6, p.ports.inbound_plaintext).to_string(),
         "outboundAddr": wildcard(v6, p.ports.outbound).to_string(),
-        "dnsProxyAddr": {"Localhost": [v6, 15053]},
+        "dnsProxyAddr": match cfg.dns.as_ref().map(|d| d.listen).unwrap_or_default() {
+            ambit_dns::ListenAddr::Localhost(port) => json!({"Localhost": [v6, port]}),
+            ambit_dns::ListenAddr::Exact(a) => json!({"SocketAddr": a.to_string()}),
+        },
         "illegalPorts": illegal,
         "network": p.network,
         "localNode": cfg.node_name,
@@ -83,14 +86,14 @@ pub fn config_section(cfg: &Config) -> Value {
         },
         "proxyWorkloadInformation": workload,
         "clusterId": p.cluster_id,
-        "clusterDomain": "cluster.local",
+        "clusterDomain": cfg.dns.as_ref().map_or("cluster.local", |d| d.cluster_domain.as_str()),
         "caAddress": remote_ca.map(|r| r.address.clone()),
         "caRootCert": "Static",
         "altCaHostname": remote_ca.and_then(|r| r.alt_hostname.clone()),
         "xdsAddress": cfg.xds_address,
         "xdsRootCert": "Static",
         "altXdsHostname": cfg.xds.as_ref().and_then(|x| x.channel.alt_hostname.clone()),
-        "preferedServiceNamespace": null,
+        "preferedServiceNamespace": cfg.dns.as_ref().and_then(|d| d.preferred_namespace.clone()),
         "secretTtl": duration(cfg.secret_ttl),
         "xdsOnDemand": false,
         "fakeCa": false,
@@ -185,7 +188,15 @@ mod tests {
         );
         assert_eq!(v["windowSize"], 4194304);
         assert_eq!(v["localNode"], "node1");
-        assert_eq!(v["dnsProxy"], false);
+        assert_eq!(v["dnsProxy"], false, "DNS_CAPTURE=false");
+        let on = config_section(&config(&[
+            ("NODE_NAME", "node1"),
+            ("ISTIO_META_DNS_PROXY_ADDR", "10.0.0.5:53"),
+            ("CLUSTER_DOMAIN", "corp.example"),
+        ]));
+        assert_eq!(on["dnsProxy"], true);
+        assert_eq!(on["dnsProxyAddr"], json!({"SocketAddr": "10.0.0.5:53"}));
+        assert_eq!(on["clusterDomain"], "corp.example");
         assert_eq!(v["proxyMetadata"], json!({"DNS_CAPTURE": "false"}));
         for key in OMITTED_ZTUNNEL_KEYS {
             assert!(v.get(key).is_none(), "{key}");

@@ -140,7 +140,8 @@ impl NodeProxy {
             // Empty disables xDS; Istio's default would dial istiod.
             ("XDS_ADDRESS", String::new()),
             ("RUST_LOG", "info".to_string()),
-            // ambit has no DNS proxy: Istio's stays off too, so both do the same work.
+            // The DNS proxies stay off unless a test turns them on (its proxy env comes
+            // after this): the lab's pods do not resolve names, and both do the same work.
             ("ISTIO_META_DNS_CAPTURE", "false".to_string()),
         ];
         match self {

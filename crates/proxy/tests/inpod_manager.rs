@@ -110,6 +110,7 @@ async fn malformed_datagram_is_nacked_then_the_stream_restarts_and_served_pods_k
         mark: 0x539,
         reuse_port: true,
         handshakes: ambit_proxy::admission::NodeHandshakes::new(64),
+        dns: None,
     };
     let ready = Arc::new(AtomicBool::new(false));
     let ready_flag = ready.clone();

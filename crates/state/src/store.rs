@@ -444,6 +444,15 @@ impl ProxyState {
             .cloned()
     }
 
+    /// Every service with this hostname (one per namespace that has it), in key order.
+    pub fn services_with_hostname(&self, hostname: &str) -> impl Iterator<Item = &Arc<Service>> {
+        self.service_by_hostname
+            .get(hostname)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.services.get(k))
+    }
+
     /// The service with this hostname that `workload` backs (a hostname several
     /// namespaces use names the one the workload is an endpoint of), with its key.
     pub fn workload_service_by_hostname(

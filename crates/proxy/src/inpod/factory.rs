@@ -28,6 +28,17 @@ pub struct PodProxyFactory {
     pub reuse_port: bool,
     /// The node-wide count of HBONE handshakes every pod's share draws on.
     pub handshakes: Arc<NodeHandshakes>,
+    /// The DNS proxy every pod gets on 15053, unless `ISTIO_META_DNS_CAPTURE` turned it off.
+    pub dns: Option<PodDns>,
+}
+
+/// What each pod's DNS server is made from.
+#[derive(Clone)]
+pub struct PodDns {
+    pub cfg: Arc<ambit_dns::DnsConfig>,
+    pub metrics: ambit_dns::DnsMetrics,
+    /// `ISTIO_META_DNS_PROXY_ADDR`, in the pod's namespace (default `localhost:15053`).
+    pub listen: ambit_dns::ListenAddr,
 }
 
 pub struct RunningPod {
@@ -36,6 +47,9 @@ pub struct RunningPod {
     pub identity: SpiffeId,
     /// Its open connections, for `/config_dump`.
     pub connections: Arc<OpenConnections>,
+    /// The pod's DNS resolver (mesh names from the state, others forwarded from the pod's
+    /// namespace), when the DNS proxy is on.
+    pub resolver: Option<Arc<ambit_dns::Resolver>>,
     drain: DrainTrigger,
 }
 
@@ -79,16 +93,22 @@ impl PodProxyFactory {
                     .unwrap_or_default()
             ));
         };
+        let sockets = Arc::new(InPodSocketFactory {
+            netns,
+            mark: self.mark,
+            reuse_port: self.reuse_port,
+        });
+        // Bound before anything serves: a port taken in the pod leaves it pending.
+        let dns = match &self.dns {
+            Some(dns) => Some(self.bind_dns(dns, &local, sockets.clone())?),
+            None => None,
+        };
         let pi = Arc::new(ProxyInputs {
             cfg: self.cfg.clone(),
             state: self.state.clone(),
             certs: self.certs.clone(),
             metrics: self.metrics.clone(),
-            sockets: Arc::new(InPodSocketFactory {
-                netns,
-                mark: self.mark,
-                reuse_port: self.reuse_port,
-            }),
+            sockets: sockets.clone(),
             local,
             node: self.node.clone(),
             pool: ambit_hbone::Pool::new(self.cfg.pool.clone()),
@@ -100,12 +120,49 @@ impl PodProxyFactory {
         let connections = pi.connections.clone();
         let bound = BoundProxy::bind(pi).map_err(|e| e.to_string())?;
         let (trigger, watcher) = drain::new();
+        let resolver = dns.map(|(server, resolver)| {
+            let watcher = watcher.clone();
+            tokio::spawn(server.run(async move { watcher.draining().await }));
+            resolver
+        });
         tokio::spawn(bound.run(watcher));
         Ok(RunningPod {
             info: info.clone(),
             identity: workload.identity(),
             connections,
+            resolver,
             drain: trigger,
         })
+    }
+
+    /// The pod's DNS server in its namespace, by default on 127.0.0.1:15053 and
+    /// [::1]:15053 (when the pod's loopback has IPv6), answering for the pod's workload.
+    fn bind_dns(
+        &self,
+        dns: &PodDns,
+        local: &LocalIdentity,
+        sockets: Arc<InPodSocketFactory>,
+    ) -> Result<(ambit_dns::DnsServer, Arc<ambit_dns::Resolver>), String> {
+        let state = self.state.clone();
+        let resolver = Arc::new(ambit_dns::Resolver::new(
+            &dns.cfg,
+            Arc::new(move || state.get()),
+            ambit_dns::ClientIdentity {
+                namespace: local.namespace.clone(),
+                name: local.name.clone(),
+                service_account: local.service_account.clone(),
+                node: self.node.clone(),
+            },
+            sockets.clone(),
+            dns.metrics.clone(),
+        ));
+        let server = ambit_dns::DnsServer::bind(
+            resolver.clone(),
+            sockets.as_ref(),
+            dns.listen,
+            self.cfg.ipv6_enabled,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((server, resolver))
     }
 }

@@ -7,7 +7,7 @@ mod manager;
 mod metrics;
 mod sockets;
 
-pub use factory::{PodProxyFactory, RunningPod};
+pub use factory::{PodDns, PodProxyFactory, RunningPod};
 pub use manager::{ManagerError, PodDump, WorkloadManager, WorkloadStateDump};
 pub use metrics::InpodMetrics;
 pub use sockets::InPodSocketFactory;

@@ -29,3 +29,32 @@ impl SocketFactory for InPodSocketFactory {
             .enter(|| listen_socket(addr, Some(self.mark), self.reuse_port, transparent))?
     }
 }
+
+/// The DNS server of a pod and its forwarder: sockets in the pod's namespace, marked, so
+/// upstream queries leave from the pod and are not captured again.
+impl ambit_dns::DnsSockets for InPodSocketFactory {
+    fn udp_bind(&self, addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+        self.netns.enter(|| self.dns_local().udp_bind(addr))?
+    }
+
+    fn tcp_listen(&self, addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+        self.netns.enter(|| self.dns_local().tcp_listen(addr))?
+    }
+
+    fn udp_upstream(&self, to: SocketAddr) -> io::Result<std::net::UdpSocket> {
+        self.netns.enter(|| self.dns_local().udp_upstream(to))?
+    }
+
+    fn tcp_upstream(&self, to: SocketAddr) -> io::Result<Socket> {
+        self.netns.enter(|| self.dns_local().tcp_upstream(to))?
+    }
+}
+
+impl InPodSocketFactory {
+    fn dns_local(&self) -> ambit_dns::LocalSockets {
+        ambit_dns::LocalSockets {
+            mark: Some(self.mark),
+            reuse_port: self.reuse_port,
+        }
+    }
+}
