@@ -308,6 +308,37 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     > = match cfg.proxy_mode {
         ProxyMode::Dedicated => {
             let identity = cfg.workload.clone().context("PROXY_WORKLOAD_INFO")?;
+            let dns_server = match (&dns, &cfg.dns, dns_metrics) {
+                (Some(dns), Some(dns_cfg), Some(metrics)) => {
+                    let sockets = Arc::new(ambit_dns::LocalSockets {
+                        mark: cfg.proxy.packet_mark,
+                        reuse_port: false,
+                    });
+                    let source = state.clone();
+                    let resolver = Arc::new(ambit_dns::Resolver::new(
+                        dns,
+                        Arc::new(move || source.get()),
+                        ambit_dns::ClientIdentity {
+                            namespace: identity.namespace.clone(),
+                            name: identity.name.clone(),
+                            service_account: identity.service_account.clone(),
+                            node: cfg.node_name.clone(),
+                        },
+                        sockets.clone(),
+                        metrics,
+                    ));
+                    let server = ambit_dns::DnsServer::bind(
+                        resolver.clone(),
+                        sockets.as_ref(),
+                        dns_cfg.listen,
+                        cfg.proxy.ipv6_enabled,
+                    )
+                    .context("ISTIO_META_DNS_PROXY_ADDR (ISTIO_META_DNS_CAPTURE=false turns the DNS proxy off)")?;
+                    tracing::info!(addresses = ?server.local_addrs(), "DNS proxy bound");
+                    Some((server, resolver))
+                }
+                _ => None,
+            };
             let pi = Arc::new(ProxyInputs {
                 cfg: Arc::new(cfg.proxy.clone()),
                 state: state.clone(),
@@ -323,40 +354,12 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 spoof_by_default: false,
                 connections: Default::default(),
                 handshakes: HandshakeGate::new(node_handshakes, cfg.proxy.handshakes),
-                names: None,
+                // SOCKS5 names resolve as the DNS proxy answers this workload.
+                names: dns_server
+                    .as_ref()
+                    .map(|(_, r)| r.clone() as Arc<dyn ambit_proxy::socks5::NameLookup>),
             });
-            let dns_server = match (&dns, &cfg.dns, dns_metrics) {
-                (Some(dns), Some(dns_cfg), Some(metrics)) => {
-                    let sockets = Arc::new(ambit_dns::LocalSockets {
-                        mark: cfg.proxy.packet_mark,
-                        reuse_port: false,
-                    });
-                    let local = &pi.local;
-                    let source = state.clone();
-                    let resolver = Arc::new(ambit_dns::Resolver::new(
-                        dns,
-                        Arc::new(move || source.get()),
-                        ambit_dns::ClientIdentity {
-                            namespace: local.namespace.clone(),
-                            name: local.name.clone(),
-                            service_account: local.service_account.clone(),
-                            node: cfg.node_name.clone(),
-                        },
-                        sockets.clone(),
-                        metrics,
-                    ));
-                    let server = ambit_dns::DnsServer::bind(
-                        resolver,
-                        sockets.as_ref(),
-                        dns_cfg.listen,
-                        cfg.proxy.ipv6_enabled,
-                    )
-                    .context("ISTIO_META_DNS_PROXY_ADDR (ISTIO_META_DNS_CAPTURE=false turns the DNS proxy off)")?;
-                    tracing::info!(addresses = ?server.local_addrs(), "DNS proxy bound");
-                    Some(server)
-                }
-                _ => None,
-            };
+            let dns_server = dns_server.map(|(server, _)| server);
             let proxy = BoundProxy::bind(pi)?;
             let addrs = proxy.addresses()?;
             tracing::info!(

@@ -112,8 +112,8 @@ fn pods_resolve_mesh_names_through_the_dns_proxy_and_forward_the_rest() {
         .unwrap();
     let resolv = dir.path().join("resolv.conf");
     std::fs::write(&resolv, format!("nameserver {GATEWAY}\n")).unwrap();
-    let b = PodSpec::new("b", 0)
-        .endpoint_of("default/echo.default.svc.cluster.local", &[(80, 8080)]);
+    let b =
+        PodSpec::new("b", 0).endpoint_of("default/echo.default.svc.cluster.local", &[(80, 8080)]);
     let pods = [PodSpec::new("a", 0), b, PodSpec::new("c", 0)];
     let extra = format!(
         "services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], ports: {{80: 8080}}}}\n"

@@ -7,7 +7,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::mesh::{metric_sum, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
+use ambit_lab::mesh::{
+    metric_sum, EchoMode, TwoNodes, APP_PORT, SERVER_IP, SERVICE_HOST, SERVICE_PORT,
+};
 use ambit_lab::{wait_until, Lab};
 
 fn ambit() -> &'static Path {
@@ -27,7 +29,11 @@ fn socks(nodes: &TwoNodes) -> TcpStream {
 
 #[test]
 fn curl_through_socks5_reaches_the_server_over_hbone() {
-    let env = [("UNSTABLE_ENABLE_SOCKS5", "true".to_string())];
+    // With the DNS proxy on (the lab turns it off by default): names go through it.
+    let env = [
+        ("UNSTABLE_ENABLE_SOCKS5", "true".to_string()),
+        ("ISTIO_META_DNS_CAPTURE", "true".to_string()),
+    ];
     let nodes = TwoNodes::start(ambit(), "e2e-socks", &env).unwrap();
     let _app = nodes.start_app_server(EchoMode::Http).unwrap();
     // Without the capture rule, only SOCKS5 can bring the connection to the proxy.
@@ -61,20 +67,67 @@ fn curl_through_socks5_reaches_the_server_over_hbone() {
         body.starts_with(&format!("hello from [::ffff:{SERVER_IP}]:")),
         "curl got {body:?}"
     );
+    // A mesh name, resolved by the client node's DNS proxy to the service VIP, then
+    // load-balanced to the server's target port.
+    let url = format!("http://{SERVICE_HOST}:{SERVICE_PORT}/");
+    let body = nodes
+        .lab
+        .exec(
+            &nodes.client_ns,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "10",
+                "--socks5-hostname",
+                "127.0.0.1:15080",
+                &url,
+            ],
+        )
+        .unwrap();
+    assert!(body.starts_with("hello from "), "curl got {body:?}");
     let labels = [
         ("reporter", "destination"),
         ("source_principal", CLIENT_ID),
         ("connection_security_policy", "mutual_tls"),
     ];
     wait_until(
-        "the server to count the connection",
+        "the server to count both connections",
         Duration::from_secs(5),
         || {
             let text = nodes.metrics(&nodes.server_ns).unwrap();
-            metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 1
+            metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 2
         },
     )
     .unwrap();
+    // The client's node addressed one of them to the service (the name), one to the pod.
+    let text = nodes.metrics(&nodes.client_ns).unwrap();
+    assert_eq!(
+        metric_sum(
+            &text,
+            "istio_tcp_connections_closed_total",
+            &[
+                ("reporter", "source"),
+                ("destination_service", SERVICE_HOST)
+            ]
+        ),
+        1,
+        "the name went to the service: {text}"
+    );
+    // A name nobody knows: curl is told the host is unreachable.
+    let err = nodes.lab.exec(
+        &nodes.client_ns,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "--socks5-hostname",
+            "127.0.0.1:15080",
+            "http://nowhere.invalid/",
+        ],
+    );
+    assert!(err.is_err(), "curl reached an unknown name: {err:?}");
 }
 
 #[test]

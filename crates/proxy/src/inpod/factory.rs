@@ -115,7 +115,9 @@ impl PodProxyFactory {
             spoof_by_default: true,
             connections: Arc::new(OpenConnections::default()),
             handshakes: HandshakeGate::new(self.handshakes.clone(), self.cfg.handshakes),
-            names: None,
+            names: dns
+                .as_ref()
+                .map(|(_, r)| r.clone() as Arc<dyn crate::socks5::NameLookup>),
         });
         let connections = pi.connections.clone();
         let bound = BoundProxy::bind(pi).map_err(|e| e.to_string())?;

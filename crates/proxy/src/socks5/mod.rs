@@ -35,6 +35,21 @@ pub trait NameLookup: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, String>> + Send + 'a>>;
 }
 
+impl NameLookup for ambit_dns::Resolver {
+    fn lookup<'a>(
+        &'a self,
+        client: &'a Workload,
+        name: &'a str,
+        ipv6: bool,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, String>> + Send + 'a>> {
+        Box::pin(async move {
+            ambit_dns::Resolver::lookup(self, client, name, ipv6)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
 /// Why a SOCKS5 client got no tunnel.
 #[derive(Debug, thiserror::Error)]
 enum Refused {
