@@ -136,7 +136,8 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         pods: &pods,
         create: pods.len(),
         extra_yaml: &extra_yaml,
-        proxy_env: &[],
+        // The DNS proxy in every pod (the lab's default is off).
+        proxy_env: &[("ISTIO_META_DNS_CAPTURE", "true".to_string())],
         // Config over delta xDS and certificates from its CA: no node holds the CA key.
         control: Some(&ambit),
     })?;
@@ -196,6 +197,39 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+    // The DNS proxy: the pod's DNS traffic is captured into its node proxy, which answers
+    // mesh names from the mesh (any nameserver address works: port 53 is redirected).
+    let answer = cluster.lab.exec(
+        &cluster.pod("client").ns,
+        &[
+            "dig",
+            "+noall",
+            "+answer",
+            "+time=3",
+            "+tries=1",
+            "@10.88.1.1",
+            "echo",
+        ],
+    )?;
+    let dns_record = answer
+        .lines()
+        .find(|l| l.contains("\tA\t") || l.split_whitespace().nth(3) == Some("A"))
+        .with_context(|| format!("dig echo: no A record in {answer:?}"))?
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let resolved: std::net::IpAddr = dns_record
+        .rsplit(' ')
+        .next()
+        .and_then(|ip| ip.parse().ok())
+        .with_context(|| format!("dig echo: {dns_record}"))?;
+    if resolved != vip.ip() {
+        bail!("dig echo answered {resolved}, not the VIP {}", vip.ip());
+    }
+    let mut conn = cluster.connect_from("client", SocketAddr::new(resolved, ECHO_PORT))?;
+    if exchange(&mut conn, b"by name")? != b"by nameby name" {
+        bail!("the resolved VIP {resolved} did not echo");
     }
     // The DENY policy: the intruder's connection is refused at the server's node proxy.
     let mut conn = cluster.connect_from("intruder", vip)?;
@@ -273,6 +307,9 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         "  intruder -> {ECHO_HOST} ({vip}): refused by DENY policy default/deny-intruder (denials counted: {denials})"
     );
     println!(
+        "  client: dig echo -> {dns_record} (the DNS proxy in the pod: `echo` expanded to {ECHO_HOST}); connected to {resolved}:{ECHO_PORT}"
+    );
+    println!(
         "  client -> {REVIEWS_HOST} ({reviews}): through the waypoint at {}, which saw CONNECT {} from {}, then went on to {} as {WAYPOINT_ID}",
         waypoint.addr,
         record.authority,
@@ -332,6 +369,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         println!(
             "  ip netns exec {client} iptables-save -t nat            # the in-pod capture rules"
         );
+        println!("  ip netns exec {client} dig @10.88.1.1 echo         # answered by the DNS proxy in the pod");
         println!("  ip netns exec {} curl -s 127.0.0.1:15020/metrics | grep -e istio_tcp -e workload_manager", cluster.nodes[0].ns);
         println!(
             "  ip netns exec {} curl -s 127.0.0.1:15000/config_dump",
