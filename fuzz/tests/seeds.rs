@@ -457,6 +457,9 @@ fn socks5_seeds_are_whole_connects() {
             }
             other => panic!("{name}: {other:?}"),
         }
+    }
+}
+
 /// Every DNS seed gets a reply (none is cut short before the decision), and keeps the
 /// target's invariants.
 #[test]

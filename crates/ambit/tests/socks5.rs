@@ -27,6 +27,23 @@ fn socks(nodes: &TwoNodes) -> TcpStream {
     s
 }
 
+/// curl in the client node through the SOCKS5 listener (`--socks5` or
+/// `--socks5-hostname`); its output, or why it failed.
+fn curl(nodes: &TwoNodes, how: &str, url: &str) -> anyhow::Result<String> {
+    nodes.lab.exec(
+        &nodes.client_ns,
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            how,
+            "127.0.0.1:15080",
+            url,
+        ],
+    )
+}
+
 #[test]
 fn curl_through_socks5_reaches_the_server_over_hbone() {
     // With the DNS proxy on (the lab turns it off by default): names go through it.
@@ -45,22 +62,12 @@ fn curl_through_socks5_reaches_the_server_over_hbone() {
         )
         .unwrap();
 
-    let url = format!("http://{SERVER_IP}:{APP_PORT}/");
-    let body = nodes
-        .lab
-        .exec(
-            &nodes.client_ns,
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "10",
-                "--socks5",
-                "127.0.0.1:15080",
-                &url,
-            ],
-        )
-        .unwrap();
+    let body = curl(
+        &nodes,
+        "--socks5",
+        &format!("http://{SERVER_IP}:{APP_PORT}/"),
+    )
+    .unwrap();
     // Dedicated mode does not spoof the client's address by default: the app sees its
     // own node's proxy connect to it.
     assert!(
@@ -70,21 +77,7 @@ fn curl_through_socks5_reaches_the_server_over_hbone() {
     // A mesh name, resolved by the client node's DNS proxy to the service VIP, then
     // load-balanced to the server's target port.
     let url = format!("http://{SERVICE_HOST}:{SERVICE_PORT}/");
-    let body = nodes
-        .lab
-        .exec(
-            &nodes.client_ns,
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "10",
-                "--socks5-hostname",
-                "127.0.0.1:15080",
-                &url,
-            ],
-        )
-        .unwrap();
+    let body = curl(&nodes, "--socks5-hostname", &url).unwrap();
     assert!(body.starts_with("hello from "), "curl got {body:?}");
     let labels = [
         ("reporter", "destination"),
@@ -115,18 +108,7 @@ fn curl_through_socks5_reaches_the_server_over_hbone() {
         "the name went to the service: {text}"
     );
     // A name nobody knows: curl is told the host is unreachable.
-    let err = nodes.lab.exec(
-        &nodes.client_ns,
-        &[
-            "curl",
-            "-sS",
-            "--max-time",
-            "10",
-            "--socks5-hostname",
-            "127.0.0.1:15080",
-            "http://nowhere.invalid/",
-        ],
-    );
+    let err = curl(&nodes, "--socks5-hostname", "http://nowhere.invalid/");
     assert!(err.is_err(), "curl reached an unknown name: {err:?}");
 }
 
