@@ -125,21 +125,16 @@ pub fn plan_hbone(state: &ProxyState, input: &HboneRequest<'_>) -> Result<Inboun
         .filter(|p| *p != 0)
         .unwrap_or(target_port);
     // What the tunnel was asked for, as the PROXY header's destination: the authority,
-    // or for a hostname a VIP of the service in our network (IPv4 first).
+    // or for a hostname a VIP of the service, our network's first, IPv4 first (then the
+    // local IP, when the service has no VIP at all).
     let tunnel_target = match &request.authority {
         Authority::Addr(addr) => SocketAddr::new(canonical_ip(addr.ip()), addr.port()),
         Authority::Host { port, .. } => {
-            let vips = || {
-                dst_service
-                    .iter()
-                    .flat_map(|s| s.vips.iter())
-                    .filter(|v| v.network == input.cfg.network)
-                    .map(|v| v.address)
-            };
-            let ip = vips()
-                .find(|ip| ip.is_ipv4())
-                .or_else(|| vips().next())
-                .unwrap_or(local_ip);
+            let vips: Vec<_> = dst_service.iter().flat_map(|s| s.vips.iter()).collect();
+            let ip = vips
+                .iter()
+                .min_by_key(|v| (v.network != input.cfg.network, !v.address.is_ipv4()))
+                .map_or(local_ip, |v| v.address);
             SocketAddr::new(ip, *port)
         }
     };
@@ -579,6 +574,39 @@ mod tests {
         let want = crate::proxy_protocol::encode(
             "10.0.0.1:45000".parse().unwrap(),
             "10.96.0.10:80".parse().unwrap(),
+            Some("spiffe://cluster.local/ns/shop/sa/client"),
+        )
+        .unwrap();
+        assert_eq!(p.proxy_header.as_deref(), Some(want.as_slice()));
+        // A hostname authority: the header names a VIP of the service, one of our network
+        // before another network's, IPv4 before IPv6.
+        let p = hbone_to(
+            &on,
+            ("tunnel", "tunnel"),
+            "10.0.0.6:15008",
+            "tun.shop.svc.cluster.local:80",
+            "10.0.0.1:45000",
+        )
+        .unwrap();
+        let want = crate::proxy_protocol::encode(
+            "10.0.0.1:45000".parse().unwrap(),
+            "10.96.0.97:80".parse().unwrap(),
+            Some("spiffe://cluster.local/ns/shop/sa/client"),
+        )
+        .unwrap();
+        assert_eq!(p.proxy_header.as_deref(), Some(want.as_slice()));
+        // Only another network's VIP: that one, rather than the pod's own address.
+        let p = hbone_to(
+            &on,
+            ("tunnel", "tunnel"),
+            "10.0.0.6:15008",
+            "tunfar.shop.svc.cluster.local:80",
+            "10.0.0.1:45000",
+        )
+        .unwrap();
+        let want = crate::proxy_protocol::encode(
+            "10.0.0.1:45000".parse().unwrap(),
+            "10.97.0.2:80".parse().unwrap(),
             Some("spiffe://cluster.local/ns/shop/sa/client"),
         )
         .unwrap();

@@ -149,6 +149,9 @@ workloads:
   workloadIps: [10.0.0.6, "fd00::6"]
   protocol: HBONE
   applicationTunnel: {protocol: PROXY, port: 15088}
+  services:
+    shop/tun.shop.svc.cluster.local: {80: 8080}
+    shop/tunfar.shop.svc.cluster.local: {80: 8080}
 - uid: remote1
   name: remote
   namespace: shop
@@ -158,6 +161,16 @@ workloads:
   services:
     shop/far.shop.svc.cluster.local: {80: 8080}
 services:
+- name: tun
+  namespace: shop
+  hostname: tun.shop.svc.cluster.local
+  vips: ["far/10.97.0.1", "/fd00::97", "/10.96.0.97"]
+  ports: {80: 8080}
+- name: tunfar
+  namespace: shop
+  hostname: tunfar.shop.svc.cluster.local
+  vips: ["far/10.97.0.2"]
+  ports: {80: 8080}
 - name: shared-legacy
   namespace: legacy
   hostname: shared.example.com
