@@ -131,33 +131,31 @@ fn identities(wl: &Workload, service: Option<&Service>) -> Vec<SpiffeId> {
     ids
 }
 
-/// Every workload `gw` may resolve to (in the network of its address): the one with that
-/// IP, or the endpoints of the waypoint service.
-fn waypoint_workloads(
+/// Whether `pred` holds for any workload `gw` may resolve to (in the network of its
+/// address): the one with that IP, or an endpoint of the waypoint service.
+fn any_waypoint_workload(
     state: &ProxyState,
     namespace: &str,
     gw: &GatewayAddress,
-) -> Vec<Arc<Workload>> {
+    mut pred: impl FnMut(&Workload) -> bool,
+) -> bool {
     let service = match &gw.destination {
         GatewayDestination::Address(addr) => {
             match state.lookup_address(&addr.network, addr.address, namespace) {
-                Some(AddressTarget::Service(s)) => Some(s),
-                Some(AddressTarget::Workload(w)) => return vec![w],
-                None => None,
+                Some(AddressTarget::Service(s)) => s,
+                Some(AddressTarget::Workload(w)) => return pred(&w),
+                None => return false,
             }
         }
         GatewayDestination::Hostname(h) => {
-            state.service_by_key(&format!("{}/{}", h.namespace, h.hostname))
+            match state.service_by_key(&format!("{}/{}", h.namespace, h.hostname)) {
+                Some(s) => s,
+                None => return false,
+            }
         }
     };
-    service
-        .map(|s| {
-            state
-                .endpoints(&s.key())
-                .map(|ep| ep.workload.clone())
-                .collect()
-        })
-        .unwrap_or_default()
+    // Walked, not collected: this runs for connections to workloads with a waypoint.
+    state.endpoints(&service.key()).any(|ep| pred(ep.workload))
 }
 
 /// Whether a connection from `source` at `src_ip` comes from the waypoint `gw` itself
@@ -170,9 +168,9 @@ pub fn is_from_waypoint(
     src_ip: IpAddr,
 ) -> bool {
     let identity = source.identity();
-    waypoint_workloads(state, &source.namespace, gw)
-        .iter()
-        .any(|w| w.identity() == identity && w.workload_ips.contains(&src_ip))
+    any_waypoint_workload(state, &source.namespace, gw, |w| {
+        w.workload_ips.contains(&src_ip) && w.identity() == identity
+    })
 }
 
 /// Whether `local` is a waypoint of what `authority_ip` names (a service VIP or a
@@ -205,9 +203,7 @@ pub fn is_waypoint_for(
             gateways.extend(s.waypoint.clone());
         }
     }
-    gateways.iter().any(|gw| {
-        waypoint_workloads(state, &local.namespace, gw)
-            .iter()
-            .any(|w| w.uid == local.uid)
-    })
+    gateways
+        .iter()
+        .any(|gw| any_waypoint_workload(state, &local.namespace, gw, |w| w.uid == local.uid))
 }
