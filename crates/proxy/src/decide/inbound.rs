@@ -579,38 +579,32 @@ mod tests {
         .unwrap();
         assert_eq!(p.proxy_header.as_deref(), Some(want.as_slice()));
         // A hostname authority: the header names a VIP of the service, one of our network
-        // before another network's, IPv4 before IPv6.
-        let p = hbone_to(
-            &on,
-            ("tunnel", "tunnel"),
-            "10.0.0.6:15008",
-            "tun.shop.svc.cluster.local:80",
-            "10.0.0.1:45000",
-        )
-        .unwrap();
-        let want = crate::proxy_protocol::encode(
-            "10.0.0.1:45000".parse().unwrap(),
-            "10.96.0.97:80".parse().unwrap(),
-            Some("spiffe://cluster.local/ns/shop/sa/client"),
-        )
-        .unwrap();
-        assert_eq!(p.proxy_header.as_deref(), Some(want.as_slice()));
-        // Only another network's VIP: that one, rather than the pod's own address.
-        let p = hbone_to(
-            &on,
-            ("tunnel", "tunnel"),
-            "10.0.0.6:15008",
-            "tunfar.shop.svc.cluster.local:80",
-            "10.0.0.1:45000",
-        )
-        .unwrap();
-        let want = crate::proxy_protocol::encode(
-            "10.0.0.1:45000".parse().unwrap(),
-            "10.97.0.2:80".parse().unwrap(),
-            Some("spiffe://cluster.local/ns/shop/sa/client"),
-        )
-        .unwrap();
-        assert_eq!(p.proxy_header.as_deref(), Some(want.as_slice()));
+        // before another network's, IPv4 before IPv6; with only another network's VIP,
+        // that one rather than the pod's own address.
+        for (authority, named) in [
+            ("tun.shop.svc.cluster.local:80", "10.96.0.97:80"),
+            ("tunfar.shop.svc.cluster.local:80", "10.97.0.2:80"),
+        ] {
+            let p = hbone_to(
+                &on,
+                ("tunnel", "tunnel"),
+                "10.0.0.6:15008",
+                authority,
+                "10.0.0.1:45000",
+            )
+            .unwrap();
+            let want = crate::proxy_protocol::encode(
+                "10.0.0.1:45000".parse().unwrap(),
+                named.parse().unwrap(),
+                Some("spiffe://cluster.local/ns/shop/sa/client"),
+            )
+            .unwrap();
+            assert_eq!(
+                p.proxy_header.as_deref(),
+                Some(want.as_slice()),
+                "{authority}"
+            );
+        }
         // IPv6 arrival: IPv6 loopback.
         let p = hbone_to(
             &on,
