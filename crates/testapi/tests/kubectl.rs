@@ -1,0 +1,353 @@
+//! kubectl (Debian package kubernetes-client) against the server, through a kubeconfig
+//! the server wrote.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use ambit_testapi::{namespace, pod, ApiServer, Resource, ServerOptions, User};
+use common::require_tool;
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+
+struct Kubectl {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Kubectl {
+    fn new(api: &ApiServer, token: &str) -> Kubectl {
+        require_tool("kubectl", "kubernetes-client");
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&config, token).unwrap();
+        Kubectl { dir, config }
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new("kubectl");
+        c.args(args)
+            .env("KUBECONFIG", &self.config)
+            .env("HOME", self.dir.path())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        c
+    }
+
+    /// Runs kubectl; returns (success, stdout, stderr).
+    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let out = self.command(args).output().await.expect("running kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.run(args).await;
+        assert!(ok, "kubectl {args:?} failed: {err}");
+        out
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let out = self.ok(args).await;
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}: {out}"))
+    }
+}
+
+fn names(list: &Value) -> Vec<String> {
+    let mut n: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    n.sort();
+    n
+}
+
+fn label(api: &ApiServer, r: Resource, ns: Option<&str>, name: &str, key: &str) -> Option<String> {
+    api.get(r, ns, name)?
+        .pointer(&format!("/metadata/labels/{key}"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+async fn setup() -> ApiServer {
+    let api = ApiServer::start(ServerOptions {
+        rbac: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    api.create(namespace("team", &[("tier", "web")])).unwrap();
+    for (ns, name, node, app) in [
+        ("default", "a", "n1", "x"),
+        ("default", "b", "n2", "x"),
+        ("team", "c", "n1", "x"),
+        ("default", "d", "n1", "y"),
+    ] {
+        let mut p = pod(ns, name, node);
+        p["metadata"]["labels"]["app"] = app.into();
+        api.create(p).unwrap();
+    }
+    api
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reads_lists_and_selects() {
+    let api = setup().await;
+    let k = Kubectl::new(&api, &api.admin_token());
+    let all = k.json(&["get", "pods", "-A", "-o", "json"]).await;
+    assert_eq!(names(&all), ["a", "b", "c", "d"]);
+    let ns = k.ok(&["get", "ns"]).await;
+    for n in ["default", "kube-system", "team"] {
+        assert!(ns.contains(n), "{ns}");
+    }
+    let ns = k
+        .ok(&["get", "namespaces", "-l", "tier=web", "-o", "name"])
+        .await;
+    assert_eq!(ns.trim(), "namespace/team");
+    let sel = k
+        .json(&[
+            "get",
+            "pods",
+            "-l",
+            "app=x",
+            "--field-selector",
+            "spec.nodeName=n1",
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(names(&sel), ["a"]);
+    let sel = k
+        .json(&[
+            "get",
+            "po",
+            "-A",
+            "-l",
+            "app in (x),app!=y",
+            "--field-selector",
+            "spec.nodeName=n1",
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(names(&sel), ["a", "c"]);
+    let (ok, _, err) = k
+        .run(&["get", "pods", "--field-selector", "spec.bogus=1"])
+        .await;
+    assert!(!ok);
+    assert!(
+        err.contains("field label not supported: spec.bogus"),
+        "{err}"
+    );
+    let (ok, _, err) = k.run(&["get", "pod", "nope"]).await;
+    assert!(!ok);
+    assert!(err.contains("pods \"nope\" not found"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_pages_with_chunk_size() {
+    let api = setup().await;
+    api.create(pod("default", "e", "n2")).unwrap();
+    api.create(pod("default", "f", "n2")).unwrap();
+    let k = Kubectl::new(&api, &api.admin_token());
+    api.clear_requests();
+    let list = k
+        .json(&["get", "pods", "--chunk-size=2", "-o", "json"])
+        .await;
+    assert_eq!(names(&list), ["a", "b", "d", "e", "f"]);
+    let pages: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/api/v1/namespaces/default/pods?"))
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(pages.len(), 3, "{pages:?}");
+    assert!(pages.iter().all(|p| p.contains("limit=2")), "{pages:?}");
+    assert!(
+        pages[1..].iter().all(|p| p.contains("continue=")),
+        "{pages:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_writes() {
+    let api = setup().await;
+    let k = Kubectl::new(&api, &api.admin_token());
+    k.ok(&["label", "ns", "team", "istio.io/dataplane-mode=ambient"])
+        .await;
+    assert_eq!(
+        label(
+            &api,
+            Resource::Namespaces,
+            None,
+            "team",
+            "istio.io~1dataplane-mode"
+        )
+        .as_deref(),
+        Some("ambient")
+    );
+    k.ok(&["annotate", "pod", "a", "note=hi"]).await;
+    let a = api.get(Resource::Pods, Some("default"), "a").unwrap();
+    assert_eq!(a["metadata"]["annotations"]["note"], "hi");
+    k.ok(&[
+        "patch",
+        "pod",
+        "a",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"labels":{"m":"1"}}}"#,
+    ])
+    .await;
+    assert_eq!(
+        label(&api, Resource::Pods, Some("default"), "a", "m").as_deref(),
+        Some("1")
+    );
+    k.ok(&[
+        "patch",
+        "pod",
+        "a",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"add","path":"/metadata/labels/j","value":"2"}]"#,
+    ])
+    .await;
+    assert_eq!(
+        label(&api, Resource::Pods, Some("default"), "a", "j").as_deref(),
+        Some("2")
+    );
+    // kubectl's default patch type is strategic merge.
+    k.ok(&[
+        "patch",
+        "pod",
+        "a",
+        "-p",
+        r#"{"metadata":{"labels":{"s":"3"}}}"#,
+    ])
+    .await;
+    assert_eq!(
+        label(&api, Resource::Pods, Some("default"), "a", "s").as_deref(),
+        Some("3")
+    );
+    let types: Vec<Option<String>> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.content_type)
+        .collect();
+    assert!(
+        types.contains(&Some("application/merge-patch+json".into())),
+        "{types:?}"
+    );
+    assert!(
+        types.contains(&Some("application/json-patch+json".into())),
+        "{types:?}"
+    );
+    assert!(
+        types.contains(&Some("application/strategic-merge-patch+json".into())),
+        "{types:?}"
+    );
+    // A status change through the main resource is dropped, as Kubernetes does.
+    k.ok(&[
+        "patch",
+        "pod",
+        "a",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"phase":"Failed"}}"#,
+    ])
+    .await;
+    assert_eq!(
+        api.get(Resource::Pods, Some("default"), "a").unwrap()["status"]["phase"],
+        "Pending"
+    );
+    k.ok(&["delete", "pod", "a"]).await;
+    assert!(api.get(Resource::Pods, Some("default"), "a").is_none());
+    let (ok, _, err) = k.run(&["delete", "pod", "a"]).await;
+    assert!(!ok && err.contains("pods \"a\" not found"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_watch_sees_a_change() {
+    let api = setup().await;
+    let k = Kubectl::new(&api, &api.admin_token());
+    let mut child = k
+        .command(&["get", "pods", "b", "--watch", "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = Vec::new();
+    let mut changed = false;
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let mut chunk = [0u8; 8192];
+            let n = stdout.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "kubectl exited: {}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+            let objects: Vec<Value> = serde_json::Deserializer::from_slice(&buf)
+                .into_iter::<Value>()
+                .filter_map(Result::ok)
+                .collect();
+            if !objects.is_empty() && !changed {
+                // The initial object is out: change it while kubectl watches.
+                api.update(Resource::Pods, Some("default"), "b", |p| {
+                    p["metadata"]["labels"]["seen"] = "yes".into()
+                })
+                .unwrap();
+                changed = true;
+            }
+            if objects
+                .iter()
+                .any(|o| o["metadata"]["labels"]["seen"] == "yes")
+            {
+                return objects;
+            }
+        }
+    })
+    .await
+    .expect("kubectl --watch to print the change");
+    assert_eq!(seen[0]["metadata"]["name"], "b");
+    child.kill().await.ok();
+    let watches = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("watch=true"))
+        .count();
+    assert!(watches >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_shows_rbac_denials() {
+    let api = setup().await;
+    api.add_token(
+        "limited",
+        User::service_account("istio-system", "istio-cni"),
+    );
+    let k = Kubectl::new(&api, "limited");
+    let (ok, _, err) = k.run(&["get", "pods"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("pods is forbidden: User \"system:serviceaccount:istio-system:istio-cni\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""),
+        "{err}"
+    );
+    let (ok, _, err) = k.run(&["get", "nodes"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("cannot list resource \"nodes\" in API group \"\" at the cluster scope"),
+        "{err}"
+    );
+    let k = Kubectl::new(&api, "wrong-token");
+    let (ok, _, err) = k.run(&["get", "pods"]).await;
+    assert!(!ok);
+    assert!(err.to_lowercase().contains("unauthorized"), "{err}");
+}
