@@ -82,7 +82,13 @@ async fn watcher_survives_dropped_watches_and_compaction() {
             && !r.path.contains("watch=")
             && r.path.starts_with("/api/v1/namespaces/default/pods")
     });
-    assert!(relist.is_some(), "a relist after 410: {log:?}");
+    let rewatch = log.iter().position(|r| r.path.contains("watch=true"));
+    assert!(
+        rewatch.is_some() && relist.is_some(),
+        "a relist after 410: {log:?}"
+    );
+    // The first request after the faults cleared is the re-watch (which gets the 410).
+    assert!(rewatch < relist, "{log:?}");
     task.abort();
 }
 
