@@ -269,6 +269,17 @@ async fn kubectl_writes() {
         api.get(Resource::Pods, Some("default"), "a").unwrap()["status"]["phase"],
         "Pending"
     );
+    // create and (client-side) apply of files; no OpenAPI, so no client-side validation.
+    let file = k.dir.path().join("objects.yaml");
+    std::fs::write(&file, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: applied\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: applied\n  labels: {app: web}\nspec:\n  containers: [{name: c, image: img}]\n").unwrap();
+    let file = file.to_str().unwrap();
+    k.ok(&["create", "--validate=false", "-f", file]).await;
+    let (ok, _, err) = k.run(&["create", "--validate=false", "-f", file]).await;
+    assert!(!ok && err.contains("already exists"), "{err}");
+    k.ok(&["apply", "--validate=false", "-f", file]).await;
+    std::fs::write(file, std::fs::read_to_string(file).unwrap().replace("app: web", "app: web2")).unwrap();
+    k.ok(&["apply", "--validate=false", "-f", file]).await;
+    assert_eq!(label(&api, Resource::Pods, Some("applied"), "web", "app").as_deref(), Some("web2"));
     k.ok(&["delete", "pod", "a"]).await;
     assert!(api.get(Resource::Pods, Some("default"), "a").is_none());
     let (ok, _, err) = k.run(&["delete", "pod", "a"]).await;
