@@ -13,6 +13,7 @@ use crate::rbac::{self, Attributes, User};
 use crate::resource::{self, Resource};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{key_of, Event, Store};
+use crate::table::{self, IncludeObject};
 use crate::watch::WatchFilter;
 
 /// A request, already authenticated.
@@ -21,6 +22,8 @@ pub struct Request<'a> {
     pub path: &'a str,
     pub query: &'a str,
     pub content_type: Option<&'a str>,
+    /// The `Accept` header: a Table is served when it asks for one first.
+    pub accept: Option<&'a str>,
     pub body: &'a [u8],
     pub user: &'a User,
 }
@@ -69,6 +72,8 @@ pub struct WatchPlan {
     pub timeout: Option<Duration>,
     /// `sendInitialEvents=true`: a bookmark marks the end of the synthetic ADDED events.
     pub initial_events_end: bool,
+    /// Events carry one-row Tables (kubectl's human `--watch`).
+    pub table: Option<IncludeObject>,
 }
 
 pub enum Handled {
@@ -317,20 +322,28 @@ pub fn handle(store: &mut Store, settings: &Settings, req: &Request) -> Handled 
     }
     let ns = ns.as_deref();
     let name = name.as_deref().unwrap_or_default();
+    let as_table =
+        table::wants_table(req.accept).then(|| IncludeObject::parse(q.get("includeObject")));
     let write = |res: Result<ops::Outcome, ApiError>, status: u16| match res {
         Ok((obj, events)) => Handled::Done(ok(status, (*obj).clone()), events),
         Err(e) => Handled::Done(e.into(), Vec::new()),
     };
     match verb {
-        "list" => done(list(store, r, ns, &q)),
+        "list" => done(list(store, r, ns, &q, as_table)),
         "watch" => match plan_watch(r, ns, (!name.is_empty()).then_some(name), &q) {
-            Ok(p) => Handled::Watch(p),
+            Ok(p) => Handled::Watch(WatchPlan { table: as_table, ..p }),
             Err(e) => done(Err(e)),
         },
         "get" => done(
             store
                 .get(&key_of(r, ns, name))
-                .map(|o| ok(200, (**o).clone()))
+                .map(|o| match as_table {
+                    Some(include) => {
+                        let meta = json!({"resourceVersion": o.pointer("/metadata/resourceVersion").cloned()});
+                        ok(200, table::table(r, &[(**o).clone()], meta, include, table::now()))
+                    }
+                    None => ok(200, (**o).clone()),
+                })
                 .ok_or_else(|| ApiError::not_found(r, name)),
         ),
         "create" => match decode_body(req.content_type, req.body) {
@@ -423,6 +436,7 @@ fn plan_watch(
         bookmarks: q.flag("allowWatchBookmarks"),
         timeout,
         initial_events_end: initial,
+        table: None,
     })
 }
 
@@ -451,7 +465,13 @@ fn decode_continue(token: &str) -> Result<(u64, String, String), ApiError> {
     ))
 }
 
-fn list(store: &Store, r: Resource, ns: Option<&str>, q: &Query) -> Result<Response, ApiError> {
+fn list(
+    store: &Store,
+    r: Resource,
+    ns: Option<&str>,
+    q: &Query,
+    as_table: Option<IncludeObject>,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(r, q)?;
     let limit: usize = match q.get("limit") {
         Some(l) if !l.is_empty() => l
@@ -513,7 +533,7 @@ fn list(store: &Store, r: Resource, ns: Option<&str>, q: &Query) -> Result<Respo
             let mut meta = json!({"resourceVersion": rv.to_string()});
             meta["continue"] = json!(encode_continue(rv, ns, name));
             meta["remainingItemCount"] = json!(remaining);
-            return Ok(ok(200, list_body(r, meta, items)));
+            return Ok(ok(200, list_body(r, meta, items, as_table)));
         }
         let mut item = (**o).clone();
         if let Some(m) = item.as_object_mut() {
@@ -525,12 +545,27 @@ fn list(store: &Store, r: Resource, ns: Option<&str>, q: &Query) -> Result<Respo
     }
     Ok(ok(
         200,
-        list_body(r, json!({"resourceVersion": rv.to_string()}), items),
+        list_body(
+            r,
+            json!({"resourceVersion": rv.to_string()}),
+            items,
+            as_table,
+        ),
     ))
 }
 
-fn list_body(r: Resource, meta: Value, items: Vec<Value>) -> Value {
-    json!({"kind": list_kind(r), "apiVersion": r.api_version(), "metadata": meta, "items": items})
+fn list_body(
+    r: Resource,
+    meta: Value,
+    items: Vec<Value>,
+    as_table: Option<IncludeObject>,
+) -> Value {
+    match as_table {
+        Some(include) => table::table(r, &items, meta, include, table::now()),
+        None => {
+            json!({"kind": list_kind(r), "apiVersion": r.api_version(), "metadata": meta, "items": items})
+        }
+    }
 }
 
 #[cfg(test)]
@@ -549,6 +584,7 @@ mod tests {
             path,
             query,
             content_type: Some("application/json"),
+            accept: None,
             body,
             user,
         }

@@ -14,6 +14,7 @@
 //! - [`ops`]: create/update/patch/delete rules (status subresource, no-op writes).
 //! - [`watch`]: which events a watcher gets, their wire form.
 //! - [`handler`]: routing, verbs, lists and paging; plans watches.
+//! - [`table`]: server-side printing (the Tables kubectl prints for humans).
 //!
 //! Deliberate gaps: strategic merge patches are applied as merge patches (list merge keys
 //! are not implemented; `$` directives are dropped); no apply patches (415); no
@@ -31,6 +32,7 @@ pub mod resource;
 pub mod selector;
 mod server;
 pub mod store;
+pub mod table;
 mod tls;
 pub mod watch;
 
@@ -83,7 +85,7 @@ pub struct RecordedRequest {
     pub content_type: Option<String>,
     /// The authenticated user's name.
     pub user: Option<String>,
-    /// The body of POST, PUT and PATCH requests.
+    /// The body of POST, PUT and PATCH requests (the first 64 KiB).
     pub body: Option<String>,
     pub status: u16,
 }

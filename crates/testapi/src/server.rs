@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::handler::{self, Handled, Settings, WatchPlan, WatchStart};
 use crate::rbac::User;
 use crate::store::{Event, Store};
+use crate::table;
 use crate::watch::{bookmark, event_line};
 use crate::{RecordedRequest, ServerOptions};
 
@@ -30,6 +31,8 @@ pub(crate) const MAX_BODY: usize = 3 * 1024 * 1024;
 pub(crate) const MAX_WATCHES: usize = 512;
 /// Requests kept in the log (oldest dropped first).
 const MAX_LOG: usize = 10_000;
+/// Bytes of a request body kept in the log.
+const MAX_LOGGED_BODY: usize = 64 * 1024;
 /// Events buffered per watcher before it is cut off (it resumes from its last version).
 const WATCH_BUFFER: usize = 64;
 
@@ -260,6 +263,7 @@ async fn handle_http(
             .map(str::to_string)
     };
     let content_type = header("content-type");
+    let accept = header("accept");
     let token = header("authorization").and_then(|h| {
         let (scheme, t) = h.split_once(' ')?;
         scheme
@@ -292,7 +296,12 @@ async fn handle_http(
         }
     };
     if matches!(method.as_str(), "POST" | "PUT" | "PATCH") {
-        rec.body = Some(String::from_utf8_lossy(&body).into_owned());
+        let kept = &body[..body.len().min(MAX_LOGGED_BODY)];
+        let mut text = String::from_utf8_lossy(kept).into_owned();
+        if body.len() > MAX_LOGGED_BODY {
+            text.push_str("...(truncated)");
+        }
+        rec.body = Some(text);
     }
     let finish = |rec: &mut RecordedRequest, resp: hyper::Response<RespBody>| {
         rec.status = resp.status().as_u16();
@@ -324,6 +333,7 @@ async fn handle_http(
         path: &path,
         query: &query,
         content_type: content_type.as_deref(),
+        accept: accept.as_deref(),
         body: &body,
         user: &user,
     };
@@ -368,7 +378,7 @@ fn start_watch(inner: &Arc<Inner>, plan: WatchPlan) -> hyper::Response<RespBody>
                 let mut lines: Vec<Vec<u8>> = store
                     .list(r, plan.filter.namespace.as_deref())
                     .filter(|(_, o)| plan.filter.matches(o))
-                    .map(|(_, o)| event_line("ADDED", o))
+                    .map(|(_, o)| object_line(&plan, "ADDED", o))
                     .collect();
                 if plan.initial_events_end {
                     lines.push(event_line("BOOKMARK", &bookmark(r, rv, true)));
@@ -380,7 +390,7 @@ fn start_watch(inner: &Arc<Inner>, plan: WatchPlan) -> hyper::Response<RespBody>
                     let lines = evs
                         .iter()
                         .filter_map(|e| plan.filter.translate(e))
-                        .map(|(k, o)| event_line(k.as_str(), &o))
+                        .map(|(k, o)| object_line(&plan, k.as_str(), &o))
                         .collect();
                     (lines, rv.max(since), rx, false)
                 }
@@ -412,6 +422,25 @@ fn start_watch(inner: &Arc<Inner>, plan: WatchPlan) -> hyper::Response<RespBody>
         .unwrap_or_else(|_| error(&ApiError::internal("building the watch response")))
 }
 
+/// An event line for `obj`, as a one-row Table when the watch asked for Tables.
+fn object_line(plan: &WatchPlan, kind: &str, obj: &Value) -> Vec<u8> {
+    match plan.table {
+        Some(include) => {
+            let meta =
+                serde_json::json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")});
+            let t = table::table(
+                plan.filter.resource,
+                std::slice::from_ref(obj),
+                meta,
+                include,
+                table::now(),
+            );
+            event_line(kind, &t)
+        }
+        None => event_line(kind, obj),
+    }
+}
+
 async fn run_watch(
     inner: &Inner,
     plan: WatchPlan,
@@ -435,7 +464,7 @@ async fn run_watch(
                 Ok(ev) => {
                     progress = progress.max(ev.rv);
                     if let Some((k, o)) = plan.filter.translate(&ev) {
-                        if send(event_line(k.as_str(), &o)).await.is_err() { return; }
+                        if send(object_line(&plan, k.as_str(), &o)).await.is_err() { return; }
                     }
                 }
                 // Too slow, or the server is going: end cleanly; the client resumes from
@@ -450,7 +479,7 @@ async fn run_watch(
                         Ok(ev) => {
                             progress = progress.max(ev.rv);
                             if let Some((k, o)) = plan.filter.translate(&ev) {
-                                if send(event_line(k.as_str(), &o)).await.is_err() { return; }
+                                if send(object_line(&plan, k.as_str(), &o)).await.is_err() { return; }
                             }
                         }
                         Err(broadcast::error::TryRecvError::Empty) => break,

@@ -103,6 +103,36 @@ async fn kubectl_reads_lists_and_selects() {
     let all = k.json(&["get", "pods", "-A", "-o", "json"]).await;
     assert_eq!(names(&all), ["a", "b", "c", "d"]);
     let ns = k.ok(&["get", "ns"]).await;
+    // Human output comes from the server's Tables, with Kubernetes' columns.
+    let first = |out: &str, n: usize| -> Vec<Vec<String>> {
+        out.lines()
+            .take(n)
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect()
+    };
+    let ns_rows = first(&ns, 2);
+    assert_eq!(ns_rows[0], ["NAME", "STATUS", "AGE"]);
+    assert_eq!(ns_rows[1][..2], ["default", "Active"]);
+    let pods = k.ok(&["get", "pods", "-o", "wide"]).await;
+    let rows = first(&pods, 2);
+    assert_eq!(
+        rows[0],
+        [
+            "NAME",
+            "READY",
+            "STATUS",
+            "RESTARTS",
+            "AGE",
+            "IP",
+            "NODE",
+            "NOMINATED",
+            "NODE",
+            "READINESS",
+            "GATES"
+        ]
+    );
+    assert_eq!(rows[1][..4], ["a", "0/1", "Pending", "0"]);
+    assert_eq!(rows[1][5..], ["<none>", "n1", "<none>", "<none>"]);
     for n in ["default", "kube-system", "team"] {
         assert!(ns.contains(n), "{ns}");
     }
@@ -277,9 +307,18 @@ async fn kubectl_writes() {
     let (ok, _, err) = k.run(&["create", "--validate=false", "-f", file]).await;
     assert!(!ok && err.contains("already exists"), "{err}");
     k.ok(&["apply", "--validate=false", "-f", file]).await;
-    std::fs::write(file, std::fs::read_to_string(file).unwrap().replace("app: web", "app: web2")).unwrap();
+    std::fs::write(
+        file,
+        std::fs::read_to_string(file)
+            .unwrap()
+            .replace("app: web", "app: web2"),
+    )
+    .unwrap();
     k.ok(&["apply", "--validate=false", "-f", file]).await;
-    assert_eq!(label(&api, Resource::Pods, Some("applied"), "web", "app").as_deref(), Some("web2"));
+    assert_eq!(
+        label(&api, Resource::Pods, Some("applied"), "web", "app").as_deref(),
+        Some("web2")
+    );
     k.ok(&["delete", "pod", "a"]).await;
     assert!(api.get(Resource::Pods, Some("default"), "a").is_none());
     let (ok, _, err) = k.run(&["delete", "pod", "a"]).await;
