@@ -421,3 +421,52 @@ async fn kubectl_shows_rbac_denials() {
     assert!(!ok);
     assert!(err.contains("You must be logged in to the server"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_human_watch_prints_table_rows() {
+    let api = setup().await;
+    let k = Kubectl::new(&api, &api.admin_token());
+    let mut child = k
+        .command(&["get", "pods", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut text = String::new();
+    let mut changed = false;
+    let done = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let mut chunk = [0u8; 8192];
+            let n = stdout.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "kubectl exited: {text}");
+            text.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            let rows: Vec<Vec<&str>> = text
+                .lines()
+                .map(|l| l.split_whitespace().collect())
+                .collect();
+            if rows.len() >= 4 && !changed {
+                common::eventually("kubectl's watch", || api.open_watches() == 1).await;
+                api.update(Resource::Pods, Some("default"), "b", |p| {
+                    p["status"]["phase"] = "Running".into()
+                })
+                .unwrap();
+                changed = true;
+            }
+            if rows
+                .iter()
+                .any(|r| r.len() > 2 && r[0] == "b" && r[2] == "Running")
+            {
+                return rows
+                    .iter()
+                    .map(|r| r.iter().map(|c| c.to_string()).collect::<Vec<_>>())
+                    .collect::<Vec<_>>();
+            }
+        }
+    })
+    .await;
+    child.kill().await.ok();
+    let rows = done.unwrap_or_else(|_| panic!("kubectl --watch printed no update: {text}"));
+    assert_eq!(rows[0], ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
+    assert_eq!(rows[1][..3], ["a", "0/1", "Pending"]);
+}
