@@ -16,12 +16,32 @@
 //! - [`handler`]: routing, verbs, lists and paging; plans watches.
 //! - [`table`]: server-side printing (the Tables kubectl prints for humans).
 //!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use ambit_testapi::{pod, ApiServer, Resource, ServerOptions, User};
+//! let api = ApiServer::start(ServerOptions { rbac: true, ..Default::default() }).await?;
+//! api.apply_yaml("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n...")?;
+//! api.add_token("cni-token", User::service_account("istio-system", "istio-cni"));
+//! api.write_kubeconfig(std::path::Path::new("/tmp/kubeconfig"), "cni-token")?;
+//! api.create(pod("default", "web", "node-1"))?;
+//! // The kubelet's part: status changes bypass the subresource rules.
+//! api.update(Resource::Pods, Some("default"), "web", |p| {
+//!     p["status"] = serde_json::json!({"phase": "Running", "podIP": "10.0.0.5"});
+//! })?;
+//! api.faults().drop_watches();
+//! let patches = api.requests().into_iter().filter(|r| r.method == "PATCH").count();
+//! # let _ = patches; Ok(()) }
+//! ```
+//!
 //! Deliberate gaps: strategic merge patches are applied as merge patches (list merge keys
 //! are not implemented; `$` directives are dropped); no apply patches (415); no
 //! deletecollection (405); deletion is immediate (no graceful deletion or finalizers;
 //! deleting a namespace deletes its objects at once); ClusterRole aggregation is not
 //! evaluated; discovery and `/healthz`-style paths are open to any authenticated user
-//! (`/healthz`, `/readyz`, `/livez`, `/version` also to anonymous ones); no OpenAPI.
+//! (`/healthz`, `/readyz`, `/livez`, `/version` also to anonymous ones); no OpenAPI
+//! (kubectl needs `--validate=false` for files); no defaulting of pod specs; a watch from a
+//! resourceVersion newer than the store's starts after it instead of waiting; objects in
+//! a namespace need the namespace to exist (as the NamespaceLifecycle admission says).
 #![forbid(unsafe_code)]
 
 pub mod error;
@@ -419,11 +439,15 @@ pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
 }
 
-/// A node.
+/// A Ready node.
 pub fn node(name: &str) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "nodeInfo": {"kubeletVersion": "v1.33.0"},
+        },
     })
 }
