@@ -29,6 +29,10 @@ use crate::{RecordedRequest, ServerOptions};
 pub(crate) const MAX_BODY: usize = 3 * 1024 * 1024;
 /// Open watches above this get 429.
 pub(crate) const MAX_WATCHES: usize = 512;
+/// Connections served at once; more are closed on accept.
+const MAX_CONNECTIONS: usize = 1024;
+/// Time a client gets to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Requests kept in the log (oldest dropped first).
 const MAX_LOG: usize = 10_000;
 /// Bytes of a request body kept in the log.
@@ -211,6 +215,7 @@ pub(crate) async fn serve(
     acceptor: tokio_rustls::TlsAcceptor,
     shutdown: watch::Receiver<bool>,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -220,12 +225,21 @@ pub(crate) async fn serve(
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "too many connections; closing this one");
+            continue;
+        };
         let (inner, acceptor, mut shutdown) = (inner.clone(), acceptor.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(t) => t,
-                Err(e) => {
+            let _slot = slot;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
             };

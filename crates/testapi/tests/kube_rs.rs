@@ -134,3 +134,40 @@ async fn patch_status_with_a_merge_patch() {
         other => panic!("{other}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_list_watcher_with_a_field_selector() {
+    let api = ApiServer::start(ServerOptions::default()).await.unwrap();
+    for (n, node) in [("a", "n1"), ("b", "n2"), ("c", "n1")] {
+        api.create(pod("default", n, node)).unwrap();
+    }
+    let pods: Api<Pod> = Api::all(client(&api, &api.admin_token()).await);
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default()
+        .fields("spec.nodeName=n1")
+        .streaming_lists();
+    let stream = reflector(writer, watcher(pods, config).default_backoff()).applied_objects();
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    let names = || -> BTreeSet<String> {
+        reader
+            .state()
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect()
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    eventually("the initial events", || names() == set(&["a", "c"])).await;
+    // Moving a pod off the node is a DELETED for this watcher.
+    api.update(Resource::Pods, Some("default"), "a", |p| {
+        p["spec"]["nodeName"] = "n2".into()
+    })
+    .unwrap();
+    eventually("a to leave", || names() == set(&["c"])).await;
+    let watch = api
+        .requests()
+        .into_iter()
+        .find(|r| r.path.contains("sendInitialEvents=true"))
+        .expect("a streaming list");
+    assert!(watch.path.starts_with("/api/v1/pods?"), "{}", watch.path);
+    task.abort();
+}
