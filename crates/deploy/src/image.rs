@@ -1,0 +1,191 @@
+//! Building the images with `scripts/images`, and reading what is in them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::{run, workspace, Error, Result};
+
+/// The `ambit` binary to put in the images: `AMBIT_BIN`, else the one Cargo built beside
+/// this test executable (`target/<profile>/ambit`).
+pub fn ambit_bin() -> Result<PathBuf> {
+    let path = match std::env::var_os("AMBIT_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let exe = std::env::current_exe()?;
+            // target/<profile>/deps/<test binary>
+            exe.parent()
+                .and_then(Path::parent)
+                .map(|d| d.join("ambit"))
+                .ok_or_else(|| Error::Spec("the test executable has no target directory".into()))?
+        }
+    };
+    if !path.is_file() {
+        return Err(Error::Spec(format!(
+            "the ambit binary is not at {}: build it (`cargo build -p ambit`) or set AMBIT_BIN",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// One built image: its OCI layout, the same as an archive, and the name it loads as.
+#[derive(Debug, Clone)]
+pub struct OciImage {
+    pub layout: PathBuf,
+    pub archive: PathBuf,
+    pub name: String,
+    pub tag: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Images {
+    pub ztunnel: OciImage,
+    pub cni: OciImage,
+}
+
+/// Runs `scripts/images --binary <binary> --out <out> --tag <tag>`.
+pub fn build(binary: &Path, out: &Path, tag: &str) -> Result<Images> {
+    run(
+        "scripts/images",
+        Command::new(workspace().join("scripts/images"))
+            .arg("--binary")
+            .arg(binary)
+            .arg("--out")
+            .arg(out)
+            .args(["--tag", tag]),
+    )?;
+    let image = |name: &str| OciImage {
+        layout: out.join(name),
+        archive: out.join(format!("{name}.tar")),
+        name: format!("localhost/ambit/{name}:{tag}"),
+        tag: tag.to_string(),
+    };
+    Ok(Images {
+        ztunnel: image("ambit-ztunnel"),
+        cni: image("ambit-cni"),
+    })
+}
+
+/// A file in an image's layers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    File {
+        mode: String,
+    },
+    Dir,
+    /// A symbolic link, to this target.
+    Symlink(String),
+    /// A hard link to this path.
+    Link(String),
+}
+
+impl OciImage {
+    fn blob(&self, digest: &str) -> Result<PathBuf> {
+        let (algo, hex) = digest
+            .split_once(':')
+            .ok_or_else(|| Error::Spec(format!("digest {digest:?} has no algorithm")))?;
+        Ok(self.layout.join("blobs").join(algo).join(hex))
+    }
+
+    fn json(&self, path: &Path) -> Result<Value> {
+        let text = std::fs::read_to_string(path)?;
+        serde_json::from_str(&text).map_err(|e| Error::Output {
+            what: path.display().to_string(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// The image's manifest (the one its tag names).
+    pub fn manifest(&self) -> Result<Value> {
+        let index = self.json(&self.layout.join("index.json"))?;
+        let m = index
+            .pointer("/manifests")
+            .and_then(Value::as_array)
+            .and_then(|ms| {
+                ms.iter().find(|m| {
+                    m.pointer("/annotations/org.opencontainers.image.ref.name")
+                        .and_then(Value::as_str)
+                        == Some(self.tag.as_str())
+                })
+            })
+            .ok_or_else(|| {
+                Error::Spec(format!(
+                    "{}: no manifest tagged {}",
+                    self.layout.display(),
+                    self.tag
+                ))
+            })?;
+        let digest = m
+            .pointer("/digest")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        self.json(&self.blob(digest)?)
+    }
+
+    /// The image configuration (`config` holds Entrypoint, Env, WorkingDir, User).
+    pub fn config(&self) -> Result<Value> {
+        let m = self.manifest()?;
+        let digest = m
+            .pointer("/config/digest")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        self.json(&self.blob(digest)?)
+    }
+
+    /// Every path in the layers (relative, no leading "/"), later layers winning.
+    pub fn files(&self) -> Result<BTreeMap<String, Entry>> {
+        let m = self.manifest()?;
+        let mut files = BTreeMap::new();
+        for layer in m
+            .pointer("/layers")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let digest = layer
+                .pointer("/digest")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let out = run(
+                "tar -tvzf <layer>",
+                Command::new("tar")
+                    .args(["--list", "--verbose", "--gzip", "--numeric-owner", "--file"])
+                    .arg(self.blob(digest)?),
+            )?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                // drwxr-xr-x 0/0 0 2026-01-01 00:00 etc/
+                let fields: Vec<&str> = line.splitn(6, ' ').filter(|f| !f.is_empty()).collect();
+                let rest = line
+                    .split_whitespace()
+                    .skip(5)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let mode = fields.first().copied().unwrap_or_default().to_string();
+                let (name, entry) = if let Some((n, t)) = rest.split_once(" -> ") {
+                    (n.to_string(), Entry::Symlink(t.to_string()))
+                } else if let Some((n, t)) = rest.split_once(" link to ") {
+                    (n.to_string(), Entry::Link(normalize(t)))
+                } else if mode.starts_with('d') {
+                    (rest, Entry::Dir)
+                } else {
+                    (rest, Entry::File { mode })
+                };
+                let name = normalize(&name);
+                if !name.is_empty() {
+                    files.insert(name, entry);
+                }
+            }
+        }
+        Ok(files)
+    }
+}
+
+fn normalize(path: &str) -> String {
+    path.trim_start_matches("./")
+        .trim_start_matches('/')
+        .trim_end_matches('/')
+        .to_string()
+}
