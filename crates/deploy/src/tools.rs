@@ -50,3 +50,19 @@ fn install() -> Result<Tools> {
             .collect(),
     })
 }
+
+/// Installs one of scripts/tools.sh's tool lists (e.g. `IMAGE_TOOLS`) with its `need`: the
+/// Debian packages, as root on Debian; elsewhere an error naming what is missing.
+pub fn need(list: &str) -> Result<()> {
+    if !list.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+        return Err(Error::Spec(format!("{list:?} is not a tool list's name")));
+    }
+    run(
+        &format!("scripts/tools.sh need {list}"),
+        Command::new("bash")
+            .current_dir(workspace())
+            .arg("-c")
+            .arg(format!(". scripts/tools.sh && need \"${{{list}[@]}}\"")),
+    )?;
+    Ok(())
+}

@@ -29,6 +29,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
+        ambit_deploy::tools::need("IMAGE_TOOLS").unwrap_or_else(|e| panic!("{e}"));
         let bin = image::ambit_bin().unwrap_or_else(|e| panic!("{e}"));
         let dir = ambit_deploy::workspace().join("target/deploy-tests");
         let podman = Podman::reset(&dir.join("podman")).unwrap_or_else(|e| panic!("{e}"));
@@ -37,7 +38,7 @@ fn fixture() -> &'static Fixture {
         let images = image::build(&bin, &out, TAG).unwrap_or_else(|e| panic!("{e}"));
         for img in [&images.ztunnel, &images.cni] {
             let names = podman.load(&img.archive).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(names, [img.name.clone()]);
+            assert_eq!(names, std::slice::from_ref(&img.name));
         }
         Fixture {
             images,
