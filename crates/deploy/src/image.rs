@@ -9,9 +9,10 @@ use serde_json::Value;
 use crate::{run, workspace, Error, Result};
 
 /// The `ambit` binary to put in the images: `AMBIT_BIN`, else the one in this test
-/// executable's target directory (`target/<profile>/ambit`), which this builds (or finds up
-/// to date) with `cargo build -p ambit --bin ambit`: `cargo test -p ambit-deploy` builds
-/// only this crate and the libraries it uses.
+/// executable's target directory (`target/<profile>/ambit`). When that is missing or older
+/// than a source file, this runs `cargo build -p ambit --bin ambit` (`cargo test -p
+/// ambit-deploy` builds only this crate and the libraries it uses; `cargo test --workspace`
+/// builds the binary, with the workspace's features, and this leaves it alone).
 pub fn ambit_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("AMBIT_BIN") {
         let path = PathBuf::from(p);
@@ -36,6 +37,11 @@ pub fn ambit_bin() -> Result<PathBuf> {
         Some("debug") | None => "dev",
         Some(other) => other,
     };
+    let bin = profile_dir.join("ambit");
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+    if built.is_some_and(|b| newest_source(&workspace().join("crates")).is_none_or(|s| s <= b)) {
+        return Ok(bin);
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     run(
         "cargo build -p ambit --bin ambit",
@@ -54,7 +60,34 @@ pub fn ambit_bin() -> Result<PathBuf> {
             .arg("--target-dir")
             .arg(target),
     )?;
-    Ok(profile_dir.join("ambit"))
+    Ok(bin)
+}
+
+/// When the newest `.rs` or `Cargo.toml` under `dir` changed (test-only directories and
+/// the crates ambit does not link, this one and interop, skipped).
+fn newest_source(dir: &Path) -> Option<std::time::SystemTime> {
+    let mut newest = None;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() {
+                let skipped = [
+                    "tests", "benches", "examples", "target", "deploy", "interop",
+                ];
+                if !skipped.iter().any(|n| name == *n) {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            let source = path.extension().is_some_and(|e| e == "rs") || name == "Cargo.toml";
+            if let (true, Ok(t)) = (source, entry.metadata().and_then(|m| m.modified())) {
+                newest = newest.max(Some(t));
+            }
+        }
+    }
+    newest
 }
 
 /// One built image: its OCI layout, the same as an archive, and the name it loads as.
