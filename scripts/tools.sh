@@ -33,3 +33,6 @@ NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=ip
 DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins)
 # The interop suite's: namespaces, capture rules, ipsets and the CNI plugins.
 INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=containernetworking-plugins)
+# The test API server's client suites: kubectl and Python's kubernetes client (a
+# directory counts as present when it exists).
+KUBE_TOOLS=(kubectl=kubernetes-client /usr/lib/python3/dist-packages/kubernetes=python3-kubernetes)
