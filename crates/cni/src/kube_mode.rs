@@ -170,6 +170,9 @@ pub trait AgentLink {
     fn cmd_add(&self, req: &CmdAddRequest) -> Result<(), CmdAddError>;
 }
 
+/// Builds the API client (called only when the API is needed).
+pub type ClusterFactory<'a> = dyn Fn(&IstioConf) -> Result<Box<dyn Cluster + 'a>, String> + 'a;
+
 /// The pod and its namespace, retried `retries` times `pause` apart.
 fn lookup(
     cluster: &dyn Cluster,
@@ -198,7 +201,7 @@ fn lookup(
 pub fn run<'a>(
     env: &CniEnv,
     stdin: &[u8],
-    cluster: &dyn Fn(&IstioConf) -> Result<Box<dyn Cluster + 'a>, String>,
+    cluster: &ClusterFactory<'a>,
     agent: &dyn Fn(&IstioConf) -> Box<dyn AgentLink + 'a>,
     pause: &dyn Fn(),
 ) -> Outcome {
@@ -229,7 +232,7 @@ fn pass(prev: Option<Map<String, Value>>, version: &str) -> Outcome {
 fn cmd_add<'a>(
     env: &CniEnv,
     stdin: &[u8],
-    cluster: &dyn Fn(&IstioConf) -> Result<Box<dyn Cluster + 'a>, String>,
+    cluster: &ClusterFactory<'a>,
     agent: &dyn Fn(&IstioConf) -> Box<dyn AgentLink + 'a>,
     pause: &dyn Fn(),
 ) -> Result<Outcome, CniError> {

@@ -468,7 +468,11 @@ mod tests {
             match_expressions: None,
             match_fields: Some(vec![req("metadata.name", "In", &["n1"])]),
         };
-        assert!(terms_match(&[by_name.clone()], "n1", &BTreeMap::new()));
+        assert!(terms_match(
+            std::slice::from_ref(&by_name),
+            "n1",
+            &BTreeMap::new()
+        ));
         assert!(!terms_match(&[by_name], "n2", &BTreeMap::new()));
 
         let DaemonSetLookup::Found(mut d) = ds(None, false) else {
