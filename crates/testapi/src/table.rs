@@ -1,0 +1,379 @@
+//! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for (`Accept:
+//! application/json;as=Table;...`) when it prints for humans, with the columns Kubernetes
+//! prints for each kind (pods' wide columns too; other kinds' wide-only columns are left
+//! out). Sans IO.
+
+use serde_json::{json, Value};
+
+use crate::resource::Resource;
+
+/// What a Table row carries besides its cells (`includeObject`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IncludeObject {
+    None,
+    Metadata,
+    Object,
+}
+
+impl IncludeObject {
+    pub fn parse(q: Option<&str>) -> IncludeObject {
+        match q {
+            Some("None") => IncludeObject::None,
+            Some("Object") => IncludeObject::Object,
+            _ => IncludeObject::Metadata,
+        }
+    }
+}
+
+/// Whether an `Accept` header asks for a Table first.
+pub fn wants_table(accept: Option<&str>) -> bool {
+    accept
+        .and_then(|a| a.split(',').next())
+        .is_some_and(|first| first.replace(' ', "").contains(";as=Table"))
+}
+
+/// Kubernetes' short human durations (`45s`, `3m20s`, `5h`, `2d3h`, `1y20d`).
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let s = secs.max(0);
+    if s < 120 {
+        return format!("{s}s");
+    }
+    let (m, h) = (s / 60, s / 3600);
+    let both = |a: i64, ua: &str, b: i64, ub: &str| {
+        if b == 0 {
+            format!("{a}{ua}")
+        } else {
+            format!("{a}{ua}{b}{ub}")
+        }
+    };
+    match () {
+        _ if m < 10 => both(m, "m", s % 60, "s"),
+        _ if m < 180 => format!("{m}m"),
+        _ if h < 8 => both(h, "h", m % 60, "m"),
+        _ if h < 48 => format!("{h}h"),
+        _ if h < 24 * 8 => both(h / 24, "d", h % 24, "h"),
+        _ if h < 24 * 365 * 2 => format!("{}d", h / 24),
+        _ if h < 24 * 365 * 8 => both(h / 24 / 365, "y", (h / 24) % 365, "d"),
+        _ => format!("{}y", h / 24 / 365),
+    }
+}
+
+/// Seconds since the epoch of a `2026-01-02T03:04:05Z` timestamp.
+fn parse_timestamp(s: &str) -> Option<i64> {
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d, h, mi, se) = (
+        n(0..4)?,
+        n(5..7)?,
+        n(8..10)?,
+        n(11..13)?,
+        n(14..16)?,
+        n(17..19)?,
+    );
+    let month = time::Month::try_from(u8::try_from(mo).ok()?).ok()?;
+    let date = time::Date::from_calendar_date(i32::try_from(y).ok()?, month, u8::try_from(d).ok()?)
+        .ok()?;
+    let t = time::Time::from_hms(
+        u8::try_from(h).ok()?,
+        u8::try_from(mi).ok()?,
+        u8::try_from(se).ok()?,
+    )
+    .ok()?;
+    Some(
+        time::PrimitiveDateTime::new(date, t)
+            .assume_utc()
+            .unix_timestamp(),
+    )
+}
+
+fn age(obj: &Value, now: i64) -> String {
+    match obj
+        .pointer("/metadata/creationTimestamp")
+        .and_then(Value::as_str)
+        .and_then(parse_timestamp)
+    {
+        Some(t) => human_duration(now - t),
+        None => "<unknown>".into(),
+    }
+}
+
+fn s<'a>(obj: &'a Value, pointer: &str) -> &'a str {
+    obj.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn int(obj: &Value, pointer: &str) -> i64 {
+    obj.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn columns(r: Resource) -> Vec<(&'static str, &'static str)> {
+    let name = ("Name", "name");
+    match r {
+        Resource::Pods => vec![
+            name,
+            ("Ready", ""),
+            ("Status", ""),
+            ("Restarts", ""),
+            ("Age", ""),
+            ("IP", ""),
+            ("Node", ""),
+            ("Nominated Node", ""),
+            ("Readiness Gates", ""),
+        ],
+        Resource::Namespaces => vec![name, ("Status", ""), ("Age", "")],
+        Resource::Nodes => vec![
+            name,
+            ("Status", ""),
+            ("Roles", ""),
+            ("Age", ""),
+            ("Version", ""),
+        ],
+        Resource::DaemonSets => vec![
+            name,
+            ("Desired", ""),
+            ("Current", ""),
+            ("Ready", ""),
+            ("Up-to-date", ""),
+            ("Available", ""),
+            ("Node Selector", ""),
+            ("Age", ""),
+        ],
+        Resource::ClusterRoles | Resource::Roles => vec![name, ("Created At", "date-time")],
+        Resource::ClusterRoleBindings | Resource::RoleBindings => {
+            vec![name, ("Role", ""), ("Age", "")]
+        }
+    }
+}
+
+fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
+    let name = json!(s(obj, "/metadata/name"));
+    match r {
+        Resource::Pods => {
+            let statuses = obj
+                .pointer("/status/containerStatuses")
+                .and_then(Value::as_array);
+            let total = obj
+                .pointer("/spec/containers")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            let ready = statuses.map_or(0, |c| c.iter().filter(|c| c["ready"] == true).count());
+            let restarts: i64 = statuses.map_or(0, |c| {
+                c.iter()
+                    .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+                    .sum()
+            });
+            let status = if obj.pointer("/metadata/deletionTimestamp").is_some() {
+                "Terminating"
+            } else if !s(obj, "/status/reason").is_empty() {
+                s(obj, "/status/reason")
+            } else {
+                s(obj, "/status/phase")
+            };
+            let or_none = |v: &str| json!(if v.is_empty() { "<none>" } else { v });
+            let gates = obj
+                .pointer("/spec/readinessGates")
+                .and_then(Value::as_array)
+                .filter(|g| !g.is_empty())
+                .map(|g| format!("0/{}", g.len()))
+                .unwrap_or_default();
+            vec![
+                name,
+                json!(format!("{ready}/{total}")),
+                json!(status),
+                json!(restarts),
+                json!(age(obj, now)),
+                or_none(s(obj, "/status/podIP")),
+                or_none(s(obj, "/spec/nodeName")),
+                or_none(s(obj, "/status/nominatedNodeName")),
+                or_none(&gates),
+            ]
+        }
+        Resource::Namespaces => vec![name, json!(s(obj, "/status/phase")), json!(age(obj, now))],
+        Resource::Nodes => {
+            let ready = obj
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+                .map(|c| {
+                    if c["status"] == "True" {
+                        "Ready"
+                    } else {
+                        "NotReady"
+                    }
+                })
+                .unwrap_or("Unknown");
+            let mut roles: Vec<&str> = obj
+                .pointer("/metadata/labels")
+                .and_then(Value::as_object)
+                .map(|l| {
+                    l.keys()
+                        .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            roles.sort_unstable();
+            let roles = if roles.is_empty() {
+                "<none>".to_string()
+            } else {
+                roles.join(",")
+            };
+            vec![
+                name,
+                json!(ready),
+                json!(roles),
+                json!(age(obj, now)),
+                json!(s(obj, "/status/nodeInfo/kubeletVersion")),
+            ]
+        }
+        Resource::DaemonSets => {
+            let selector = obj
+                .pointer("/spec/template/spec/nodeSelector")
+                .and_then(Value::as_object)
+                .filter(|m| !m.is_empty())
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                name,
+                json!(int(obj, "/status/desiredNumberScheduled")),
+                json!(int(obj, "/status/currentNumberScheduled")),
+                json!(int(obj, "/status/numberReady")),
+                json!(int(obj, "/status/updatedNumberScheduled")),
+                json!(int(obj, "/status/numberAvailable")),
+                json!(selector),
+                json!(age(obj, now)),
+            ]
+        }
+        Resource::ClusterRoles | Resource::Roles => {
+            vec![name, json!(s(obj, "/metadata/creationTimestamp"))]
+        }
+        Resource::ClusterRoleBindings | Resource::RoleBindings => vec![
+            name,
+            json!(format!(
+                "{}/{}",
+                s(obj, "/roleRef/kind"),
+                s(obj, "/roleRef/name")
+            )),
+            json!(age(obj, now)),
+        ],
+    }
+}
+
+fn row(r: Resource, obj: &Value, include: IncludeObject, now: i64) -> Value {
+    let mut row = json!({"cells": cells(r, obj, now)});
+    match include {
+        IncludeObject::None => {}
+        IncludeObject::Metadata => {
+            row["object"] = json!({
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+            })
+        }
+        IncludeObject::Object => {
+            let mut o = obj.clone();
+            o["kind"] = json!(r.kind());
+            o["apiVersion"] = json!(r.api_version());
+            row["object"] = o;
+        }
+    }
+    row
+}
+
+/// A Table of `objects` with the list's `metadata` (resourceVersion, continue).
+pub fn table(
+    r: Resource,
+    objects: &[Value],
+    list_meta: Value,
+    include: IncludeObject,
+    now: i64,
+) -> Value {
+    let defs: Vec<Value> = columns(r)
+        .into_iter()
+        .map(|(name, format)| {
+            let kind = if name == "Restarts"
+                || (r == Resource::DaemonSets && !matches!(name, "Name" | "Node Selector" | "Age"))
+            {
+                "integer"
+            } else {
+                "string"
+            };
+            // Pods' columns after Age are the wide ones.
+            let wide = r == Resource::Pods && matches!(name, "IP" | "Node" | "Nominated Node" | "Readiness Gates");
+            json!({"name": name, "type": kind, "format": format, "description": "", "priority": i32::from(wide)})
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": defs,
+        "rows": objects.iter().map(|o| row(r, o, include, now)).collect::<Vec<_>>(),
+    })
+}
+
+/// Seconds since the epoch now.
+pub fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations() {
+        for (secs, want) in [
+            (-5, "<invalid>"),
+            (-1, "0s"),
+            (5, "5s"),
+            (119, "119s"),
+            (120, "2m"),
+            (200, "3m20s"),
+            (600, "10m"),
+            (3 * 3600 + 60, "3h1m"),
+            (9 * 3600, "9h"),
+            (50 * 3600, "2d2h"),
+            (30 * 86400, "30d"),
+            (3 * 365 * 86400 + 86400, "3y1d"),
+            (9 * 365 * 86400, "9y"),
+        ] {
+            assert_eq!(human_duration(secs), want, "{secs}");
+        }
+    }
+
+    #[test]
+    fn pod_rows_and_accept_headers() {
+        let pod = json!({"metadata": {"name": "a", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "c"}, {"name": "d"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"ready": true, "restartCount": 2}, {"ready": false, "restartCount": 1}]}});
+        let now = parse_timestamp("2026-01-01T00:00:30Z").unwrap();
+        let t = table(
+            Resource::Pods,
+            &[pod],
+            json!({"resourceVersion": "3"}),
+            IncludeObject::Metadata,
+            now,
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["a", "1/2", "Running", 3, "30s", "<none>", "<none>", "<none>", "<none>"])
+        );
+        assert_eq!(t["columnDefinitions"][4]["priority"], 0);
+        assert_eq!(t["columnDefinitions"][5]["priority"], 1);
+        assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+        assert_eq!(t["columnDefinitions"][0]["name"], "Name");
+        assert!(wants_table(Some(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+        )));
+        assert!(!wants_table(Some("application/json")));
+        assert!(!wants_table(None));
+    }
+}
