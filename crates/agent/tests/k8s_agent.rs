@@ -546,3 +546,84 @@ async fn cmdadd_enrolls_and_a_missing_permission_is_named() {
     }
     agent.stop().await;
 }
+
+/// Taking over from Istio's agent: a pod already captured (the in-pod rule set, which
+/// ambit's rules reproduce byte for byte, is installed before ambit's agent starts) and
+/// annotated `enabled`. The agent adopts it: the node proxy gets it in the snapshot, the
+/// rules are not touched and the API sees no write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_already_captured_annotated_pod_is_adopted_without_changes() {
+    require_root("an_already_captured_annotated_pod_is_adopted_without_changes");
+    let env = Env::new(ServerOptions::default(), None).await;
+    let pod_ns = TestNetns::new();
+    ip(&[
+        "-n",
+        &pod_ns.name,
+        "addr",
+        "add",
+        "10.55.2.5/32",
+        "dev",
+        "lo",
+    ]);
+    env.api.create(namespace("shop", &[AMBIENT])).unwrap();
+    let uid = env.kubelet_pod("shop", "web", &pod_ns, "10.55.2.5", 777);
+    env.api
+        .update(Resource::Pods, Some("shop"), "web", |p| {
+            p["metadata"]["annotations"] = json!({"ambient.istio.io/redirection": "enabled"});
+        })
+        .unwrap();
+    // The previous agent's work.
+    let opts = ambit_agent::InpodRuleOptions {
+        dns_capture: true,
+        ipv6: true,
+        bypass_inbound: false,
+    };
+    ambit_agent::iptables::apply_inpod(&pod_ns.path(), &opts).unwrap();
+    let (v4, v6) = (pod_ns.saved(false), pod_ns.saved(true));
+    env.api.clear_requests();
+
+    let agent = env.start().await;
+    let mut proxy = FakeProxy::connect(&env.cfg.zds_socket).await;
+    assert_eq!(proxy.snapshot().await, vec![uid.clone()]);
+    env.wait_ready().await;
+    assert!(
+        env.probes()
+            .contains(&format!("10.55.2.5 comment \"{uid}\"")),
+        "{}",
+        env.probes()
+    );
+
+    // A later change to the pod proves its reconcile ran: still nothing to do.
+    env.api
+        .update(Resource::Pods, Some("shop"), "web", |p| {
+            p["metadata"]["labels"]["touched"] = json!("yes");
+        })
+        .unwrap();
+    until("the pod update seen", || {
+        let m = blocking_metrics(env.cfg.metrics_addr);
+        m.contains("nodeagent_reconcile_events_total{type=\"update\"}")
+    })
+    .await;
+    assert_eq!(
+        (pod_ns.saved(false), pod_ns.saved(true)),
+        (v4, v6),
+        "rules untouched"
+    );
+    assert!(env.patches().is_empty(), "{:?}", env.patches());
+    assert!(
+        !env.api.requests().iter().any(|r| r.method != "GET"),
+        "only reads"
+    );
+    agent.stop().await;
+}
+
+fn blocking_metrics(addr: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
