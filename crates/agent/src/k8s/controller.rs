@@ -48,6 +48,9 @@ const MAX_IN_FLIGHT: usize = 16;
 const PLUGIN_LOOKUP_ATTEMPTS: u32 = 10;
 const PLUGIN_LOOKUP_INTERVAL: Duration = Duration::from_millis(10);
 
+/// Labels of a namespace.
+type Labels = BTreeMap<String, String>;
+
 struct Entry {
     view: PodView,
     deleted: bool,
@@ -271,7 +274,7 @@ impl Controller {
     }
 
     /// The pod's view and its namespace's labels, as cached.
-    fn lookup(&self, uid: &str) -> Option<(PodView, bool, Option<BTreeMap<String, String>>)> {
+    fn lookup(&self, uid: &str) -> Option<(PodView, bool, Option<Labels>)> {
         let c = self.cache();
         let e = c.pods.get(uid)?;
         let ns = c.namespaces.get(&e.view.namespace).cloned();
@@ -282,7 +285,7 @@ impl Controller {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Option<(PodView, Option<BTreeMap<String, String>>)> {
+    ) -> Option<(PodView, Option<Labels>)> {
         let c = self.cache();
         let uid = c.by_name.get(&(namespace.to_owned(), name.to_owned()))?;
         let e = c.pods.get(uid).filter(|e| !e.deleted)?;
@@ -294,7 +297,7 @@ impl Controller {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Option<(PodView, Option<BTreeMap<String, String>>)> {
+    ) -> Option<(PodView, Option<Labels>)> {
         for attempt in 0..PLUGIN_LOOKUP_ATTEMPTS {
             if let Some(found) = self.lookup_by_name(namespace, name) {
                 if found.1.is_some() {
@@ -509,7 +512,7 @@ async fn worker(ctl: Arc<Controller>, shutdown: impl Future) {
                     Err(e) if e.retryable => {
                         let n = q.failures(&uid) + 1;
                         // Log the first failure and then every tenth: retries are forever.
-                        if n == 1 || n % 10 == 0 {
+                        if n == 1 || n.is_multiple_of(10) {
                             tracing::warn!(%uid, attempt = n, error = %e.message, "reconcile failed; retrying");
                         }
                         q.retry(&uid, Instant::now());
