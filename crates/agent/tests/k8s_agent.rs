@@ -627,3 +627,57 @@ fn blocking_metrics(addr: SocketAddr) -> String {
     let _ = s.read_to_string(&mut out);
     out
 }
+
+/// No node proxy yet: the pod is captured (rules in place, traffic fails closed) and
+/// annotated `pending`; once a proxy connects the retry takes it to `enabled`. Then the pod
+/// completes (a Job) and its terminal status, without IPs, takes it out of the mesh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_without_a_proxy_then_enabled_then_a_completed_pod_is_cleaned_up() {
+    require_root("pending_without_a_proxy_then_enabled_then_a_completed_pod_is_cleaned_up");
+    let env = Env::new(ServerOptions::default(), None).await;
+    let pod_ns = TestNetns::new();
+    ip(&[
+        "-n",
+        &pod_ns.name,
+        "addr",
+        "add",
+        "10.55.3.5/32",
+        "dev",
+        "lo",
+    ]);
+    env.api.create(namespace("jobs", &[AMBIENT])).unwrap();
+    let uid = env.kubelet_pod("jobs", "task", &pod_ns, "10.55.3.5", 900);
+
+    let agent = env.start().await;
+    until("annotation pending", || {
+        env.annotation("jobs", "task").as_deref() == Some("pending")
+    })
+    .await;
+    assert!(
+        pod_ns.saved(false).contains("--to-ports 15001"),
+        "captured while pending"
+    );
+
+    let mut proxy = FakeProxy::connect(&env.cfg.zds_socket).await;
+    let snapshot = proxy.snapshot().await;
+    assert_eq!(snapshot, vec![uid.clone()]);
+    until("annotation enabled", || {
+        env.annotation("jobs", "task").as_deref() == Some("enabled")
+    })
+    .await;
+
+    env.api
+        .update(Resource::Pods, Some("jobs"), "task", |p| {
+            p["status"] = json!({"phase": "Succeeded"});
+        })
+        .unwrap();
+    loop {
+        match proxy.next().await {
+            (u, k) if u == uid && k == "del" => break,
+            (u, k) if u == uid && k == "add" => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    until("probe entry removed", || env.probes().is_empty()).await;
+    agent.stop().await;
+}
