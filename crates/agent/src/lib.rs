@@ -16,11 +16,13 @@
 //! - [`zds`]: the ZDS server node proxies connect to: a thin driver over [`zds_session`].
 //! - [`agent`]: the runtime ([`run`]).
 //! - [`exec`]: running the tools in a netns.
+//! - [`install`]: putting the CNI plugin on a Kubernetes node and keeping it there.
 //! - [`k8s`]: Kubernetes mode: the API server drives the enrollment, as istio-cni's agent.
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod exec;
+pub mod install;
 pub mod ipset;
 pub mod iptables;
 pub mod k8s;
