@@ -477,3 +477,31 @@ fn dns_query_seeds() {
         assert!(reply.is_some(), "{name}: answered");
     }
 }
+
+#[test]
+fn cmdadd_request_seeds_parse() {
+    for (name, pod, ips) in [("one_ipv4", "web-0", 1), ("dual_stack", "db", 2)] {
+        let req = ambit_cni::istio_api::parse(&seed("cmdadd_request", name)).expect(name);
+        assert_eq!((req.pod_name.as_str(), req.addresses().len()), (pod, ips), "{name}");
+    }
+}
+
+#[test]
+fn pod_cgroup_seeds_name_the_pod() {
+    for name in ["cgroupfs", "systemd", "crio"] {
+        assert_eq!(
+            ambit_agent::k8s::procscan::pod_uid_from_cgroup(&text("pod_cgroup", name)).as_deref(),
+            Some("3b5c8e2d-1d1c-4b2e-9f0a-2b1c3d4e5f60"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn cni_conflist_seeds_are_valid_primaries() {
+    use ambit_agent::install::conflist::validate;
+    for (name, file) in [("bridge_conflist", "10-net.conflist"), ("single_conf", "10-net.conf")] {
+        let data = seed("cni_conflist", name);
+        validate(file, &data[1..]).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
