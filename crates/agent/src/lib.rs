@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod env;
 pub mod exec;
 pub mod install;
 pub mod ipset;

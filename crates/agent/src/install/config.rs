@@ -1,6 +1,8 @@
 //! The installer's configuration from the environment (the chart's ConfigMap
 //! `istio-cni-config` and the DaemonSet's env; istio-cni reference §5.2), sans IO.
 
+pub use crate::env::ConfigError;
+use crate::env::{err, parse_bool};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -72,32 +74,6 @@ pub struct InstallConfig {
     pub native_nftables: bool,
     /// `LOG_LEVEL`: the plugin's level.
     pub plugin_log_level: String,
-}
-
-/// An environment variable with a value we cannot use.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("environment variable {name}={value:?}: {why}")]
-pub struct ConfigError {
-    pub name: &'static str,
-    pub value: String,
-    pub why: String,
-}
-
-fn err(name: &'static str, value: &str, why: impl Into<String>) -> ConfigError {
-    ConfigError {
-        name,
-        value: value.into(),
-        why: why.into(),
-    }
-}
-
-/// Go's `strconv.ParseBool`.
-fn parse_bool(name: &'static str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim() {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(err(name, v, "expected true or false")),
-    }
 }
 
 /// A file mode as Go reads an int with base 0: `0600`/`0o600` octal, `384` decimal.

@@ -2,6 +2,8 @@
 //! (its ConfigMap `istio-cni-config` and the DaemonSet's env; reference §5.2). Sans IO: the
 //! parser takes a lookup function, so it is tested without touching the process env.
 
+pub use crate::env::ConfigError;
+use crate::env::{err, parse_bool};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
@@ -59,32 +61,6 @@ pub struct K8sConfig {
     pub metrics_addr: SocketAddr,
     /// Where the enrolled pods are kept between restarts of one agent process tree.
     pub state_dir: PathBuf,
-}
-
-/// A variable that does not parse: names it and says what it should be.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("environment variable {name}={value:?}: {problem}")]
-pub struct ConfigError {
-    pub name: &'static str,
-    pub value: String,
-    pub problem: String,
-}
-
-fn err(name: &'static str, value: &str, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        name,
-        value: value.to_owned(),
-        problem: problem.into(),
-    }
-}
-
-/// Go's `strconv.ParseBool`, which Istio's env parsing uses.
-fn parse_bool(name: &'static str, value: &str) -> Result<bool, ConfigError> {
-    match value {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(err(name, value, "expected true or false")),
-    }
 }
 
 impl K8sConfig {
