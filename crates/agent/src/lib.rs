@@ -16,10 +16,12 @@
 //! - [`zds`]: the ZDS server node proxies connect to: a thin driver over [`zds_session`].
 //! - [`agent`]: the runtime ([`run`]).
 //! - [`exec`]: running the tools in a netns.
+//! - [`install`]: putting the CNI plugin on a Kubernetes node and keeping it there.
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod exec;
+pub mod install;
 pub mod ipset;
 pub mod iptables;
 pub mod netlink;

@@ -60,7 +60,11 @@ enum Command {
 fn main() -> ExitCode {
     // Container runtimes call CNI plugins by file name: as `ambit-cni`, be the plugin.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ambit-cni")) {
+    // As `istio-cni` (the name the installer gives it on Kubernetes) too.
+    let name = std::path::Path::new(&argv0).file_name();
+    if name == Some(std::ffi::OsStr::new("ambit-cni"))
+        || name == Some(std::ffi::OsStr::new("istio-cni"))
+    {
         let code = ambit_cni::plugin::main_with_process_env();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }

@@ -16,10 +16,16 @@
 //! cannot be reached the runtime gets a "try again later" error and retries the
 //! sandbox, so no pod starts uncaptured. DEL never fails.
 //!
-//! No async runtime and no logging here: stdout belongs to the CNI protocol.
+//! - [`kube_mode`]: the plugin as Istio's `istio-cni` (chosen by the config's keys): reads
+//!   the pod from the API and announces ambient pods to the agent with [`cmdadd`].
+//!
+//! No logging here: stdout belongs to the CNI protocol. Only the Kubernetes mode runs an
+//! async runtime (current-thread, for its API and agent calls).
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod cmdadd;
+pub mod kube_mode;
 pub mod plugin;
 
 pub use api::{AgentCallError, AgentRequest, AgentResponse, PodInfo, DEFAULT_AGENT_SOCKET};

@@ -114,7 +114,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn success(stdout: String) -> Outcome {
+    pub(crate) fn success(stdout: String) -> Outcome {
         Outcome {
             stdout,
             exit_code: 0,
@@ -159,7 +159,7 @@ pub struct CniError {
 }
 
 impl CniError {
-    fn new(code: u32, msg: impl Into<String>) -> CniError {
+    pub(crate) fn new(code: u32, msg: impl Into<String>) -> CniError {
         CniError {
             code,
             msg: msg.into(),
@@ -167,7 +167,7 @@ impl CniError {
         }
     }
 
-    fn details(mut self, details: impl Into<String>) -> CniError {
+    pub(crate) fn details(mut self, details: impl Into<String>) -> CniError {
         self.details = details.into();
         self
     }
@@ -197,7 +197,7 @@ impl CniError {
         })
     }
 
-    fn outcome(&self, cni_version: &str) -> Outcome {
+    pub(crate) fn outcome(&self, cni_version: &str) -> Outcome {
         Outcome {
             stdout: self.to_json(cni_version),
             exit_code: 1,
@@ -223,7 +223,7 @@ pub fn run(env: &CniEnv, stdin: &[u8], agent: &dyn Agent) -> Outcome {
     }
 }
 
-fn finish(r: Result<Outcome, CniError>, stdin: &[u8]) -> Outcome {
+pub(crate) fn finish(r: Result<Outcome, CniError>, stdin: &[u8]) -> Outcome {
     r.unwrap_or_else(|e| e.outcome(&best_effort_version(stdin)))
 }
 
@@ -247,21 +247,26 @@ pub fn main_with_process_env() -> i32 {
         Err(_) if env.command == "VERSION" || env.command == "DEL" => Vec::new(),
         Err(e) => return emit(&e.outcome(IMPLEMENTED_VERSION)),
     };
+    if crate::kube_mode::is_istio_conf(&stdin) {
+        let outcome = std::panic::catch_unwind(|| crate::kube_mode::main(&env, &stdin))
+            .unwrap_or_else(|_| panicked(&env, &stdin));
+        return emit(&outcome);
+    }
     let agent = SocketAgent::new(agent_socket_of(&stdin));
     let outcome =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&env, &stdin, &agent)))
-            .unwrap_or_else(|_| {
-                if env.command == "DEL" {
-                    Outcome::success(String::new())
-                } else {
-                    CniError::new(codes::INTERNAL, "ambit-cni hit an internal error (panic)")
-                .details(
-                    "this is a bug in ambit-cni; please report it with the network configuration",
-                )
-                .outcome(&best_effort_version(&stdin))
-                }
-            });
+            .unwrap_or_else(|_| panicked(&env, &stdin));
     emit(&outcome)
+}
+
+fn panicked(env: &CniEnv, stdin: &[u8]) -> Outcome {
+    if env.command == "DEL" {
+        Outcome::success(String::new())
+    } else {
+        CniError::new(codes::INTERNAL, "ambit-cni hit an internal error (panic)")
+            .details("this is a bug in ambit-cni; please report it with the network configuration")
+            .outcome(&best_effort_version(stdin))
+    }
 }
 
 fn read_stdin() -> Result<Vec<u8>, CniError> {
@@ -294,9 +299,9 @@ fn emit(outcome: &Outcome) -> i32 {
 // Configuration
 
 #[derive(Debug)]
-struct NetConf {
-    cni_version: String,
-    prev_result: Option<Map<String, Value>>,
+pub(crate) struct NetConf {
+    pub(crate) cni_version: String,
+    pub(crate) prev_result: Option<Map<String, Value>>,
     agent_socket: Option<String>,
     exclude_namespaces: Vec<String>,
 }
@@ -307,7 +312,7 @@ impl NetConf {
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -318,7 +323,7 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-fn decode_object(stdin: &[u8]) -> Result<Map<String, Value>, CniError> {
+pub(crate) fn decode_object(stdin: &[u8]) -> Result<Map<String, Value>, CniError> {
     if stdin.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(CniError::new(
             codes::DECODING_FAILURE,
@@ -341,7 +346,7 @@ fn decode_object(stdin: &[u8]) -> Result<Map<String, Value>, CniError> {
     }
 }
 
-fn parse_conf(stdin: &[u8]) -> Result<NetConf, CniError> {
+pub(crate) fn parse_conf(stdin: &[u8]) -> Result<NetConf, CniError> {
     let mut m = decode_object(stdin)?;
     let cni_version = match m.get("cniVersion") {
         None | Some(Value::Null) => {
@@ -437,7 +442,7 @@ fn parse_conf(stdin: &[u8]) -> Result<NetConf, CniError> {
 
 /// The `cniVersion` to put in an error result: the config's when it is a supported
 /// version, else the implemented one.
-fn best_effort_version(stdin: &[u8]) -> String {
+pub(crate) fn best_effort_version(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
         .ok()
         .and_then(|v| match v.get("cniVersion") {
@@ -462,9 +467,9 @@ pub fn agent_socket_of(stdin: &[u8]) -> PathBuf {
 // CNI_ARGS and the enrollment decision
 
 #[derive(Debug, Default, PartialEq, Eq)]
-struct PodArgs {
-    namespace: String,
-    name: String,
+pub(crate) struct PodArgs {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     uid: String,
     service_account: String,
     opt_out: bool,
@@ -472,7 +477,7 @@ struct PodArgs {
 
 /// Parses `CNI_ARGS` (`K=V;K=V`). Unknown keys, empty items and items without `=` are
 /// ignored; the last value of a key wins; a value may contain `=`.
-fn parse_args(args: &str) -> PodArgs {
+pub(crate) fn parse_args(args: &str) -> PodArgs {
     let mut p = PodArgs::default();
     for item in args.split(';') {
         let Some((k, v)) = item.split_once('=') else {
@@ -537,7 +542,7 @@ fn pod_uid(p: &PodArgs, container_id: &str) -> String {
     }
 }
 
-fn require_env(env: &CniEnv, command: &str) -> Result<(), CniError> {
+pub(crate) fn require_env(env: &CniEnv, command: &str) -> Result<(), CniError> {
     let missing: Vec<&str> = [
         ("CNI_CONTAINERID", &env.container_id),
         ("CNI_NETNS", &env.netns),
@@ -624,7 +629,7 @@ fn parse_cidr_ip(s: &str) -> Option<IpAddr> {
 /// `prevResult`, expressed for a configuration of `version`: unchanged when it already
 /// has that `cniVersion`; otherwise `cniVersion` is set, and the per-IP `version` field
 /// (present in 0.3.x/0.4.0 results, gone in 1.0.0) is dropped or filled in.
-fn passthrough(mut prev: Map<String, Value>, version: &str) -> String {
+pub(crate) fn passthrough(mut prev: Map<String, Value>, version: &str) -> String {
     let same = matches!(prev.get("cniVersion"), Some(Value::String(v)) if v == version);
     if !same {
         prev.insert("cniVersion".into(), Value::String(version.into()));
