@@ -287,6 +287,9 @@ impl PodmanRun {
         }
         if let Some(u) = &self.user {
             a.push(format!("--user={u}").into());
+            // podman would add the user to the image's /etc/passwd and /etc/group; a
+            // kubelet's runtime does not.
+            a.push("--passwd=false".into());
         }
         if self.read_only {
             // The kubelet gives a read-only root no writable /tmp, /run or /var/tmp.

@@ -224,8 +224,20 @@ async fn both_images_run_together_on_a_node() {
     let lab = ambit_lab::Lab::new("smoke").unwrap();
     let ns = lab.netns("node").unwrap();
     for cmd in [
-        &["ip", "link", "add", "eth0", "type", "dummy"][..],
+        // A veth pair with both ends inside (no dummy module needed): the node's "eth0".
+        &[
+            "ip",
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0-peer",
+        ][..],
         &["ip", "addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"],
+        &["ip", "link", "set", "eth0-peer", "up"],
         &["ip", "link", "set", "eth0", "up"],
     ] {
         lab.exec(&ns, cmd).unwrap();
@@ -309,6 +321,7 @@ async fn both_images_run_together_on_a_node() {
     std::fs::write(mesh.join("mesh.yaml"), "workloads: []\n").unwrap();
     let proxy_token = format!("smoke-{NODE}-{:016x}", std::process::id());
     std::fs::write(&tokens, format!("- token: {proxy_token}\n  node: {NODE}\n")).unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let path = |p: &std::path::Path| p.display().to_string();
     let control = lab
         .spawn(
