@@ -114,30 +114,14 @@ pub async fn run_with(
     opts: RunOptions,
     shutdown: impl Future,
 ) -> anyhow::Result<()> {
-    let sets = ProbeSets::new(opts.probe_sets.clone(), opts.host_netns.clone(), cfg.ipv6);
-    setup_host(&sets, &opts, cfg.ipv6).await?;
-
-    let store = PodStore::open(&cfg.state_dir).context("load the enrolled pods")?;
-    let store = reconcile_pods(store, sets.clone(), cfg.rule_options()).await?;
-
-    let peers = PeerPolicy::new(cfg.zds_proxy_uid);
-    let zds = ZdsServer::bind_with(&cfg.zds_socket, store.pods().cloned(), opts.zds, peers)
-        .context("start the ZDS server")?;
+    let agent = Agent::start(&cfg, &opts, None).await?;
     let listener = bind_events_socket(&cfg.events_socket)?;
     tracing::info!(
         events = %cfg.events_socket.display(),
         zds = %cfg.zds_socket.display(),
-        pods = store.len(),
+        pods = agent.store().len(),
         "node agent ready"
     );
-
-    let agent = Arc::new(Agent {
-        rule_opts: cfg.rule_options(),
-        sets,
-        store: Mutex::new(store),
-        zds,
-        pod_locks: Mutex::new(HashMap::new()),
-    });
 
     let mut handlers = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -180,7 +164,7 @@ pub async fn uninstall_host(ipv6: bool, opts: &RunOptions) -> anyhow::Result<()>
     .await
 }
 
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
     tokio::task::spawn_blocking(f)
@@ -216,7 +200,7 @@ async fn setup_host(sets: &ProbeSets, opts: &RunOptions, ipv6: bool) -> anyhow::
 }
 
 /// Whether `path` is an existing network namespace.
-fn netns_exists(path: &str) -> bool {
+pub(crate) fn netns_exists(path: &str) -> bool {
     !path.is_empty() && Netns::open(path).is_ok_and(|ns| ns.is_net_namespace())
 }
 
@@ -225,6 +209,7 @@ async fn reconcile_pods(
     store: PodStore,
     sets: ProbeSets,
     rule_opts: InpodRuleOptions,
+    reassert: bool,
 ) -> anyhow::Result<PodStore> {
     blocking(move || {
         let mut store = store;
@@ -234,7 +219,7 @@ async fn reconcile_pods(
             tracing::info!(uid = %pod.uid, netns = %pod.netns, "netns gone while the agent was away; forgetting the pod");
             store.remove(&pod.uid).context("update the pod store")?;
         }
-        for pod in &alive {
+        for pod in alive.iter().filter(|_| reassert) {
             match iptables::apply_inpod(Path::new(&pod.netns), &rule_opts) {
                 Ok(o) if o.unchanged() => {
                     tracing::debug!(uid = %pod.uid, "in-pod rules in place")
@@ -247,8 +232,16 @@ async fn reconcile_pods(
             .iter()
             .flat_map(|p| p.ips.iter().map(|ip| (*ip, p.uid.clone())))
             .collect();
-        sets.refill(members.iter().map(|(ip, uid)| (*ip, uid.as_str())))
-            .context("refill the probe ipsets")?;
+        let members = members.iter().map(|(ip, uid)| (*ip, uid.as_str()));
+        if alive.iter().any(|p| p.ips.is_empty()) {
+            // A pod whose IPs are not known yet may still own entries: add, do not prune
+            // (Istio's rule, so a kubelet restart does not evict live pods' probes).
+            for (ip, uid) in members {
+                sets.add(ip, uid).context("refill the probe ipsets")?;
+            }
+        } else {
+            sets.refill(members).context("refill the probe ipsets")?;
+        }
         Ok(store)
     })
     .await
@@ -268,7 +261,7 @@ fn bind_events_socket(path: &Path) -> anyhow::Result<UnixListener> {
         .with_context(|| format!("register the events socket {}", path.display()))
 }
 
-fn remove_socket_file(path: &Path) {
+pub(crate) fn remove_socket_file(path: &Path) {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
         let _ = std::fs::remove_file(path);
     }
@@ -293,7 +286,9 @@ async fn serve_events_connection(agent: Arc<Agent>, stream: UnixStream) {
     let _ = write.shutdown().await;
 }
 
-struct Agent {
+/// The enrollment machinery both front ends drive: the events socket and, in Kubernetes
+/// mode, the controller and the plugin's `cmdadd` server.
+pub(crate) struct Agent {
     rule_opts: InpodRuleOptions,
     sets: ProbeSets,
     store: Mutex<PodStore>,
@@ -303,7 +298,90 @@ struct Agent {
     pod_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
+/// How an add ended when the pod is captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProxyOutcome {
+    /// The node proxy acked the pod.
+    Took,
+    /// No node proxy is connected: the pod fails closed until one connects.
+    NoProxy,
+}
+
+/// Why an add failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AddError {
+    /// The pod could not be captured (no netns, rules refused): retrying the same request
+    /// will not help (Istio's non-retryable errors).
+    #[error("{0:#}")]
+    Capture(anyhow::Error),
+    /// The ipsets or the store could not be updated: may be transient.
+    #[error("{0:#}")]
+    Host(anyhow::Error),
+    /// The rules are in place but the node proxy refused the pod or did not answer.
+    #[error("{0:#}")]
+    Proxy(anyhow::Error),
+}
+
+impl AddError {
+    pub(crate) fn retryable(&self) -> bool {
+        !matches!(self, AddError::Capture(_))
+    }
+}
+
 impl Agent {
+    /// Host setup, the store (replaced by `snapshot` when given: Kubernetes mode rebuilds
+    /// it from the API), the startup pass over the stored pods (rules re-asserted when
+    /// `reassert`), then the ZDS server with those pods as its first snapshot.
+    pub(crate) async fn start(
+        cfg: &AgentConfig,
+        opts: &RunOptions,
+        snapshot: Option<(Vec<PodInfo>, bool)>,
+    ) -> anyhow::Result<Arc<Agent>> {
+        let sets = ProbeSets::new(opts.probe_sets.clone(), opts.host_netns.clone(), cfg.ipv6);
+        setup_host(&sets, opts, cfg.ipv6).await?;
+
+        let mut store = PodStore::open(&cfg.state_dir).context("load the enrolled pods")?;
+        let reassert = match snapshot {
+            None => true,
+            Some((pods, reassert)) => {
+                let stale: Vec<String> = store
+                    .pods()
+                    .filter(|p| !pods.iter().any(|s| s.uid == p.uid))
+                    .map(|p| p.uid.clone())
+                    .collect();
+                for uid in stale {
+                    store.remove(&uid).context("update the pod store")?;
+                }
+                for pod in pods {
+                    store.upsert(pod).context("update the pod store")?;
+                }
+                reassert
+            }
+        };
+        let store = reconcile_pods(store, sets.clone(), cfg.rule_options(), reassert).await?;
+
+        let peers = PeerPolicy::new(cfg.zds_proxy_uid);
+        let zds = ZdsServer::bind_with(&cfg.zds_socket, store.pods().cloned(), opts.zds, peers)
+            .context("start the ZDS server")?;
+        Ok(Arc::new(Agent {
+            rule_opts: cfg.rule_options(),
+            sets,
+            store: Mutex::new(store),
+            zds,
+            pod_locks: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The agent's record of `uid`.
+    pub(crate) fn held(&self, uid: &str) -> Option<PodInfo> {
+        self.store().get(uid).cloned()
+    }
+
+    /// The UIDs of every pod held.
+    pub(crate) fn held_uids(&self) -> Vec<String> {
+        self.store().pods().map(|p| p.uid.clone()).collect()
+    }
+
     fn store(&self) -> MutexGuard<'_, PodStore> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -328,7 +406,7 @@ impl Agent {
     async fn handle(&self, request: AgentRequest) -> AgentResponse {
         match request {
             AgentRequest::Add(pod) => match self.add(pod).await {
-                Ok(()) => AgentResponse::ok(),
+                Ok(_) => AgentResponse::ok(),
                 Err(e) => AgentResponse::error(format!("{e:#}")),
             },
             AgentRequest::Remove { uid } => match self.remove(&uid).await {
@@ -343,30 +421,35 @@ impl Agent {
         }
     }
 
-    async fn add(&self, mut pod: PodInfo) -> anyhow::Result<()> {
-        anyhow::ensure!(!pod.uid.is_empty(), "add: the pod uid is empty");
-        anyhow::ensure!(
-            !pod.netns.is_empty(),
-            "add: pod {} has no netns path",
-            pod.uid
-        );
+    /// Enrolls `pod` (idempotent). With no node proxy connected the pod is captured and
+    /// `Ok(NoProxy)`; a NACK or a timeout is [`AddError::Proxy`].
+    pub(crate) async fn add(&self, mut pod: PodInfo) -> Result<ProxyOutcome, AddError> {
+        let capture = |m: String| AddError::Capture(anyhow::anyhow!(m));
+        if pod.uid.is_empty() {
+            return Err(capture("add: the pod uid is empty".into()));
+        }
+        if pod.netns.is_empty() {
+            return Err(capture(format!("add: pod {} has no netns path", pod.uid)));
+        }
         for ip in &mut pod.ips {
             *ip = unmap(*ip);
         }
         let _lock = self.lock_pod(&pod.uid).await;
         let uid = pod.uid.clone();
-        anyhow::ensure!(
-            netns_exists(&pod.netns),
-            "pod {uid}: {} is not a network namespace (sandbox gone?)",
-            pod.netns
-        );
+        if !netns_exists(&pod.netns) {
+            return Err(capture(format!(
+                "pod {uid}: {} is not a network namespace (sandbox gone?)",
+                pod.netns
+            )));
+        }
 
         let (netns, opts) = (pod.netns.clone(), self.rule_opts);
         let outcome = blocking(move || {
             iptables::apply_inpod(Path::new(&netns), &opts).map_err(anyhow::Error::from)
         })
         .await
-        .with_context(|| format!("pod {uid}: install the in-pod rules"))?;
+        .with_context(|| format!("pod {uid}: install the in-pod rules"))
+        .map_err(AddError::Capture)?;
         tracing::info!(%uid, ?outcome, "in-pod rules in place");
 
         // IPs the pod had before (a re-added sandbox) and no longer has.
@@ -392,16 +475,18 @@ impl Agent {
             Ok(())
         })
         .await
-        .with_context(|| format!("pod {uid}: update the probe ipsets"))?;
+        .with_context(|| format!("pod {uid}: update the probe ipsets"))
+        .map_err(AddError::Host)?;
 
         self.store()
             .upsert(pod.clone())
-            .with_context(|| format!("pod {uid}: persist"))?;
+            .with_context(|| format!("pod {uid}: persist"))
+            .map_err(AddError::Host)?;
 
         match self.zds.add_pod(&pod).await {
             Ok(()) => {
                 tracing::info!(%uid, name = %pod.name, namespace = %pod.namespace, "pod enrolled");
-                Ok(())
+                Ok(ProxyOutcome::Took)
             }
             Err(ZdsError::NoProxy) => {
                 tracing::warn!(
@@ -409,15 +494,48 @@ impl Agent {
                     "pod captured but no node proxy is connected: its traffic fails closed \
                      until a proxy connects and receives it in the snapshot"
                 );
-                Ok(())
+                Ok(ProxyOutcome::NoProxy)
             }
-            Err(e) => Err(anyhow::Error::new(e).context(format!(
+            Err(e) => Err(AddError::Proxy(anyhow::Error::new(e).context(format!(
                 "pod {uid}: rules are in place but the node proxy did not take the pod"
-            ))),
+            )))),
         }
     }
 
-    async fn remove(&self, uid: &str) -> anyhow::Result<()> {
+    /// Re-asserts the probe ipset entries of a held pod for `ips` (its IPs changed) and
+    /// records them. Unknown pods are left alone.
+    pub(crate) async fn sync_ipset(&self, uid: &str, ips: Vec<IpAddr>) -> anyhow::Result<()> {
+        let _lock = self.lock_pod(uid).await;
+        let Some(mut pod) = self.store().get(uid).cloned() else {
+            return Ok(());
+        };
+        let ips: Vec<IpAddr> = ips.into_iter().map(unmap).collect();
+        let stale: Vec<IpAddr> = pod
+            .ips
+            .iter()
+            .filter(|ip| !ips.contains(ip))
+            .copied()
+            .collect();
+        let (sets, add, u) = (self.sets.clone(), ips.clone(), uid.to_owned());
+        blocking(move || {
+            for ip in stale {
+                sets.remove(ip, &u)?;
+            }
+            for ip in add {
+                sets.add(ip, &u)?;
+            }
+            Ok(())
+        })
+        .await
+        .with_context(|| format!("pod {uid}: re-sync the probe ipsets"))?;
+        pod.ips = ips;
+        self.store()
+            .upsert(pod)
+            .with_context(|| format!("pod {uid}: persist"))
+    }
+
+    /// Takes the pod out of the mesh (unknown pods are fine).
+    pub(crate) async fn remove(&self, uid: &str) -> anyhow::Result<()> {
         let _lock = self.lock_pod(uid).await;
         let Some(pod) = self.store().get(uid).cloned() else {
             tracing::debug!(uid, "remove: pod not enrolled");

@@ -17,6 +17,7 @@
 //! - [`agent`]: the runtime ([`run`]).
 //! - [`exec`]: running the tools in a netns.
 //! - [`install`]: putting the CNI plugin on a Kubernetes node and keeping it there.
+//! - [`k8s`]: Kubernetes mode: the API server drives the enrollment, as istio-cni's agent.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -24,6 +25,7 @@ pub mod exec;
 pub mod install;
 pub mod ipset;
 pub mod iptables;
+pub mod k8s;
 pub mod netlink;
 pub mod rules;
 pub mod store;

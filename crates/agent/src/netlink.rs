@@ -17,6 +17,7 @@ use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_ACK_TLVS,
     NLM_F_CAPPED, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
 };
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -255,6 +256,22 @@ impl RouteSocket {
                 _ => None,
             })
             .filter(|r| r.table == table)
+            .collect())
+    }
+
+    /// Every address on this netns's interfaces, both families (`ip addr`).
+    pub fn addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError> {
+        let query = AddressMessage::default();
+        let answers = self.dump(RouteNetlinkMessage::GetAddress(query), "address dump")?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) => a.attributes.iter().find_map(|at| match at {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                }),
+                _ => None,
+            })
             .collect())
     }
 

@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -38,6 +40,11 @@ pub struct AgentArgs {
     /// pass).
     #[arg(long, env = "AMBIT_ZDS_PROXY_UID")]
     pub zds_proxy_uid: Option<u32>,
+    /// Kubernetes mode: watch this API server (also when `KUBERNETES_SERVICE_HOST` is set,
+    /// with the in-cluster service account). Configured then from istio-cni's environment
+    /// (AMBIENT_ENABLED, NODE_NAME, CNI_AGENT_RUN_DIR, ZTUNNEL_UDS_ADDRESS, ...).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -119,6 +126,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
+    if ambit_k8s::client::ClientSource::detect(args.kubeconfig.as_deref()).is_some() {
+        return run_kubernetes(args.kubeconfig, Arc::new(AtomicBool::new(true)));
+    }
     let cfg = ambit_agent::AgentConfig {
         zds_socket: args.zds_socket,
         events_socket: args.events_socket,
@@ -141,5 +151,37 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             tracing::info!("node agent shutting down; pods stay enrolled and captured");
         };
         ambit_agent::run(cfg, shutdown).await
+    })
+}
+
+/// The node agent in Kubernetes mode (logging already set up): the API client from
+/// `kubeconfig` or the in-cluster service account, the config from istio-cni's environment.
+pub fn run_kubernetes(
+    kubeconfig: Option<PathBuf>,
+    install_ready: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    use ambit_k8s::client::{connect, ClientSource};
+    let source = ClientSource::detect(kubeconfig.as_deref()).context(
+        "Kubernetes mode needs an API server: --kubeconfig, KUBECONFIG or KUBERNETES_SERVICE_HOST",
+    )?;
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let cfg = ambit_agent::k8s::K8sConfig::from_env(&hostname)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("ambit-agent")
+        .build()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let client = connect(&source).await?;
+        tracing::info!(api = %source, node = %cfg.node_name, "node agent in Kubernetes mode");
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        };
+        ambit_agent::k8s::run(cfg, client, install_ready, shutdown).await
     })
 }

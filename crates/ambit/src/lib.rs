@@ -15,6 +15,7 @@ pub mod demo;
 #[cfg(feature = "demo")]
 pub mod demo_inpod;
 pub mod http;
+pub mod install_cni;
 pub mod local_config;
 pub mod log_format;
 pub mod logging;

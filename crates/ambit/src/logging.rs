@@ -55,14 +55,26 @@ pub type LogGuard = tracing_appender::non_blocking::WorkerGuard;
 /// blocks on stdout for an access log line; when its buffer is full writers wait rather
 /// than drop lines.
 pub fn init() -> Result<(LogHandle, LogGuard), String> {
-    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_FILTER.to_string());
+    init_with(None, None)
+}
+
+/// [`init`] with a filter and a layout chosen by the caller (command-line flags); `None`
+/// falls back to `RUST_LOG` and `LOG_FORMAT`.
+pub fn init_with(
+    filter: Option<String>,
+    json: Option<bool>,
+) -> Result<(LogHandle, LogGuard), String> {
+    let spec = filter.unwrap_or_else(|| {
+        std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_FILTER.to_string())
+    });
     let filter =
-        EnvFilter::try_new(&spec).map_err(|e| format!("RUST_LOG={spec:?} is not valid: {e}"))?;
+        EnvFilter::try_new(&spec).map_err(|e| format!("log filter {spec:?} is not valid: {e}"))?;
     let (filter, handle) = reload::Layer::new(filter);
-    let json = match std::env::var("LOG_FORMAT").as_deref() {
-        Err(_) | Ok("plain") => false,
-        Ok("json") => true,
-        Ok(other) => {
+    let json = match (json, std::env::var("LOG_FORMAT").as_deref()) {
+        (Some(j), _) => j,
+        (None, Err(_) | Ok("plain")) => false,
+        (None, Ok("json")) => true,
+        (None, Ok(other)) => {
             return Err(format!(
                 "LOG_FORMAT={other:?} is not valid: expected plain or json"
             ))

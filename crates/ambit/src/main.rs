@@ -68,6 +68,17 @@ fn main() -> ExitCode {
         let code = ambit_cni::plugin::main_with_process_env();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // As Istio's istio-cni DaemonSet runs it: the node agent in Kubernetes mode.
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("install-cni")) {
+        let args = std::env::args().skip(1).collect();
+        return match ambit::install_cni::main(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("install-cni: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // Installed as `ztunnel` (an image that replaces ztunnel's binary), no argument runs
     // the node proxy, as it does for ztunnel.
     if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ztunnel"))

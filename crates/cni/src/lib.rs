@@ -5,6 +5,8 @@
 //!   connection over a Unix stream socket ([`api::DEFAULT_AGENT_SOCKET`]), one JSON
 //!   response line back. Client ([`api::call`]) and server-side helpers
 //!   ([`api::read_request`], [`api::write_response`]).
+//! - [`istio_api`]: the request Istio's plugin sends Istio's agent (`POST /cmdadd` over
+//!   `pluginevent.sock`), which ambit's agent serves in Kubernetes mode.
 //! - [`plugin`]: the CNI (spec 1.0, also 0.3.x/0.4.0) plugin logic, free of process
 //!   state so it is tested in-memory: [`plugin::run`] takes the CNI environment, stdin
 //!   and an [`plugin::Agent`] and returns what to print and the exit code.
@@ -25,6 +27,7 @@
 
 pub mod api;
 pub mod cmdadd;
+pub mod istio_api;
 pub mod kube_mode;
 pub mod plugin;
 

@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
 use super::control::{ControlPlane, CONTROL_PORT};
+use super::kube::{run_dir as kube_run_dir, KubeLab};
 use super::mesh::EchoMode;
 use super::peer::{write_lab_ca, NodeProxy};
 use super::{http_get, wait_until, Lab, Process};
@@ -109,6 +110,8 @@ pub struct Cluster {
     pub proxy_env: Vec<(String, String)>,
     /// The control server configuring the node proxies, when the spec asked for one.
     pub control: Option<ControlPlane>,
+    /// Kubernetes mode ([`Cluster::launch_kubernetes`]): the API server the agents watch.
+    pub kube: Option<KubeLab>,
 }
 
 /// What a [`Cluster`] runs: the nodes' proxies (one per node; the agent and the CNI plugin
@@ -210,6 +213,18 @@ impl Cluster {
     /// Builds the nodes of `spec` with their agents and node proxies, then creates the
     /// first `spec.create` pods.
     pub fn launch(spec: ClusterSpec) -> anyhow::Result<Cluster> {
+        Self::launch_mode(spec, false)
+    }
+
+    /// Like [`Cluster::launch`], on "Kubernetes": a test API server on the first node, the
+    /// agents in Kubernetes mode watching it, the chain ending with `istio-cni` (the plugin
+    /// in Kubernetes mode), and every pod an API object before CNI sees it (namespace
+    /// `default` is labelled ambient).
+    pub fn launch_kubernetes(spec: ClusterSpec) -> anyhow::Result<Cluster> {
+        Self::launch_mode(spec, true)
+    }
+
+    fn launch_mode(spec: ClusterSpec, kubernetes: bool) -> anyhow::Result<Cluster> {
         let ClusterSpec {
             ambit,
             tag,
@@ -231,6 +246,7 @@ impl Cluster {
         let cni_bin = lab.dir.path().join("cni-bin");
         std::fs::create_dir_all(&cni_bin)?;
         std::os::unix::fs::symlink(ambit, cni_bin.join("ambit-cni"))?;
+        std::os::unix::fs::symlink(ambit, cni_bin.join("istio-cni"))?;
         let ca_dir = lab.dir.path().join("ca");
         // Under a control server every certificate comes from it, with a root of its own.
         let lab_ca_users: Vec<&NodeProxy> = if control.is_some() {
@@ -323,6 +339,24 @@ impl Cluster {
             }
             None => None,
         };
+        let kube = if kubernetes {
+            let api_ip = if node_count == 2 {
+                nodes[0].ip
+            } else {
+                Ipv4Addr::LOCALHOST
+            };
+            let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+            let kube = KubeLab::start(&nodes[0].ns, api_ip, &names)?;
+            for n in &nodes {
+                let dir = kube_run_dir(&n.dir);
+                std::fs::create_dir_all(&dir)?;
+                // The installer's job on a real node: the plugin's kubeconfig.
+                kube.write_kubeconfig(&dir.join("istio-cni-kubeconfig"))?;
+            }
+            Some(kube)
+        } else {
+            None
+        };
         let network = lab.prefix().to_string();
         let mut cluster = Cluster {
             lab,
@@ -339,6 +373,7 @@ impl Cluster {
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
             control,
+            kube,
         };
         for i in 0..node_count {
             cluster.start_agent(i)?;
@@ -351,6 +386,9 @@ impl Cluster {
     }
 
     pub fn start_agent(&mut self, node: usize) -> anyhow::Result<()> {
+        if self.kube.is_some() {
+            return self.start_kube_agent(node);
+        }
         let n = &self.nodes[node];
         let args = [
             "agent".to_string(),
@@ -384,6 +422,50 @@ impl Cluster {
         }
         self.nodes[node].agent = Some(proc);
         Ok(())
+    }
+
+    /// The agent in Kubernetes mode, configured as the cni chart configures it.
+    fn start_kube_agent(&mut self, node: usize) -> anyhow::Result<()> {
+        let n = &self.nodes[node];
+        let run_dir = kube_run_dir(&n.dir);
+        let kubeconfig = run_dir.join("istio-cni-kubeconfig");
+        let mut env = KubeLab::agent_env(&n.name, &run_dir, &n.zds_socket());
+        env.push(("RUST_LOG", "info".to_string()));
+        let proc = self.lab.spawn(
+            &n.ns,
+            &format!("agent-{}-{}", n.name, rand::random::<u16>()),
+            &self.ambit,
+            &["agent", "--kubeconfig", &kubeconfig.display().to_string()],
+            &env,
+        )?;
+        let (pid, log, ns) = (proc.pid, proc.log.clone(), n.ns.clone());
+        let ready = wait_until(
+            "the node agent to be ready",
+            Duration::from_secs(20),
+            || {
+                !self.lab.is_running(pid)
+                    || matches!(
+                        http_get(&ns, "127.0.0.1:8000".parse().expect("addr"), "/readyz"),
+                        Ok((200, _))
+                    )
+            },
+        );
+        if ready.is_err() || !self.lab.is_running(pid) {
+            bail!(
+                "the node agent on {} did not become ready; its log:\n{}",
+                n.name,
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        self.nodes[node].agent = Some(proc);
+        Ok(())
+    }
+
+    /// The API server of a Kubernetes-mode cluster.
+    pub fn kube(&self) -> &KubeLab {
+        self.kube
+            .as_ref()
+            .expect("not a Kubernetes-mode cluster (Cluster::launch_kubernetes)")
     }
 
     pub fn stop_agent(&mut self, node: usize) -> anyhow::Result<()> {
@@ -465,6 +547,13 @@ impl Cluster {
 
     fn conflist(&self, node: usize) -> Value {
         let n = &self.nodes[node];
+        let plugin = match &self.kube {
+            Some(_) => KubeLab::plugin_conf(&kube_run_dir(&n.dir)),
+            None => json!({
+                "type": "ambit-cni",
+                "agent_socket": n.events_socket().display().to_string(),
+            }),
+        };
         json!({
             "cniVersion": "1.0.0",
             "name": self.network,
@@ -481,18 +570,15 @@ impl Cluster {
                         "dataDir": n.dir.join("ipam").display().to_string(),
                     }
                 },
-                {
-                    "type": "ambit-cni",
-                    "agent_socket": n.events_socket().display().to_string(),
-                }
+                plugin,
             ]
         })
     }
 
     fn cni_args(pod: &Pod) -> String {
         format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_UID={};AMBIT_SERVICE_ACCOUNT={}",
-            pod.name, pod.uid, pod.service_account
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={};AMBIT_SERVICE_ACCOUNT={}",
+            pod.name, pod.container_id, pod.uid, pod.service_account
         )
     }
 
@@ -505,7 +591,7 @@ impl Cluster {
         conf: &Value,
     ) -> anyhow::Result<(bool, String)> {
         let kind = conf["type"].as_str().context("plugin without type")?;
-        let program = if kind == "ambit-cni" {
+        let program = if kind == "ambit-cni" || kind == "istio-cni" {
             self.cni_bin.join(kind)
         } else {
             Path::new(CNI_PLUGIN_DIR).join(kind)
@@ -597,6 +683,14 @@ impl Cluster {
             result: Value::Null,
             add_timings: Vec::new(),
         };
+        if let Some(kube) = &self.kube {
+            // The kubelet creates the sandbox of a pod the API server already has.
+            pod.uid = kube.create_pod(
+                &spec.name,
+                &self.nodes[spec.node].name,
+                &spec.service_account,
+            )?;
+        }
         let result = self.run_chain(spec.node, "ADD", &pod, None, &mut timings)?;
         let got = result["ips"][0]["address"]
             .as_str()
@@ -609,6 +703,9 @@ impl Cluster {
                 pod.ip
             );
         }
+        if let Some(kube) = &self.kube {
+            kube.start_pod(&pod.name, pod.ip)?;
+        }
         pod.result = result;
         pod.add_timings = timings;
         self.pods.push(pod);
@@ -618,8 +715,11 @@ impl Cluster {
     /// Runs CNI DEL for a pod (the namespace stays, as a runtime removes it afterwards).
     pub fn del_pod(&self, pod: usize) -> anyhow::Result<()> {
         let p = &self.pods[pod];
-        self.run_chain(p.node, "DEL", p, Some(&p.result), &mut Vec::new())
-            .map(|_| ())
+        self.run_chain(p.node, "DEL", p, Some(&p.result), &mut Vec::new())?;
+        if let Some(kube) = &self.kube {
+            kube.delete_pod(&p.name)?;
+        }
+        Ok(())
     }
 
     pub fn pod(&self, name: &str) -> &Pod {

@@ -6,6 +6,7 @@
 
 pub mod control;
 pub mod inpod;
+pub mod kube;
 pub mod mesh;
 pub mod pcap;
 pub mod peer;
