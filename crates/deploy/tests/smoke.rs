@@ -361,6 +361,7 @@ async fn both_images_run_together_on_a_node() {
     std::fs::write(node.conf_dir().join("10-bridge.conflist"), BRIDGE_CONFLIST).unwrap();
     let cni_sa = node.service_account("istio-cni", CNI_TOKEN, &api.ca_pem());
     let zt_sa = node.service_account("ztunnel", ZTUNNEL_TOKEN, &api.ca_pem());
+    let node_proc = NodeProc::start(&ambit_lab::Lab::netns_path(&ns), &work.path().join("proc"));
     let kubelet_env = [
         ("KUBERNETES_SERVICE_HOST".to_string(), NODE_IP.to_string()),
         (
@@ -384,7 +385,7 @@ async fn both_images_run_together_on_a_node() {
             .unwrap()
             .name(&format!("{ns}-cni-{n}"))
             .network_ns(&ambit_lab::Lab::netns_path(&ns))
-            .volume_dir("cni-host-procfs", std::path::Path::new("/proc"))
+            .volume_dir("cni-host-procfs", node_proc.dir())
             .unwrap()
             .mount(&cni_sa, SA_DIR, true);
         for (k, v) in &kubelet_env {

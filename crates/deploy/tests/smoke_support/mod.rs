@@ -210,3 +210,54 @@ pub fn assert_root_unchanged(
         c.logs()
     );
 }
+
+/// The node's `/proc` for the agent's `/host/proc`: a procfs of a PID namespace whose PID 1
+/// (a `sleep`) lives in the node's network namespace, as a node's init lives in the host's.
+/// The machine's own /proc will not do: a sandbox may refuse even root its PID 1's
+/// `ns/net` (the agent stats `/host/proc/1/ns/net` to tell host processes from pods), and
+/// its PID 1 is not in the test's namespace anyway. Unmounted and killed on drop.
+pub struct NodeProc {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl NodeProc {
+    pub fn start(netns: &std::path::Path, dir: &std::path::Path) -> NodeProc {
+        std::fs::create_dir_all(dir).unwrap();
+        // nsenter, not `ip netns exec`: the mount must land in this mount namespace, where
+        // podman sees it.
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(["unshare", "--pid", "--fork", "--kill-child", "sh", "-c"])
+            .arg(format!(
+                "mount -t proc proc '{}' && exec sleep infinity",
+                dir.display()
+            ))
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("nsenter/unshare (util-linux): {e}"));
+        let p = NodeProc {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        wait_for("the node's /proc", || {
+            Ok(std::fs::read_link(p.dir.join("1/exe")).is_ok_and(|e| e.ends_with("sleep")))
+        });
+        p
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::process::Command::new("umount")
+            .arg("--lazy")
+            .arg(&self.dir)
+            .status();
+    }
+}
