@@ -248,7 +248,6 @@ async fn both_images_run_together_on_a_node() {
     let cni = render_cni(&[
         ("profile", "ambient"),
         ("ambient.shareHostNetworkNamespace", "true"),
-        ("logging.level", "debug"),
     ]);
     let ztunnel = render_ztunnel(&[
         ("profile", "ambient"),
@@ -269,6 +268,12 @@ async fn both_images_run_together_on_a_node() {
         "shareHostNetworkNamespace sets hostNetwork"
     );
     assert_eq!(cni_spec.env_value("ALLOW_SWITCH_TO_HOST_NS"), None);
+    assert!(
+        !cni.config_map("istio-cni-config")
+            .unwrap()
+            .contains_key("ALLOW_SWITCH_TO_HOST_NS"),
+        "the ConfigMap would send the agent into the machine's own netns"
+    );
     let cms = BTreeMap::from([(
         "istio-cni-config".to_string(),
         cni.config_map("istio-cni-config").unwrap(),
@@ -489,6 +494,43 @@ async fn both_images_run_together_on_a_node() {
         installed.kubeconfig,
         "no istio-cni-kubeconfig in /var/run/istio-cni\n{}",
         logs()
+    );
+
+    // The installed plugin runs as the container runtime calls it.
+    let version = std::process::Command::new(host.join("cni-bin-dir/istio-cni"))
+        .env("CNI_COMMAND", "VERSION")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        version.contains("supportedVersions"),
+        "istio-cni VERSION: {version}"
+    );
+    let kubeconfig =
+        std::fs::read_to_string(host.join("cni-socket-dir/istio-cni-kubeconfig")).unwrap();
+    assert!(
+        kubeconfig.contains(&format!("{NODE_IP}:{}", api.addr().port())),
+        "the plugin's kubeconfig does not point at the API server: {kubeconfig}"
+    );
+    // The proxy reached the agent through the shared host directory.
+    let sock = host.join("cni-ztunnel-sock-dir/ztunnel.sock");
+    assert!(
+        std::fs::symlink_metadata(&sock)
+            .is_ok_and(|m| { std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) }),
+        "no ZDS socket at {}",
+        sock.display()
+    );
+    // The chart's RBAC was enough for everything the agent and the installer asked.
+    let cni_user = "system:serviceaccount:istio-system:istio-cni";
+    let denied: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user.as_deref() == Some(cni_user) && r.status == 403)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "the chart's RBAC refused the agent: {denied:?}"
     );
 
     // Nothing written outside the mounts.
