@@ -127,7 +127,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
     if ambit_k8s::client::ClientSource::detect(args.kubeconfig.as_deref()).is_some() {
-        return run_kubernetes(args.kubeconfig, Arc::new(AtomicBool::new(true)));
+        return run_kubernetes(args.kubeconfig, None);
     }
     let cfg = ambit_agent::AgentConfig {
         zds_socket: args.zds_socket,
@@ -156,9 +156,12 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 
 /// The node agent in Kubernetes mode (logging already set up): the API client from
 /// `kubeconfig` or the in-cluster service account, the config from istio-cni's environment.
+/// With `installer` (the `install-cni` entry) the CNI plugin's installer runs beside it:
+/// `/readyz` waits for it, and on SIGTERM its safe-upgrade rule decides whether the plugin,
+/// its config and the host rules stay (an upgrade) or go (an uninstall).
 pub fn run_kubernetes(
     kubeconfig: Option<PathBuf>,
-    install_ready: Arc<AtomicBool>,
+    installer: Option<ambit_agent::install::InstallConfig>,
 ) -> anyhow::Result<()> {
     use ambit_k8s::client::{connect, ClientSource};
     let source = ClientSource::detect(kubeconfig.as_deref()).context(
@@ -179,9 +182,38 @@ pub fn run_kubernetes(
         tracing::info!(api = %source, node = %cfg.node_name, "node agent in Kubernetes mode");
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let shutdown = async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
         };
-        ambit_agent::k8s::run(cfg, client, install_ready, shutdown).await
+        let installer = installer.map(|c| Arc::new(ambit_agent::install::Installer::new(c)));
+        let install_ready = Arc::new(AtomicBool::new(installer.is_none()));
+        let install_task = installer.clone().map(|i| {
+            tokio::spawn(i.run(install_ready.clone(), stopped(stop_rx.clone())))
+        });
+        let (host_netns, ipv6) = (cfg.host_netns.clone(), cfg.ipv6);
+        let result = ambit_agent::k8s::run(cfg, client.clone(), install_ready, stopped(stop_rx)).await;
+        if let (Some(installer), Some(task)) = (installer, install_task) {
+            let _ = task.await;
+            let (decision, removed) = installer.shutdown(Some(&client)).await;
+            tracing::info!(action = ?decision.action, reason = %decision.reason, "CNI plugin on shutdown");
+            if decision.action == ambit_agent::install::upgrade::ShutdownAction::Cleanup {
+                if let Err(e) = removed {
+                    tracing::error!("cannot remove the CNI plugin: {e}");
+                }
+                let opts = ambit_agent::RunOptions {
+                    host_netns,
+                    ..Default::default()
+                };
+                if let Err(e) = ambit_agent::uninstall_host(ipv6, &opts).await {
+                    tracing::error!(error = %format!("{e:#}"), "cannot remove the host probe rules");
+                }
+            }
+        }
+        result
     })
 }

@@ -3,9 +3,6 @@
 //! the chart passes (`--log_output_level`, `--log_as_json`). The installer half (copying
 //! the plugin, the CNI config) is not part of this entry yet: `/readyz` does not wait on it.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
 /// The flags of Istio's `install-cni` command that ambit understands.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Flags {
@@ -93,7 +90,10 @@ pub fn main(args: Vec<String>) -> anyhow::Result<()> {
     let kubeconfig = std::env::var_os("KUBECONFIG")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);
-    crate::agent_cli::run_kubernetes(kubeconfig, Arc::new(AtomicBool::new(true)))
+    let install = ambit_agent::install::InstallConfig::from_env(
+        &ambit_agent::install::InstallConfig::process_env(),
+    )?;
+    crate::agent_cli::run_kubernetes(kubeconfig, Some(install))
 }
 
 #[cfg(test)]

@@ -7,68 +7,18 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::Engine;
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// The socket's file name in the run dir.
-pub const SOCKET_FILE: &str = "pluginevent.sock";
-/// The request path.
-pub const PATH: &str = "/cmdadd";
+use crate::istio_api::{encode_mask, CMDADD_PATH as PATH};
+pub use crate::istio_api::{CmdAddRequest, IpConfig, IpNet};
+
 /// Istio's client timeout for the whole call.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest reply body kept (it is an error text).
 pub const MAX_REPLY_BYTES: usize = 64 * 1024;
 
-/// Go's `net.IPNet`: the address as text, the mask as base64 bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GoIpNet {
-    #[serde(rename = "IP")]
-    pub ip: String,
-    #[serde(rename = "Mask")]
-    pub mask: String,
-}
-
-/// One of `prevResult.ips`, as Go's `current.IPConfig` marshals without JSON tags.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GoIpConfig {
-    #[serde(rename = "Interface")]
-    pub interface: Option<i64>,
-    #[serde(rename = "Address")]
-    pub address: GoIpNet,
-    /// `""` when the result has no gateway (Go marshals a nil `net.IP` so).
-    #[serde(rename = "Gateway")]
-    pub gateway: String,
-}
-
-/// The request body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CmdAddRequest {
-    #[serde(rename = "Netns")]
-    pub netns: String,
-    #[serde(rename = "PodName")]
-    pub pod_name: String,
-    #[serde(rename = "PodNamespace")]
-    pub pod_namespace: String,
-    #[serde(rename = "IPs")]
-    pub ips: Vec<GoIpConfig>,
-}
-
-/// The mask bytes of a prefix length.
-fn mask_bytes(v4: bool, prefix: u8) -> Vec<u8> {
-    let len = if v4 { 4 } else { 16 };
-    let mut out = vec![0u8; len];
-    let mut left = prefix as usize;
-    for b in out.iter_mut() {
-        let take = left.min(8);
-        *b = if take == 0 { 0 } else { 0xffu8 << (8 - take) };
-        left -= take;
-    }
-    out
-}
-
 /// `prevResult.ips` in the request's shape. `Err` says which entry is wrong.
-pub fn ips_of(prev: &Map<String, Value>) -> Result<Vec<GoIpConfig>, String> {
+pub fn ips_of(prev: &Map<String, Value>) -> Result<Vec<IpConfig>, String> {
     let list = match prev.get("ips") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(a)) => a,
@@ -100,12 +50,11 @@ pub fn ips_of(prev: &Map<String, Value>) -> Result<Vec<GoIpConfig>, String> {
                     .ok_or_else(|| format!("prevResult.ips[{i}].interface must be an integer"))?,
             ),
         };
-        let mask = mask_bytes(net.addr().is_ipv4(), net.prefix_len());
-        out.push(GoIpConfig {
+        out.push(IpConfig {
             interface,
-            address: GoIpNet {
+            address: IpNet {
                 ip: net.addr().to_string(),
-                mask: base64::engine::general_purpose::STANDARD.encode(mask),
+                mask: encode_mask(net.addr(), net.prefix_len()),
             },
             gateway,
         });
@@ -244,7 +193,7 @@ mod tests {
             let err = ips_of(prev.as_object().unwrap()).unwrap_err();
             assert!(err.contains(want), "{err}");
         }
-        assert_eq!(mask_bytes(true, 0), vec![0, 0, 0, 0]);
-        assert_eq!(mask_bytes(true, 17), vec![255, 255, 128, 0]);
+        let v4 = |p| encode_mask("10.0.0.1".parse().unwrap(), p);
+        assert_eq!((v4(0).as_str(), v4(17).as_str()), ("AAAAAA==", "//+AAA=="));
     }
 }

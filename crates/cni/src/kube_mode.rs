@@ -72,7 +72,7 @@ impl IstioConf {
     }
 
     pub fn socket(&self) -> PathBuf {
-        self.cni_agent_run_dir.join(cmdadd::SOCKET_FILE)
+        self.cni_agent_run_dir.join(crate::istio_api::SOCKET_NAME)
     }
 }
 

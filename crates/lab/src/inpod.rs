@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
 use super::control::{ControlPlane, CONTROL_PORT};
-use super::kube::{run_dir as kube_run_dir, KubeLab};
+use super::kube::{run_dir as kube_run_dir, KubeLab, PodSandbox};
 use super::mesh::EchoMode;
 use super::peer::{write_lab_ca, NodeProxy};
 use super::{http_get, wait_until, Lab, Process};
@@ -87,6 +87,8 @@ pub struct Pod {
     /// How long each step of [`Cluster::add_pod`] took: creating the netns, then each
     /// plugin of the chain (for the benchmark).
     pub add_timings: Vec<(String, Duration)>,
+    /// Kubernetes mode: the pod's process, in a cgroup naming the pod (the kubelet's).
+    pub sandbox: Option<PodSandbox>,
 }
 
 impl Pod {
@@ -682,6 +684,7 @@ impl Cluster {
             service_account: spec.service_account.clone(),
             result: Value::Null,
             add_timings: Vec::new(),
+            sandbox: None,
         };
         if let Some(kube) = &self.kube {
             // The kubelet creates the sandbox of a pod the API server already has.
@@ -704,6 +707,7 @@ impl Cluster {
             );
         }
         if let Some(kube) = &self.kube {
+            pod.sandbox = Some(PodSandbox::start(&pod.ns, &pod.uid, &pod.container_id)?);
             kube.start_pod(&pod.name, pod.ip)?;
         }
         pod.result = result;

@@ -192,3 +192,65 @@ impl KubeLab {
 pub fn run_dir(node_dir: &Path) -> PathBuf {
     node_dir.join("istio-cni")
 }
+
+/// A pod's "container" as the kubelet leaves it: a process in the pod's netns, in a cgroup
+/// whose path names the pod UID (`/kubepods/pod<uid>/<container>`), which is how the agent
+/// finds the netns of pods it did not see through CNI. Killed and its cgroup removed on drop.
+pub struct PodSandbox {
+    child: std::process::Child,
+    cgroup: PathBuf,
+}
+
+impl PodSandbox {
+    pub fn start(netns: &str, uid: &str, container_id: &str) -> anyhow::Result<PodSandbox> {
+        // cgroup v2 where the unified hierarchy is the root, else v1's pids controller.
+        let root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/pids")
+        };
+        let cgroup = root
+            .join("ambit-lab-kubepods")
+            .join(format!("pod{uid}"))
+            .join(container_id);
+        std::fs::create_dir_all(&cgroup).with_context(|| {
+            format!(
+                "creating the pod's cgroup {} (the lab needs a writable cgroup hierarchy to play the kubelet)",
+                cgroup.display()
+            )
+        })?;
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", netns, "sleep", "infinity"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting the pod's process")?;
+        let sandbox = PodSandbox { child, cgroup };
+        std::fs::write(
+            sandbox.cgroup.join("cgroup.procs"),
+            sandbox.child.id().to_string(),
+        )
+        .with_context(|| format!("moving the pod's process into {}", sandbox.cgroup.display()))?;
+        Ok(sandbox)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for PodSandbox {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The container's cgroup, then the pod's; the shared parent may still be in use.
+        let _ = std::fs::remove_dir(&self.cgroup);
+        if let Some(pod) = self.cgroup.parent() {
+            let _ = std::fs::remove_dir(pod);
+            if let Some(parent) = pod.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
+    }
+}

@@ -75,8 +75,11 @@ pub fn scan(
     wanted: &HashMap<String, Vec<IpAddr>>,
     holds_ip: impl Fn(&Path, &[IpAddr]) -> bool,
 ) -> std::io::Result<HashMap<String, Found>> {
-    let host = std::fs::metadata(proc_root.join("1/ns/net"))?;
-    let host = (host.dev(), host.ino());
+    // The host's netns, skipped without a look. Where pid 1 cannot be inspected (a
+    // sandboxed init), nothing is skipped: the IP check keeps the host's netns out anyway.
+    let host = std::fs::metadata(proc_root.join("1/ns/net"))
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
     // Netns already checked to hold a pod's IP, and for which pod.
     let mut verified: HashMap<(u64, u64), String> = HashMap::new();
     let mut found: HashMap<String, Found> = HashMap::new();
@@ -95,7 +98,7 @@ pub fn scan(
             continue;
         };
         let id = (meta.dev(), meta.ino());
-        if id == host {
+        if Some(id) == host {
             continue;
         }
         let Some(uid) = read_small(&dir.join("cgroup")).and_then(|t| pod_uid_from_cgroup(&t))

@@ -130,6 +130,74 @@ fn ambit_agent_and_cni_drive_istio_ztunnel_and_pods_talk_across_both_proxies() {
     .unwrap();
 }
 
+/// ambit's agent in Kubernetes mode (watching the test API server, pods through the
+/// `istio-cni` plugin in Kubernetes mode) drives Istio's ztunnel: the pods are annotated,
+/// Istio's ztunnel proxies them under their API UIDs, traffic flows across both node
+/// proxies, and unlabelling the namespace makes Istio's ztunnel stop the pods' proxies.
+#[test]
+fn ambit_agent_in_kubernetes_mode_drives_istio_ztunnel() {
+    let ambit = ambit_bin().unwrap();
+    let pods = [
+        PodSpec::new("a", 0),
+        PodSpec::new("b", 0),
+        PodSpec::new("c", 1),
+    ];
+    let cluster = Cluster::launch_kubernetes(ClusterSpec {
+        ambit: &ambit,
+        tag: "io-k8s",
+        node_proxies: vec![
+            NodeProxy::Istio(peer().unwrap()),
+            NodeProxy::Ambit(ambit.clone()),
+        ],
+        pods: &pods,
+        create: 3,
+        extra_yaml: "",
+        proxy_env: &[],
+        control: None,
+    })
+    .unwrap();
+    let kube = cluster.kube();
+    for name in ["a", "b", "c"] {
+        wait_until(&format!("{name} annotated enabled"), T, || {
+            kube.redirection(name).as_deref() == Some("enabled")
+        })
+        .unwrap();
+    }
+    exchange(&cluster, "a", "b", 8080);
+    exchange(&cluster, "a", "c", 8081);
+    exchange(&cluster, "c", "a", 8082);
+    let dump = config_dump(&cluster, 0);
+    let state = dump["workloadState"]
+        .as_object()
+        .expect("Istio's workloadState");
+    for name in ["a", "b"] {
+        let uid = &cluster.pod(name).uid;
+        let api_uid = kube.pod(name).unwrap()["metadata"]["uid"].clone();
+        assert_eq!(
+            uid.as_str(),
+            api_uid,
+            "{name}: the lab pod's uid is the API's"
+        );
+        assert_eq!(state[uid]["state"], "Up", "{name}: {state:?}");
+        assert_eq!(state[uid]["info"]["name"], name);
+        assert_eq!(state[uid]["info"]["namespace"], "default");
+    }
+
+    kube.label_namespace("default", None).unwrap();
+    wait_until("Istio to stop the pods' proxies", T, || {
+        cluster
+            .metrics(0)
+            .is_ok_and(|m| metric_sum_plain(&m, "workload_manager_active_proxy_count") == 0.0)
+    })
+    .unwrap();
+    for name in ["a", "b", "c"] {
+        wait_until(&format!("{name}'s annotation removed"), T, || {
+            kube.redirection(name).is_none()
+        })
+        .unwrap();
+    }
+}
+
 /// A sample without labels.
 fn metric_sum_plain(text: &str, name: &str) -> f64 {
     text.lines()
