@@ -26,7 +26,11 @@ pub fn prepare_api(api: &ApiServer, objects_yaml: &str) {
     api.create(ambit_testapi::namespace("istio-system", &[]))
         .unwrap();
     api.apply_yaml(objects_yaml).unwrap();
-    api.create(ambit_testapi::node(super::NODE)).unwrap();
+    // The labels the kubelet gives every node; the DaemonSets select `kubernetes.io/os`.
+    let mut node = ambit_testapi::node(super::NODE);
+    node["metadata"]["labels"]["kubernetes.io/os"] = "linux".into();
+    node["metadata"]["labels"]["kubernetes.io/arch"] = "amd64".into();
+    api.create(node).unwrap();
 }
 
 /// kube-rs as the holder of `token`.
