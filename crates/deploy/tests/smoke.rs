@@ -7,7 +7,9 @@
 //!   the CNI plugin on the "host" and remove it again only when the DaemonSet is gone.
 //!
 //! Needs root, helm (scripts/charts tools), umoci, podman and runc (scripts/tools.sh's
-//! IMAGE_TOOLS), and the ambit binary (built on demand, or AMBIT_BIN).
+//! IMAGE_TOOLS), iproute2 and util-linux (nsenter, unshare), and the ambit binary (built on
+//! demand, or AMBIT_BIN). The agent runs with `ambient.shareHostNetworkNamespace=true`: its
+//! "host" is the test's namespace, never the machine's.
 
 mod smoke_support;
 
@@ -425,6 +427,13 @@ async fn both_images_run_together_on_a_node() {
         zt_run.volume_dirs["istiod-ca-cert"].join("root-cert.pem"),
     )
     .unwrap();
+    assert!(
+        !cni_run(0)
+            .env
+            .iter()
+            .any(|(k, v)| k == "ALLOW_SWITCH_TO_HOST_NS" && v == "true"),
+        "the agent's environment would send it into the machine's own netns"
+    );
     // One directory for the ZDS socket, as both charts mount the host's /var/run/ztunnel.
     assert_eq!(
         zt_run.volume_dirs["cni-ztunnel-sock-dir"],
