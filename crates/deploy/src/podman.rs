@@ -235,9 +235,44 @@ impl PodmanRun {
         self
     }
 
+    /// Names the container (`--name`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    /// Backs `volume` with `host` instead of its directory under the host root (the real
+    /// `/proc` for a hostPath `/proc`, say). Its mounts keep their paths and modes.
+    pub fn volume_dir(mut self, volume: &str, host: &Path) -> Result<Self> {
+        let old = self
+            .volume_dirs
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| Error::Spec(format!("the container mounts no volume {volume}")))?;
+        for m in &mut self.mounts {
+            if m.0 == old {
+                m.0 = host.to_path_buf();
+            }
+        }
+        self.volume_dirs
+            .insert(volume.to_string(), host.to_path_buf());
+        Ok(self)
+    }
+
+    /// An extra mount, as the kubelet adds the service account's token directory.
+    pub fn mount(mut self, host: &Path, path: &str, read_only: bool) -> Self {
+        self.mounts
+            .push((host.to_path_buf(), path.to_string(), read_only, None));
+        self
+    }
+
     /// `podman run --rm` arguments (after the global flags).
     pub fn run_args(&self) -> Result<Vec<OsString>> {
-        let mut a: Vec<OsString> = vec!["run".into(), "--rm".into()];
+        self.args_for(&["run", "--rm"])
+    }
+
+    fn args_for(&self, head: &[&str]) -> Result<Vec<OsString>> {
+        let mut a: Vec<OsString> = head.iter().map(OsString::from).collect();
         if let Some(n) = &self.name {
             a.push(format!("--name={n}").into());
         }
@@ -252,6 +287,9 @@ impl PodmanRun {
         }
         if let Some(u) = &self.user {
             a.push(format!("--user={u}").into());
+            // podman would add the user to the image's /etc/passwd and /etc/group; a
+            // kubelet's runtime does not.
+            a.push("--passwd=false".into());
         }
         if self.read_only {
             // The kubelet gives a read-only root no writable /tmp, /run or /var/tmp.
@@ -310,6 +348,129 @@ impl PodmanRun {
                 what: "podman run".into(),
                 source,
             })
+    }
+}
+
+impl PodmanRun {
+    /// Starts the container in the background (`podman run --detach`, kept after it exits
+    /// so its logs and filesystem changes can be read). It needs a name; the returned
+    /// handle removes the container when dropped.
+    pub fn start(&self, podman: &Podman) -> Result<Container> {
+        let name = self
+            .name
+            .clone()
+            .ok_or_else(|| Error::Spec("a detached container needs a name".into()))?;
+        // A container of that name left by a killed run would make `run` fail.
+        let _ = podman.command().args(["rm", "--force", &name]).output();
+        let args = self.args_for(&["run", "--detach"])?;
+        run(
+            &format!("podman run --detach --name={name}"),
+            podman.command().args(&args),
+        )?;
+        Ok(Container {
+            podman: podman.clone(),
+            name,
+        })
+    }
+}
+
+/// A container started with [`PodmanRun::start`]; removed (`podman rm --force`) on drop.
+#[derive(Debug)]
+pub struct Container {
+    podman: Podman,
+    name: String,
+}
+
+/// One line of `podman diff`: what happened to a path of the container's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// `A` added, `C` changed, `D` deleted.
+    pub kind: char,
+    pub path: String,
+}
+
+impl Container {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `podman stop`: the stop signal (SIGTERM), then SIGKILL after `grace_secs`.
+    pub fn stop(&self, grace_secs: u32) -> Result<()> {
+        run(
+            &format!("podman stop {}", self.name),
+            self.podman
+                .command()
+                .args(["stop", &format!("--time={grace_secs}"), &self.name]),
+        )?;
+        Ok(())
+    }
+
+    /// Whether it runs, and its exit code once it stopped.
+    pub fn state(&self) -> Result<(bool, i64)> {
+        let out = run(
+            &format!("podman inspect {}", self.name),
+            self.podman.command().args([
+                "inspect",
+                "--format={{.State.Running}} {{.State.ExitCode}}",
+                &self.name,
+            ]),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut f = text.split_whitespace();
+        match (f.next(), f.next().and_then(|c| c.parse().ok())) {
+            (Some(r), Some(code)) => Ok((r == "true", code)),
+            _ => Err(Error::Output {
+                what: "podman inspect".into(),
+                detail: format!("not \"<running> <exit code>\": {text:?}"),
+            }),
+        }
+    }
+
+    /// Its stdout and stderr so far, interleaved.
+    pub fn logs(&self) -> String {
+        match self.podman.command().args(["logs", &self.name]).output() {
+            Ok(o) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => format!("(podman logs {}: {e})", self.name),
+        }
+    }
+
+    /// `podman diff`: what changed in its root filesystem (mounts are not part of it).
+    pub fn diff(&self) -> Result<Vec<Change>> {
+        let out = run(
+            &format!("podman diff {}", self.name),
+            self.podman.command().args(["diff", &self.name]),
+        )?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let mut chars = l.chars();
+                match (chars.next(), chars.next()) {
+                    (Some(kind @ ('A' | 'C' | 'D')), Some(' ')) => Ok(Change {
+                        kind,
+                        path: l[2..].to_string(),
+                    }),
+                    _ => Err(Error::Output {
+                        what: "podman diff".into(),
+                        detail: format!("a line we cannot read: {l:?}"),
+                    }),
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = self
+            .podman
+            .command()
+            .args(["rm", "--force", "--time=0", &self.name])
+            .output();
     }
 }
 
