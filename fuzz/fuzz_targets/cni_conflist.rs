@@ -34,7 +34,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = validate(name, content);
     let entry = entry();
     if let Ok(out) = chain_into(name, content, &entry) {
-        assert!(validate(&out.name, &out.content).is_ok(), "our output is valid");
+        assert!(
+            validate(&out.name, &out.content).is_ok(),
+            "our output is valid"
+        );
         assert!(has_entry(&out.name, &out.content));
         assert!(is_installed(&out.name, &out.content, &entry));
         if let Ok(Some(removed)) = remove_from(&out.name, &out.content) {

@@ -13,7 +13,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(uid) = pod_uid_from_cgroup(&text) {
         // A UUID (dashes restored) or a static pod's 32-digit hash, and nothing else.
         assert!(uid.len() == 36 || uid.len() == 32, "{uid:?}");
-        assert!(uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'), "{uid:?}");
+        assert!(
+            uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'),
+            "{uid:?}"
+        );
     }
     let _ = start_time_from_stat(&text);
 });

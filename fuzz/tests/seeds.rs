@@ -482,7 +482,11 @@ fn dns_query_seeds() {
 fn cmdadd_request_seeds_parse() {
     for (name, pod, ips) in [("one_ipv4", "web-0", 1), ("dual_stack", "db", 2)] {
         let req = ambit_cni::istio_api::parse(&seed("cmdadd_request", name)).expect(name);
-        assert_eq!((req.pod_name.as_str(), req.addresses().len()), (pod, ips), "{name}");
+        assert_eq!(
+            (req.pod_name.as_str(), req.addresses().len()),
+            (pod, ips),
+            "{name}"
+        );
     }
 }
 
@@ -500,7 +504,10 @@ fn pod_cgroup_seeds_name_the_pod() {
 #[test]
 fn cni_conflist_seeds_are_valid_primaries() {
     use ambit_agent::install::conflist::validate;
-    for (name, file) in [("bridge_conflist", "10-net.conflist"), ("single_conf", "10-net.conf")] {
+    for (name, file) in [
+        ("bridge_conflist", "10-net.conflist"),
+        ("single_conf", "10-net.conf"),
+    ] {
         let data = seed("cni_conflist", name);
         validate(file, &data[1..]).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
