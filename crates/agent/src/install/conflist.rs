@@ -200,11 +200,12 @@ pub fn validate(file: &str, content: &[u8]) -> Result<Kind, ConfError> {
             plugins(file, &obj)?;
         }
         Kind::Single => {
-            let t = obj.get("type").and_then(|t| {
-                serde_json::from_str::<String>(t.get())
-                    .ok()
-                    .filter(|t| !t.is_empty())
-            });
+            // Read the type as a chained entry's is read, so that a file accepted here
+            // (one with two `type` keys, say) is still valid once wrapped into a list.
+            let t = serde_json::from_slice::<TypeOnly>(content)
+                .ok()
+                .and_then(|t| t.plugin_type)
+                .filter(|t| !t.is_empty());
             if t.is_none() {
                 return Err(ConfError::NoType { file: file.into() });
             }

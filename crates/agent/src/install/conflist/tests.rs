@@ -260,3 +260,15 @@ fn files_sorting_before_the_owned_file_are_reported() {
         vec!["01-other.conf"]
     );
 }
+
+/// Found by the `cni_conflist` fuzz target: a `.conf` with two `type` keys passed the check
+/// but made a conflist whose first plugin could not be read.
+#[test]
+fn a_conf_with_two_type_keys_is_refused_as_a_list_entry_would_be() {
+    let conf = br#"{"cniVersion":"0.3.1","type":"bridge","type":"bri0","name":"n"}"#;
+    assert!(matches!(
+        validate("10-net.conf", conf),
+        Err(ConfError::NoType { .. })
+    ));
+    assert!(chain_into("10-net.conf", conf, &entry()).is_err());
+}
