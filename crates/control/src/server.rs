@@ -765,7 +765,10 @@ async fn serve_client(
         let responses = tokio::select! {
             msg = requests.message() => match msg {
                 Ok(Some(req)) => {
-                    let mesh = mesh_rx.borrow_and_update().clone();
+                    // Not `borrow_and_update`: a request (an ACK, say) that arrives just
+                    // after a publish must not mark that snapshot seen, or its changes
+                    // would never be pushed to this client.
+                    let mesh = mesh_rx.borrow().clone();
                     let step = lock(session).on_request(req, &mesh.snapshot);
                     match step {
                         Ok(step) => {
