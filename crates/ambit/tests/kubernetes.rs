@@ -133,7 +133,25 @@ fn pods_on_kubernetes_are_captured_through_cni_annotated_released_and_survive_an
     cluster.kube().api.clear_requests();
     cluster.stop_agent(1).unwrap();
     cluster.start_agent(1).unwrap();
-    // Once ready it has listed, watched and reconciled; give the worker a moment more.
+    // Make the new agent reconcile b for certain: an unrelated label change is an update
+    // it must look at (and leave alone), counted before the pod is queued.
+    cluster
+        .kube()
+        .api
+        .update(ambit_testapi::Resource::Pods, Some("default"), "b", |p| {
+            p["metadata"]["labels"]["touched"] = serde_json::json!("yes");
+        })
+        .unwrap();
+    wait_until("the restarted agent to see b's update", WAIT, || {
+        http_get(
+            &cluster.nodes[1].ns,
+            "127.0.0.1:15014".parse().unwrap(),
+            "/metrics",
+        )
+        .is_ok_and(|(_, m)| m.contains("nodeagent_reconcile_events_total{type=\"update\"}"))
+    })
+    .unwrap();
+    // The worker takes it right after; give it a moment to act, if it were going to.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(cluster.iptables_save("b").unwrap(), rules_before);
     assert_eq!(patches(&cluster), Vec::<String>::new());
