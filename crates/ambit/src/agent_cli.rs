@@ -124,6 +124,15 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The agent's runtime, in either mode: two workers are plenty for its control work.
+fn agent_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("ambit-agent")
+        .build()
+}
+
 fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
     if ambit_k8s::client::ClientSource::detect(args.kubeconfig.as_deref()).is_some() {
@@ -137,11 +146,7 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         dns_capture: args.dns_capture,
         zds_proxy_uid: args.zds_proxy_uid,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("ambit-agent")
-        .build()?;
+    let runtime = agent_runtime()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
@@ -171,11 +176,7 @@ pub fn run_kubernetes(
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     let cfg = ambit_agent::k8s::K8sConfig::from_env(&hostname)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("ambit-agent")
-        .build()?;
+    let runtime = agent_runtime()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let client = connect(&source).await?;
