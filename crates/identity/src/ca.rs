@@ -362,7 +362,7 @@ impl CertificateAuthority {
         params.not_before = x509::to_offset(not_before);
         params.not_after = x509::to_offset(not_after);
         params.serial_number = Some(leaf::random_serial());
-        params.is_ca = IsCa::ExplicitNoCa;
+        leaf::end_entity(&mut params);
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,

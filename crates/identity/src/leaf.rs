@@ -1,6 +1,8 @@
 //! The shape of a workload leaf certificate (and of its CSR): empty subject, exactly one
 //! URI SAN holding the SPIFFE id in a *critical* SubjectAltName extension (RFC 5280 requires
-//! criticality when the subject is empty), ECDSA P-256 key.
+//! criticality when the subject is empty), ECDSA P-256 key, and a critical basicConstraints
+//! that is an empty SEQUENCE (not a CA, in DER: the DEFAULT `cA FALSE` is left out, as Go's
+//! x509, hence Istio's CA, writes it; strict parsers refuse it spelled out).
 
 use std::time::SystemTime;
 
@@ -15,6 +17,8 @@ use crate::x509::to_offset;
 
 /// OID of the SubjectAltName extension (2.5.29.17).
 const SUBJECT_ALT_NAME: &[u64] = &[2, 5, 29, 17];
+/// OID of the BasicConstraints extension (2.5.29.19).
+const BASIC_CONSTRAINTS: &[u64] = &[2, 5, 29, 19];
 
 /// A new ECDSA P-256 key pair for a workload.
 pub(crate) fn new_key() -> Result<KeyPair, CaError> {
@@ -43,7 +47,7 @@ pub(crate) fn leaf_params(
     params.not_before = to_offset(not_before);
     params.not_after = to_offset(not_after);
     params.serial_number = Some(random_serial());
-    params.is_ca = IsCa::ExplicitNoCa;
+    end_entity(&mut params);
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
@@ -54,6 +58,15 @@ pub(crate) fn leaf_params(
     ];
     params.use_authority_key_identifier_extension = authority_key_id;
     params
+}
+
+/// Marks `params` as an end entity: a critical basicConstraints holding an empty SEQUENCE.
+/// rcgen's `IsCa::ExplicitNoCa` encodes `cA BOOLEAN FALSE`, which is not DER.
+pub(crate) fn end_entity(params: &mut CertificateParams) {
+    params.is_ca = IsCa::NoCa;
+    let mut ext = CustomExtension::from_oid_content(BASIC_CONSTRAINTS, vec![0x30, 0x00]);
+    ext.set_criticality(true);
+    params.custom_extensions.push(ext);
 }
 
 /// A random positive 128-bit serial number.
@@ -125,5 +138,101 @@ mod tests {
         let bytes = a.to_bytes();
         assert_eq!(bytes.len(), 16);
         assert!(bytes[0] & 0x80 == 0 && bytes[0] != 0);
+    }
+
+    /// Every end-entity certificate ambit makes: a CA-signed leaf, a CSR-signed leaf (the
+    /// answer of `CreateCertificate`) and a control-plane server certificate.
+    fn end_entities() -> Vec<(&'static str, rustls::pki_types::CertificateDer<'static>)> {
+        use std::time::Duration;
+        let ca = crate::CertificateAuthority::ephemeral("cluster.local").unwrap();
+        let id = SpiffeId::parse("spiffe://cluster.local/ns/a/sa/b").unwrap();
+        let hour = Duration::from_secs(3600);
+        let now = SystemTime::now();
+        let leaf = ca.issue(&id, hour).unwrap().chain.remove(0);
+        let csr = crate::CertificateRequest::new(&id).unwrap();
+        let signed = ca.sign_request(&csr.pem, hour, now).unwrap();
+        let answered = crate::pem::parse_certs(signed.cert_chain[0].as_bytes())
+            .unwrap()
+            .remove(0);
+        let (mut server, _, _) = ca
+            .issue_server_cert(
+                &["istiod.istio-system.svc".to_string()],
+                &["127.0.0.1".parse().unwrap()],
+                hour,
+                now,
+            )
+            .unwrap();
+        vec![
+            ("leaf", leaf),
+            ("CSR-signed leaf", answered),
+            ("server certificate", server.remove(0)),
+        ]
+    }
+
+    /// DER omits a DEFAULT value: basicConstraints of an end entity is an empty SEQUENCE
+    /// (cA FALSE left out), never `cA BOOLEAN FALSE` spelled out.
+    #[test]
+    fn basic_constraints_of_end_entities_are_der() {
+        for (what, der) in end_entities() {
+            let cert = crate::x509::parse(&der).unwrap();
+            let bc: Vec<_> = cert
+                .extensions()
+                .iter()
+                .filter(|e| e.oid.to_id_string() == "2.5.29.19")
+                .collect();
+            assert_eq!(bc.len(), 1, "{what}: one basicConstraints extension");
+            assert!(bc[0].critical, "{what}: basicConstraints is critical");
+            // BOOLEAN (tag 1, length 1) FALSE (0).
+            assert!(
+                !bc[0].value.windows(3).any(|w| w == [0x01, 0x01, 0x00]),
+                "{what}: basicConstraints spells out cA FALSE: {:02x?}",
+                bc[0].value
+            );
+            assert_eq!(bc[0].value, [0x30, 0x00], "{what}: an empty SEQUENCE");
+            assert!(!cert.is_ca(), "{what}");
+        }
+    }
+
+    /// A strict DER parser (Python's `cryptography`, Debian's python3-cryptography) loads
+    /// each certificate and reads every extension. Fails, never skips, without it.
+    #[test]
+    fn a_strict_der_parser_reads_our_certificates() {
+        const PYTHON: &str = "/usr/bin/python3";
+        let script = r#"
+import sys
+from cryptography import x509
+for arg in sys.argv[1:]:
+    what, hexder = arg.split("=", 1)
+    cert = x509.load_der_x509_certificate(bytes.fromhex(hexder))
+    bc = cert.extensions.get_extension_for_class(x509.BasicConstraints)
+    assert bc.critical and not bc.value.ca, (what, bc)
+    print(what, len(cert.extensions), "extensions")
+"#;
+        let args: Vec<String> = end_entities()
+            .into_iter()
+            .map(|(what, der)| {
+                let hex: String = der.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{what}={hex}")
+            })
+            .collect();
+        let out = std::process::Command::new(PYTHON)
+            .arg("-c")
+            .arg(script)
+            .args(&args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("this test needs {PYTHON} with the cryptography module (apt-get install python3-cryptography): {e}")
+            });
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("No module named 'cryptography'"),
+            "this test needs Python's cryptography module (apt-get install python3-cryptography): {stderr}"
+        );
+        assert!(
+            out.status.success(),
+            "cryptography refused a certificate: {stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout.lines().count(), 3, "{stdout}");
     }
 }
