@@ -1,6 +1,7 @@
 //! The enrolled pods, persisted so that a restarted agent knows them: a JSON file in the
-//! state dir (default [`DEFAULT_STATE_DIR`]), keyed by pod UID, replaced atomically (write a
-//! temporary file, `fsync`, `rename`, `fsync` the directory) on every change.
+//! state dir (default [`DEFAULT_STATE_DIR`]), keyed by pod UID, replaced atomically on every
+//! change (write a temporary file under an unpredictable name, `fsync`, `rename`, `fsync`
+//! the directory).
 //!
 //! Without Kubernetes this file is the agent's source of truth for "which pods are
 //! enrolled" (Istio's agent rebuilds the same knowledge from pod annotations).
@@ -8,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use ambit_cni::api::PodInfo;
@@ -166,32 +168,27 @@ pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
+/// Replaces `path` with `bytes`: a temp file beside it (an unpredictable name, created
+/// exclusively and 0600, so nothing planted there is opened or followed), fsynced, renamed.
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        // Make the rename durable.
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    // Make the rename durable.
+    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -242,6 +239,28 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names, [STORE_FILE]);
+    }
+
+    /// The store used to write through `.pods.json.tmp.<pid>`, opened without `O_EXCL`:
+    /// a symlink planted there had the pod list written wherever it pointed.
+    #[test]
+    fn a_file_planted_at_the_old_temp_name_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "precious").unwrap();
+        let state = dir.path().join("state");
+        let mut store = PodStore::open(&state).unwrap();
+        let trap = state.join(format!(".{STORE_FILE}.tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &trap).unwrap();
+        store.upsert(pod("u1", "10.0.0.1")).unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(fs::read_link(&trap).unwrap(), victim);
+        let file = state.join(STORE_FILE);
+        let meta = fs::symlink_metadata(&file).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(PodStore::open(&state).unwrap().len(), 1);
     }
 
     #[test]

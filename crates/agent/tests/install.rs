@@ -164,6 +164,73 @@ fn install_is_idempotent_repairs_drift_and_uninstalls_cleanly() {
     assert_eq!(fs::read_dir(&node.net).unwrap().count(), 1, "no temp files");
 }
 
+/// The installer used to write through `.<name>.tmp-<pid>` beside each target, opened
+/// without `O_EXCL`: whoever could write the directory planted a symlink there and had
+/// the token (or the plugin binary) written wherever it pointed. Files planted at those
+/// names are neither followed nor clobbered now, and the kubeconfig has its mode.
+#[test]
+fn files_planted_at_the_old_temp_names_are_not_followed() {
+    let node = Node::new();
+    let primary = node.net.join("10-bridge.conflist");
+    fs::write(&primary, BRIDGE).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let pid = std::process::id();
+    let mut planted = Vec::new();
+    for (dir, name) in [
+        (&node.run, "istio-cni-kubeconfig"),
+        (&node.bin, "istio-cni"),
+        (&node.net, "10-bridge.conflist"),
+    ] {
+        let victim = outside.path().join(name);
+        fs::write(&victim, "precious").unwrap();
+        let trap = dir.join(format!(".{name}.tmp-{pid}"));
+        std::os::unix::fs::symlink(&victim, &trap).unwrap();
+        planted.push((victim, trap));
+    }
+    let inst = Installer::new(node.config(&[("KUBECONFIG_MODE", "0640")]));
+    let ch = inst.install_once().unwrap();
+    assert!(
+        ch.binary && ch.kubeconfig && ch.conf_written == [primary.clone()],
+        "{ch:?}"
+    );
+
+    for (victim, trap) in &planted {
+        assert_eq!(
+            fs::read_to_string(victim).unwrap(),
+            "precious",
+            "{} followed",
+            trap.display()
+        );
+        assert_eq!(
+            fs::read_link(trap).unwrap(),
+            *victim,
+            "{} replaced",
+            trap.display()
+        );
+    }
+    let kc = node.run.join("istio-cni-kubeconfig");
+    let meta = fs::symlink_metadata(&kc).unwrap();
+    assert!(
+        meta.file_type().is_file(),
+        "the kubeconfig is a file of its own"
+    );
+    assert_eq!(mode(&kc), 0o640, "KUBECONFIG_MODE");
+    assert!(fs::read_to_string(&kc).unwrap().contains("token-1"));
+    assert!(fs::symlink_metadata(node.bin.join("istio-cni"))
+        .unwrap()
+        .file_type()
+        .is_file());
+    assert_eq!(mode(&node.bin.join("istio-cni")), 0o755);
+    assert_eq!(
+        types(&node.read("10-bridge.conflist")),
+        ["bridge", "portmap", "istio-cni"]
+    );
+    // Only the targets and the traps: no temp file left behind.
+    for dir in [&node.run, &node.bin, &node.net] {
+        assert_eq!(fs::read_dir(dir).unwrap().count(), 2, "{}", dir.display());
+    }
+}
+
 #[test]
 fn a_single_conf_is_wrapped_and_a_later_file_does_not_win() {
     let node = Node::new();

@@ -1,11 +1,11 @@
-//! The installer's file operations: atomic writes (a temp file in the same directory,
-//! fsynced, renamed over the target, so the runtime never reads half a config or runs
+//! The installer's file operations: atomic writes (a temp file in the same directory under
+//! an unpredictable name, created exclusively, fsynced, renamed over the target, so the runtime never reads half a config or runs
 //! half a binary), the plugin binary copy, and the plugin's kubeconfig (sans IO).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 use base64::Engine;
 
@@ -31,14 +31,41 @@ fn with_path(path: &Path, what: &str) -> impl FnOnce(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("cannot {what} {p}: {e}"))
 }
 
-fn temp_path(target: &Path) -> io::Result<PathBuf> {
+/// A new file beside `target`, to be renamed onto it: an unpredictable name, created
+/// exclusively (`O_EXCL`: a file or symlink planted there is never opened, let alone
+/// followed), with `mode` from the start (the umask may narrow it; the caller sets it
+/// exactly before the rename). Removed when dropped unless persisted.
+pub fn create_temp(target: &Path, mode: u32) -> io::Result<tempfile::NamedTempFile> {
     let name = target
         .file_name()
         .ok_or_else(|| io::Error::other(format!("{} has no file name", target.display())))?;
-    let mut tmp = std::ffi::OsString::from(".");
-    tmp.push(name);
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    Ok(target.with_file_name(tmp))
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(mode))
+        .tempfile_in(dir)
+        .map_err(with_path(target, "create a temp file beside"))
+}
+
+/// Sets `tmp`'s exact mode, fsyncs it and renames it onto `target`.
+fn finish(tmp: tempfile::NamedTempFile, target: &Path, mode: u32) -> io::Result<()> {
+    // The umask may have narrowed the mode at creation.
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(with_path(tmp.path(), "chmod"))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(with_path(tmp.path(), "fsync"))?;
+    tmp.persist(target)
+        .map(drop)
+        .map_err(|e| with_path(target, "rename a temp file onto")(e.error))
 }
 
 /// The mode bits of `path`, `None` if it does not exist.
@@ -50,28 +77,13 @@ pub fn mode_of(path: &Path) -> io::Result<Option<u32>> {
     }
 }
 
-/// Replaces `path` with `content` atomically, with `mode`.
+/// Replaces `path` with `content` atomically, with `mode` (the temp file has it from its
+/// creation: a token is never readable by others, not even for an instant).
 pub fn write_atomic(path: &Path, content: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = temp_path(path)?;
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(with_path(&tmp, "create"))?;
-        // The umask may have narrowed the mode at creation.
-        f.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(with_path(&tmp, "chmod"))?;
-        f.write_all(content).map_err(with_path(&tmp, "write"))?;
-        f.sync_all().map_err(with_path(&tmp, "fsync"))?;
-        fs::rename(&tmp, path).map_err(with_path(path, "rename a temp file onto"))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let mut tmp = create_temp(path, mode)?;
+    tmp.write_all(content)
+        .map_err(with_path(tmp.path(), "write"))?;
+    finish(tmp, path, mode)
 }
 
 /// Replaces `path` atomically, keeping its current mode (or `default_mode` if new).
@@ -183,26 +195,11 @@ pub fn install_binary(source: &Path, target: &Path) -> io::Result<bool> {
     if same_content(source, target)? {
         return Ok(false);
     }
-    let tmp = temp_path(target)?;
-    let result = (|| {
-        let mut src = File::open(source).map_err(with_path(source, "open"))?;
-        let mut dst = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(BINARY_MODE)
-            .open(&tmp)
-            .map_err(with_path(&tmp, "create"))?;
-        io::copy(&mut src, &mut dst).map_err(with_path(&tmp, "copy the plugin binary to"))?;
-        dst.set_permissions(fs::Permissions::from_mode(BINARY_MODE))
-            .map_err(with_path(&tmp, "chmod"))?;
-        dst.sync_all().map_err(with_path(&tmp, "fsync"))?;
-        fs::rename(&tmp, target).map_err(with_path(target, "rename a temp file onto"))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map(|()| true)
+    let mut src = File::open(source).map_err(with_path(source, "open"))?;
+    let mut tmp = create_temp(target, BINARY_MODE)?;
+    io::copy(&mut src, &mut tmp).map_err(with_path(tmp.path(), "copy the plugin binary to"))?;
+    finish(tmp, target, BINARY_MODE)?;
+    Ok(true)
 }
 
 /// How the plugin's client checks the API server's certificate.
@@ -301,6 +298,33 @@ mod tests {
             "https://[fd00::1]:6443"
         );
         assert_eq!(server_url("http", "[fd00::1]", "80"), "http://[fd00::1]:80");
+    }
+
+    /// The temp file has its mode from the moment it exists (never wider than asked, the
+    /// umask can only narrow it), under a fresh name each time.
+    #[test]
+    fn temp_files_have_their_mode_from_creation_and_fresh_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join(KUBECONFIG_FILE);
+        for mode in [0o600, 0o640, 0o400] {
+            let a = create_temp(&target, mode).unwrap();
+            let b = create_temp(&target, mode).unwrap();
+            let got = fs::symlink_metadata(a.path()).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(got & !mode, 0, "{got:o} is wider than {mode:o}");
+            assert_eq!(got & 0o700, mode & 0o700, "the owner's bits, {got:o}");
+            assert_ne!(a.path(), b.path());
+            let name = a.path().file_name().unwrap().to_str().unwrap().to_owned();
+            assert!(
+                name.starts_with(".istio-cni-kubeconfig.") && name.ends_with(".tmp"),
+                "{name}"
+            );
+            assert!(!name.contains(&std::process::id().to_string()), "{name}");
+        }
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "dropped temps go"
+        );
     }
 
     #[test]
