@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use ambit_proto::{DeltaDiscoveryRequest, MAX_XDS_MESSAGE};
+use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, DELTA_ADS_PATH, MAX_XDS_MESSAGE};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use prost::bytes::{Buf, Bytes};
 use tokio::sync::mpsc;
 
 use crate::delta::{Batch, DeltaClient};
@@ -168,6 +168,44 @@ impl Default for Backoff {
     }
 }
 
+// ----- the codec ------------------------------------------------------------------------
+
+/// The ADS call's codec: requests encoded by `prost`; responses handed over as their raw
+/// bytes, so that [`DeltaClient::handle_bytes`] counts their entries before decoding them
+/// (the generated client's codec decodes a whole response first, whatever it holds).
+struct RawResponses;
+
+type ProstAds = tonic::codec::ProstCodec<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
+
+impl tonic::codec::Codec for RawResponses {
+    type Encode = DeltaDiscoveryRequest;
+    type Decode = Bytes;
+    type Encoder = <ProstAds as tonic::codec::Codec>::Encoder;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic::codec::Codec::encoder(&mut ProstAds::default())
+    }
+
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+struct RawDecoder;
+
+impl tonic::codec::Decoder for RawDecoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Bytes>, tonic::Status> {
+        Ok(Some(buf.copy_to_bytes(buf.remaining())))
+    }
+}
+
 // ----- the driver -----------------------------------------------------------------------
 
 type OnStreamEnd = Box<dyn FnMut(&StreamEnd) + Send>;
@@ -260,8 +298,8 @@ impl<T: XdsTransport> XdsClient<T> {
             Ok(c) => c,
             Err(e) => return StreamEnd::ConnectionError(e),
         };
-        let mut client = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(self.max_message_bytes);
+        let mut grpc =
+            tonic::client::Grpc::new(channel).max_decoding_message_size(self.max_message_bytes);
         // Replies are one per response, so a small buffer never fills while we wait.
         let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(8);
         let initial = self.delta.initial_requests();
@@ -273,18 +311,30 @@ impl<T: XdsTransport> XdsClient<T> {
             Ok(r) => r,
             Err(e) => return StreamEnd::ConnectionError(e),
         };
-        let mut incoming = match client.delta_aggregated_resources(request).await {
+        // As the generated client does: a channel that is not ready is an Unknown status.
+        if let Err(e) = grpc.ready().await {
+            return StreamEnd::from_status(tonic::Status::unknown(format!(
+                "Service was not ready: {e}"
+            )));
+        }
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(DELTA_ADS_PATH);
+        let mut incoming = match grpc.streaming(request, path, RawResponses).await {
             Ok(r) => r.into_inner(),
             Err(s) => return StreamEnd::from_status(s),
         };
         tracing::info!("xDS stream established");
         loop {
-            let resp = match incoming.message().await {
+            let bytes = match incoming.message().await {
                 Ok(Some(r)) => r,
                 Ok(None) => return StreamEnd::Complete,
                 Err(s) => return StreamEnd::from_status(s),
             };
-            let handled = self.delta.handle(resp);
+            // Not a DeltaDiscoveryResponse: the Internal status prost's codec would give.
+            let handled = match self.delta.handle_bytes(&bytes) {
+                Ok(h) => h,
+                Err(e) => return StreamEnd::from_status(tonic::Status::internal(e.to_string())),
+            };
+            drop(bytes);
             if let Some(m) = &self.metrics {
                 let url = UrlLabel {
                     url: handled.type_url.clone(),

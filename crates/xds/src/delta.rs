@@ -10,10 +10,16 @@
 //! A control plane is trusted to describe the mesh, not to exhaust the proxy. Besides the
 //! gRPC bound on one decoded message ([`ambit_proto::MAX_XDS_MESSAGE`], 200 MiB), the
 //! state machine refuses ([`Limits`]):
-//! - a response with more than 1,000,000 resources plus removals (refused whole: nothing
-//!   applied, NACKed);
+//! - a response with more than 1,000,000 entries (resources, removed names, aliases),
+//!   counted on the encoded bytes before they are decoded ([`DeltaClient::handle_bytes`]),
+//!   refused whole: nothing applied, NACKed;
 //! - a resource whose name is longer than 1,024 bytes, or whose version is longer than
 //!   1,024 bytes (that resource rejected);
+//! - a resource body that breaks a limit of [`crate::shape`] (entries of a repeated field,
+//!   bytes of a string), checked on its encoded bytes before it is decoded (rejected);
+//! - a resource whose body describes another object than its name: a workload is named
+//!   by its uid, a service by `namespace/hostname`, a policy by `namespace/name`
+//!   (rejected, so that a removal by name always removes what was announced);
 //! - a new resource name when 1,000,000 are already tracked for its type (rejected);
 //! - NACK messages list at most 64 rejections, each cut at 512 bytes, then count the rest.
 
@@ -29,11 +35,13 @@ use prost::Message;
 use prost_types::{value::Kind, ListValue, Struct, Value};
 
 use crate::convert::{self, AddressResource};
+use crate::reject::Rejection;
+use crate::shape;
 
 /// Bounds on what one control plane can make the proxy hold (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Resources plus removed names in one response.
+    /// Resources plus removed names plus aliases in one response.
     pub max_per_response: usize,
     /// Bytes of a resource name.
     pub max_name_len: usize,
@@ -268,8 +276,9 @@ pub struct Handled {
     pub batch: Batch,
     /// The ACK, or the NACK when `rejected` is not empty.
     pub reply: DeltaDiscoveryRequest,
-    /// `(resource name, reason)` of each rejected resource.
-    pub rejected: Vec<(String, String)>,
+    /// `(resource name, reason)` of each rejected resource (`response` for a response
+    /// refused whole).
+    pub rejected: Vec<(String, Rejection)>,
     /// Sum of the resources' payload bytes (the `istio_xds_message_bytes` metric).
     pub payload_bytes: u64,
 }
@@ -352,9 +361,60 @@ impl DeltaClient {
             .map(|t| &t.versions)
     }
 
-    /// Decodes `bytes` as a `DeltaDiscoveryResponse` and handles it.
+    /// Decodes `bytes` as a `DeltaDiscoveryResponse` and handles it. The entries of its
+    /// repeated fields are counted on the bytes first: a response over
+    /// [`Limits::max_per_response`] is NACKed whole from its type and nonce alone, without
+    /// decoding the rest (an empty resource is 2 bytes on the wire and ~150 once decoded).
     pub fn handle_bytes(&mut self, bytes: &[u8]) -> Result<Handled, prost::DecodeError> {
+        let count = shape::count_response_entries(bytes);
+        if count > self.limits.max_per_response {
+            let head = shape::ResponseHead::decode(bytes)?;
+            let payload_bytes = bytes.len() as u64;
+            return Ok(self.refuse_whole(head.type_url, head.nonce, count, payload_bytes));
+        }
         Ok(self.handle(DeltaDiscoveryResponse::decode(bytes)?))
+    }
+
+    /// The answer to a response with `count` entries, over the limit: nothing applied.
+    fn refuse_whole(
+        &mut self,
+        type_url: String,
+        nonce: String,
+        count: usize,
+        payload_bytes: u64,
+    ) -> Handled {
+        let limits = self.limits;
+        let Some(ty) = self.types.iter().find(|t| t.type_url == type_url) else {
+            return Handled {
+                reply: reply(&type_url, nonce, &[], &limits),
+                type_url,
+                known_type: false,
+                batch: Batch::default(),
+                rejected: Vec::new(),
+                payload_bytes,
+            };
+        };
+        let rejected = vec![(
+            "response".to_string(),
+            Rejection::ResponseTooLarge {
+                count,
+                limit: limits.max_per_response,
+            },
+        )];
+        tracing::warn!(
+            type_url = ty.type_url,
+            count,
+            limit = limits.max_per_response,
+            "xDS response refused whole (NACK): too many entries"
+        );
+        Handled {
+            reply: reply(ty.type_url, nonce, &rejected, &limits),
+            type_url,
+            known_type: true,
+            batch: Batch::default(),
+            rejected,
+            payload_bytes,
+        }
     }
 
     /// Handles one response: each resource decoded and checked on its own (a bad one is
@@ -383,24 +443,12 @@ impl DeltaClient {
         let mut rejected = Vec::new();
         let count = resp
             .resources
-            .len()
+            .iter()
+            .map(|r| r.aliases.len())
+            .fold(resp.resources.len(), usize::saturating_add)
             .saturating_add(resp.removed_resources.len());
         if count > limits.max_per_response {
-            rejected.push((
-                "response".to_string(),
-                format!(
-                    "{count} resources and removals in one response, more than the limit of {}; nothing applied",
-                    limits.max_per_response
-                ),
-            ));
-            return Handled {
-                reply: reply(type_url, resp.nonce, &rejected, &limits),
-                type_url: resp.type_url,
-                known_type: true,
-                batch,
-                rejected,
-                payload_bytes,
-            };
+            return self.refuse_whole(resp.type_url, resp.nonce, count, payload_bytes);
         }
         for name in resp.removed_resources {
             if name.len() > limits.max_name_len {
@@ -420,10 +468,9 @@ impl DeltaClient {
                 .and_then(|op| {
                     let tracked = ty.versions.contains_key(&name);
                     if !tracked && ty.versions.len() >= limits.max_tracked_per_type {
-                        Err(format!(
-                            "{} resources of this type already held, the limit",
-                            limits.max_tracked_per_type
-                        ))
+                        Err(Rejection::TooManyTracked {
+                            limit: limits.max_tracked_per_type,
+                        })
                     } else {
                         Ok(op)
                     }
@@ -444,7 +491,7 @@ impl DeltaClient {
             tracing::warn!(
                 type_url,
                 rejected = rejected.len(),
-                first = %format!("{}: {}", cut(&rejected[0].0, 256), cut(&rejected[0].1, 512)),
+                first = %format!("{}: {}", cut(&rejected[0].0, 256), cut(&rejected[0].1.to_string(), 512)),
                 "xDS resources rejected (NACK); the rest of the response applies"
             );
         }
@@ -460,47 +507,68 @@ impl DeltaClient {
 }
 
 fn check_resource(
-    type_url: &str,
+    type_url: &'static str,
     name: &str,
     version: &str,
     any: Option<prost_types::Any>,
     limits: &Limits,
-) -> Result<Op, String> {
+) -> Result<Op, Rejection> {
     if name.len() > limits.max_name_len {
-        return Err(format!(
-            "resource name is {} bytes, more than the limit of {}",
-            name.len(),
-            limits.max_name_len
-        ));
+        return Err(Rejection::NameTooLong {
+            len: name.len(),
+            limit: limits.max_name_len,
+        });
     }
     if version.len() > limits.max_version_len {
-        return Err(format!(
-            "resource version is {} bytes, more than the limit of {}",
-            version.len(),
-            limits.max_version_len
-        ));
+        return Err(Rejection::VersionTooLong {
+            len: version.len(),
+            limit: limits.max_version_len,
+        });
     }
-    let any = any.ok_or("XDS payload without resource")?;
+    let any = any.ok_or(Rejection::NoPayload)?;
     if any.type_url != type_url {
-        return Err(format!(
-            "payload of type {:?} in a response of type {type_url}",
-            cut(&any.type_url, 256)
-        ));
+        return Err(Rejection::WrongType {
+            got: cut(&any.type_url, 256).to_string(),
+            want: type_url,
+        });
     }
-    if type_url == ADDRESS_TYPE {
-        let a = pw::Address::decode(any.value.as_slice())
-            .map_err(|e| format!("cannot decode istio.workload.Address: {e}"))?;
-        match convert::address_from_proto(a).map_err(|e| e.to_string())? {
-            AddressResource::Workload(w) => Ok(Op::Workload(w)),
-            AddressResource::Service(s) => Ok(Op::Service(*s)),
+    // The shape first, on the bytes: only a body within the limits is decoded.
+    let bytes = any.value.as_slice();
+    let (op, what, body) = if type_url == ADDRESS_TYPE {
+        const MESSAGE: &str = "istio.workload.Address";
+        shape::check_address(bytes).map_err(|e| Rejection::shape(MESSAGE, e))?;
+        let a = pw::Address::decode(bytes).map_err(|e| Rejection::Decode {
+            message: MESSAGE,
+            reason: e.to_string(),
+        })?;
+        match convert::address_from_proto(a)? {
+            AddressResource::Workload(w) => {
+                let uid = w.uid.clone();
+                (Op::Workload(w), "workload uid", uid)
+            }
+            AddressResource::Service(s) => {
+                let key = s.key();
+                (Op::Service(*s), "service namespace/hostname", key)
+            }
         }
     } else {
-        let a = psec::Authorization::decode(any.value.as_slice())
-            .map_err(|e| format!("cannot decode istio.security.Authorization: {e}"))?;
-        Ok(Op::Policy(
-            convert::authorization_from_proto(a).map_err(|e| e.to_string())?,
-        ))
+        const MESSAGE: &str = "istio.security.Authorization";
+        shape::check_authorization(bytes).map_err(|e| Rejection::shape(MESSAGE, e))?;
+        let a = psec::Authorization::decode(bytes).map_err(|e| Rejection::Decode {
+            message: MESSAGE,
+            reason: e.to_string(),
+        })?;
+        let p = convert::authorization_from_proto(a)?;
+        let key = p.key();
+        (Op::Policy(p), "policy namespace/name", key)
+    };
+    if body != name {
+        return Err(Rejection::NameMismatch {
+            what,
+            body: cut(&body, 256).to_string(),
+        });
     }
+    Ok(op)
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
@@ -518,7 +586,7 @@ fn cut(s: &str, max: usize) -> &str {
 fn reply(
     type_url: &str,
     nonce: String,
-    rejected: &[(String, String)],
+    rejected: &[(String, Rejection)],
     limits: &Limits,
 ) -> DeltaDiscoveryRequest {
     let error_detail = (!rejected.is_empty()).then(|| {

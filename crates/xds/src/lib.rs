@@ -4,6 +4,9 @@
 //!   `ambit-state` model and back;
 //! - [`delta`]: the sans-IO delta ADS state machine (requests, ACK/NACK, versions,
 //!   readiness, limits);
+//! - [`shape`]: limits on the shape of a resource body, checked on its encoded bytes
+//!   before it is decoded (an allocation-free walk of the protobuf fields);
+//! - [`reject`]: why a resource is refused (the reasons a NACK carries);
 //! - [`client`]: the IO driver over one gRPC bidi stream (an [`XdsTransport`], in the
 //!   node proxy `ambit_grpc::GrpcChannel`), with ztunnel's reconnect backoff and metrics.
 #![forbid(unsafe_code)]
@@ -13,6 +16,9 @@ pub mod convert;
 pub mod delta;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod reject;
+pub mod shape;
+mod wire;
 
 pub use client::{Backoff, PlainTransport, StreamEnd, XdsClient, XdsMetrics, XdsTransport};
 pub use convert::{
@@ -21,3 +27,6 @@ pub use convert::{
     AddressResource, ConvertError,
 };
 pub use delta::{Batch, DeltaClient, Handled, Limits, NodeConfig, NodeConfigError, Op};
+pub use reject::Rejection;
+pub use shape::{Limit, ShapeError};
+pub use wire::WireError;

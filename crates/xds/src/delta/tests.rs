@@ -359,7 +359,7 @@ fn limits() {
         .error_detail
         .unwrap()
         .message
-        .starts_with("response: 4 resources and removals in one response"));
+        .starts_with("response: 4 entries (resources, removed names and aliases) in one response"));
 
     let long = "n".repeat(21);
     let h = c.handle(resp(
@@ -422,4 +422,56 @@ fn bytes_never_panic() {
     let mut state = ProxyState::new();
     c.handle_bytes(&bytes).unwrap().batch.apply(&mut state);
     assert_eq!(state.workloads().count(), 1);
+}
+
+/// A response over the entry limit is answered from its type and nonce alone: its entries
+/// are counted on the bytes and never decoded (here the last one would not even decode,
+/// its name not being UTF-8). Aliases count as entries, as they are decoded too.
+#[test]
+fn too_many_entries_refused_from_the_bytes() {
+    let limits = Limits {
+        max_per_response: 3,
+        ..Limits::default()
+    };
+    let mut c = DeltaClient::with_limits(node(), limits);
+    let mut bytes = resp(ADDRESS_TYPE, "n1", vec![res("a", "1", None); 3], &[]).encode_to_vec();
+    // resources[3] = Resource { name: b"\xff" }.
+    bytes.extend([0x12, 3, 0x1a, 1, 0xff]);
+    assert!(DeltaDiscoveryResponse::decode(bytes.as_slice()).is_err());
+    let h = c
+        .handle_bytes(&bytes)
+        .expect("answered without decoding the entries");
+    let refused = vec![(
+        "response".to_string(),
+        Rejection::ResponseTooLarge { count: 4, limit: 3 },
+    )];
+    assert!(h.known_type);
+    assert!(h.batch.is_empty());
+    assert_eq!(h.rejected, refused);
+    assert_eq!(h.reply.type_url, ADDRESS_TYPE);
+    assert_eq!(h.reply.response_nonce, "n1");
+    assert_eq!(
+        h.reply.error_detail.unwrap().message,
+        "response: 4 entries (resources, removed names and aliases) in one response, more than the limit of 3; nothing applied"
+    );
+
+    // One resource with three aliases is four entries, on the bytes and decoded alike.
+    let mut r = res(W1, "v1", Some(workload_any(W1, [10, 0, 0, 1])));
+    r.aliases = vec!["/10.0.0.1".into(), "a".into(), "b".into()];
+    let over = resp(ADDRESS_TYPE, "n2", vec![r.clone()], &[]);
+    assert_eq!(
+        c.handle_bytes(&over.encode_to_vec()).unwrap().rejected,
+        refused
+    );
+    assert_eq!(c.handle(over).rejected, refused);
+    r.aliases.pop();
+    let at = resp(ADDRESS_TYPE, "n3", vec![r], &[]);
+    let h = c.handle_bytes(&at.encode_to_vec()).unwrap();
+    assert!(h.rejected.is_empty(), "{:?}", h.rejected);
+    assert_eq!(h.batch.ops.len(), 1);
+
+    // Over the limit with a head that does not decode: a decode error, as before.
+    let mut bad = resp(ADDRESS_TYPE, "n4", vec![res("a", "1", None); 4], &[]).encode_to_vec();
+    bad.extend([0x22, 1, 0xff]); // type_url = b"\xff"
+    assert!(c.handle_bytes(&bad).is_err());
 }

@@ -1,0 +1,58 @@
+//! Why the node proxy refuses an xDS resource (or a whole response): the reasons its
+//! NACKs carry, as `<resource name>: <reason>`. Every one is the control plane's to fix;
+//! the proxy keeps what it had before under that name.
+
+use crate::convert::ConvertError;
+use crate::shape::ShapeError;
+
+/// One refusal. The Display text is what the NACK says after the resource name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The response has more entries than `Limits::max_per_response`: nothing of it is
+    /// applied (named `response` in the NACK).
+    #[error("{count} entries (resources, removed names and aliases) in one response, more than the limit of {limit}; nothing applied")]
+    ResponseTooLarge { count: usize, limit: usize },
+    #[error("resource name is {len} bytes, more than the limit of {limit}")]
+    NameTooLong { len: usize, limit: usize },
+    #[error("resource version is {len} bytes, more than the limit of {limit}")]
+    VersionTooLong { len: usize, limit: usize },
+    #[error("XDS payload without resource")]
+    NoPayload,
+    /// The payload's `Any` is of another type than the response.
+    #[error("payload of type {got:?} in a response of type {want}")]
+    WrongType { got: String, want: &'static str },
+    /// The payload is not a protobuf message of its type.
+    #[error("cannot decode {message}: {reason}")]
+    Decode {
+        message: &'static str,
+        reason: String,
+    },
+    /// The body breaks a limit on its shape (checked before it is decoded).
+    #[error("{0}")]
+    Shape(ShapeError),
+    /// The body decoded, but a field is not valid.
+    #[error("{0}")]
+    Invalid(#[from] ConvertError),
+    /// The body describes another object than the resource name says: a workload named
+    /// by its uid, a service by `namespace/hostname`, a policy by `namespace/name`.
+    #[error("the body's {what} is {body:?}, not the resource name; refused so that a removal by name always removes what was announced")]
+    NameMismatch { what: &'static str, body: String },
+    /// A new name when `Limits::max_tracked_per_type` are already held.
+    #[error("{limit} resources of this type already held, the limit")]
+    TooManyTracked { limit: usize },
+}
+
+impl Rejection {
+    /// A shape error of a payload of type `message`: malformed bytes read as a decode
+    /// error, like `prost`'s own.
+    pub(crate) fn shape(message: &'static str, e: ShapeError) -> Rejection {
+        match e {
+            ShapeError::Malformed { .. } => Rejection::Decode {
+                message,
+                reason: e.to_string(),
+            },
+            e => Rejection::Shape(e),
+        }
+    }
+}
