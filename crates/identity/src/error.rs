@@ -1,7 +1,7 @@
 //! Error types of this crate. Each message says what was wrong and, where it helps, what to do.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::spiffe::SpiffeError;
 
@@ -80,7 +80,7 @@ pub enum CaError {
         "the signing certificate expired at {}; rotate the CA (replace ca-cert.pem and ca-key.pem)",
         crate::x509::rfc3339(*not_after)
     )]
-    Expired { not_after: std::time::SystemTime },
+    Expired { not_after: SystemTime },
     #[error("certificate lifetime {ttl:?} is invalid; it must be longer than zero")]
     InvalidTtl { ttl: Duration },
     #[error("invalid trust domain: {0}")]
@@ -158,6 +158,35 @@ pub enum IssueError {
         "the CA returned a certificate for {found}, but {expected} was requested; it was rejected"
     )]
     WrongIdentity { expected: String, found: String },
+    /// The leaf's validity ended before it arrived, by this node's clock. Either the CA
+    /// signs with a wrong clock or this node's clock is ahead: refused, retried with backoff.
+    #[error(
+        "the CA returned a certificate that expired at {}, {} before this node's clock; it was refused (the node clock looks skewed ahead of the CA's, unless the CA's clock is wrong)",
+        crate::x509::rfc3339(*not_after),
+        human(*by)
+    )]
+    Expired { not_after: SystemTime, by: Duration },
+    /// The leaf's validity starts later than this node's clock allows (beyond a small
+    /// allowance): this node's clock is behind the CA's, or the CA's is wrong.
+    #[error(
+        "the CA returned a certificate valid only from {}, {} after this node's clock; it was refused (the node clock looks skewed behind the CA's, unless the CA's clock is wrong)",
+        crate::x509::rfc3339(*not_before),
+        human(*by)
+    )]
+    NotYetValid {
+        not_before: SystemTime,
+        by: Duration,
+    },
+    /// The leaf may sign certificates: whoever holds its key could mint any identity
+    /// under the mesh root. The CA's fault; never used.
+    #[error("the CA returned a CA certificate as the workload leaf ({reason}); it was refused")]
+    CaLeaf { reason: &'static str },
+    /// The leaf's signature does not verify up to the root(s) the CA returned with it
+    /// (through the intermediates it sent): peers would refuse it. The CA's fault.
+    #[error(
+        "the leaf the CA returned does not verify up to the root(s) it returned: {reason}; it was refused"
+    )]
+    DoesNotChain { reason: String },
     /// The fetch was dropped before it finished (the identity was forgotten meanwhile,
     /// or the fetch task ended without an answer).
     #[error("the certificate fetch for {identity} was abandoned: {reason}")]
@@ -177,8 +206,26 @@ impl IssueError {
             IssueError::Channel { .. } => "channel",
             IssueError::BadChain { .. } => "bad_chain",
             IssueError::WrongIdentity { .. } => "wrong_identity",
+            IssueError::Expired { .. } => "expired",
+            IssueError::NotYetValid { .. } => "not_yet_valid",
+            IssueError::CaLeaf { .. } => "ca_leaf",
+            IssueError::DoesNotChain { .. } => "does_not_chain",
             IssueError::Abandoned { .. } => "abandoned",
         }
+    }
+}
+
+/// A duration as `2h0m5s` (whole seconds), or in milliseconds below a second.
+pub(crate) fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, _) => format!("{m}m{s}s"),
+        _ => format!("{h}h{m}m{s}s"),
     }
 }
 

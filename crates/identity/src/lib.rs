@@ -11,6 +11,7 @@ pub mod pem;
 pub mod spiffe;
 pub mod tls;
 
+mod issued;
 mod leaf;
 mod verify;
 mod x509;

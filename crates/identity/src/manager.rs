@@ -6,9 +6,15 @@
 //!   [`Priority`] (a connection waiting beats a prefetch beats a rotation).
 //! - A still valid certificate is always served at once, even while its renewal is due,
 //!   running or failing; callers wait only when there is no valid certificate.
+//! - A certificate is checked before it is cached (see `issued.rs`): for the identity
+//!   asked for, a leaf, inside its validity by our clock, chaining to the roots sent with
+//!   it. A refused one is a failure like any other, named by its cause in the metrics.
 //! - After a failure the identity backs off (≈1 s, ×2, jitter 0.2, cap 150 s), never past
 //!   the expiry of the certificate it still serves. Callers without a valid certificate
 //!   get the last error until the retry time, so a CA outage is not hammered.
+//! - Two fetches of one identity start at least [`MIN_FETCH_INTERVAL`] apart, whatever
+//!   asks for them (renewal, retry, a connection), so no answer of the CA, however short
+//!   lived its certificate, makes the manager loop.
 //!
 //! TLS configurations are cached with the certificate they were built from, so the data
 //! path does not rebuild them per connection; a renewed certificate serves new connections
@@ -30,7 +36,8 @@ use tokio::sync::{watch, Notify};
 
 use crate::ca::CertificateAuthority;
 use crate::cert::{CertificateDump, WorkloadCertificate};
-use crate::error::{IssueError, ManagerError};
+use crate::error::{human, IssueError, ManagerError};
+use crate::issued;
 use crate::spiffe::SpiffeId;
 use crate::tls;
 
@@ -79,8 +86,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(150);
 const JITTER: f64 = 0.2;
 /// The renewal task wakes at least this often.
 const MAX_IDLE: Duration = Duration::from_secs(3600);
-/// The renewal task never loops faster than this.
+/// The renewal task never loops faster than this, woken or not.
 const MIN_WAIT: Duration = Duration::from_millis(250);
+/// The least time between the starts of two fetches of one identity (below the shortest
+/// jittered backoff, so it never changes the backoff schedule).
+pub const MIN_FETCH_INTERVAL: Duration = Duration::from_millis(500);
 /// Client configs cached per certificate (one per distinct expected-identity set).
 const MAX_CLIENT_CONFIGS: usize = 256;
 
@@ -121,6 +131,8 @@ struct Slot {
     current: Option<Entry>,
     fetch: Option<InFlight>,
     backoff: Option<Backoff>,
+    /// When the last fetch asked the issuer (or will, if it waits for its turn).
+    last_start: Option<SystemTime>,
 }
 
 /// A fetch queued or running; callers join it through `rx`.
@@ -165,11 +177,17 @@ impl Slot {
         if self.fetch.is_some() {
             return None;
         }
-        match (&self.backoff, &self.current) {
-            (Some(b), _) => Some(b.retry_at),
-            (None, Some(e)) => Some(e.cert.renew_at()),
-            (None, None) => None,
-        }
+        let due = match (&self.backoff, &self.current) {
+            (Some(b), _) => b.retry_at,
+            (None, Some(e)) => e.cert.renew_at(),
+            (None, None) => return None,
+        };
+        Some(self.earliest_start().map_or(due, |t| due.max(t)))
+    }
+
+    /// The earliest a new fetch may ask the issuer: [`MIN_FETCH_INTERVAL`] after the last.
+    fn earliest_start(&self) -> Option<SystemTime> {
+        self.last_start.map(|t| t + MIN_FETCH_INTERVAL)
     }
 }
 
@@ -245,7 +263,7 @@ impl CertManager {
         );
         registry.register(
             "ambit_certificate_fetch_failures",
-            "Workload certificate fetches that failed, by cause (refused, unreachable, channel, bad_chain, wrong_identity, local_ca, abandoned)",
+            "Workload certificate fetches that failed, by cause (refused, unreachable, channel, bad_chain, wrong_identity, expired, not_yet_valid, ca_leaf, does_not_chain, local_ca, abandoned)",
             m.failures.clone(),
         );
     }
@@ -383,7 +401,13 @@ impl CertManager {
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         let changed = self.shared.changed.clone();
         tokio::spawn(async move {
+            let mut last_pass: Option<tokio::time::Instant> = None;
             loop {
+                // A wake-up (a fetch finished) does not make passes come faster than MIN_WAIT.
+                if let Some(t) = last_pass {
+                    tokio::time::sleep_until(t + MIN_WAIT).await;
+                }
+                last_pass = Some(tokio::time::Instant::now());
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
@@ -532,6 +556,18 @@ impl Shared {
             }
             return;
         };
+        // Background fetches are never due before their identity's earliest start; a
+        // caller without a valid certificate may be, and then this fetch waits for it.
+        let now = (self.clock)();
+        let begin = st
+            .slots
+            .get(&id)
+            .and_then(Slot::earliest_start)
+            .map_or(now, |t| t.max(now));
+        if let Some(slot) = st.slots.get_mut(&id) {
+            slot.last_start = Some(begin);
+        }
+        let wait = begin.duration_since(now).unwrap_or(Duration::ZERO);
         st.running += 1;
         let mut done = FetchDone {
             shared: self.clone(),
@@ -540,12 +576,16 @@ impl Shared {
             tx: Some(tx),
         };
         runtime.spawn(async move {
-            let now = (done.shared.clock)();
-            let result = done
-                .shared
-                .issuer
-                .issue(&done.id, done.shared.ttl, now)
-                .await;
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            let shared = &done.shared;
+            // Not before `begin`, even on a clock that did not move while we slept.
+            let now = (shared.clock)().max(begin);
+            let result = shared.issuer.issue(&done.id, shared.ttl, now).await;
+            let checked_at = (shared.clock)().max(now);
+            let result =
+                result.and_then(|cert| issued::check(&done.id, &cert, checked_at).map(|()| cert));
             done.finish(result);
         });
     }
@@ -557,15 +597,10 @@ impl Shared {
         result: Result<WorkloadCertificate, IssueError>,
         tx: watch::Sender<Option<Outcome>>,
     ) {
-        let outcome: Outcome = match result {
-            // Issuers check this too; a certificate for another identity is never cached.
-            Ok(cert) if cert.identity != *id => Err(Arc::new(IssueError::WrongIdentity {
-                expected: id.to_string(),
-                found: cert.identity.to_string(),
-            })),
-            Ok(cert) => Ok(Arc::new(cert)),
-            Err(e) => Err(Arc::new(e)),
-        };
+        let outcome: Outcome = result.map(Arc::new).map_err(Arc::new);
+        if let Err(e) = &outcome {
+            warn_clock_skew(id, e);
+        }
         let mut st = lock(&self.state);
         st.running = st.running.saturating_sub(1);
         let now = (self.clock)();
@@ -656,6 +691,26 @@ impl Shared {
         let mut st = lock(&self.state);
         let entry = st.slots.get_mut(&cert.identity)?.current.as_mut()?;
         Arc::ptr_eq(&entry.cert, cert).then(|| f(entry))
+    }
+}
+
+/// A leaf outside its validity by our clock may mean our clock is wrong: say so apart,
+/// with the amount, for whoever reads the node's logs.
+fn warn_clock_skew(id: &SpiffeId, error: &IssueError) {
+    match error {
+        IssueError::Expired { by, .. } => tracing::warn!(
+            identity = %id,
+            skew_seconds = by.as_secs(),
+            "the node clock looks skewed: it is {} past the end of the certificate the CA just returned (ahead of the CA's clock, or the CA's is wrong); check the node's time synchronisation",
+            human(*by)
+        ),
+        IssueError::NotYetValid { by, .. } => tracing::warn!(
+            identity = %id,
+            skew_seconds = by.as_secs(),
+            "the node clock looks skewed: it is {} before the start of the certificate the CA just returned (behind the CA's clock, or the CA's is wrong); check the node's time synchronisation",
+            human(*by)
+        ),
+        _ => {}
     }
 }
 

@@ -95,3 +95,27 @@ pub(crate) async fn exchange(
 pub(crate) fn id(s: &str) -> SpiffeId {
     SpiffeId::parse(s).unwrap()
 }
+
+/// The CA of bad leaves shared with ambit-caclient's and the `ambit` binary's tests.
+#[path = "../tests/support/rogue_ca.rs"]
+pub(crate) mod rogue_ca;
+
+/// A workload certificate for `id` from `ca`, with `defect`, assembled as an issuer would
+/// (our key, the leaf and any intermediate, the root the CA returned).
+pub(crate) fn rogue_certificate(
+    ca: &rogue_ca::RogueCa,
+    id: &SpiffeId,
+    defect: rogue_ca::Defect,
+    now: std::time::SystemTime,
+) -> crate::WorkloadCertificate {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let issued = ca.sign(&key, &id.to_string(), defect, now);
+    let der = |c: &rogue_ca::Cert| rustls::pki_types::CertificateDer::from(c.der.clone());
+    crate::WorkloadCertificate::new(
+        id.clone(),
+        issued.chain.iter().map(der).collect(),
+        rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
+        issued.roots.iter().map(der).collect(),
+    )
+    .unwrap()
+}

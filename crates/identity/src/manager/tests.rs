@@ -1,7 +1,8 @@
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use super::*;
-use crate::testutil::{exchange, id};
+use crate::testutil::rogue_ca::{Defect, RogueCa};
+use crate::testutil::{exchange, id, rogue_certificate};
 
 /// A clock tests move by hand.
 fn manual_clock() -> (Clock, Arc<Mutex<SystemTime>>) {
@@ -28,6 +29,8 @@ struct Fake {
     ca: CertificateAuthority,
     failing: AtomicBool,
     calls: Mutex<Vec<SpiffeId>>,
+    /// The `now` each request was made at.
+    times: Mutex<Vec<SystemTime>>,
     gate: Option<tokio::sync::Semaphore>,
 }
 
@@ -37,6 +40,7 @@ impl Fake {
             ca: CertificateAuthority::ephemeral("cluster.local").unwrap(),
             failing: false.into(),
             calls: Mutex::new(Vec::new()),
+            times: Mutex::new(Vec::new()),
             gate: gated.then(|| tokio::sync::Semaphore::new(0)),
         })
     }
@@ -54,6 +58,7 @@ impl Issuer for Fake {
     fn issue<'a>(&'a self, id: &'a SpiffeId, ttl: Duration, now: SystemTime) -> IssueFuture<'a> {
         Box::pin(async move {
             lock(&self.calls).push(id.clone());
+            lock(&self.times).push(now);
             if let Some(gate) = &self.gate {
                 gate.acquire().await.unwrap().forget();
             }
@@ -547,4 +552,286 @@ async fn renewal_task_renews_in_real_time() {
         .await
         .expect("renewal task did not stop")
         .unwrap();
+}
+
+/// A CA whose leaves have the defect of the moment; records when it was asked, and stops
+/// answering after `cap` requests (so a manager that loops ends the test instead of
+/// spinning it).
+struct RogueIssuer {
+    ca: RogueCa,
+    defect: Mutex<Defect>,
+    times: Mutex<Vec<SystemTime>>,
+    cap: usize,
+}
+
+impl RogueIssuer {
+    fn new(defect: Defect) -> Arc<RogueIssuer> {
+        Arc::new(RogueIssuer {
+            ca: RogueCa::new(),
+            defect: Mutex::new(defect),
+            times: Mutex::new(Vec::new()),
+            cap: 100,
+        })
+    }
+
+    fn calls(&self) -> usize {
+        lock(&self.times).len()
+    }
+
+    fn set(&self, defect: Defect) {
+        *lock(&self.defect) = defect;
+    }
+}
+
+impl Issuer for RogueIssuer {
+    fn issue<'a>(&'a self, id: &'a SpiffeId, _: Duration, now: SystemTime) -> IssueFuture<'a> {
+        Box::pin(async move {
+            let n = {
+                let mut times = lock(&self.times);
+                times.push(now);
+                times.len()
+            };
+            if n > self.cap {
+                std::future::pending::<()>().await;
+            }
+            let defect = *lock(&self.defect);
+            Ok(rogue_certificate(&self.ca, id, defect, now))
+        })
+    }
+}
+
+/// `ambit_certificate_fetch_failures_total` by cause, as `/metrics` shows it.
+fn failures(m: &CertManager) -> Vec<(String, u64)> {
+    let mut registry = Registry::default();
+    m.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let mut out: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("ambit_certificate_fetch_failures_total{cause=\""))
+        .filter_map(|l| {
+            let (cause, n) = l.split_once("\"} ")?;
+            Some((cause.to_string(), n.parse().ok()?))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn cause_of(err: &ManagerError) -> &'static str {
+    match err {
+        ManagerError::Issue(e) => e.cause(),
+        other => panic!("not an issue error: {other:?}"),
+    }
+}
+
+const BAD: [(Defect, &str); 6] = [
+    (Defect::Expired, "expired"),
+    (Defect::NotYetValid, "not_yet_valid"),
+    (Defect::CaTrue, "ca_leaf"),
+    (Defect::KeyCertSign, "ca_leaf"),
+    (Defect::ForeignRoot, "does_not_chain"),
+    (Defect::ExpiredIntermediate, "does_not_chain"),
+];
+
+#[tokio::test]
+async fn each_bad_leaf_is_refused_and_retried_on_the_backoff_schedule() {
+    assert_eq!(BAD.map(|(d, _)| d), Defect::ALL_BAD);
+    for (defect, cause) in BAD {
+        let rogue = RogueIssuer::new(defect);
+        let (clock, now) = manual_clock();
+        let m = CertManager::with_issuer(rogue.clone(), HOUR, clock);
+        let err = m.fetch(&a()).await.unwrap_err();
+        assert_eq!(cause_of(&err), cause, "{defect:?}: {err}");
+        // Never cached, never shown as available.
+        assert!(m.cached(&a()).is_none(), "{defect:?}");
+        let dump = m.dump();
+        assert_eq!(dump.len(), 1);
+        assert_eq!(dump[0].state, format!("Unavailable: {err}"), "{defect:?}");
+        // Until the retry time callers get the error without a request.
+        let t0 = *lock(&now);
+        let first = m.renew_due().unwrap().duration_since(t0).unwrap();
+        assert!(
+            first >= Duration::from_millis(800) && first <= Duration::from_millis(1200),
+            "{defect:?}: {first:?}"
+        );
+        advance(&now, first - Duration::from_millis(1));
+        assert_eq!(cause_of(&m.fetch(&a()).await.unwrap_err()), cause);
+        m.prefetch(&a());
+        m.wait_idle().await;
+        assert_eq!(rogue.calls(), 1, "{defect:?}");
+        // Each retry is refused again and doubles the delay up to 150 s.
+        let mut next = t0 + first;
+        let mut delays = Vec::new();
+        for _ in 0..10 {
+            at(&now, next);
+            assert_eq!(m.renew_due(), None, "{defect:?}: the retry is in flight");
+            m.wait_idle().await;
+            let after = m.renew_due().unwrap();
+            delays.push(after.duration_since(next).unwrap());
+            next = after;
+        }
+        assert_eq!(rogue.calls(), 11, "{defect:?}");
+        for (d, base) in delays
+            .iter()
+            .zip([2u64, 4, 8, 16, 32, 64, 128, 150, 150, 150])
+        {
+            let base = Duration::from_secs(base);
+            assert!(
+                *d >= base.mul_f64(0.8) && *d <= base.mul_f64(1.2).min(BACKOFF_MAX),
+                "{defect:?}: {delays:?}"
+            );
+        }
+        assert_eq!(failures(&m), [(cause.to_string(), 11)], "{defect:?}");
+        assert!(m.cached(&a()).is_none(), "{defect:?}");
+        // A good answer at the next retry is cached and clears the backoff.
+        rogue.set(Defect::None);
+        at(&now, next);
+        m.renew_due();
+        m.wait_idle().await;
+        let cert = m.fetch(&a()).await.unwrap();
+        assert_eq!(m.renew_due(), Some(cert.renew_at()), "{defect:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_renewal_leaves_the_valid_certificate_serving() {
+    for (defect, cause) in BAD {
+        let rogue = RogueIssuer::new(Defect::None);
+        let (clock, now) = manual_clock();
+        let m = CertManager::with_issuer(rogue.clone(), HOUR, clock);
+        let first = m.fetch(&a()).await.unwrap();
+        rogue.set(defect);
+        at(&now, first.renew_at());
+        assert!(Arc::ptr_eq(&m.fetch(&a()).await.unwrap(), &first));
+        m.wait_idle().await;
+        assert_eq!(rogue.calls(), 2, "{defect:?}: one renewal");
+        assert_eq!(failures(&m), [(cause.to_string(), 1)], "{defect:?}");
+        // The refused leaf replaced nothing: the first certificate serves and shows.
+        assert!(Arc::ptr_eq(&m.fetch(&a()).await.unwrap(), &first));
+        assert!(Arc::ptr_eq(&m.cached(&a()).unwrap(), &first));
+        assert_eq!(m.dump()[0].state, "Available");
+        assert_eq!(m.dump()[0].cert_chain[0], first.dump().cert_chain[0]);
+        let retry = m.renew_due().unwrap();
+        let delay = retry.duration_since(first.renew_at()).unwrap();
+        assert!(
+            delay >= Duration::from_millis(800) && delay <= Duration::from_millis(1200),
+            "{defect:?}: {delay:?}"
+        );
+        assert_eq!(rogue.calls(), 2, "{defect:?}");
+    }
+}
+
+#[tokio::test]
+async fn renewals_of_one_identity_are_spaced_by_the_minimum_interval() {
+    let rogue = RogueIssuer::new(Defect::ShortLived);
+    let (clock, now) = manual_clock();
+    // A whole second, so that the leaf's whole-second validity is as asked.
+    let t0 = SystemTime::UNIX_EPOCH
+        + Duration::from_secs(
+            lock(&now)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_secs(),
+        );
+    at(&now, t0);
+    let m = CertManager::with_issuer(rogue.clone(), HOUR, clock);
+    let cert = m.fetch(&a()).await.unwrap();
+    // Valid [t0-1, t0+1]: its renewal is due at once, but not before the interval.
+    assert!(cert.renew_at() <= t0, "{:?}", cert.renew_at());
+    assert_eq!(m.renew_due(), Some(t0 + MIN_FETCH_INTERVAL));
+    at(&now, t0 + MIN_FETCH_INTERVAL - Duration::from_millis(1));
+    assert_eq!(m.renew_due(), Some(t0 + MIN_FETCH_INTERVAL));
+    assert!(Arc::ptr_eq(&m.fetch(&a()).await.unwrap(), &cert));
+    m.wait_idle().await;
+    assert_eq!(rogue.calls(), 1);
+    at(&now, t0 + MIN_FETCH_INTERVAL);
+    assert_eq!(m.renew_due(), None, "the renewal is in flight");
+    m.wait_idle().await;
+    assert_eq!(rogue.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_caller_without_a_certificate_does_not_bring_a_fetch_forward() {
+    let fake = Fake::new(false);
+    let (clock, now) = manual_clock();
+    // One-second lifetimes: a certificate can lapse before the interval is over.
+    let m = CertManager::with_issuer(fake.clone(), Duration::from_secs(1), clock);
+    let whole = lock(&now)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(whole) + Duration::from_millis(900);
+    at(&now, t0);
+    let first = m.fetch(&a()).await.unwrap();
+    // Whole seconds: valid until t0 + 0.1 s.
+    assert_eq!(first.not_after, t0 + Duration::from_millis(100));
+    at(&now, first.not_after);
+    let second = m.fetch(&a()).await.unwrap();
+    assert!(!Arc::ptr_eq(&first, &second));
+    let times = lock(&fake.times).clone();
+    assert_eq!(times.len(), 2);
+    assert!(
+        times[1].duration_since(times[0]).unwrap() >= MIN_FETCH_INTERVAL,
+        "{times:?}"
+    );
+}
+
+/// A clock that follows tokio's (paused) time from now on.
+fn tokio_clock() -> Clock {
+    let start = tokio::time::Instant::now();
+    let base = SystemTime::now();
+    Arc::new(move || base + start.elapsed())
+}
+
+/// Runs the renewal task for ten virtual seconds while a connection asks for `a`'s
+/// certificate every 10 ms; returns the issuer's request count.
+async fn ten_seconds_of_demand(m: &Arc<CertManager>, rogue: &RogueIssuer) -> usize {
+    let task = m.spawn_renewal();
+    let asker = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(Duration::from_millis(10), m.fetch(&a())).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    asker.abort();
+    task.abort();
+    rogue.calls()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_renewal_task_retries_a_refused_leaf_on_the_backoff_schedule() {
+    for (defect, cause) in BAD {
+        let rogue = RogueIssuer::new(defect);
+        let m = CertManager::with_issuer(rogue.clone(), HOUR, tokio_clock());
+        let calls = ten_seconds_of_demand(&m, &rogue).await;
+        // At 0 s, then after 0.8-1.2 s, 1.6-2.4 s more, 3.2-4.8 s more (by 8.4 s at the
+        // latest); the next is at least 6.4 s later, past 10 s.
+        assert_eq!(calls, 4, "{defect:?}");
+        assert_eq!(failures(&m), [(cause.to_string(), 4)], "{defect:?}");
+        assert!(m.cached(&a()).is_none());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_up_does_not_bring_a_renewal_before_the_minimum_interval() {
+    // Every answer is due for renewal at once.
+    let rogue = RogueIssuer::new(Defect::ShortLived);
+    let m = CertManager::with_issuer(rogue.clone(), HOUR, tokio_clock());
+    let calls = ten_seconds_of_demand(&m, &rogue).await;
+    let most = (Duration::from_secs(10).as_millis() / MIN_FETCH_INTERVAL.as_millis()) as usize + 1;
+    assert!(calls >= 2 && calls <= most, "{calls} requests in 10 s");
+    assert!(failures(&m).is_empty(), "{:?}", failures(&m));
+    // Consecutive requests are at least the interval apart.
+    let times = lock(&rogue.times).clone();
+    for w in times.windows(2) {
+        assert!(
+            w[1].duration_since(w[0]).unwrap() >= MIN_FETCH_INTERVAL,
+            "{times:?}"
+        );
+    }
 }
