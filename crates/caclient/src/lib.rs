@@ -8,8 +8,9 @@
 //! Per request: a new ECDSA P-256 key and CSR; `validity_duration` = the manager's TTL in
 //! seconds; in shared (in-pod) mode `metadata = {"ImpersonatedIdentity": "<spiffe id>"}`
 //! because the node proxy asks on behalf of pods. The answer is checked before it is
-//! used: the leaf's first URI SAN must be the requested identity and its key ours; the
-//! last chain element's root(s) become the trust anchors.
+//! used: the leaf must be an SVID for the requested identity carrying our key; the last
+//! chain element's root(s) become the trust anchors. The certificate manager then refuses
+//! a leaf that is expired or not yet valid, a CA, or does not verify up to those roots.
 #![forbid(unsafe_code)]
 
 pub mod prefetch;

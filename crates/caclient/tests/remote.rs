@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use ambit_caclient::RemoteIssuer;
 use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
 use ambit_identity::{CertManager, IssueError, IssueFuture, Issuer, ManagerError, SpiffeId};
+use support::rogue_ca::Defect;
 use support::{start_ca, CA_NAME, REFUSE, WRONG_IDENTITY};
 use tokio::net::TcpListener;
 
@@ -185,4 +186,76 @@ async fn with_the_ca_down_the_valid_certificate_keeps_serving() {
     tokio::time::timeout(GUARD, m.wait_idle()).await.unwrap();
     let renewed = m.cached(&web()).unwrap();
     assert!(!Arc::ptr_eq(&renewed, &first));
+}
+
+/// `ambit_certificate_fetch_failures_total{cause}` lines of the manager's metrics.
+fn failure_lines(m: &CertManager) -> Vec<String> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    m.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("ambit_certificate_fetch_failures_total{"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn each_bad_leaf_from_the_ca_is_refused_by_cause_and_never_cached() {
+    let server = start_ca().await;
+    let cases = [
+        (Defect::Expired, "expired"),
+        (Defect::NotYetValid, "not_yet_valid"),
+        (Defect::CaTrue, "ca_leaf"),
+        (Defect::KeyCertSign, "ca_leaf"),
+        (Defect::ForeignRoot, "does_not_chain"),
+        (Defect::ExpiredIntermediate, "does_not_chain"),
+    ];
+    assert_eq!(cases.map(|(d, _)| d), Defect::ALL_BAD);
+    for (defect, cause) in cases {
+        *server.ca.defect.lock().unwrap() = Some(defect);
+        let m = CertManager::with_issuer(
+            Arc::new(issuer(server.addr, &server.root_pem, true)),
+            DAY,
+            Arc::new(SystemTime::now),
+        );
+        let err = fetch(&m, &web()).await.unwrap_err();
+        let ManagerError::Issue(e) = &err else {
+            panic!("{defect:?}: {err:?}")
+        };
+        assert_eq!(e.cause(), cause, "{defect:?}: {e}");
+        assert!(m.cached(&web()).is_none(), "{defect:?}");
+        assert!(m.dump()[0].state.starts_with("Unavailable: "), "{defect:?}");
+        // Asked again before the retry time: the same refusal, no second request.
+        let before = server.ca.seen.lock().unwrap().len();
+        assert_eq!(
+            fetch(&m, &web()).await.unwrap_err().to_string(),
+            err.to_string()
+        );
+        assert_eq!(server.ca.seen.lock().unwrap().len(), before, "{defect:?}");
+        assert_eq!(
+            failure_lines(&m),
+            [format!(
+                "ambit_certificate_fetch_failures_total{{cause=\"{cause}\"}} 1"
+            )],
+            "{defect:?}"
+        );
+    }
+    // The same server's good leaves (the fixture itself is sound).
+    for defect in [Defect::None, Defect::ViaIntermediate, Defect::SlightlyAhead] {
+        *server.ca.defect.lock().unwrap() = Some(defect);
+        let m = CertManager::with_issuer(
+            Arc::new(issuer(server.addr, &server.root_pem, true)),
+            DAY,
+            Arc::new(SystemTime::now),
+        );
+        let cert = fetch(&m, &web())
+            .await
+            .unwrap_or_else(|e| panic!("{defect:?}: {e}"));
+        assert_eq!(
+            cert.roots[0].as_ref(),
+            server.ca.rogue.root().der.as_slice()
+        );
+        m.server_config(&web()).await.unwrap();
+    }
 }

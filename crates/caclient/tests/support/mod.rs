@@ -1,7 +1,11 @@
 //! A small Istio CA for tests: a tonic server over TLS on 127.0.0.1 signing with
-//! `CertificateAuthority::sign_request`, recording what each request carried. Shared by
+//! `CertificateAuthority::sign_request`, recording what each request carried; or, set
+//! [`TestCa::rogue`], answering every request with a leaf that has that defect. Shared by
 //! this crate's tests and the `ambit` binary's (through `#[path]`).
 #![allow(dead_code)]
+
+#[path = "../../../identity/tests/support/rogue_ca.rs"]
+pub mod rogue_ca;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
@@ -40,6 +44,9 @@ pub struct TestCa {
     pub ca: CertificateAuthority,
     pub mode: AtomicU8,
     pub seen: Mutex<Vec<Seen>>,
+    /// When set, requests are answered by `rogue` with a leaf that has this defect.
+    pub defect: Mutex<Option<rogue_ca::Defect>>,
+    pub rogue: rogue_ca::RogueCa,
 }
 
 struct Svc(Arc<TestCa>);
@@ -79,6 +86,21 @@ impl IstioCertificateService for Svc {
             validity: body.validity_duration,
         });
         let ttl = Duration::from_secs(body.validity_duration.max(1) as u64);
+        let defect = *this.defect.lock().unwrap();
+        if let Some(defect) = defect {
+            let csr = rcgen::CertificateSigningRequestParams::from_pem(&body.csr)
+                .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+            let uri = match csr.params.subject_alt_names.as_slice() {
+                [rcgen::SanType::URI(uri)] => uri.as_str().to_string(),
+                _ => return Err(tonic::Status::invalid_argument("one URI SAN expected")),
+            };
+            let issued = this
+                .rogue
+                .sign(&csr.public_key, &uri, defect, SystemTime::now());
+            return Ok(tonic::Response::new(IstioCertificateResponse {
+                cert_chain: issued.cert_chain(),
+            }));
+        }
         let csr = match this.mode.load(SeqCst) {
             REFUSE => {
                 return Err(tonic::Status::permission_denied(
@@ -117,6 +139,8 @@ pub async fn start_ca() -> Server {
         ca: CertificateAuthority::ephemeral("cluster.local").unwrap(),
         mode: AtomicU8::new(SIGN),
         seen: Mutex::new(Vec::new()),
+        defect: Mutex::new(None),
+        rogue: rogue_ca::RogueCa::new(),
     });
     tokio::spawn(
         tonic::transport::Server::builder()
