@@ -377,6 +377,11 @@ impl Agent {
         self.store().get(uid).cloned()
     }
 
+    /// Every pod held.
+    pub(crate) fn held_pods(&self) -> Vec<PodInfo> {
+        self.store().pods().cloned().collect()
+    }
+
     /// The UIDs of every pod held.
     pub(crate) fn held_uids(&self) -> Vec<String> {
         self.store().pods().map(|p| p.uid.clone()).collect()

@@ -266,7 +266,12 @@ impl Installer {
 
         let want = self.desired_kubeconfig()?;
         if !self.kubeconfig_current(&want)? {
-            std::fs::create_dir_all(&c.cni_agent_run_dir)?;
+            // The node agent's directory (its plugin socket): 0700 when made here too.
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&c.cni_agent_run_dir)?;
             files::write_atomic(&c.kubeconfig_path(), want.as_bytes(), c.kubeconfig_mode)?;
             ch.kubeconfig = true;
         }

@@ -61,6 +61,13 @@ pub struct K8sConfig {
     pub metrics_addr: SocketAddr,
     /// Where the enrolled pods are kept between restarts of one agent process tree.
     pub state_dir: PathBuf,
+    /// `AMBIT_CNI_PLUGIN_UID`: the uid the CNI plugin runs as, when not root. Only root,
+    /// the agent's own uid and this one may call `pluginevent.sock` (checked with
+    /// `SO_PEERCRED`).
+    pub plugin_uid: Option<u32>,
+    /// `AMBIT_ZDS_PROXY_UID`: the uid the node proxy runs as, when not root (the ZDS
+    /// socket's peer check, as `ambit agent --zds-proxy-uid`).
+    pub zds_proxy_uid: Option<u32>,
 }
 
 impl K8sConfig {
@@ -101,6 +108,14 @@ impl K8sConfig {
             None => Ok(default),
         };
         let monitoring = port("MONITORING_PORT", DEFAULT_MONITORING_PORT)?;
+        let uid = |name: &'static str| match get(name) {
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| err(name, &v, "expected a numeric uid")),
+            None => Ok(None),
+        };
         // The probe SNAT address is built into the rule sets (Istio's defaults); another one
         // would silently not match the host rules, so it is refused.
         for (name, default) in [
@@ -158,6 +173,8 @@ impl K8sConfig {
                 .into(),
             health_addr: SocketAddr::from((Ipv4Addr::UNSPECIFIED, HEALTH_PORT)),
             metrics_addr: SocketAddr::from((Ipv4Addr::UNSPECIFIED, monitoring)),
+            plugin_uid: uid("AMBIT_CNI_PLUGIN_UID")?,
+            zds_proxy_uid: uid("AMBIT_ZDS_PROXY_UID")?,
         })
     }
 
@@ -208,6 +225,7 @@ mod tests {
         assert_eq!(c.host_root, PathBuf::from("/host"));
         assert_eq!(c.metrics_addr.port(), 15014);
         assert_eq!(c.health_addr.port(), 8000);
+        assert_eq!((c.plugin_uid, c.zds_proxy_uid), (None, None));
     }
 
     #[test]
@@ -233,8 +251,11 @@ mod tests {
             ("ALLOW_SWITCH_TO_HOST_NS", "true"),
             ("AMBIT_HOST_PROC", "/tmp/proc"),
             ("AMBIT_HOST_ROOT", "/"),
+            ("AMBIT_CNI_PLUGIN_UID", "1337"),
+            ("AMBIT_ZDS_PROXY_UID", " 65534 "),
         ])
         .unwrap();
+        assert_eq!((c.plugin_uid, c.zds_proxy_uid), (Some(1337), Some(65534)));
         assert!(c.ambient_enabled && !c.dns_capture && !c.ipv6 && !c.reconcile_on_startup);
         assert_eq!(c.enablement.selectors.len(), 1);
         assert_eq!(
@@ -279,6 +300,11 @@ mod tests {
                 vec![("ALLOW_SWITCH_TO_HOST_NS", "x")],
                 "ALLOW_SWITCH_TO_HOST_NS",
             ),
+            (
+                vec![("AMBIT_CNI_PLUGIN_UID", "root")],
+                "AMBIT_CNI_PLUGIN_UID",
+            ),
+            (vec![("AMBIT_ZDS_PROXY_UID", "-1")], "AMBIT_ZDS_PROXY_UID"),
         ] {
             let e = parse(&vars).unwrap_err();
             assert_eq!(e.name, name);

@@ -38,8 +38,6 @@ pub struct Options {
     pub probe_sets: ProbeSetNames,
     /// ZDS timeouts.
     pub zds: ZdsOptions,
-    /// The uid node proxies run as, if not root (or ours).
-    pub zds_proxy_uid: Option<u32>,
 }
 
 /// Reconciles running at once (each waits for at most one node proxy ack).
@@ -109,7 +107,7 @@ pub(crate) async fn run(
         state_dir: cfg.state_dir.clone(),
         ipv6: cfg.ipv6,
         dns_capture: cfg.dns_capture,
-        zds_proxy_uid: opts.zds_proxy_uid,
+        zds_proxy_uid: cfg.zds_proxy_uid,
     };
     let run_opts = RunOptions {
         host_netns: cfg.host_netns.clone(),
@@ -135,11 +133,7 @@ pub(crate) async fn run(
 
     let plugin_listener = super::plugin::bind(&ctl.cfg.plugin_socket())?;
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(super::http::serve_unix(
-        plugin_listener,
-        super::plugin::handler(ctl.clone()),
-        ambit_cni::istio_api::MAX_BODY_BYTES,
-    ));
+    tasks.spawn(super::plugin::serve(plugin_listener, ctl.clone()));
     tasks.spawn(watch_pods(ctl.clone(), synced.clone()));
     tasks.spawn(watch_namespaces(ctl.clone(), synced.clone()));
     tracing::info!(
@@ -313,6 +307,34 @@ impl Controller {
 
     pub(crate) fn enablement(&self) -> &ambit_k8s::Enablement {
         &self.cfg.enablement
+    }
+
+    pub(crate) fn config(&self) -> &K8sConfig {
+        &self.cfg
+    }
+
+    /// Another live pod (`namespace/name`, or the UID of one only the agent still holds)
+    /// that has `ip`: in the API server's view (not deleted, not terminal), or in the
+    /// agent's records.
+    pub(crate) fn ip_owner(&self, ip: IpAddr, except_uid: &str) -> Option<String> {
+        let from_api = self
+            .cache()
+            .pods
+            .iter()
+            .find(|(uid, e)| {
+                uid.as_str() != except_uid
+                    && !e.deleted
+                    && !e.view.terminal
+                    && e.view.ips.contains(&ip)
+            })
+            .map(|(_, e)| format!("{}/{}", e.view.namespace, e.view.name));
+        from_api.or_else(|| {
+            self.agent
+                .held_pods()
+                .into_iter()
+                .find(|p| p.uid != except_uid && p.ips.contains(&ip))
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+        })
     }
 
     /// `<host root>` + the CNI netns path, as Istio opens it from inside its pod.

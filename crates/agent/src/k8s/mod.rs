@@ -14,12 +14,14 @@
 //! - [`queue`]: per-pod dedupe and backoff, sans IO.
 //! - [`procscan`]: a pod's netns from `/proc`.
 //! - [`plugin`]: the `POST /cmdadd` server Istio's CNI plugin calls.
+//! - [`netns_check`]: whether the netns a `/cmdadd` names may be captured, sans IO.
 //! - [`controller`]: the watches, the worker and the annotation patches.
 
 pub mod config;
 pub mod controller;
 pub mod http;
 pub mod metrics;
+pub mod netns_check;
 pub mod plugin;
 pub mod pods;
 pub mod procscan;

@@ -2,6 +2,8 @@
 //! the test fails, and unique names.
 #![allow(dead_code)]
 
+pub mod k8s;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
