@@ -1,0 +1,339 @@
+//! `ambit ztunnel` against an in-process delta xDS server over TLS on 127.0.0.1, sent what
+//! a control plane must not be able to do to it: an `Authorization` of 2,000,000 empty
+//! match objects (4 MB on the wire, the audit's case) and an `Address` resource whose
+//! body is another service than its name. Each is NACKed with the reason naming the
+//! resource, the field and the limit; `/config_dump` never shows it; the good resources
+//! of the same responses are applied.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream as StdTcp};
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ambit_grpc::server::{incoming, test_pki, AcceptOptions, TestPki};
+use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use ambit_proto::istio::security as psec;
+use ambit_proto::istio::workload as pw;
+use ambit_proto::{
+    address_resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE,
+    AUTHORIZATION_TYPE,
+};
+use futures_util::Stream;
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+const UID: &str = "Kubernetes//v1/Pod/default/a";
+const GOOD_SERVICE: &str = "default/good.default.svc.cluster.local";
+const ANNOUNCED: &str = "default/announced.default.svc.cluster.local";
+const HIDDEN_HOST: &str = "hidden.default.svc.cluster.local";
+const GOOD_POLICY: &str = "default/good-policy";
+const BIG_POLICY: &str = "default/big-policy";
+const MATCHES: usize = 2_000_000;
+
+/// Answers each initial request with a first response (nonce "1"); after the ACK of it,
+/// sends the second response of that type (nonce "2"). Reports every ACK or NACK.
+struct Ads {
+    replies: mpsc::UnboundedSender<DeltaDiscoveryRequest>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = Out<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Out<DiscoveryResponse>>, Status> {
+        Err(Status::unimplemented("state of the world"))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        req: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Out<DeltaDiscoveryResponse>>, Status> {
+        let mut incoming = req.into_inner();
+        let replies = self.replies.clone();
+        let (tx, rx) = mpsc::unbounded_channel::<Result<DeltaDiscoveryResponse, Status>>();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = incoming.message().await {
+                match m.response_nonce.as_str() {
+                    "" => {
+                        let _ = tx.send(Ok(first(&m.type_url)));
+                    }
+                    "1" => {
+                        let _ = tx.send(Ok(second(&m.type_url)));
+                    }
+                    _ => {}
+                }
+                if !m.response_nonce.is_empty() {
+                    let _ = replies.send(m);
+                }
+            }
+        });
+        let out =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+fn response(type_url: &str, nonce: &str, resources: Vec<Resource>) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        type_url: type_url.into(),
+        nonce: nonce.into(),
+        resources,
+        ..Default::default()
+    }
+}
+
+fn first(type_url: &str) -> DeltaDiscoveryResponse {
+    let resources = if type_url == ADDRESS_TYPE {
+        let w = pw::Workload {
+            uid: UID.into(),
+            name: "a".into(),
+            namespace: "default".into(),
+            addresses: vec![vec![127, 0, 0, 1].into()],
+            ..Default::default()
+        };
+        vec![address_resource(UID, "1", pw::address::Type::Workload(w))]
+    } else {
+        Vec::new()
+    };
+    response(type_url, "1", resources)
+}
+
+fn service(hostname: &str, vip: [u8; 4]) -> pw::address::Type {
+    pw::address::Type::Service(pw::Service {
+        name: hostname.split('.').next().unwrap().into(),
+        namespace: "default".into(),
+        hostname: hostname.into(),
+        addresses: vec![pw::NetworkAddress {
+            network: String::new(),
+            address: vip.to_vec().into(),
+            length: None,
+        }],
+        ..Default::default()
+    })
+}
+
+fn policy_resource(key: &str, p: psec::Authorization) -> Resource {
+    Resource {
+        name: key.into(),
+        version: "2".into(),
+        resource: Some(prost_types::Any {
+            type_url: AUTHORIZATION_TYPE.into(),
+            value: p.encode_to_vec(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The second response of each type: one refused resource, one good one.
+fn second(type_url: &str) -> DeltaDiscoveryResponse {
+    if type_url == ADDRESS_TYPE {
+        return response(
+            ADDRESS_TYPE,
+            "2",
+            vec![
+                // Named `announced`, a body for `hidden`.
+                address_resource(ANNOUNCED, "2", service(HIDDEN_HOST, [10, 96, 0, 9])),
+                address_resource(
+                    GOOD_SERVICE,
+                    "2",
+                    service("good.default.svc.cluster.local", [10, 96, 0, 1]),
+                ),
+            ],
+        );
+    }
+    let policy = |name: &str, rules| psec::Authorization {
+        name: name.into(),
+        namespace: "default".into(),
+        scope: psec::Scope::Namespace as i32,
+        action: psec::Action::Deny as i32,
+        rules,
+        ..Default::default()
+    };
+    let big = policy(
+        "big-policy",
+        vec![psec::Rule {
+            clauses: vec![psec::Clause {
+                matches: vec![psec::Match::default(); MATCHES],
+            }],
+        }],
+    );
+    let good = policy(
+        "good-policy",
+        vec![psec::Rule {
+            clauses: vec![psec::Clause {
+                matches: vec![psec::Match {
+                    destination_ports: vec![9],
+                    ..Default::default()
+                }],
+            }],
+        }],
+    );
+    response(
+        AUTHORIZATION_TYPE,
+        "2",
+        vec![
+            policy_resource(BIG_POLICY, big),
+            policy_resource(GOOD_POLICY, good),
+        ],
+    )
+}
+
+async fn serve(ads: Ads, pki: &TestPki) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .serve_with_incoming(incoming(listener, pki.acceptor(), AcceptOptions::default())),
+    );
+    addr
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A blocking HTTP/1.1 GET of the body; None while nothing listens.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = StdTcp::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The reply to the response of `type_url` with nonce "2".
+async fn reply_to_second(
+    replies: &mut mpsc::UnboundedReceiver<DeltaDiscoveryRequest>,
+    seen: &mut Vec<DeltaDiscoveryRequest>,
+    type_url: &str,
+) -> DeltaDiscoveryRequest {
+    loop {
+        if let Some(i) = seen
+            .iter()
+            .position(|r| r.type_url == type_url && r.response_nonce == "2")
+        {
+            return seen.remove(i);
+        }
+        let r = tokio::time::timeout(Duration::from_secs(60), replies.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no reply to the second {type_url} response"))
+            .expect("the server went away");
+        seen.push(r);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_and_misnamed_resources_are_nacked_and_never_applied() {
+    let pki = test_pki(&["localhost"]);
+    let root_pem = pki.root_pem.clone();
+    let (replies_tx, mut replies) = mpsc::unbounded_channel();
+    let addr = serve(
+        Ads {
+            replies: replies_tx,
+        },
+        &pki,
+    )
+    .await;
+
+    let admin = free_port();
+    let env: Vec<(&str, String)> = vec![
+        ("PROXY_MODE", "dedicated".into()),
+        ("PROXY_WORKLOAD_INFO", "default/a/default".into()),
+        ("XDS_ADDRESS", format!("localhost:{}", addr.port())),
+        ("XDS_ROOT_CA", root_pem.clone()),
+        ("CA_ROOT_CA", root_pem),
+        ("POD_NAME", "ztunnel-limits".into()),
+        ("POD_NAMESPACE", "istio-system".into()),
+        ("AMBIT_ADMIN_ADDR", format!("127.0.0.1:{admin}")),
+        ("AMBIT_STATS_ADDR", format!("127.0.0.1:{}", free_port())),
+        ("AMBIT_READINESS_ADDR", format!("127.0.0.1:{}", free_port())),
+        ("AMBIT_OUTBOUND_PORT", free_port().to_string()),
+        ("AMBIT_INBOUND_PLAINTEXT_PORT", free_port().to_string()),
+        ("AMBIT_HBONE_PORT", free_port().to_string()),
+        ("RUST_LOG", "info".into()),
+    ];
+    let child = Command::new(env!("CARGO_BIN_EXE_ambit"))
+        .arg("ztunnel")
+        .env_clear()
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start ambit");
+    let _child = Kill(child);
+
+    let mut seen = Vec::new();
+    let nack = reply_to_second(&mut replies, &mut seen, AUTHORIZATION_TYPE).await;
+    let message = nack
+        .error_detail
+        .expect("a NACK carries error_detail")
+        .message;
+    assert_eq!(
+        message,
+        format!("{BIG_POLICY}: rules[0].clauses[0].matches: more than 4096 match objects in one rule (the limit)")
+    );
+    let nack = reply_to_second(&mut replies, &mut seen, ADDRESS_TYPE).await;
+    let message = nack
+        .error_detail
+        .expect("a NACK carries error_detail")
+        .message;
+    assert_eq!(
+        message,
+        format!("{ANNOUNCED}: the body's service namespace/hostname is \"default/{HIDDEN_HOST}\", not the resource name; refused so that a removal by name always removes what was announced")
+    );
+
+    // The good resources of the same responses are applied; the refused ones are not.
+    let start = Instant::now();
+    let dump = loop {
+        if let Some(d) = get(admin, "/config_dump") {
+            if d.contains("good-policy") && d.contains("good.default.svc.cluster.local") {
+                break d;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the good resources never showed in /config_dump"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let dump: serde_json::Value = serde_json::from_str(&dump).expect("config_dump is JSON");
+    let text = dump.to_string();
+    for refused in ["big-policy", "hidden", "announced"] {
+        assert!(!text.contains(refused), "{refused} in {text}");
+    }
+    assert!(text.contains(UID), "{text}");
+}
