@@ -1,0 +1,294 @@
+//! `ambit ztunnel` against a rogue CA: one proxy per defect (an expired leaf, one not yet
+//! valid, one with CA:TRUE, one with keyCertSign, one under a root the CA does not return,
+//! one under an expired intermediate), each asked for its certificate by a connection to
+//! its HBONE port every 50 ms. Each must refuse every leaf, name the cause in
+//! `ambit_certificate_fetch_failures_total{cause}` once per CA request, show the identity as
+//! unavailable in `/config_dump`, say when the node clock looks skewed and by how much, and
+//! ask the CA no more often than the backoff allows. No root needed: dedicated mode on
+//! loopback.
+
+#[path = "../../caclient/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::rogue_ca::Defect;
+
+const SERVER_ID: &str = "spiffe://cluster.local/ns/default/sa/server";
+/// The window in which CA requests are counted, from the first one.
+const WINDOW: Duration = Duration::from_secs(10);
+/// Requests in the window: at 0 s, then after ≈1, 2 and 4 s (each ±20%); the fifth is due
+/// at the earliest 12 s in. One more is tolerated, nothing like a loop.
+const MOST_IN_WINDOW: usize = 5;
+/// At least the first two retries fall inside the window, however loaded the machine.
+const LEAST_IN_WINDOW: usize = 3;
+/// Failure guard only.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+struct Case {
+    defect: Defect,
+    cause: &'static str,
+    /// A phrase of the error shown in `/config_dump`.
+    says: &'static str,
+    /// For the clock defects: the skew the warning must name, in seconds (inclusive range).
+    skew: Option<(u64, u64)>,
+}
+
+const CASES: [Case; 6] = [
+    Case {
+        defect: Defect::Expired,
+        cause: "expired",
+        says: "before this node's clock",
+        // Its end is 2 h before the CA's clock (whole seconds), a little more by ours.
+        skew: Some((7200, 7260)),
+    },
+    Case {
+        defect: Defect::NotYetValid,
+        cause: "not_yet_valid",
+        says: "after this node's clock",
+        skew: Some((7140, 7200)),
+    },
+    Case {
+        defect: Defect::CaTrue,
+        cause: "ca_leaf",
+        says: "CA:TRUE",
+        skew: None,
+    },
+    Case {
+        defect: Defect::KeyCertSign,
+        cause: "ca_leaf",
+        says: "keyCertSign",
+        skew: None,
+    },
+    Case {
+        defect: Defect::ForeignRoot,
+        cause: "does_not_chain",
+        says: "does not verify up to the root",
+        skew: None,
+    },
+    Case {
+        defect: Defect::ExpiredIntermediate,
+        cause: "does_not_chain",
+        says: "does not verify up to the root",
+        skew: None,
+    },
+];
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// The `certificates` of a `/config_dump` answer (its body is one JSON document).
+fn certificates(response: &str) -> Option<Vec<serde_json::Value>> {
+    let body = &response[response.find("\r\n\r\n")? + 4..];
+    let start = body.find('{')?;
+    let end = body.rfind('}')?;
+    let v: serde_json::Value = serde_json::from_str(&body[start..=end]).ok()?;
+    v["certificates"].as_array().cloned()
+}
+
+/// `ambit_certificate_fetch_failures_total` by cause, from a `/metrics` answer.
+fn failures(metrics: &str) -> Vec<(String, usize)> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("ambit_certificate_fetch_failures_total{cause=\""))
+        .filter_map(|l| {
+            let (cause, n) = l.split_once("\"} ")?;
+            Some((cause.to_string(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `ambit ztunnel` for SERVER_ID against `ca`; returns it, its HBONE, admin and
+/// stats addresses, and the lines it logs.
+fn start_proxy(ca: &support::Server) -> (Kill, [SocketAddr; 3], Arc<Mutex<Vec<String>>>) {
+    let (hbone, admin, stats) = (free_port(), free_port(), free_port());
+    let yaml = "workloads:\n- {uid: s, name: server, namespace: default, serviceAccount: server, protocol: HBONE, workloadIps: [\"127.0.0.1\"]}\n";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ambit"))
+        .arg("ztunnel")
+        .env_clear()
+        .envs([
+            ("PROXY_MODE", "dedicated"),
+            ("PROXY_WORKLOAD_INFO", "default/server/server"),
+            ("LOCAL_XDS", yaml),
+            ("CA_ADDRESS", &format!("127.0.0.1:{}", ca.addr.port())),
+            ("CA_ROOT_CA", &ca.root_pem),
+            ("ALT_CA_HOSTNAME", support::CA_NAME),
+            ("AUTH_TOKEN", "jwt-rogue"),
+            ("SECRET_TTL", "2h"),
+            ("IPV6_ENABLED", "false"),
+            // Several proxies run at once: none takes the DNS proxy's fixed port.
+            ("ISTIO_META_DNS_CAPTURE", "false"),
+            ("AMBIT_HBONE_PORT", &hbone.to_string()),
+            ("AMBIT_OUTBOUND_PORT", &free_port().to_string()),
+            ("AMBIT_INBOUND_PLAINTEXT_PORT", &free_port().to_string()),
+            ("AMBIT_ADMIN_ADDR", &format!("127.0.0.1:{admin}")),
+            ("AMBIT_STATS_ADDR", &format!("127.0.0.1:{stats}")),
+            (
+                "AMBIT_READINESS_ADDR",
+                &format!("127.0.0.1:{}", free_port()),
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run ambit");
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let stdout = child.stdout.take().unwrap();
+    {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+    }
+    let local = |p| SocketAddr::from(([127, 0, 0, 1], p));
+    (
+        Kill(child),
+        [local(hbone), local(admin), local(stats)],
+        lines,
+    )
+}
+
+/// Runs one proxy against `ca` (answering with `case.defect`) and checks what it did.
+fn run(ca: &support::Server, case: &Case) -> Result<(), String> {
+    let what = format!("{:?}", case.defect);
+    let (_proxy, [hbone, admin, stats], lines) = start_proxy(ca);
+    let requests = || ca.ca.seen.lock().unwrap().len();
+    let poke = || drop(TcpStream::connect_timeout(&hbone, Duration::from_secs(1)));
+    // A connection makes the proxy fetch its certificate (the first attempts may come
+    // before the listener is up).
+    let deadline = Instant::now() + DEADLINE;
+    while requests() == 0 {
+        if Instant::now() > deadline {
+            return Err(format!("{what}: the proxy never asked the CA"));
+        }
+        poke();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Connections keep asking; only the backoff may let a request through.
+    let window_end = Instant::now() + WINDOW;
+    while Instant::now() < window_end {
+        poke();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let in_window = requests();
+    if !(LEAST_IN_WINDOW..=MOST_IN_WINDOW).contains(&in_window) {
+        return Err(format!(
+            "{what}: {in_window} CA requests in the first {WINDOW:?}, expected {LEAST_IN_WINDOW} to {MOST_IN_WINDOW} (the backoff's schedule)"
+        ));
+    }
+    // Every request was refused under its cause (a request still being answered may
+    // briefly make the two differ).
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let seen = get(stats, "/metrics").map(|m| failures(&m));
+        let n = requests();
+        if seen.as_deref() == Some(&[(case.cause.to_string(), n)][..]) {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what}: ambit_certificate_fetch_failures_total is {seen:?}, expected {n} under cause {:?}",
+                case.cause
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dump = get(admin, "/config_dump")
+        .and_then(|r| certificates(&r))
+        .ok_or_else(|| format!("{what}: no certificates in /config_dump"))?;
+    let cert = dump
+        .iter()
+        .find(|c| c["identity"] == SERVER_ID)
+        .ok_or_else(|| format!("{what}: {SERVER_ID} not in /config_dump: {dump:?}"))?;
+    let state = cert["state"].as_str().unwrap_or_default();
+    if !state.starts_with("Unavailable: ") || !state.contains(case.says) {
+        return Err(format!(
+            "{what}: /config_dump state {state:?}, expected Unavailable naming {:?}",
+            case.says
+        ));
+    }
+    if cert["certChain"].as_array().is_some_and(|c| !c.is_empty()) {
+        return Err(format!("{what}: a refused chain is shown: {cert}"));
+    }
+    let logged = lines.lock().unwrap().clone();
+    let skews: Vec<u64> = logged
+        .iter()
+        .filter(|l| l.contains("node clock looks skewed"))
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("skew_seconds=")?;
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    match case.skew {
+        Some((low, high)) => {
+            if skews.is_empty() || skews.iter().any(|s| !(low..=high).contains(s)) {
+                return Err(format!(
+                    "{what}: expected clock-skew warnings of {low}..={high} s, found {skews:?} in {logged:#?}"
+                ));
+            }
+        }
+        None if !skews.is_empty() => {
+            return Err(format!(
+                "{what}: a clock-skew warning for a leaf inside its validity: {skews:?}"
+            ));
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rogue_cas_leaves_are_refused_by_cause_and_asked_for_on_the_backoff() {
+    let mut runs = Vec::new();
+    for (i, case) in CASES.iter().enumerate() {
+        let ca = support::start_ca().await;
+        *ca.ca.defect.lock().unwrap() = Some(case.defect);
+        runs.push(tokio::task::spawn_blocking(move || run(&ca, &CASES[i])));
+    }
+    // Every proxy finishes (and is killed) before anything is asserted.
+    let mut errors = Vec::new();
+    for r in runs {
+        match r.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("a case panicked: {e}")),
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
