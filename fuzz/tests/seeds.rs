@@ -512,3 +512,55 @@ fn cni_conflist_seeds_are_valid_primaries() {
         validate(file, &data[1..]).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
+
+/// The xDS seeds of refusals: the 5,000-match policy (the audit's 2,000,000-match case,
+/// small) and the body named for another service are NACKed with their reasons, the good
+/// resource beside each is applied; every `xds_resource` seed runs through its target.
+#[test]
+fn xds_seeds_refuse_what_they_should() {
+    use ambit_xds::{DeltaClient, Limit, NodeConfig, Rejection, ShapeError};
+    let handle = |name: &str| {
+        let data = seed("xds_delta", name);
+        ambit_xds::fuzzing::delta_response(&data);
+        DeltaClient::new(NodeConfig::default().to_node())
+            .handle_bytes(&data[1..])
+            .expect(name)
+    };
+    let h = handle("authorization_many_matches");
+    assert_eq!(
+        h.rejected,
+        vec![(
+            "bookinfo/many".to_string(),
+            Rejection::Shape(ShapeError::TooMany {
+                field: "rules[0].clauses[0].matches".into(),
+                limit: Limit::MatchesPerRule
+            })
+        )]
+    );
+    assert_eq!(h.batch.ops.len(), 1);
+    let h = handle("address_misnamed");
+    assert!(
+        matches!(&h.rejected[..], [(n, Rejection::NameMismatch { .. })] if n == "bookinfo/announced.bookinfo.svc.cluster.local"),
+        "{:?}",
+        h.rejected
+    );
+    assert_eq!(h.batch.ops.len(), 1);
+    for name in [
+        "policy",
+        "policy_many_matches",
+        "workload",
+        "service",
+        "workload_twice",
+        "service_misnamed",
+    ] {
+        ambit_xds::fuzzing::resource_body(&seed("xds_resource", name));
+    }
+    let many = seed("xds_resource", "policy_many_matches");
+    assert!(matches!(
+        ambit_xds::shape::check_authorization(&many[1..]),
+        Err(ShapeError::TooMany {
+            limit: Limit::MatchesPerRule,
+            ..
+        })
+    ));
+}
