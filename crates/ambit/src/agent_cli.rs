@@ -1,4 +1,8 @@
 //! `ambit agent`: the node agent, and the commands that talk to a running one.
+//!
+//! Without Kubernetes the agent is configured by its flags; in Kubernetes mode by
+//! istio-cni's environment, and a flag of the other mode is refused by name, with the
+//! variable that applies instead ([`kubernetes_mode_conflicts`]), before anything starts.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -7,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
 
 use ambit_cni::api::{self, AgentRequest, PodInfo};
 
@@ -40,6 +46,10 @@ pub struct AgentArgs {
     /// pass).
     #[arg(long, env = "AMBIT_ZDS_PROXY_UID")]
     pub zds_proxy_uid: Option<u32>,
+    /// Kubernetes mode: the uid the CNI plugin runs as, when not root: it may call the
+    /// plugin socket too (SO_PEERCRED; root and the agent's own uid always pass).
+    #[arg(long, env = "AMBIT_CNI_PLUGIN_UID")]
+    pub cni_plugin_uid: Option<u32>,
     /// Kubernetes mode: watch this API server (also when `KUBERNETES_SERVICE_HOST` is set,
     /// with the in-cluster service account). Configured then from istio-cni's environment
     /// (AMBIENT_ENABLED, NODE_NAME, CNI_AGENT_RUN_DIR, ZTUNNEL_UDS_ADDRESS, ...).
@@ -77,9 +87,9 @@ pub enum AgentAction {
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+pub fn run(args: AgentArgs, matches: Option<&ArgMatches>) -> anyhow::Result<()> {
     let request = match args.action {
-        None => return run_agent(args),
+        None => return run_agent(args, matches),
         Some(AgentAction::Enroll {
             netns,
             uid,
@@ -133,11 +143,71 @@ fn agent_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
-    if ambit_k8s::client::ClientSource::detect(args.kubeconfig.as_deref()).is_some() {
-        return run_kubernetes(args.kubeconfig, None);
+/// The flags of the agent without Kubernetes: the flag (and its variable), and what
+/// Kubernetes mode reads instead (istio-cni's names).
+const LOCAL_MODE_FLAGS: &[(&str, &str, &str)] = &[
+    (
+        "zds_socket",
+        "--zds-socket (INPOD_UDS)",
+        "set ZTUNNEL_UDS_ADDRESS",
+    ),
+    (
+        "events_socket",
+        "--events-socket",
+        "the CNI plugin calls <CNI_AGENT_RUN_DIR>/pluginevent.sock: set CNI_AGENT_RUN_DIR",
+    ),
+    (
+        "state_dir",
+        "--state-dir",
+        "the pods are kept in <CNI_AGENT_RUN_DIR>/ambit-pods: set CNI_AGENT_RUN_DIR",
+    ),
+    ("ipv6", "--ipv6", "set AMBIENT_IPV6"),
+    ("dns_capture", "--dns-capture", "set AMBIENT_DNS_CAPTURE"),
+];
+
+/// The flags given (`given(id)`: on the command line or from their variable) that do not
+/// apply in Kubernetes mode, each with what applies instead; `Err` names them all.
+pub fn kubernetes_mode_conflicts(given: impl Fn(&str) -> bool) -> Result<(), String> {
+    let wrong: Vec<String> = LOCAL_MODE_FLAGS
+        .iter()
+        .filter(|(id, _, _)| given(id))
+        .map(|(_, flag, instead)| format!("{flag} does not apply in Kubernetes mode: {instead}"))
+        .collect();
+    if wrong.is_empty() {
+        return Ok(());
     }
+    Err(format!(
+        "{}\n(Kubernetes mode is on because of --kubeconfig, KUBECONFIG or \
+         KUBERNETES_SERVICE_HOST; it is configured from istio-cni's environment)",
+        wrong.join("\n")
+    ))
+}
+
+fn run_agent(args: AgentArgs, matches: Option<&ArgMatches>) -> anyhow::Result<()> {
+    let given = |id: &str| {
+        matches.is_some_and(|m| {
+            matches!(
+                m.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+    };
+    if ambit_k8s::client::ClientSource::detect(args.kubeconfig.as_deref()).is_some() {
+        kubernetes_mode_conflicts(given).map_err(anyhow::Error::msg)?;
+        let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
+        let uids = Uids {
+            zds_proxy: args.zds_proxy_uid,
+            cni_plugin: args.cni_plugin_uid,
+        };
+        return run_kubernetes(args.kubeconfig, None, uids);
+    }
+    if given("cni_plugin_uid") {
+        bail!(
+            "--cni-plugin-uid (AMBIT_CNI_PLUGIN_UID) applies in Kubernetes mode only (the \
+             plugin socket); without Kubernetes the events socket is root's alone (0600)"
+        );
+    }
+    let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
     let cfg = ambit_agent::AgentConfig {
         zds_socket: args.zds_socket,
         events_socket: args.events_socket,
@@ -159,14 +229,23 @@ fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Uids from the command line that override the environment's in Kubernetes mode.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Uids {
+    pub zds_proxy: Option<u32>,
+    pub cni_plugin: Option<u32>,
+}
+
 /// The node agent in Kubernetes mode (logging already set up): the API client from
-/// `kubeconfig` or the in-cluster service account, the config from istio-cni's environment.
+/// `kubeconfig` or the in-cluster service account, the config from istio-cni's environment
+/// (`uids` given override its `AMBIT_ZDS_PROXY_UID` and `AMBIT_CNI_PLUGIN_UID`).
 /// With `installer` (the `install-cni` entry) the CNI plugin's installer runs beside it:
 /// `/readyz` waits for it, and on SIGTERM its safe-upgrade rule decides whether the plugin,
 /// its config and the host rules stay (an upgrade) or go (an uninstall).
 pub fn run_kubernetes(
     kubeconfig: Option<PathBuf>,
     installer: Option<ambit_agent::install::InstallConfig>,
+    uids: Uids,
 ) -> anyhow::Result<()> {
     use ambit_k8s::client::{connect, ClientSource};
     let source = ClientSource::detect(kubeconfig.as_deref()).context(
@@ -175,7 +254,15 @@ pub fn run_kubernetes(
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let cfg = ambit_agent::k8s::K8sConfig::from_env(&hostname)?;
+    let mut cfg = ambit_agent::k8s::K8sConfig::from_env(&hostname)?;
+    cfg.zds_proxy_uid = uids.zds_proxy.or(cfg.zds_proxy_uid);
+    cfg.plugin_uid = uids.cni_plugin.or(cfg.plugin_uid);
+    if !cfg.ambient_enabled {
+        tracing::warn!(
+            "AMBIENT_ENABLED is not true: no pod will be captured (the node agent serves \
+             /healthz and /readyz only); set AMBIENT_ENABLED=true for ambient mode"
+        );
+    }
     let runtime = agent_runtime()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -217,4 +304,30 @@ pub fn run_kubernetes(
         }
         result
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_flags_in_kubernetes_mode_name_what_applies() {
+        assert_eq!(kubernetes_mode_conflicts(|_| false), Ok(()));
+        for (id, flag, instead) in [
+            ("zds_socket", "--zds-socket", "ZTUNNEL_UDS_ADDRESS"),
+            ("events_socket", "--events-socket", "CNI_AGENT_RUN_DIR"),
+            ("state_dir", "--state-dir", "CNI_AGENT_RUN_DIR"),
+            ("ipv6", "--ipv6", "AMBIENT_IPV6"),
+            ("dns_capture", "--dns-capture", "AMBIENT_DNS_CAPTURE"),
+        ] {
+            let e = kubernetes_mode_conflicts(|g| g == id).unwrap_err();
+            assert!(
+                e.contains(&format!("{flag} ")) && e.contains(instead),
+                "{id}: {e}"
+            );
+        }
+        let e = kubernetes_mode_conflicts(|g| g == "ipv6" || g == "state_dir").unwrap_err();
+        assert!(e.contains("--ipv6") && e.contains("--state-dir"), "{e}");
+        assert!(kubernetes_mode_conflicts(|g| g == "kubeconfig").is_ok());
+    }
 }

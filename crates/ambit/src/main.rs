@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// glibc's allocator hands large buffers back to the kernel and faults them in again on
 /// every reuse (a quarter of the proxy's CPU under bulk transfer). jemalloc keeps them, and
@@ -58,18 +58,30 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Container runtimes call CNI plugins by file name: as `ambit-cni`, be the plugin.
     let argv0 = std::env::args_os().next().unwrap_or_default();
-    // As `istio-cni` (the name the installer gives it on Kubernetes) too.
-    let name = std::path::Path::new(&argv0).file_name();
-    if name == Some(std::ffi::OsStr::new("ambit-cni"))
-        || name == Some(std::ffi::OsStr::new("istio-cni"))
-    {
+    let name = std::path::Path::new(&argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_owned();
+    let asks_help = || {
+        std::env::args_os()
+            .skip(1)
+            .any(|a| a == "-h" || a == "--help")
+    };
+    // Container runtimes call CNI plugins by file name: as `ambit-cni`, or as `istio-cni`
+    // (the name the installer gives it on Kubernetes), be the plugin. A runtime passes no
+    // arguments and sets CNI_COMMAND; by hand, `--help` says what the plugin is.
+    if name == "ambit-cni" || name == "istio-cni" {
+        if std::env::var_os("CNI_COMMAND").is_none_or(|c| c.is_empty()) && asks_help() {
+            print!("{}", ambit_cni::plugin::usage(&name));
+            return ExitCode::SUCCESS;
+        }
         let code = ambit_cni::plugin::main_with_process_env();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     // As Istio's istio-cni DaemonSet runs it: the node agent in Kubernetes mode.
-    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("install-cni")) {
+    if name == "install-cni" {
         let args = std::env::args().skip(1).collect();
         return match ambit::install_cni::main(args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -81,12 +93,19 @@ fn main() -> ExitCode {
     }
     // Installed as `ztunnel` (an image that replaces ztunnel's binary), no argument runs
     // the node proxy, as it does for ztunnel.
-    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("ztunnel"))
-        && std::env::args_os().len() == 1
-    {
+    let as_ztunnel = name == "ztunnel";
+    if as_ztunnel && std::env::args_os().len() == 1 {
         return run_ztunnel();
     }
-    let cli = Cli::parse();
+    let mut command = Cli::command();
+    if as_ztunnel {
+        command = command.override_usage(
+            "ztunnel            (no argument: run the node proxy, as ztunnel does)\n       \
+             ztunnel <COMMAND>",
+        );
+    }
+    let matches = command.get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Version => {
             // ztunnel's layout, so scripts that read `ztunnel version` read ours.
@@ -94,7 +113,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Ztunnel | Command::Proxy { .. } => run_ztunnel(),
-        Command::Agent(args) => match agent_cli::run(*args) {
+        Command::Agent(args) => match agent_cli::run(*args, matches.subcommand_matches("agent")) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("ambit agent: {e:#}");

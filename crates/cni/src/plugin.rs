@@ -236,6 +236,31 @@ pub fn version_json() -> String {
     .to_string()
 }
 
+/// What the plugin says when a person runs it as `name` with `--help` (no `CNI_COMMAND`):
+/// runtimes run it, not people.
+pub fn usage(name: &str) -> String {
+    format!(
+        "{name}: a chained CNI plugin (CNI spec {IMPLEMENTED_VERSION}); container runtimes run it, \
+         not people.
+
+Usage: CNI_COMMAND=ADD|DEL|CHECK|VERSION CNI_CONTAINERID=<id> CNI_NETNS=<path> \
+CNI_IFNAME=<if> CNI_ARGS=<K8S_POD_NAMESPACE=..;K8S_POD_NAME=..> {name} < <network config>
+
+It reads the network configuration (with the previous plugin's result) on stdin and
+prints its result, or a CNI error, on stdout. ADD returns only once the node agent has
+captured the pod, so a pod never starts uncaptured.
+
+  \"type\": \"istio-cni\"  Istio's plugin: asks the node agent in Kubernetes mode, over
+                       <cni_agent_run_dir>/pluginevent.sock, to capture ambient pods.
+  otherwise            ambit's own plugin: calls the node agent's events socket
+                       (\"agent_socket\", default {DEFAULT_AGENT_SOCKET}).
+
+Options:
+  -h, --help  Print this help (only without CNI_COMMAND)
+"
+    )
+}
+
 /// The process entry point used when the `ambit` binary runs as `ambit-cni`: reads the
 /// `CNI_*` environment and stdin, talks to the agent at the config's `agent_socket`
 /// (or [`DEFAULT_AGENT_SOCKET`]), writes the result to stdout and returns the exit code.
