@@ -4,8 +4,9 @@
 //! In order, each failure naming its cause: for the identity asked for; a leaf, not a CA;
 //! inside its validity (a not-before up to [`NOT_BEFORE_ALLOWANCE`] ahead is accepted, so
 //! a node whose clock trails the CA's by a few seconds keeps working); and signed, through
-//! the intermediates sent with it, by one of the roots sent with it (the same WebPKI check
-//! peers make, at the time peers will).
+//! the intermediates sent with it, by one of the roots sent with it (the WebPKI check a
+//! client makes of our HBONE server, serverAuth usage and every link's validity included:
+//! a leaf failing it for any reason is `does_not_chain`, its reason in the message).
 
 use std::time::{Duration, SystemTime};
 
