@@ -1,241 +1,28 @@
 //! The server side: tonic served over our own TLS (tokio-rustls with aws-lc-rs; tonic's
 //! `tls` feature stays off).
 //!
-//! [`incoming`] turns a [`TcpListener`] and a [`TlsAcceptor`] into the stream
-//! `tonic::transport::Server::serve_with_incoming` wants:
+//! - [`serve`] is the production server (`ambit control`): admission with per-source
+//!   shares, handshake, authentication and idle deadlines, a gatekeeper that sees each
+//!   request's head before anything is held, per-source stream shares.
+//! - With the `testing` feature, [`incoming`] is a plain stream of TLS connections for
+//!   test servers built on tonic's own `Server`, and [`test_pki`] mints a root and a
+//!   server certificate.
 //!
-//! - every accepted socket gets `TCP_NODELAY` and its handshake runs in a task of its own,
-//!   so a slow or silent client never holds up the others;
-//! - a failed handshake is logged at debug and skipped (it is that client's problem), and
-//!   so is one that outlasts [`AcceptOptions::handshake_timeout`];
-//! - with [`AcceptOptions::max_connections`], a connection over the cap is closed at once
-//!   (a warning at most every 10 s), and each one holds its slot until tonic drops it;
-//! - an `accept` error (such as running out of file descriptors) is logged and retried
-//!   after 50 ms rather than ending the server.
-//!
-//! The listener closes when the stream is dropped or, with [`incoming_until`], as soon as
-//! the stop future resolves (tonic keeps the stream until its connections have drained).
-//!
-//! [`acceptor`] builds the usual acceptor from one certificate chain and key; with the
-//! `testing` feature, [`test_pki`] mints a root and a server certificate for tests.
+//! [`acceptor`] and [`server_config`] build the usual TLS configuration from one
+//! certificate chain and key.
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// Handshaken connections waiting for tonic to take them.
-const QUEUE: usize = 64;
-/// The pause after a failed `accept`.
-const ACCEPT_RETRY: Duration = Duration::from_millis(50);
-/// The least time between two "too many connections" warnings.
-const SHED_REPORT_EVERY: Duration = Duration::from_secs(10);
+#[cfg(feature = "testing")]
+mod incoming;
+mod serve;
 
-/// An accepted TLS connection, as tonic serves it. Its [`Connected`] info is a
-/// [`TcpConnectInfo`], so `request.remote_addr()` gives the client's address.
-pub struct TlsConnection {
-    stream: TlsStream<TcpStream>,
-    info: TcpConnectInfo,
-    _slot: Option<OwnedSemaphorePermit>,
-}
-
-impl TlsConnection {
-    /// The client's address.
-    pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.info.remote_addr
-    }
-
-    /// The address the client connected to.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.info.local_addr
-    }
-}
-
-impl std::fmt::Debug for TlsConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsConnection")
-            .field("peer", &self.info.remote_addr)
-            .field("local", &self.info.local_addr)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Connected for TlsConnection {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.info.clone()
-    }
-}
-
-impl AsyncRead for TlsConnection {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConnection {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
-
-/// Limits on what [`incoming`] accepts. The default has none.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AcceptOptions {
-    /// Time a client has to finish the TLS handshake.
-    pub handshake_timeout: Option<Duration>,
-    /// Connections open at once, handshakes included.
-    pub max_connections: Option<usize>,
-}
-
-/// The accepted connections, for `serve_with_incoming`. It never yields an error.
-/// Dropping it closes the listener.
-pub struct Incoming {
-    rx: mpsc::Receiver<TlsConnection>,
-    task: JoinHandle<()>,
-}
-
-impl futures_util::Stream for Incoming {
-    type Item = Result<TlsConnection, Infallible>;
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().rx.poll_recv(cx).map(|c| c.map(Ok))
-    }
-}
-
-impl Drop for Incoming {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Accepts TLS connections on `listener` until the stream is dropped. Must be called
-/// within a tokio runtime.
-pub fn incoming(listener: TcpListener, tls: TlsAcceptor, options: AcceptOptions) -> Incoming {
-    incoming_until(listener, tls, options, std::future::pending())
-}
-
-/// [`incoming`], closing the listener once `stop` resolves (the stream then ends).
-pub fn incoming_until(
-    listener: TcpListener,
-    tls: TlsAcceptor,
-    options: AcceptOptions,
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> Incoming {
-    let (tx, rx) = mpsc::channel(QUEUE);
-    let slots = options.max_connections.map(|n| Arc::new(Semaphore::new(n)));
-    let task = tokio::spawn(async move {
-        tokio::select! {
-            _ = stop => {}
-            _ = accept_loop(listener, tls, options.handshake_timeout, slots, tx) => {}
-        }
-    });
-    Incoming { rx, task }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: TlsAcceptor,
-    handshake_timeout: Option<Duration>,
-    slots: Option<Arc<Semaphore>>,
-    tx: mpsc::Sender<TlsConnection>,
-) {
-    let mut last_shed_report: Option<Instant> = None;
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = tx.closed() => return,
-            r = listener.accept() => match r {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_RETRY).await;
-                    continue;
-                }
-            }
-        };
-        let slot = match &slots {
-            None => None,
-            Some(slots) => match slots.clone().try_acquire_owned() {
-                Ok(slot) => Some(slot),
-                Err(_) => {
-                    let now = Instant::now();
-                    if last_shed_report.is_none_or(|t| now.duration_since(t) > SHED_REPORT_EVERY) {
-                        tracing::warn!("too many connections; closing the one from {peer} (more are closed quietly for 10 s)");
-                        last_shed_report = Some(now);
-                    }
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let info = TcpConnectInfo {
-            local_addr: stream.local_addr().ok(),
-            remote_addr: Some(peer),
-        };
-        let tls = tls.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let handshake = async {
-                match handshake_timeout {
-                    Some(limit) => tokio::time::timeout(limit, tls.accept(stream)).await,
-                    None => Ok(tls.accept(stream).await),
-                }
-            };
-            let done = tokio::select! {
-                _ = tx.closed() => return,
-                done = handshake => done,
-            };
-            match done {
-                Ok(Ok(stream)) => {
-                    let _ = tx
-                        .send(TlsConnection {
-                            stream,
-                            info,
-                            _slot: slot,
-                        })
-                        .await;
-                }
-                Ok(Err(e)) => tracing::debug!("TLS handshake from {peer} failed: {e}"),
-                Err(_) => tracing::debug!("TLS handshake from {peer} timed out"),
-            }
-        });
-    }
-}
+#[cfg(feature = "testing")]
+pub use incoming::{incoming, incoming_until, AcceptOptions, Incoming, TlsConnection};
+pub use serve::{serve, Gatekeeper, RequestLimits, ServeOptions};
 
 /// A TLS acceptor proving `chain` with `key`, offering HTTP/2 (ALPN `h2`) as gRPC wants,
 /// with aws-lc-rs and its safe default protocol versions.
@@ -243,13 +30,21 @@ pub fn acceptor(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
 ) -> Result<TlsAcceptor, rustls::Error> {
+    Ok(TlsAcceptor::from(server_config(chain, key)?))
+}
+
+/// The server configuration [`acceptor`] uses, for [`serve`].
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    Ok(Arc::new(config))
 }
 
 /// A root and a server certificate it signed, for tests.
