@@ -41,8 +41,8 @@ pub struct ControlArgs {
     /// ALT_XDS_HOSTNAME / ALT_CA_HOSTNAME, or the IP they dial.
     #[arg(long = "serving-name", default_value = DEFAULT_SERVING_NAME)]
     pub serving_names: Vec<String>,
-    /// Operator port: /metrics, /ready, /debug. Keep it on localhost: /debug shows the mesh.
-    #[arg(long, default_value = "127.0.0.1:15014")]
+    /// Operator port: /metrics, /ready, /debug. Loopback only: /debug shows the whole mesh.
+    #[arg(long, default_value = "127.0.0.1:15014", value_parser = loopback_addr)]
     pub admin: SocketAddr,
     /// The trust domain the CA signs identities of.
     #[arg(long, default_value = "cluster.local")]
@@ -50,6 +50,11 @@ pub struct ControlArgs {
     /// xDS clients served at once; more are refused with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 1024)]
     pub max_clients: usize,
+    /// Connections, and streams, one source IP may hold at once (each); default a quarter
+    /// of --max-clients. Connections that have not authenticated yet are closed first when
+    /// a share is spent.
+    #[arg(long)]
+    pub max_per_source: Option<usize>,
     /// The longest workload certificate signed, in seconds, whatever a request asks.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     pub max_cert_ttl_secs: u64,
@@ -72,6 +77,7 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
     cfg.serving_names = args.serving_names;
     cfg.trust_domain = args.trust_domain;
     cfg.max_clients = args.max_clients;
+    cfg.max_per_source = args.max_per_source.unwrap_or((args.max_clients / 4).max(1));
     cfg.max_cert_ttl = Duration::from_secs(args.max_cert_ttl_secs);
     cfg.default_cert_ttl = cfg.default_cert_ttl.min(cfg.max_cert_ttl);
     let admin = tokio::net::TcpListener::bind(args.admin)
@@ -86,6 +92,20 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
     trigger.drain_now().await;
     control.shutdown().await;
     Ok(())
+}
+
+/// `--admin`: an address on loopback. `/debug` shows every workload, policy and client of
+/// the mesh, so it is never served where the network can reach it.
+fn loopback_addr(s: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not an address (IP:PORT): {e}"))?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "{addr} is not on loopback; the operator port serves /debug (the whole mesh) and listens on 127.0.0.1 or [::1] only (scrape /metrics through a local agent or proxy)"
+        ));
+    }
+    Ok(addr)
 }
 
 fn handler(control: Arc<Control>) -> Handler {
@@ -159,5 +179,24 @@ mod tests {
         ]);
         assert_eq!(cli.args.serving_names, ["a.example", "b.example"]);
         assert!(Cli::try_parse_from(["x", "--mesh", "m"]).is_err());
+    }
+
+    #[test]
+    fn the_operator_port_is_loopback_only() {
+        let with_admin = |a: &str| {
+            Cli::try_parse_from([
+                "x", "--mesh", "m", "--ca", "c", "--tokens", "t", "--admin", a,
+            ])
+            .map(|c| c.args.admin)
+        };
+        assert_eq!(with_admin("[::1]:9").unwrap().to_string(), "[::1]:9");
+        assert_eq!(
+            with_admin("127.0.0.2:9").unwrap().to_string(),
+            "127.0.0.2:9"
+        );
+        for bad in ["0.0.0.0:15014", "[::]:15014", "10.0.0.1:15014"] {
+            let err = with_admin(bad).unwrap_err().to_string();
+            assert!(err.contains("not on loopback"), "{bad}: {err}");
+        }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use ambit_grpc::server::{self, AcceptOptions};
+use ambit_grpc::server::{self, RequestLimits, ServeOptions};
 use ambit_identity::{CaError, CertificateAuthority};
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -38,16 +38,26 @@ use crate::tokens::{Tokens, TokensError};
 pub const DEFAULT_LISTEN: &str = "[::]:15012";
 /// The default serving name, istiod's in-cluster name.
 pub const DEFAULT_SERVING_NAME: &str = "istiod.istio-system.svc";
-/// Bytes of one request decoded at most (xDS requests are small; a CSR is a few hundred).
+/// Bytes of one xDS request decoded at most (an ACK is small; a subscription to many
+/// names is not).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
-/// Time a client has to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of one certificate request decoded at most: a CSR is a few hundred bytes (the
+/// CSR itself is refused over `MAX_CSR_BYTES`), so 64 unfinished ones pin 4 MiB, not 256.
+pub const MAX_CA_REQUEST_BYTES: usize = 64 * 1024;
+/// Time a certificate request's body has to arrive once its headers have.
+const CA_BODY_DEADLINE: Duration = Duration::from_secs(10);
 /// Responses queued for one client before its task waits for it to read.
 const CLIENT_QUEUE: usize = 16;
 /// Connections (beyond the xDS clients) that may be open at once: CA callers, handshakes.
 const EXTRA_CONNECTIONS: usize = 64;
 /// HTTP/2 streams (xDS streams and CA calls) one connection may have open at once.
 const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// The gRPC paths served; anything else is refused before authentication matters.
+const ADS_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+const CA_PATH: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 /// Versions shown per type and client in `/debug`.
 const DEBUG_MAX_VERSIONS: usize = 1000;
 
@@ -64,6 +74,12 @@ pub struct ControlConfig {
     pub trust_domain: String,
     /// xDS streams served at once.
     pub max_clients: usize,
+    /// Connections and streams one source IP may hold at once (each).
+    pub max_per_source: usize,
+    /// Time a connection has, after its TLS handshake, to make an authenticated request.
+    pub auth_timeout: Duration,
+    /// An authenticated connection without an open stream this long is closed.
+    pub idle_timeout: Duration,
     /// How often the mesh directory and tokens file are checked for changes.
     pub poll_interval: Duration,
     /// Lifetime of a workload certificate when the request names none.
@@ -76,8 +92,9 @@ pub struct ControlConfig {
 }
 
 impl ControlConfig {
-    /// The defaults: istiod's port and name, `cluster.local`, 1024 clients, 1 s polling,
-    /// 24 h workload certificates (at most 7 days), 24 h serving certificate.
+    /// The defaults: istiod's port and name, `cluster.local`, 1024 clients (a quarter of
+    /// them per source), 10 s to authenticate, 5 min idle, 1 s polling, 24 h workload
+    /// certificates (at most 7 days), 24 h serving certificate.
     pub fn new(mesh_dir: PathBuf, ca_dir: PathBuf, tokens_file: PathBuf) -> Self {
         ControlConfig {
             mesh_dir,
@@ -87,6 +104,9 @@ impl ControlConfig {
             serving_names: vec![DEFAULT_SERVING_NAME.to_string()],
             trust_domain: "cluster.local".to_string(),
             max_clients: 1024,
+            max_per_source: 256,
+            auth_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
             poll_interval: Duration::from_secs(1),
             default_cert_ttl: Duration::from_secs(24 * 3600),
             max_cert_ttl: Duration::from_secs(7 * 24 * 3600),
@@ -140,6 +160,7 @@ pub(crate) struct Metrics {
     pub(crate) nacks: Counter,
     pub(crate) csr_signed: Counter,
     pub(crate) csr_refused: Counter,
+    pub(crate) unauthenticated: Counter,
     pub(crate) mesh_generation: Gauge,
     pub(crate) mesh_resources: Gauge,
     pub(crate) reload_errors: Counter,
@@ -156,6 +177,7 @@ impl Metrics {
             nacks: Counter::default(),
             csr_signed: Counter::default(),
             csr_refused: Counter::default(),
+            unauthenticated: Counter::default(),
             mesh_generation: Gauge::default(),
             mesh_resources: Gauge::default(),
             reload_errors: Counter::default(),
@@ -177,6 +199,11 @@ impl Metrics {
             "csr_refused",
             "Certificate requests refused",
             m.csr_refused.clone(),
+        );
+        registry.register(
+            "unauthenticated_requests",
+            "Requests refused before their body was read: no token, or one the tokens file does not list",
+            m.unauthenticated.clone(),
         );
         registry.register(
             "mesh_generation",
@@ -213,6 +240,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     client_slots: Arc<Semaphore>,
     listening: AtomicBool,
+    refusal_reports: ambit_admission::ReportThrottle,
 }
 
 /// Locks a mutex, taking the data of a poisoned one (every critical section here leaves
@@ -231,6 +259,60 @@ impl Shared {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Replaces the tokens granted, and the error shown in `/debug`.
+    fn set_tokens(&self, tokens: Tokens, error: Option<String>) {
+        *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tokens);
+        lock(&self.status).tokens_error = error;
+    }
+
+    /// Decides a request from its head: a served path, and a token the tokens file lists
+    /// (for xDS as for the CA, as istiod requires by default). Nothing of the request's
+    /// body is read, and no stream counted, before this passes.
+    fn admit_request(&self, head: &http::request::Parts) -> Result<RequestLimits, Box<Status>> {
+        let path = head.uri.path();
+        let limits = match path {
+            ADS_PATH => RequestLimits::default(),
+            CA_PATH => RequestLimits {
+                body_deadline: Some(CA_BODY_DEADLINE),
+            },
+            SOTW_PATH => return Err(Box::new(sotw_unimplemented())),
+            _ => {
+                return Err(Box::new(Status::unimplemented(format!(
+                    "no service at {path}"
+                ))))
+            }
+        };
+        let authorization = head
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        let known = crate::ca_service::bearer(authorization).and_then(|token| {
+            match self.tokens().lookup(token) {
+                Some(_) => Ok(()),
+                None => Err(crate::ca_service::Refusal::Unauthenticated(format!(
+                    "unknown token (sha256 {}…); it is not in the control server's tokens file",
+                    crate::tokens::token_tag(token)
+                ))),
+            }
+        });
+        if let Err(refusal) = known {
+            self.metrics.unauthenticated.inc();
+            if path == CA_PATH {
+                self.metrics.csr_refused.inc();
+            }
+            if self
+                .refusal_reports
+                .due(std::time::Instant::now(), Duration::from_secs(10))
+            {
+                tracing::warn!(
+                    "refused an unauthenticated request for {path}: {refusal:?} (more are counted in ambit_control_unauthenticated_requests_total, reported at most every 10 s)"
+                );
+            }
+            return Err(Box::new(refusal.into()));
+        }
+        Ok(limits)
     }
 
     fn publish(&self, mesh: Mesh) {
@@ -307,23 +389,12 @@ impl Control {
             next_session: AtomicU64::new(1),
             metrics: Metrics::new(),
             listening: AtomicBool::new(false),
+            refusal_reports: Default::default(),
         });
         shared.publish(first);
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
-        let tls = tokio_rustls::TlsAcceptor::from(server_config(resolver.clone()));
-        let mut stop_accepting = shutdown_rx.clone();
-        let incoming = server::incoming_until(
-            listener,
-            tls,
-            AcceptOptions {
-                handshake_timeout: Some(HANDSHAKE_TIMEOUT),
-                max_connections: Some(shared.config.max_clients + EXTRA_CONNECTIONS),
-            },
-            async move { stopped(&mut stop_accepting).await },
-        );
-
         let ads = AggregatedDiscoveryServiceServer::new(Ads {
             shared: shared.clone(),
         })
@@ -332,24 +403,34 @@ impl Control {
         let ca_service = IstioCertificateServiceServer::new(CaService {
             shared: shared.clone(),
         })
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let mut stop = shutdown_rx.clone();
-        let router = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_decoding_message_size(MAX_CA_REQUEST_BYTES);
+        let routes = tonic::service::Routes::new(ads).add_service(ca_service);
+        let options = ServeOptions {
+            connections: ambit_admission::Limits {
+                total: shared.config.max_clients + EXTRA_CONNECTIONS,
+                per_source: shared.config.max_per_source,
+            },
+            auth_timeout: shared.config.auth_timeout,
+            idle_timeout: shared.config.idle_timeout,
             // One connection may carry many xDS streams (tests, proxies multiplexing) but
             // not an unbounded number of calls.
-            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-            .add_service(ads)
-            .add_service(ca_service);
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = router
-                .serve_with_incoming_shutdown(incoming, async move { stopped(&mut stop).await })
-                .await
-            {
-                tracing::error!("the gRPC server stopped: {e}");
-            }
-        }));
+            max_streams_per_connection: MAX_STREAMS_PER_CONNECTION,
+            max_streams_per_source: shared.config.max_per_source,
+            ..ServeOptions::default()
+        };
+        let gatekeeper = {
+            let shared = shared.clone();
+            Arc::new(move |head: &http::request::Parts| shared.admit_request(head))
+        };
+        let mut stop = shutdown_rx.clone();
+        tasks.push(tokio::spawn(server::serve(
+            listener,
+            server_config(resolver.clone()),
+            routes,
+            options,
+            gatekeeper,
+            async move { stopped(&mut stop).await },
+        )));
         tasks.push(tokio::spawn(watch_loop(
             shared.clone(),
             files,
@@ -639,26 +720,32 @@ async fn watch_loop(
                 match Tokens::parse(&shared.config.tokens_file, &text) {
                     Ok(t) => {
                         tracing::info!(tokens = t.len(), "loaded the tokens file");
-                        *shared.tokens.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(t);
-                        lock(&shared.status).tokens_error = None;
+                        shared.set_tokens(t, None);
                     }
                     Err(e) => {
                         shared.metrics.reload_errors.inc();
-                        tracing::error!("tokens change refused, keeping the previous tokens: {e}");
-                        lock(&shared.status).tokens_error = Some(e.to_string());
+                        tracing::error!(
+                            "the tokens file no longer loads: refusing every request until it does (no token is valid meanwhile): {e}"
+                        );
+                        shared.set_tokens(Tokens::default(), Some(e.to_string()));
                     }
                 }
                 last_tokens = Some(text);
             }
             Ok(_) => {}
             Err(e) => {
+                // Deleted or unreadable: the tokens it listed are no longer granted. A
+                // revoked credential must not outlive the file that revoked it.
                 let text = e.to_string();
-                let mut status = lock(&shared.status);
-                if status.tokens_error.as_deref() != Some(&text) {
+                let already = lock(&shared.status).tokens_error.as_deref() == Some(&text);
+                if !already {
                     shared.metrics.reload_errors.inc();
-                    tracing::error!("keeping the previous tokens: {text}");
-                    status.tokens_error = Some(text);
+                    tracing::error!(
+                        "cannot read the tokens file: refusing every request until it can be read (no token is valid meanwhile): {text}"
+                    );
+                    shared.set_tokens(Tokens::default(), Some(text));
                 }
+                last_tokens = None;
             }
         }
     }
@@ -681,6 +768,10 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+fn sotw_unimplemented() -> Status {
+    Status::unimplemented("ambit control serves incremental xDS only: use DeltaAggregatedResources")
+}
+
 /// The delta ADS service.
 struct Ads {
     shared: Arc<Shared>,
@@ -698,9 +789,7 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         _request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<SotwStream>, Status> {
-        Err(Status::unimplemented(
-            "ambit control serves incremental xDS only: use DeltaAggregatedResources",
-        ))
+        Err(sotw_unimplemented())
     }
 
     async fn delta_aggregated_resources(

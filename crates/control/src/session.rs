@@ -108,6 +108,12 @@ impl Snapshot {
 pub struct SessionLimits {
     /// Names one type may subscribe to explicitly, or report in `initial_resource_versions`.
     pub max_names_per_type: usize,
+    /// Bytes of one resource name (or version) a client may send. Istio's names are
+    /// Kubernetes names, hostnames and addresses: a few hundred bytes at most.
+    pub max_name_bytes: usize,
+    /// Bytes of the names (and reported versions) one type may subscribe to or report in
+    /// all: the count alone would let 100,000 long names pin hundreds of MiB.
+    pub max_name_bytes_per_type: usize,
     /// A response is split so that the resources in one stay under this many bytes.
     pub max_response_bytes: usize,
     /// Responses awaiting an ACK/NACK that are remembered per type; older ones are forgotten.
@@ -126,6 +132,8 @@ impl Default for SessionLimits {
     fn default() -> Self {
         SessionLimits {
             max_names_per_type: 100_000,
+            max_name_bytes: 1024,
+            max_name_bytes_per_type: 8 * 1024 * 1024,
             max_response_bytes: 16 * 1024 * 1024,
             max_outstanding: 16,
             max_nacks_kept: 8,
@@ -146,6 +154,16 @@ pub enum SessionError {
     /// The client's fault: it asked for more names than the server keeps per client.
     #[error("{type_url}: the client subscribes to or reports more than {limit} resource names")]
     TooManyNames { type_url: String, limit: usize },
+    /// The client's fault: a name (or version) longer than any real one.
+    #[error("{type_url}: a resource name or version of {len} bytes (at most {limit})")]
+    NameTooLong {
+        type_url: String,
+        len: usize,
+        limit: usize,
+    },
+    /// The client's fault: its names of one type add up to more than the server keeps.
+    #[error("{type_url}: the client's resource names add up to more than {limit} bytes")]
+    TooManyNameBytes { type_url: String, limit: usize },
 }
 
 /// What the last response of a type got from the client.
@@ -189,6 +207,8 @@ pub struct Step {
 struct TypeState {
     wildcard: bool,
     explicit: BTreeSet<String>,
+    /// Bytes of the names in `explicit`.
+    explicit_bytes: usize,
     /// What the client holds, as far as we know: name → version.
     known: BTreeMap<String, String>,
     /// Explicitly subscribed names to answer with a removal if they do not exist.
@@ -270,6 +290,30 @@ impl Session {
             type_url: req.type_url.clone(),
             limit: max_names,
         };
+        let too_many_bytes = || SessionError::TooManyNameBytes {
+            type_url: req.type_url.clone(),
+            limit: limits.max_name_bytes_per_type,
+        };
+        // Every name's length is checked before any is kept.
+        let sent = req
+            .resource_names_subscribe
+            .iter()
+            .chain(&req.resource_names_unsubscribe)
+            .chain(req.initial_resource_versions.keys())
+            .chain(req.initial_resource_versions.values());
+        let mut reported_bytes = 0usize;
+        for name in sent {
+            if name.len() > limits.max_name_bytes {
+                return Err(SessionError::NameTooLong {
+                    type_url: req.type_url.clone(),
+                    len: name.len(),
+                    limit: limits.max_name_bytes,
+                });
+            }
+        }
+        for (name, version) in &req.initial_resource_versions {
+            reported_bytes += name.len() + version.len();
+        }
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
 
@@ -318,11 +362,14 @@ impl Session {
             if req.initial_resource_versions.len() > max_names {
                 return Err(too_many());
             }
+            if reported_bytes > limits.max_name_bytes_per_type {
+                return Err(too_many_bytes());
+            }
             for (name, version) in &req.initial_resource_versions {
                 ts.known.insert(name.clone(), version.clone());
-                if !ts.wildcard {
+                if !ts.wildcard && ts.explicit.insert(name.clone()) {
                     // A client holding a resource wants to hear about it.
-                    ts.explicit.insert(name.clone());
+                    ts.explicit_bytes += name.len();
                 }
             }
             changed = true;
@@ -332,8 +379,12 @@ impl Session {
                 changed |= !ts.wildcard;
                 ts.wildcard = true;
             } else if ts.explicit.insert(name.clone()) {
+                ts.explicit_bytes += name.len();
                 if ts.explicit.len() > max_names {
                     return Err(too_many());
+                }
+                if ts.explicit_bytes > limits.max_name_bytes_per_type {
+                    return Err(too_many_bytes());
                 }
                 ts.absent_to_report.insert(name.clone());
                 changed = true;
@@ -344,6 +395,7 @@ impl Session {
                 changed |= ts.wildcard;
                 ts.wildcard = false;
             } else if ts.explicit.remove(name) {
+                ts.explicit_bytes -= name.len();
                 ts.absent_to_report.remove(name);
                 changed = true;
             }
@@ -1006,6 +1058,69 @@ mod tests {
             ..initial(ADDRESS_TYPE, &[])
         };
         assert!(c.on_request(req, &s).is_err());
+    }
+
+    #[test]
+    fn name_bytes_are_bounded() {
+        let limits = SessionLimits {
+            max_name_bytes: 8,
+            max_name_bytes_per_type: 20,
+            ..SessionLimits::default()
+        };
+        let s = snap(1, &[], &[]);
+        let subscribe = |names: &[&str]| DeltaDiscoveryRequest {
+            resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+            ..initial(ADDRESS_TYPE, &[])
+        };
+        // One name over the per-name bound: refused, whichever list carries it.
+        let mut c = Session::new(1, limits);
+        let err = c.on_request(subscribe(&["123456789"]), &s).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SessionError::NameTooLong {
+                    len: 9,
+                    limit: 8,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let mut c = Session::new(1, limits);
+        let err = c
+            .on_request(initial(ADDRESS_TYPE, &[("a", "123456789")]), &s)
+            .unwrap_err();
+        assert!(matches!(err, SessionError::NameTooLong { .. }), "{err:?}");
+        // Names within the bound, but too many bytes of them in all.
+        let mut c = Session::new(1, limits);
+        assert!(c
+            .on_request(subscribe(&["aaaaaaaa", "bbbbbbbb"]), &s)
+            .is_ok());
+        // Unsubscribing gives bytes back: one more name of 8 fits after it.
+        let mut req = subscribe(&[]);
+        req.resource_names_unsubscribe = vec!["aaaaaaaa".into()];
+        assert!(c.on_request(req, &s).is_ok());
+        assert!(c.on_request(subscribe(&["cccccccc"]), &s).is_ok());
+        let err = c.on_request(subscribe(&["dddddddd"]), &s).unwrap_err();
+        assert!(
+            matches!(err, SessionError::TooManyNameBytes { limit: 20, .. }),
+            "{err:?}"
+        );
+        // Reported versions count too.
+        let mut c = Session::new(1, limits);
+        let err = c
+            .on_request(
+                initial(
+                    ADDRESS_TYPE,
+                    &[("aaaa", "1111"), ("bbbb", "2222"), ("cccc", "3333")],
+                ),
+                &s,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, SessionError::TooManyNameBytes { .. }),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -58,6 +58,18 @@ workloads:
   workloadIps: ["10.0.0.4"]
 "#;
 
+/// The token the xDS clients present (any listed token may read xDS).
+const NODE1_TOKEN: &str = "node1-token";
+
+/// `message` with `authorization: Bearer <token>`, as ztunnel sends it.
+fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
 const TOKENS: &str = "- token: node1-token\n  node: node1\n- token: web-token\n  identity: spiffe://cluster.local/ns/default/sa/web\n";
 
 /// The serving certificate is reissued at half its life; new handshakes get the new one.
@@ -188,7 +200,7 @@ impl Ads {
         }
         let rx = tokio::time::timeout(
             WAIT,
-            client.delta_aggregated_resources(ReceiverStream::new(rx)),
+            client.delta_aggregated_resources(with_token(ReceiverStream::new(rx), NODE1_TOKEN)),
         )
         .await
         .unwrap()
@@ -459,6 +471,11 @@ async fn ca_signs_allowed_identities_and_refuses_the_rest() {
     let m = fx.control.metrics_text();
     assert!(has_sample(&m, "ambit_control_csr_signed_total 1"), "{m}");
     assert!(has_sample(&m, "ambit_control_csr_refused_total 4"), "{m}");
+    // The two without a known token were refused from their headers alone.
+    assert!(
+        has_sample(&m, "ambit_control_unauthenticated_requests_total 2"),
+        "{m}"
+    );
 }
 
 /// One change pushed to 100 connected clients; prints how long it took (not asserted).
@@ -529,7 +546,7 @@ async fn an_oversized_request_is_refused_and_others_are_served() {
     // The status comes with the response headers or as the stream's first item.
     let status = match tokio::time::timeout(
         WAIT,
-        client.delta_aggregated_resources(ReceiverStream::new(rx)),
+        client.delta_aggregated_resources(with_token(ReceiverStream::new(rx), NODE1_TOKEN)),
     )
     .await
     .unwrap()

@@ -29,6 +29,8 @@ pub struct ControlPlane {
     tokens: Vec<(String, PathBuf)>,
     pub process: Option<Process>,
     starts: u32,
+    /// More arguments for `ambit control` (limits, say).
+    pub extra_args: Vec<String>,
 }
 
 impl ControlPlane {
@@ -67,6 +69,7 @@ impl ControlPlane {
             tokens,
             process: None,
             starts: 0,
+            extra_args: Vec::new(),
         })
     }
 
@@ -80,7 +83,7 @@ impl ControlPlane {
         let ca = self.ca_dir.display().to_string();
         let tokens = self.tokens_path.display().to_string();
         let listen = self.listen.to_string();
-        let args = [
+        let mut args = vec![
             "control",
             "--mesh",
             &mesh,
@@ -93,6 +96,7 @@ impl ControlPlane {
             "--admin",
             CONTROL_ADMIN,
         ];
+        args.extend(self.extra_args.iter().map(String::as_str));
         let process = lab.spawn(
             &self.ns,
             &format!("control-{}", self.starts),
@@ -139,6 +143,16 @@ impl ControlPlane {
         std::fs::write(&tmp, yaml)?;
         std::fs::rename(&tmp, self.mesh_dir.join(MESH_FILE))?;
         Ok(())
+    }
+
+    /// The bearer token of `node`.
+    pub fn token(&self, node: &str) -> anyhow::Result<String> {
+        let (_, file) = self
+            .tokens
+            .iter()
+            .find(|(n, _)| n == node)
+            .with_context(|| format!("no token for node {node}"))?;
+        Ok(std::fs::read_to_string(file)?)
     }
 
     /// The server's `/debug` view of its clients.
