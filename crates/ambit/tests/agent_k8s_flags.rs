@@ -60,12 +60,15 @@ fn exists(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok()
 }
 
+/// Arguments, environment, the flag named, the variable named instead.
+type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+
 #[test]
 fn kubernetes_mode_refuses_the_flags_that_do_not_apply() {
     let s = Scratch::new("refuse");
     let other = s.path("elsewhere");
     let other = other.to_str().unwrap();
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             vec!["--zds-socket", other],
             vec![],
