@@ -235,12 +235,15 @@ impl Drop for Kill {
     }
 }
 
-/// The reply to the response of `type_url` with nonce "2".
+/// The reply to the response of `type_url` with nonce "2". Fails at once if the proxy
+/// exits (a port taken by another process between `free_port` and its bind, say).
 async fn reply_to_second(
     replies: &mut mpsc::UnboundedReceiver<DeltaDiscoveryRequest>,
     seen: &mut Vec<DeltaDiscoveryRequest>,
+    proxy: &mut Child,
     type_url: &str,
 ) -> DeltaDiscoveryRequest {
+    let start = Instant::now();
     loop {
         if let Some(i) = seen
             .iter()
@@ -248,11 +251,18 @@ async fn reply_to_second(
         {
             return seen.remove(i);
         }
-        let r = tokio::time::timeout(Duration::from_secs(60), replies.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no reply to the second {type_url} response"))
-            .expect("the server went away");
-        seen.push(r);
+        if let Some(status) = proxy.try_wait().expect("wait for ambit") {
+            panic!(
+                "ambit ztunnel exited ({status}) before replying to the second {type_url} response"
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no reply to the second {type_url} response"
+        );
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), replies.recv()).await {
+            seen.push(r.expect("the server went away"));
+        }
     }
 }
 
@@ -294,10 +304,10 @@ async fn oversized_and_misnamed_resources_are_nacked_and_never_applied() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start ambit");
-    let _child = Kill(child);
+    let mut proxy = Kill(child);
 
     let mut seen = Vec::new();
-    let nack = reply_to_second(&mut replies, &mut seen, AUTHORIZATION_TYPE).await;
+    let nack = reply_to_second(&mut replies, &mut seen, &mut proxy.0, AUTHORIZATION_TYPE).await;
     let message = nack
         .error_detail
         .expect("a NACK carries error_detail")
@@ -306,7 +316,7 @@ async fn oversized_and_misnamed_resources_are_nacked_and_never_applied() {
         message,
         format!("{BIG_POLICY}: rules[0].clauses[0].matches: more than 4096 match objects in one rule (the limit)")
     );
-    let nack = reply_to_second(&mut replies, &mut seen, ADDRESS_TYPE).await;
+    let nack = reply_to_second(&mut replies, &mut seen, &mut proxy.0, ADDRESS_TYPE).await;
     let message = nack
         .error_detail
         .expect("a NACK carries error_detail")
