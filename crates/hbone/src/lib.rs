@@ -35,8 +35,8 @@ pub use pool::{ClientSettings, Pool, PoolKey};
 pub use read_ahead::ReadAhead;
 pub use request::{validate, ConnectRequest, Rejection, ValidatedConnect};
 pub use server::{
-    accept, accept_connection, accept_h2, serve, serve_connection, Accepted, IncomingConnect,
-    PeerInfo,
+    accept, accept_connection, accept_connection_reporting, accept_h2, accept_reporting, serve,
+    serve_connection, Accepted, HandshakeStep, IncomingConnect, PeerInfo,
 };
 pub use settings::H2Settings;
 pub use stream::H2Stream;

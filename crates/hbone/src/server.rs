@@ -154,12 +154,32 @@ impl<S> std::fmt::Debug for Accepted<S> {
     }
 }
 
+/// How far a server handshake has got, reported to the caller's admission (which closes a
+/// stalled handshake before one that is progressing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeStep {
+    /// The client's ClientHello has arrived.
+    ClientHello,
+    /// TLS is done; the HTTP/2 preface is next.
+    Tls,
+}
+
 /// [`accept`] on an accepted TCP connection (sets `TCP_NODELAY`; other socket options are
 /// the caller's).
 pub async fn accept_connection(
     tcp: TcpStream,
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
+) -> Result<Accepted<tokio_rustls::server::TlsStream<TcpStream>>, HboneError> {
+    accept_connection_reporting(tcp, tls, settings, |_| {}).await
+}
+
+/// [`accept_connection`], calling `progress` at each [`HandshakeStep`].
+pub async fn accept_connection_reporting(
+    tcp: TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    progress: impl Fn(HandshakeStep),
 ) -> Result<Accepted<tokio_rustls::server::TlsStream<TcpStream>>, HboneError> {
     // HBONE carries interactive traffic; never delay small frames (PINGs, window updates).
     if let Err(e) = tcp.set_nodelay(true) {
@@ -172,7 +192,7 @@ pub async fn accept_connection(
     // round (interleaved A/B pairs, BENCHMARKS.md), the extra copy out of its buffer
     // outweighing the system calls it saves; and a client that has not finished its
     // handshake gets no read buffer of ours at all. The client keeps it (neutral there).
-    accept(tcp, addr, local_addr, tls, settings).await
+    accept_reporting(tcp, addr, local_addr, tls, settings, progress).await
 }
 
 /// The TLS handshake with `tls` (ALPN `h2` and a client certificate required), then the
@@ -187,11 +207,28 @@ pub async fn accept<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    accept_reporting(io, addr, local_addr, tls, settings, |_| {}).await
+}
+
+/// [`accept`], calling `progress` at each [`HandshakeStep`].
+pub async fn accept_reporting<IO>(
+    io: IO,
+    addr: SocketAddr,
+    local_addr: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    progress: impl Fn(HandshakeStep),
+) -> Result<Accepted<tokio_rustls::server::TlsStream<IO>>, HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let deadline = Instant::now() + tls::HANDSHAKE_TIMEOUT;
     let timed_out = |_| HboneError::HandshakeTimeout(tls::HANDSHAKE_TIMEOUT);
-    let tls_stream = tokio::time::timeout_at(deadline, tls::accept(io, tls))
+    let hello = || progress(HandshakeStep::ClientHello);
+    let tls_stream = tokio::time::timeout_at(deadline, tls::accept_reporting(io, tls, hello))
         .await
         .map_err(timed_out)??;
+    progress(HandshakeStep::Tls);
     let certificates = tls_stream
         .get_ref()
         .1

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_rustls::{client, server, TlsAcceptor, TlsConnector};
+use tokio_rustls::{client, server, LazyConfigAcceptor, TlsConnector};
 
 use crate::error::HboneError;
 
@@ -69,10 +69,25 @@ pub async fn accept<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let tls = TlsAcceptor::from(config)
-        .accept(io)
+    accept_reporting(io, config, || {}).await
+}
+
+/// [`accept`], calling `on_hello` once the client's whole ClientHello has arrived: the
+/// first sign that it is a TLS client making progress, which admission ranks above a
+/// connection that has sent nothing yet.
+pub async fn accept_reporting<IO>(
+    io: IO,
+    config: Arc<rustls::ServerConfig>,
+    on_hello: impl FnOnce(),
+) -> Result<server::TlsStream<IO>, HboneError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
         .await
         .map_err(HboneError::tls)?;
+    on_hello();
+    let tls = start.into_stream(config).await.map_err(HboneError::tls)?;
     let conn = tls.get_ref().1;
     check_alpn(conn.alpn_protocol())?;
     if conn.peer_certificates().is_none_or(|c| c.is_empty()) {

@@ -1,15 +1,21 @@
 //! Admission to the HBONE handshake: before a client has proved who it is (TLS with a
 //! client certificate, then the HTTP/2 preface), it may only hold a bounded share of the
 //! proxy. Limits apply per source IP, per proxy instance (one per pod in shared mode) and
-//! per node; a connection over any of them is shed at once, before a byte is read.
+//! per node.
 //!
-//! Sans-IO: a gate counts, the accept loop asks it and closes what it refuses.
+//! Over the node's limit a connection is shed at once, before a byte is read. Over a
+//! source's or an instance's share, the newcomer is admitted and the stalest handshake in
+//! that share is closed instead ([`ambit_admission`]: the one least far along, then the
+//! longest without progress), so a flood of stalled connections, even from the client's
+//! own address, cannot keep out a client that completes its handshake promptly.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use ambit_admission::ReportThrottle;
+use ambit_admission::{Full, Gate, Limits, Ticket};
 
 /// How many connections may be in their handshake at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -69,25 +75,6 @@ pub struct NodeHandshakes {
     reports: ReportThrottle,
 }
 
-/// Says when a repeated event is due to be reported again: the first time, then at most
-/// once per interval, so a flood of sheds is one log line every few seconds.
-#[derive(Debug, Default)]
-pub struct ReportThrottle {
-    last: Mutex<Option<Instant>>,
-}
-
-impl ReportThrottle {
-    /// Whether to report an event at `now`; a `true` starts a new interval.
-    pub fn due(&self, now: Instant, interval: Duration) -> bool {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let due = last.is_none_or(|at| now.saturating_duration_since(at) >= interval);
-        if due {
-            *last = Some(now);
-        }
-        due
-    }
-}
-
 impl NodeHandshakes {
     pub fn new(limit: usize) -> Arc<NodeHandshakes> {
         Arc::new(NodeHandshakes {
@@ -128,26 +115,21 @@ impl NodeHandshakes {
     }
 }
 
-#[derive(Debug, Default)]
-struct InstanceCounts {
-    total: usize,
-    by_source: HashMap<IpAddr, usize>,
-}
-
 /// One proxy instance's gate.
 #[derive(Debug)]
 pub struct HandshakeGate {
     node: Arc<NodeHandshakes>,
-    limits: HandshakeLimits,
-    counts: Mutex<InstanceCounts>,
+    gate: Arc<Gate>,
 }
 
 impl HandshakeGate {
     pub fn new(node: Arc<NodeHandshakes>, limits: HandshakeLimits) -> Arc<HandshakeGate> {
         Arc::new(HandshakeGate {
             node,
-            limits,
-            counts: Mutex::new(InstanceCounts::default()),
+            gate: Gate::new(Limits {
+                total: limits.instance,
+                per_source: limits.source,
+            }),
         })
     }
 
@@ -156,56 +138,66 @@ impl HandshakeGate {
         &self.node
     }
 
-    /// A slot for one handshake from `source`, held until the permit is dropped.
+    /// A slot for one handshake from `source`, held until the permit is dropped. Over a
+    /// source's or the instance's share, the stalest handshake of that share is evicted
+    /// (its owner sees [`HandshakePermit::evicted`]) for this one.
     pub fn admit(self: &Arc<Self>, source: IpAddr) -> Result<HandshakePermit, Shed> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let from_source = counts.by_source.get(&source).copied().unwrap_or(0);
-        if from_source >= self.limits.source {
-            return Err(Shed::Source(self.limits.source));
-        }
-        if counts.total >= self.limits.instance {
-            return Err(Shed::Instance(self.limits.instance));
-        }
+        // The node's count first: an eviction frees its victim's node slot only when the
+        // victim's task lets go, so the newcomer needs a slot of its own.
         if !self.node.try_take() {
             return Err(Shed::Node(self.node.limit));
         }
-        counts.total += 1;
-        *counts.by_source.entry(source).or_insert(0) += 1;
-        Ok(HandshakePermit {
-            gate: self.clone(),
-            source,
-        })
-    }
-
-    fn release(&self, source: IpAddr) {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.total = counts.total.saturating_sub(1);
-        if let Some(n) = counts.by_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                counts.by_source.remove(&source);
+        match self.gate.admit(source) {
+            // An evicted victim is counted as shed by its own task, when it closes.
+            Ok(admitted) => Ok(HandshakePermit {
+                ticket: admitted.ticket,
+                node: self.node.clone(),
+            }),
+            Err(full) => {
+                self.node.give_back();
+                Err(match full {
+                    Full::Source(n) => Shed::Source(n),
+                    Full::Total(n) => Shed::Instance(n),
+                })
             }
         }
-        drop(counts);
-        self.node.give_back();
     }
 
     /// Handshakes in progress on this instance.
     pub fn in_progress(&self) -> usize {
-        self.counts.lock().map(|c| c.total).unwrap_or(0)
+        self.gate.held()
     }
 }
 
 /// A handshake slot; dropping it gives the slot back.
 #[derive(Debug)]
 pub struct HandshakePermit {
-    gate: Arc<HandshakeGate>,
-    source: IpAddr,
+    ticket: Ticket,
+    node: Arc<NodeHandshakes>,
+}
+
+impl HandshakePermit {
+    /// Records how far the handshake has got: a handshake further along is evicted later.
+    pub fn progress(&self, step: ambit_hbone::HandshakeStep) {
+        self.ticket.advance(match step {
+            ambit_hbone::HandshakeStep::ClientHello => 1,
+            ambit_hbone::HandshakeStep::Tls => 2,
+        });
+    }
+
+    /// Resolves when this handshake is evicted for a newcomer; close the connection then.
+    pub async fn evicted(&self) {
+        self.ticket.evicted().await
+    }
+
+    pub fn is_evicted(&self) -> bool {
+        self.ticket.is_evicted()
+    }
 }
 
 impl Drop for HandshakePermit {
     fn drop(&mut self) {
-        self.gate.release(self.source);
+        self.node.give_back();
     }
 }
 
@@ -218,7 +210,7 @@ mod tests {
     }
 
     #[test]
-    fn each_limit_sheds_what_is_over_it() {
+    fn over_a_share_the_stalest_goes_and_over_the_node_the_newcomer() {
         let node = NodeHandshakes::new(5);
         let limits = HandshakeLimits {
             node: 5,
@@ -228,26 +220,47 @@ mod tests {
         let a = HandshakeGate::new(node.clone(), limits);
         let b = HandshakeGate::new(node.clone(), limits);
         let a1 = a.admit(ip(1)).unwrap();
-        let _a2 = a.admit(ip(1)).unwrap();
-        // The source's share is spent; another source still gets in.
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Shed::Source(2));
-        let _a3 = a.admit(ip(2)).unwrap();
-        let _a4 = a.admit(ip(3)).unwrap();
-        // The instance is full; the other instance is not.
-        assert_eq!(a.admit(ip(4)).unwrap_err(), Shed::Instance(4));
+        let a2 = a.admit(ip(1)).unwrap();
+        a2.progress(ambit_hbone::HandshakeStep::ClientHello);
+        // The source's share is spent: its stalest (a1, nothing received yet) goes.
+        let a3 = a.admit(ip(1)).unwrap();
+        assert!(a1.is_evicted() && !a2.is_evicted());
+        drop(a1);
+        let a4 = a.admit(ip(2)).unwrap();
+        a4.progress(ambit_hbone::HandshakeStep::Tls);
+        // The instance is full (a2, a3, a4 and this one): the next newcomer evicts a3,
+        // the stalest of the instance; the other instance is untouched.
+        let a5 = a.admit(ip(3)).unwrap();
+        a5.progress(ambit_hbone::HandshakeStep::ClientHello);
+        let _a6 = a.admit(ip(4)).unwrap();
+        assert!(a3.is_evicted() && !a2.is_evicted() && !a4.is_evicted() && !a5.is_evicted());
+        drop(a3);
+        assert_eq!(a.in_progress(), 4);
         let b1 = b.admit(ip(4)).unwrap();
-        // The node is full.
+        // The node is full: shed, nothing evicted.
         assert_eq!(b.admit(ip(5)).unwrap_err(), Shed::Node(5));
+        assert!(!b1.is_evicted());
         // Slots come back when handshakes end.
         drop(b1);
         let _b2 = b.admit(ip(5)).unwrap();
-        drop(a1);
-        assert_eq!(a.in_progress(), 3);
-        let _a5 = a.admit(ip(1)).unwrap();
+    }
+
+    #[test]
+    fn a_progressing_client_outlives_a_flood_from_its_own_address() {
+        let node = NodeHandshakes::new(1024);
+        let gate = HandshakeGate::new(node, HandshakeLimits::for_pod(1024, 256));
+        let mut flood: Vec<_> = (0..64).map(|_| gate.admit(ip(1)).unwrap()).collect();
+        let client = gate.admit(ip(1)).unwrap();
+        client.progress(ambit_hbone::HandshakeStep::ClientHello);
+        for _ in 0..2000 {
+            flood.push(gate.admit(ip(1)).unwrap());
+            flood.retain(|p| !p.is_evicted());
+        }
+        assert!(!client.is_evicted());
         assert_eq!(
-            b.admit(ip(6)).unwrap_err(),
-            Shed::Node(5),
-            "the node is full again"
+            gate.in_progress(),
+            64,
+            "the source holds its share and no more"
         );
     }
 
@@ -265,6 +278,7 @@ mod tests {
                     held.push(p);
                 }
             }
+            held.retain(|p| !p.is_evicted());
         }
         assert_eq!(
             held.len(),

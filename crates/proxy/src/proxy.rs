@@ -191,19 +191,19 @@ async fn serve_hbone(
     if let Err(e) = crate::socket::tune_stream(&stream, &pi.cfg.keepalive) {
         tracing::debug!(?peer, "socket options on an HBONE connection: {e}");
     }
-    let tls = {
+    let handshake = async {
         let identity = {
             let state = pi.state.get();
             match pi.local().workload(&state) {
                 Ok(w) => w.identity(),
                 Err(e) => {
                     tracing::warn!(?peer, "HBONE connection refused: {e}");
-                    return;
+                    return None;
                 }
             }
         };
         // May wait for the CA (RealTime priority) when no valid certificate is cached.
-        match pi.certs.server_config(&identity).await {
+        let tls = match pi.certs.server_config(&identity).await {
             Ok(tls) => tls,
             Err(e) => {
                 let e = crate::error::Error::NoCertificate {
@@ -211,9 +211,44 @@ async fn serve_hbone(
                     reason: e.to_string(),
                 };
                 tracing::warn!(?peer, "HBONE connection refused: {e}");
-                return;
+                return None;
             }
+        };
+        let progress = |step| permit.progress(step);
+        Some(
+            ambit_hbone::accept_connection_reporting(stream, tls, pi.cfg.h2.clone(), progress)
+                .await,
+        )
+    };
+    let accepted = tokio::select! {
+        r = handshake => r,
+        _ = permit.evicted() => return report_eviction(&pi, peer),
+        _ = drain.forced() => return,
+    };
+    // Through TLS and the HTTP/2 preface: the client has proved itself.
+    drop(permit);
+    let accepted = match accepted {
+        None => return,
+        // A client that never got through the handshake: an access log warning, as
+        // ztunnel writes one.
+        Some(Err(
+            e @ (HboneError::Tls(_)
+            | HboneError::HandshakeTimeout(_)
+            | HboneError::Alpn(_)
+            | HboneError::NoClientCertificate),
+        )) => {
+            if let Some(src) = peer {
+                crate::telemetry::early_failure(
+                    Reporter::Destination,
+                    socket::canonical(src),
+                    local.map(socket::canonical),
+                    &crate::error::Error::Tunnel(e),
+                );
+            }
+            return;
         }
+        Some(Err(e)) => return tracing::debug!(?peer, "HBONE connection ended: {e}"),
+        Some(Ok(accepted)) => accepted,
     };
     // The client certificate is the same for every stream of the connection: parse its
     // identity once, on the first stream, not per CONNECT.
@@ -231,36 +266,28 @@ async fn serve_hbone(
             )
         }
     };
-    let forced = drain.clone();
-    let serve = async move {
-        let accepted = ambit_hbone::accept_connection(stream, tls, pi.cfg.h2.clone()).await?;
-        // Through TLS and the HTTP/2 preface: the client has proved itself.
-        drop(permit);
-        accepted.serve(goaway, handler).await
-    };
     tokio::select! {
-        r = serve => {
-            match r {
-                // A client that never got through the handshake: an access log warning,
-                // as ztunnel writes one.
-                Err(e @ (HboneError::Tls(_)
-                | HboneError::HandshakeTimeout(_)
-                | HboneError::Alpn(_)
-                | HboneError::NoClientCertificate)) => {
-                    if let Some(src) = peer {
-                        crate::telemetry::early_failure(
-                            Reporter::Destination,
-                            socket::canonical(src),
-                            local.map(socket::canonical),
-                            &crate::error::Error::Tunnel(e),
-                        );
-                    }
-                }
-                Err(e) => tracing::debug!(?peer, "HBONE connection ended: {e}"),
-                Ok(()) => {}
+        r = accepted.serve(goaway, handler) => {
+            if let Err(e) = r {
+                tracing::debug!(?peer, "HBONE connection ended: {e}");
             }
         }
-        _ = forced.forced() => {}
+        _ = drain.forced() => {}
+    }
+}
+
+/// Closes a handshake evicted for a newcomer (it was the stalest of its share) and says
+/// so now and then; it counts as shed.
+fn report_eviction(pi: &ProxyInputs, peer: Option<SocketAddr>) {
+    let node = pi.handshakes.node();
+    if let Some(total) = node.count_shed(std::time::Instant::now(), SHED_REPORT_INTERVAL) {
+        tracing::warn!(
+            ?peer,
+            shed_total = total,
+            "HBONE handshake closed for a newcomer: it was the stalest of its share; clients \
+             that do not finish their handshake are filling this proxy's share \
+             (AMBIT_MAX_HBONE_HANDSHAKES*)"
+        );
     }
 }
 
