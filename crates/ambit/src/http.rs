@@ -36,44 +36,48 @@ pub fn with_type(status: StatusCode, content_type: &str, body: String) -> Respon
 /// the node must not be able to make the proxy hold more than this.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// Serves `handler` on `listener` until draining starts, at most `MAX_CONNECTIONS` at a
-/// time: one more is closed at once (the client sees a reset), never queued.
-pub async fn serve(listener: TcpListener, handler: Handler, drain: DrainWatcher) {
-    serve_limited(listener, handler, drain, MAX_CONNECTIONS).await
+/// The limits of each listener: [`MAX_CONNECTIONS`] in all, a quarter of them per source
+/// address, so one peer holding keep-alive connections cannot starve probes and scrapes.
+pub fn limits() -> ambit_admission::Limits {
+    ambit_admission::Limits::quarter_per_source(MAX_CONNECTIONS)
 }
 
-async fn serve_limited(listener: TcpListener, handler: Handler, drain: DrainWatcher, limit: usize) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limit));
-    let shed_reports = ambit_proxy::admission::ReportThrottle::default();
+/// Serves `handler` on `listener` until draining starts, within [`limits`]: when a share
+/// is spent, the connection idle longest (between requests, or slow to send its first)
+/// is closed for the newcomer; only when every held connection is in a request is the
+/// newcomer reset, never queued.
+pub async fn serve(listener: TcpListener, handler: Handler, drain: DrainWatcher) {
+    serve_limited(listener, handler, drain, limits()).await
+}
+
+async fn serve_limited(
+    listener: TcpListener,
+    handler: Handler,
+    drain: DrainWatcher,
+    limits: ambit_admission::Limits,
+) {
+    let gate = ambit_admission::Gate::new(limits);
+    let reports = ambit_admission::ReportThrottle::default();
+    let what = match listener.local_addr() {
+        Ok(a) => format!("port {}", a.port()),
+        Err(_) => "an operator port".to_string(),
+    };
     loop {
-        let (stream, peer) = tokio::select! {
+        let accepted = tokio::select! {
             biased;
             _ = drain.draining() => return,
-            r = listener.accept() => match r {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("admin accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            ambit_proxy::socket::reset_on_close(&stream);
-            drop(stream);
-            if shed_reports.due(std::time::Instant::now(), Duration::from_secs(10)) {
-                let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-                tracing::warn!(
-                    "port {port} already serves {limit} connections; closing the one from {peer} (more are closed quietly for 10 s)"
-                );
-            }
-            continue;
+            a = ambit_admission::accept(&listener, &gate, &reports, &what) => a,
         };
         let handler = handler.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let ambit_admission::Accepted { stream, ticket, .. } = accepted;
+            let ticket = Arc::new(ticket);
+            let in_request = ticket.clone();
             let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                // Busy while answering; idle (and the freshest of the idle) once answered.
+                in_request.prove();
                 let resp = handler(req.method(), req.uri(), req.headers());
+                in_request.unprove();
                 async move { Ok::<_, Infallible>(resp) }
             });
             let conn = http1::Builder::new()
@@ -82,7 +86,10 @@ async fn serve_limited(listener: TcpListener, handler: Handler, drain: DrainWatc
                 .max_buf_size(8192)
                 .timer(hyper_util::rt::TokioTimer::new())
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
+            tokio::select! {
+                _ = tokio::time::timeout(Duration::from_secs(60), conn) => {}
+                _ = ticket.evicted() => {}
+            }
         });
     }
 }
@@ -96,8 +103,22 @@ mod tests {
         Arc::new(|_, _, _| text(StatusCode::OK, "hello\n"))
     }
 
-    fn get(addr: std::net::SocketAddr) -> std::io::Result<String> {
-        let mut s = std::net::TcpStream::connect(addr)?;
+    /// A connection from `from` (an address of 127/8) that sends half a request and waits.
+    fn idle_from(from: [u8; 4], addr: std::net::SocketAddr) -> std::net::TcpStream {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.bind(&std::net::SocketAddr::from((from, 0)).into())
+            .unwrap();
+        s.connect(&addr.into()).unwrap();
+        let mut s = std::net::TcpStream::from(s);
+        s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        s
+    }
+
+    fn get_from(from: [u8; 4], addr: std::net::SocketAddr) -> std::io::Result<String> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.bind(&std::net::SocketAddr::from((from, 0)).into())?;
+        s.connect(&addr.into())?;
+        let mut s = std::net::TcpStream::from(s);
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")?;
         let mut out = String::new();
@@ -105,8 +126,23 @@ mod tests {
         Ok(out)
     }
 
+    /// Whether the server has closed `s` (a read sees the end or a reset, not a timeout).
+    fn closed(s: &mut std::net::TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let mut b = [0u8; 64];
+        match s.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
     #[test]
-    fn connections_beyond_the_limit_are_closed_and_the_rest_served() {
+    fn held_idle_connections_give_way_to_newcomers_from_any_source() {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -115,36 +151,30 @@ mod tests {
         let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();
         let (_trigger, watcher) = ambit_proxy::drain::new();
-        rt.spawn(serve_limited(listener, hello(), watcher, 4));
+        let limits = ambit_admission::Limits {
+            total: 4,
+            per_source: 2,
+        };
+        rt.spawn(serve_limited(listener, hello(), watcher, limits));
 
-        // Four idle clients hold every slot (each sends half a request and waits).
-        let held: Vec<_> = (0..4)
-            .map(|_| {
-                let mut s = std::net::TcpStream::connect(addr).unwrap();
-                s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
-                s
-            })
+        // One source holds its share with idle connections; a probe from it is served,
+        // and the idle one held longest is what made room.
+        let mut held: Vec<_> = (0..2).map(|_| idle_from([127, 0, 0, 1], addr)).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let answer = get_from([127, 0, 0, 1], addr).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(closed(&mut held[0]), "the oldest idle connection was kept");
+        assert!(
+            !closed(&mut held[1]),
+            "the newer idle connection was closed too"
+        );
+
+        // Every place held by idle connections of other sources: a newcomer still gets in.
+        let _more: Vec<_> = [[127, 0, 0, 2], [127, 0, 0, 2], [127, 0, 0, 3]]
+            .into_iter()
+            .map(|from| idle_from(from, addr))
             .collect();
-        // The listener accepts in order, so the four took the slots before this one.
-        let shed = get(addr);
-        assert!(
-            !matches!(&shed, Ok(answer) if answer.contains("hello")),
-            "a fifth connection was served while four held the slots: {shed:?}"
-        );
-
-        // A slot freed is a slot served.
-        drop(held);
-        let mut answer = Err(std::io::Error::other("not tried"));
-        for _ in 0..50 {
-            answer = get(addr);
-            if matches!(&answer, Ok(a) if a.contains("hello")) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(
-            answer.unwrap().starts_with("HTTP/1.1 200"),
-            "not served after the slots freed"
-        );
+        let answer = get_from([127, 0, 0, 4], addr).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 }

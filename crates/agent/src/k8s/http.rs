@@ -26,9 +26,30 @@ pub async fn serve_connection<IO>(io: IO, handler: Handler, max_body: usize)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    serve_admitted(io, handler, max_body, None).await
+}
+
+/// Connections one TCP listener serves at once: probes and scrapes need a handful, and
+/// these ports listen on every address of the node.
+pub const MAX_TCP_CONNECTIONS: usize = 64;
+/// The longest a TCP connection is kept, however busy.
+const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Serves one connection; with a ticket of an admission gate, marks it busy while a
+/// request is answered (idle connections are the ones closed for newcomers).
+async fn serve_admitted<IO>(
+    io: IO,
+    handler: Handler,
+    max_body: usize,
+    ticket: Option<Arc<ambit_admission::Ticket>>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         let handler = handler.clone();
+        let busy = ticket.clone().map(Busy::new);
         async move {
+            let _busy = busy;
             let method = req.method().clone();
             let path = req.uri().path().to_owned();
             let answer = match Limited::new(req.into_body(), max_body).collect().await {
@@ -57,18 +78,46 @@ where
     }
 }
 
-/// Accepts on `listener` until the task is dropped.
+/// Marks a connection busy until dropped, then idle again.
+struct Busy(Arc<ambit_admission::Ticket>);
+
+impl Busy {
+    fn new(ticket: Arc<ambit_admission::Ticket>) -> Busy {
+        ticket.prove();
+        Busy(ticket)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.unprove();
+    }
+}
+
+/// Accepts on `listener` until the task is dropped, at most [`MAX_TCP_CONNECTIONS`] at
+/// once and a quarter of them per source address: when a share is spent, the connection
+/// idle longest is closed for the newcomer (a peer holding keep-alive connections cannot
+/// starve the kubelet's probes), and a newcomer is reset only when every one is busy.
 pub async fn serve_tcp(listener: tokio::net::TcpListener, handler: Handler, max_body: usize) {
+    let gate = ambit_admission::Gate::new(ambit_admission::Limits::quarter_per_source(
+        MAX_TCP_CONNECTIONS,
+    ));
+    let reports = ambit_admission::ReportThrottle::default();
+    let what = match listener.local_addr() {
+        Ok(a) => format!("port {}", a.port()),
+        Err(_) => "an HTTP port".to_string(),
+    };
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(serve_connection(stream, handler.clone(), max_body));
+        let accepted = ambit_admission::accept(&listener, &gate, &reports, &what).await;
+        let ticket = Arc::new(accepted.ticket);
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let served = serve_admitted(accepted.stream, handler, max_body, Some(ticket.clone()));
+            tokio::select! {
+                _ = tokio::time::timeout(MAX_CONNECTION_LIFETIME, served) => {}
+                _ = ticket.evicted() => {}
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        });
     }
 }
 
