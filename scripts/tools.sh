@@ -36,8 +36,9 @@ INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=con
 # The test API server's client suites: kubectl and Python's kubernetes client (a
 # directory counts as present when it exists).
 KUBE_TOOLS=(kubectl=kubernetes-client /usr/lib/python3/dist-packages/kubernetes=python3-kubernetes)
-# The chart tests' Python (kubernetes-validate runs in a venv of Debian's python3).
-CHART_TOOLS=(/usr/bin/python3=python3 /usr/share/doc/python3-venv=python3-venv)
+# The tests' Python: kubernetes-validate runs in a venv of Debian's python3 (the chart
+# tests), and `cryptography`, a strict DER parser, reads the certificates ambit issues.
+CHART_TOOLS=(/usr/bin/python3=python3 /usr/share/doc/python3-venv=python3-venv /usr/lib/python3/dist-packages/cryptography=python3-cryptography)
 # The image builds and runs: umoci assembles OCI images without a daemon, podman runs
 # them in network namespaces; nft and the CA bundle go into the images.
 IMAGE_TOOLS=(umoci=umoci podman=podman runc=runc nft=nftables update-ca-certificates=ca-certificates ip=iproute2)

@@ -28,7 +28,13 @@ pub fn two_spiffe_ids(ca_dir: &Path, ids: [&str; 2]) -> anyhow::Result<WorkloadC
         .iter()
         .map(|id| Ok(SanType::URI((*id).try_into()?)))
         .collect::<Result<_, rcgen::Error>>()?;
-    params.is_ca = IsCa::ExplicitNoCa;
+    // An end entity as DER has it: a critical basicConstraints of an empty SEQUENCE
+    // (rcgen's `ExplicitNoCa` writes the default `cA FALSE`, which DER omits).
+    params.is_ca = IsCa::NoCa;
+    let mut basic_constraints =
+        rcgen::CustomExtension::from_oid_content(&[2, 5, 29, 19], vec![0x30, 0x00]);
+    basic_constraints.set_criticality(true);
+    params.custom_extensions.push(basic_constraints);
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
