@@ -27,8 +27,8 @@ pub use config::{parse_local_config, LocalConfig};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
 pub use policy::{
-    Authorization, Clause, PolicyAction, PolicyScope, RbacMatch, Rule, ServiceAccountMatch,
-    StringMatch, L7_ATTRIBUTES,
+    Authorization, Clause, L7Attributes, PolicyAction, PolicyScope, RbacMatch, Rule,
+    ServiceAccountMatch, StringMatch, L7_ATTRIBUTES,
 };
 pub use rbac::{
     authorize_observed, authorize_with, matches as policy_matches, set_dry_run_hook, Denied,

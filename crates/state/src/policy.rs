@@ -203,87 +203,282 @@ pub struct ServiceAccountMatch {
 /// One match object: every field that is set must pass (a positive list: some value
 /// matches; a negative list: no value matches). A match object that sets nothing never
 /// matches.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+///
+/// Read and written with the L7 attributes among the other fields, as an
+/// AuthorizationPolicy writes them (`{principals: [...], paths: [...]}`); held apart, in
+/// [`RbacMatch::l7`], so that an L4-only match (every match from xDS) does not pay for
+/// them: 296 bytes instead of 704.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "MatchFields")]
 pub struct RbacMatch {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<StringMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_namespaces: Vec<StringMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_accounts: Vec<ServiceAccountMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_service_accounts: Vec<ServiceAccountMatch>,
     /// Compared with the peer's SPIFFE id without `spiffe://`.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        with = "principal_list"
-    )]
     pub principals: Vec<StringMatch>,
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        with = "principal_list"
-    )]
     pub not_principals: Vec<StringMatch>,
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        with = "crate::addr::cidr_list"
-    )]
     pub source_ips: Vec<IpNet>,
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        with = "crate::addr::cidr_list"
-    )]
     pub not_source_ips: Vec<IpNet>,
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        with = "crate::addr::cidr_list"
-    )]
     pub destination_ips: Vec<IpNet>,
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        with = "crate::addr::cidr_list"
-    )]
     pub not_destination_ips: Vec<IpNet>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub destination_ports: Vec<u16>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ports: Vec<u16>,
-    // Attributes only an L7 proxy can see, written as an AuthorizationPolicy would (see
-    // [`L7_ATTRIBUTES`]): read so that they are never mistaken for "no condition", never
-    // evaluated. Kept as written, for `/config_dump`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The L7 attributes, `None` when the match sets none (what parsing makes; a
+    /// `Some` with nothing set is treated the same).
+    pub l7: Option<Box<L7Attributes>>,
+}
+
+/// Attributes only an L7 proxy can see, written as an AuthorizationPolicy would (see
+/// [`L7_ATTRIBUTES`]): read so that they are never mistaken for "no condition", never
+/// evaluated. Kept as written, for `/config_dump`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct L7Attributes {
     pub paths: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_paths: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub methods: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_methods: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_hosts: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_principals: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_request_principals: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_headers: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_ips: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_remote_ips: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<serde_json::Value>,
+}
+
+impl L7Attributes {
+    /// Every attribute with its camelCase name, in [`L7_ATTRIBUTES`] order.
+    pub fn fields(&self) -> [(&'static str, &Option<serde_json::Value>); 13] {
+        let v = [
+            &self.paths,
+            &self.not_paths,
+            &self.methods,
+            &self.not_methods,
+            &self.hosts,
+            &self.not_hosts,
+            &self.request_principals,
+            &self.not_request_principals,
+            &self.headers,
+            &self.not_headers,
+            &self.remote_ips,
+            &self.not_remote_ips,
+            &self.when,
+        ];
+        std::array::from_fn(|i| (L7_ATTRIBUTES[i], v[i]))
+    }
+
+    /// True if no attribute is set.
+    pub fn is_empty(&self) -> bool {
+        self.fields().iter().all(|(_, v)| v.is_none())
+    }
+}
+
+/// A match object as it is written: the L4 fields and the L7 attributes side by side.
+/// Only for reading; [`RbacMatch`]'s own `Serialize` writes the same form.
+#[derive(Deserialize)]
+#[serde(rename = "RbacMatch", rename_all = "camelCase", deny_unknown_fields)]
+struct MatchFields {
+    #[serde(default)]
+    namespaces: Vec<StringMatch>,
+    #[serde(default)]
+    not_namespaces: Vec<StringMatch>,
+    #[serde(default)]
+    service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(default)]
+    not_service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(default, with = "principal_list")]
+    principals: Vec<StringMatch>,
+    #[serde(default, with = "principal_list")]
+    not_principals: Vec<StringMatch>,
+    #[serde(default, with = "crate::addr::cidr_list")]
+    source_ips: Vec<IpNet>,
+    #[serde(default, with = "crate::addr::cidr_list")]
+    not_source_ips: Vec<IpNet>,
+    #[serde(default, with = "crate::addr::cidr_list")]
+    destination_ips: Vec<IpNet>,
+    #[serde(default, with = "crate::addr::cidr_list")]
+    not_destination_ips: Vec<IpNet>,
+    #[serde(default)]
+    destination_ports: Vec<u16>,
+    #[serde(default)]
+    not_destination_ports: Vec<u16>,
+    #[serde(default)]
+    paths: Option<serde_json::Value>,
+    #[serde(default)]
+    not_paths: Option<serde_json::Value>,
+    #[serde(default)]
+    methods: Option<serde_json::Value>,
+    #[serde(default)]
+    not_methods: Option<serde_json::Value>,
+    #[serde(default)]
+    hosts: Option<serde_json::Value>,
+    #[serde(default)]
+    not_hosts: Option<serde_json::Value>,
+    #[serde(default)]
+    request_principals: Option<serde_json::Value>,
+    #[serde(default)]
+    not_request_principals: Option<serde_json::Value>,
+    #[serde(default)]
+    headers: Option<serde_json::Value>,
+    #[serde(default)]
+    not_headers: Option<serde_json::Value>,
+    #[serde(default)]
+    remote_ips: Option<serde_json::Value>,
+    #[serde(default)]
+    not_remote_ips: Option<serde_json::Value>,
+    #[serde(default)]
+    when: Option<serde_json::Value>,
+}
+
+impl From<MatchFields> for RbacMatch {
+    fn from(m: MatchFields) -> RbacMatch {
+        let l7 = L7Attributes {
+            paths: m.paths,
+            not_paths: m.not_paths,
+            methods: m.methods,
+            not_methods: m.not_methods,
+            hosts: m.hosts,
+            not_hosts: m.not_hosts,
+            request_principals: m.request_principals,
+            not_request_principals: m.not_request_principals,
+            headers: m.headers,
+            not_headers: m.not_headers,
+            remote_ips: m.remote_ips,
+            not_remote_ips: m.not_remote_ips,
+            when: m.when,
+        };
+        RbacMatch {
+            namespaces: m.namespaces,
+            not_namespaces: m.not_namespaces,
+            service_accounts: m.service_accounts,
+            not_service_accounts: m.not_service_accounts,
+            principals: m.principals,
+            not_principals: m.not_principals,
+            source_ips: m.source_ips,
+            not_source_ips: m.not_source_ips,
+            destination_ips: m.destination_ips,
+            not_destination_ips: m.not_destination_ips,
+            destination_ports: m.destination_ports,
+            not_destination_ports: m.not_destination_ports,
+            l7: (!l7.is_empty()).then(|| Box::new(l7)),
+        }
+    }
+}
+
+impl Serialize for RbacMatch {
+    /// Every set field in declaration order, the L7 attributes last, as written.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Principals<'a>(&'a [StringMatch]);
+        impl Serialize for Principals<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                principal_list::serialize(self.0, s)
+            }
+        }
+        struct Cidrs<'a>(&'a [IpNet]);
+        impl Serialize for Cidrs<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                crate::addr::cidr_list::serialize(self.0, s)
+            }
+        }
+        let l7 = self.l7.as_deref().map(L7Attributes::fields);
+        let l7_set = l7.iter().flatten().filter(|(_, v)| v.is_some());
+        let lists = [
+            self.namespaces.len(),
+            self.not_namespaces.len(),
+            self.service_accounts.len(),
+            self.not_service_accounts.len(),
+            self.principals.len(),
+            self.not_principals.len(),
+            self.source_ips.len(),
+            self.not_source_ips.len(),
+            self.destination_ips.len(),
+            self.not_destination_ips.len(),
+            self.destination_ports.len(),
+            self.not_destination_ports.len(),
+        ];
+        let len = lists.iter().filter(|n| **n > 0).count() + l7_set.clone().count();
+        let mut st = s.serialize_struct("RbacMatch", len)?;
+        fn field<M: SerializeStruct, T: Serialize + ?Sized>(
+            st: &mut M,
+            name: &'static str,
+            set: bool,
+            v: &T,
+        ) -> Result<(), M::Error> {
+            if set {
+                st.serialize_field(name, v)
+            } else {
+                st.skip_field(name)
+            }
+        }
+        let ns = |v: &[StringMatch]| !v.is_empty();
+        field(
+            &mut st,
+            "namespaces",
+            ns(&self.namespaces),
+            &self.namespaces,
+        )?;
+        field(
+            &mut st,
+            "notNamespaces",
+            ns(&self.not_namespaces),
+            &self.not_namespaces,
+        )?;
+        field(
+            &mut st,
+            "serviceAccounts",
+            !self.service_accounts.is_empty(),
+            &self.service_accounts,
+        )?;
+        field(
+            &mut st,
+            "notServiceAccounts",
+            !self.not_service_accounts.is_empty(),
+            &self.not_service_accounts,
+        )?;
+        field(
+            &mut st,
+            "principals",
+            ns(&self.principals),
+            &Principals(&self.principals),
+        )?;
+        field(
+            &mut st,
+            "notPrincipals",
+            ns(&self.not_principals),
+            &Principals(&self.not_principals),
+        )?;
+        for (name, v) in [
+            ("sourceIps", &self.source_ips),
+            ("notSourceIps", &self.not_source_ips),
+            ("destinationIps", &self.destination_ips),
+            ("notDestinationIps", &self.not_destination_ips),
+        ] {
+            field(&mut st, name, !v.is_empty(), &Cidrs(v))?;
+        }
+        for (name, v) in [
+            ("destinationPorts", &self.destination_ports),
+            ("notDestinationPorts", &self.not_destination_ports),
+        ] {
+            field(&mut st, name, !v.is_empty(), v)?;
+        }
+        match l7 {
+            Some(fields) => {
+                for (name, v) in fields {
+                    field(&mut st, name, v.is_some(), v)?;
+                }
+            }
+            None => {
+                for name in L7_ATTRIBUTES {
+                    st.skip_field(name)?;
+                }
+            }
+        }
+        st.end()
+    }
 }
 
 /// The L7 attributes a match object may carry in the local configuration, by their
@@ -309,7 +504,7 @@ pub const L7_ATTRIBUTES: &[&str] = &[
 impl RbacMatch {
     /// True if no field is set (such a match object never matches).
     pub fn is_empty(&self) -> bool {
-        *self == RbacMatch::default()
+        self.has_no_l4_field() && !self.has_l7()
     }
 
     /// True if no L4 field is set (L7 attributes may be).
@@ -330,26 +525,13 @@ impl RbacMatch {
 
     /// The L7 attributes set (camelCase names, in [`L7_ATTRIBUTES`] order).
     pub fn l7_attributes(&self) -> impl Iterator<Item = &'static str> + '_ {
-        let set = [
-            &self.paths,
-            &self.not_paths,
-            &self.methods,
-            &self.not_methods,
-            &self.hosts,
-            &self.not_hosts,
-            &self.request_principals,
-            &self.not_request_principals,
-            &self.headers,
-            &self.not_headers,
-            &self.remote_ips,
-            &self.not_remote_ips,
-            &self.when,
-        ];
-        L7_ATTRIBUTES
-            .iter()
-            .zip(set)
+        self.l7
+            .as_deref()
+            .map(L7Attributes::fields)
+            .into_iter()
+            .flatten()
             .filter(|(_, v)| v.is_some())
-            .map(|(n, _)| *n)
+            .map(|(n, _)| n)
     }
 
     /// True if an L7 attribute is set.
@@ -408,5 +590,89 @@ impl Authorization {
             return Err("namespace: a Namespace-scoped policy needs a namespace".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A match with every field set, as the local config writes it.
+    const EVERY_FIELD: &str = r#"
+name: p
+namespace: ns
+scope: Namespace
+action: Deny
+rules:
+- - - namespaces: [{exact: a}]
+      notNamespaces: [{prefix: b}]
+      serviceAccounts: [{namespace: a, serviceAccount: s}]
+      notServiceAccounts: [{namespace: b, serviceAccount: t}]
+      principals: [{suffix: /sa/x}]
+      notPrincipals: [{presence: {}}]
+      sourceIps: [10.0.0.0/8]
+      notSourceIps: [10.1.0.1]
+      destinationIps: ["fd00::/64"]
+      notDestinationIps: [192.168.0.0/16]
+      destinationPorts: [80]
+      notDestinationPorts: [81]
+      paths: ["/a"]
+      notPaths: ["/b"]
+      methods: [GET]
+      notMethods: [PUT]
+      hosts: [h.example]
+      notHosts: [i.example]
+      requestPrincipals: ["*"]
+      notRequestPrincipals: [x]
+      headers: {x-a: b}
+      notHeaders: {x-c: d}
+      remoteIps: [10.2.0.0/16]
+      notRemoteIps: [10.3.0.1]
+      when: [{key: "request.auth.claims[iss]", values: [x]}]
+    - {}
+"#;
+
+    /// `/config_dump`'s form of [`EVERY_FIELD`] (and of an empty match): every set field
+    /// in declaration order, L7 attributes last and as written, unset ones left out.
+    const EVERY_FIELD_JSON: &str = r#"{"name":"p","namespace":"ns","scope":"Namespace","action":"Deny","rules":[[[{"namespaces":[{"Exact":"a"}],"notNamespaces":[{"Prefix":"b"}],"serviceAccounts":[{"namespace":"a","serviceAccount":"s"}],"notServiceAccounts":[{"namespace":"b","serviceAccount":"t"}],"principals":[{"Suffix":"/sa/x"}],"notPrincipals":[{"Presence":[]}],"sourceIps":["10.0.0.0/8"],"notSourceIps":["10.1.0.1/32"],"destinationIps":["fd00::/64"],"notDestinationIps":["192.168.0.0/16"],"destinationPorts":[80],"notDestinationPorts":[81],"paths":["/a"],"notPaths":["/b"],"methods":["GET"],"notMethods":["PUT"],"hosts":["h.example"],"notHosts":["i.example"],"requestPrincipals":["*"],"notRequestPrincipals":["x"],"headers":{"x-a":"b"},"notHeaders":{"x-c":"d"},"remoteIps":["10.2.0.0/16"],"notRemoteIps":["10.3.0.1"],"when":[{"key":"request.auth.claims[iss]","values":["x"]}]},{}]]],"dryRun":false}"#;
+
+    #[test]
+    fn every_field_is_read_and_written_as_before() {
+        let p: Authorization = yaml_serde::from_str(EVERY_FIELD).unwrap();
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(json, EVERY_FIELD_JSON);
+        assert_eq!(
+            p.l7_attributes().into_iter().collect::<Vec<_>>().len(),
+            L7_ATTRIBUTES.len()
+        );
+        let m = &p.rules[0][0];
+        assert!(m[0].has_l7() && !m[0].has_no_l4_field() && !m[0].is_empty());
+        assert!(m[1].is_empty() && !m[1].has_l7());
+        // What is written reads back the same.
+        let back: Authorization = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+        // A match without L7 attributes holds none.
+        let l4: Authorization = yaml_serde::from_str(
+            "{name: p, scope: Global, action: Allow, rules: [[[{destinationPorts: [9], paths: null}]]]}",
+        )
+        .unwrap();
+        assert_eq!(
+            l4.rules[0][0][0],
+            RbacMatch {
+                destination_ports: vec![9],
+                ..RbacMatch::default()
+            }
+        );
+    }
+
+    /// An L4-only match pays for its twelve lists and one pointer, not for the thirteen
+    /// L7 attributes (704 bytes when they were inline).
+    #[test]
+    fn an_l4_match_does_not_hold_l7_attributes() {
+        let lists = 12 * std::mem::size_of::<Vec<u8>>();
+        assert_eq!(
+            std::mem::size_of::<RbacMatch>(),
+            lists + std::mem::size_of::<usize>()
+        );
     }
 }
