@@ -145,6 +145,8 @@ struct Figure {
     /// Per round: [direct, ambit, Istio] (direct is NaN for costs; for added latency the
     /// direct latency itself, the others the proxied latency).
     rounds: Vec<[f64; 3]>,
+    /// What the reader must know beside the figure (failed connections, a single sample).
+    notes: Vec<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -176,7 +178,30 @@ impl Figure {
             unit,
             kind,
             rounds: Vec::new(),
+            notes: Vec::new(),
         }
+    }
+
+    /// Rounds whose ratio means nothing and is left out of the median, and why.
+    fn left_out(&self) -> Option<String> {
+        let out: Vec<usize> = self
+            .ratios()
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_finite())
+            .map(|(i, _)| i + 1)
+            .collect();
+        if out.is_empty() {
+            return None;
+        }
+        let why = match self.kind {
+            Kind::Added => "an added latency not above zero (either implementation's)",
+            Kind::Rate | Kind::Cost => "Istio's value was zero",
+        };
+        Some(format!(
+            "round(s) {out:?} of {} left out of the ratio: {why}",
+            self.rounds.len()
+        ))
     }
 
     /// The value a round shows for implementation `i` (0 ambit, 1 Istio).
@@ -198,10 +223,11 @@ impl Figure {
             .map(|r| {
                 let (a, b) = (self.value(r, 0), self.value(r, 1));
                 // A round where Istio's rate fell to nothing (its connections failed
-                // throughout the window) or its added latency was within a microsecond of
-                // none has no meaningful ratio.
+                // throughout the window) has no meaningful ratio; nor has one where either
+                // added latency is not above zero (noise larger than the cost): both sides
+                // are treated alike, so a negative ambit figure never counts in its favour.
                 let too_small = match self.kind {
-                    Kind::Added => b < 1.0,
+                    Kind::Added => a <= 0.0 || b <= 0.0,
                     Kind::Rate | Kind::Cost => b <= 0.0,
                 };
                 if too_small {
@@ -303,6 +329,18 @@ fn render(title: &str, figures: &[Figure]) -> String {
             with_spread(&f.ratios(), ratio_text),
             if f.ambit_not_worse() { "yes" } else { "**no**" }
         );
+    }
+    let notes: Vec<String> = figures
+        .iter()
+        .flat_map(|f| {
+            f.left_out()
+                .into_iter()
+                .chain(f.notes.iter().cloned())
+                .map(move |n| format!("- {}: {n}", f.name))
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(s, "\n{}", notes.join("\n"));
     }
     s
 }
@@ -420,6 +458,7 @@ fn suite(
     for concurrency in [1usize, 8] {
         let what = format!("{label}: new connections, concurrency {concurrency}");
         let mut rate = Figure::new(&what, "/s", Kind::Rate);
+        let mut failed = [0u64; 2];
         for r in 0..args.rounds {
             let t = &sides[0].target;
             let direct = common::connection_rate(t.client_ns, t.direct_echo(), concurrency, secs)?;
@@ -430,6 +469,7 @@ fn suite(
                 if m.errors > 0 {
                     println!("  {}: {} failed connections", IMPLS[i], m.errors);
                 }
+                failed[i] += m.errors as u64;
                 row[1 + i] = m.per_second;
             }
             println!(
@@ -440,6 +480,12 @@ fn suite(
                 row[2]
             );
             rate.rounds.push(row);
+        }
+        if failed.iter().any(|n| *n > 0) {
+            rate.notes.push(format!(
+                "failed connections over the {} rounds (not counted in the rate): ambit {}, Istio {}",
+                args.rounds, failed[0], failed[1]
+            ));
         }
         figures.push(rate);
     }
@@ -460,6 +506,11 @@ fn rss(
         .push([f64::NAN, a.0 as f64 / 1024.0, i.0 as f64 / 1024.0]);
     s.rounds
         .push([f64::NAN, a.1 as f64 / 1024.0, i.1 as f64 / 1024.0]);
+    for f in [&mut c, &mut s] {
+        f.notes.push(format!(
+            "one sample ({field} of each proxy), not a median of rounds"
+        ));
+    }
     figures.extend([c, s]);
     Ok(())
 }
@@ -604,6 +655,9 @@ fn inpod(
         row[1 + i] = (after as f64 - before as f64) / args.idle_pods as f64;
     }
     per_pod.rounds.push(row);
+    per_pod.notes.push(
+        "one sample per implementation (the RSS growth of enrolling the pods once, divided by their number), not a median of rounds".into(),
+    );
     figures.push(per_pod);
 
     for c in &clusters {
@@ -682,7 +736,9 @@ fn inpod(
             ));
         }
     }
-    for r in 0..2 {
+    // The direct baseline is taken between the soak's own two pods.
+    let direct_soak = setup::direct_echo_between(&clusters[0], SOAK_CLIENT, SOAK)?;
+    for r in 0..args.rounds.max(2) {
         let mut f = [f64::NAN; 3];
         let mut l = [f64::NAN; 3];
         for i in order(r) {
@@ -719,8 +775,7 @@ fn inpod(
         }
         // The direct rate at concurrency 8 between the same two pods, for the ratio.
         let c = &clusters[0];
-        let direct_dst = SocketAddr::from((c.pod(REMOTE).ip, setup::DIRECT_ECHO_PORT));
-        let d = common::connection_rate(&c.pod(CLIENT).ns, direct_dst, 8, args.seconds)?;
+        let d = common::connection_rate(&c.pod(SOAK_CLIENT).ns, direct_soak, 8, args.seconds)?;
         f[0] = d.per_second;
         l[0] = d.per_second;
         first.rounds.push(f);
@@ -846,7 +901,7 @@ fn main() -> anyhow::Result<()> {
     };
     let _ = write!(
         text,
-        "## ambit beside Istio's ztunnel ({})\n\nMachine: {machine}.\nIstio's ztunnel: {peer_version}; ambit {}; both with jemalloc; {env_text}. Both in the same lab layout, one lab per implementation up at once; every figure in {} interleaved rounds (direct first, then the two proxies, the order alternating), {} s per throughput and connection-rate run, {} round trips per latency run. Each cell: the median of the rounds, (lowest–highest).\n",
+        "## ambit beside Istio's ztunnel ({})\n\nMachine: {machine}.\nIstio's ztunnel: {peer_version}; ambit {}; both with jemalloc; {env_text}. Both in the same lab layout, one lab per implementation up at once; every figure in {} interleaved rounds (direct first, then the two proxies, the order alternating) unless a note under its table says otherwise (the memory figures are single samples; the soak runs at least two rounds), {} s per throughput and connection-rate run, {} round trips per latency run. Each cell: the median of the rounds, (lowest–highest).\n",
         args.title,
         ambit::version::VERSION,
         args.rounds,

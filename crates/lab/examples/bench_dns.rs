@@ -112,9 +112,13 @@ fn load(ns: &str, clients: usize, seconds: u64) -> anyhow::Result<f64> {
                     if s.send(&query(id)).is_err() {
                         continue;
                     }
-                    if let Ok(n) = s.recv(&mut buf) {
+                    // Read until this query's answer or a timeout: a late answer to an
+                    // earlier query is skipped (matched by id), so one slow reply costs
+                    // that query alone, not every query after it.
+                    while let Ok(n) = s.recv(&mut buf) {
                         if n >= 2 && buf[..2] == id.to_be_bytes() {
                             answered.fetch_add(1, Ordering::Relaxed);
+                            break;
                         }
                     }
                 }
@@ -211,9 +215,16 @@ fn round(which: Path3, args: &Args, peer: Option<&IstioZtunnel>) -> anyhow::Resu
     load(&ns, args.clients, args.seconds)
 }
 
+/// Median (the mean of the middle two for an even count), minimum and maximum.
 fn summary(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+    let n = v.len();
+    let median = if !n.is_multiple_of(2) {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    (median, v[0], v[n - 1])
 }
 
 fn main() -> anyhow::Result<()> {

@@ -619,7 +619,12 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
     );
     let mut rounds: Vec<Vec<ProxyRound>> = impls.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds {
-        for (n, which) in impls.iter().enumerate() {
+        // Which implementation runs first alternates, so drift favours neither.
+        let mut turns: Vec<(usize, &Impl)> = impls.iter().enumerate().collect();
+        if round % 2 == 1 {
+            turns.reverse();
+        }
+        for (n, which) in turns {
             eprintln!("round {}/{}: {}", round + 1, args.rounds, which.label());
             let r = proxy_round(*which, args, peer.as_ref(), &initial)?;
             eprintln!(
@@ -1040,15 +1045,20 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
 /// A row of a report: its name and how one round's value is read.
 type Figure<R> = (&'static str, fn(&R) -> f64);
 
-/// Nearest-rank percentile; 0 for no values.
+/// Nearest-rank percentile, except the 50th, which is the true median (the mean of the
+/// middle two for an even count); 0 for no values.
 fn pct(values: &[f64], p: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
+    let n = v.len();
+    if p == 50.0 && n.is_multiple_of(2) {
+        return (v[n / 2 - 1] + v[n / 2]) / 2.0;
+    }
+    let rank = ((p / 100.0) * n as f64).ceil() as usize;
+    v[rank.clamp(1, n) - 1]
 }
 
 fn min(values: &[f64]) -> f64 {

@@ -55,10 +55,42 @@ pub fn dedicated_paths(nodes: &TwoNodes) -> anyhow::Result<Target<'_>> {
         mesh_iperf_port: MESH_IPERF_PORT,
         direct_iperf_port: DIRECT_IPERF_PORT,
     };
-    for dst in [target.mesh_echo(), target.direct_echo()] {
-        super::round_trips(target.client_ns, dst, 64, 100)
-            .with_context(|| format!("echo through {dst}"))?;
+    // The direct path must leave both node proxies' connection counts unchanged, and the
+    // proxied one must move them, or the figures would compare the wrong paths.
+    let opened = || -> anyhow::Result<u64> {
+        let mut n = 0;
+        for ns in [&nodes.client_ns, &nodes.server_ns] {
+            n += metric_sum(
+                &nodes.metrics(ns)?,
+                "istio_tcp_connections_opened_total",
+                &[],
+            );
+        }
+        Ok(n)
+    };
+    let before = opened()?;
+    super::round_trips(target.client_ns, target.direct_echo(), 64, 100)
+        .with_context(|| format!("direct echo to {}", target.direct_echo()))?;
+    std::thread::sleep(Duration::from_millis(300));
+    if opened()? != before {
+        bail!(
+            "the direct path to {} went through a node proxy",
+            target.direct_echo()
+        );
     }
+    super::round_trips(target.client_ns, target.mesh_echo(), 64, 100)
+        .with_context(|| format!("echo through {}", target.mesh_echo()))?;
+    wait_until(
+        "the proxied connection to be counted",
+        Duration::from_secs(5),
+        || opened().is_ok_and(|n| n > before),
+    )
+    .with_context(|| {
+        format!(
+            "the proxied path to {} bypassed the node proxies",
+            target.mesh_echo()
+        )
+    })?;
     Ok(target)
 }
 
@@ -80,6 +112,38 @@ pub fn opened(cluster: &Cluster) -> anyhow::Result<u64> {
 /// echo app and iperf3 on both ports in each server, and both paths checked: the direct one
 /// must bypass the node proxies, the proxied one must go through them.
 pub fn inpod_paths(cluster: &Cluster, client: &str, servers: &[&str]) -> anyhow::Result<()> {
+    exempt_direct_ports(cluster, client, servers)?;
+    let client_ns = cluster.pod(client).ns.clone();
+    for pod in servers {
+        drop(cluster.serve_app(pod, APP_PORT, EchoMode::Mirror)?);
+        drop(cluster.serve_app(pod, DIRECT_ECHO_PORT, EchoMode::Mirror)?);
+        let ns = cluster.pod(pod).ns.clone();
+        super::start_iperf_server(&cluster.lab, &ns, MESH_IPERF_PORT)?;
+        super::start_iperf_server(&cluster.lab, &ns, DIRECT_IPERF_PORT)?;
+    }
+    for pod in servers {
+        let ip = cluster.pod(pod).ip;
+        check_direct_bypasses(
+            cluster,
+            &client_ns,
+            SocketAddr::from((ip, DIRECT_ECHO_PORT)),
+        )?;
+        let before = opened(cluster)?;
+        super::round_trips(&client_ns, SocketAddr::from((ip, APP_PORT)), 64, 100)
+            .with_context(|| format!("echo to {ip} through the proxies"))?;
+        wait_until(
+            "the proxied connection to be counted",
+            Duration::from_secs(5),
+            || opened(cluster).is_ok_and(|n| n > before),
+        )
+        .with_context(|| format!("the proxied path to {ip} bypassed the node proxies"))?;
+    }
+    Ok(())
+}
+
+/// The direct ports exempted from the in-pod capture outbound in `client` and inbound in
+/// each of `servers`.
+fn exempt_direct_ports(cluster: &Cluster, client: &str, servers: &[&str]) -> anyhow::Result<()> {
     let client_ns = cluster.pod(client).ns.clone();
     for port in [DIRECT_ECHO_PORT, DIRECT_IPERF_PORT] {
         let p = port.to_string();
@@ -97,37 +161,39 @@ pub fn inpod_paths(cluster: &Cluster, client: &str, servers: &[&str]) -> anyhow:
             exempt(&cluster.pod(pod).ns, "PREROUTING")?;
         }
     }
-    for pod in servers {
-        drop(cluster.serve_app(pod, APP_PORT, EchoMode::Mirror)?);
-        drop(cluster.serve_app(pod, DIRECT_ECHO_PORT, EchoMode::Mirror)?);
-        let ns = cluster.pod(pod).ns.clone();
-        super::start_iperf_server(&cluster.lab, &ns, MESH_IPERF_PORT)?;
-        super::start_iperf_server(&cluster.lab, &ns, DIRECT_IPERF_PORT)?;
-    }
-    for pod in servers {
-        let ip = cluster.pod(pod).ip;
-        let before = opened(cluster)?;
-        super::round_trips(
-            &client_ns,
-            SocketAddr::from((ip, DIRECT_ECHO_PORT)),
-            64,
-            100,
-        )
-        .with_context(|| format!("direct echo to {ip}"))?;
-        std::thread::sleep(Duration::from_millis(300));
-        if opened(cluster)? != before {
-            bail!("the direct path to {ip} went through a node proxy");
-        }
-        super::round_trips(&client_ns, SocketAddr::from((ip, APP_PORT)), 64, 100)
-            .with_context(|| format!("echo to {ip} through the proxies"))?;
-        wait_until(
-            "the proxied connection to be counted",
-            Duration::from_secs(5),
-            || opened(cluster).is_ok_and(|n| n > before),
-        )
-        .with_context(|| format!("the proxied path to {ip} bypassed the node proxies"))?;
+    Ok(())
+}
+
+/// Fails unless round trips from `client_ns` to `direct` leave every node proxy's
+/// connection count unchanged.
+fn check_direct_bypasses(
+    cluster: &Cluster,
+    client_ns: &str,
+    direct: SocketAddr,
+) -> anyhow::Result<()> {
+    let before = opened(cluster)?;
+    super::round_trips(client_ns, direct, 64, 100)
+        .with_context(|| format!("direct echo to {direct}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    if opened(cluster)? != before {
+        bail!("the direct path to {direct} went through a node proxy");
     }
     Ok(())
+}
+
+/// The direct echo between exactly `client` and `server` (its port exempted from capture
+/// on both, checked to bypass the node proxies): the baseline of a figure measured
+/// between those two pods.
+pub fn direct_echo_between(
+    cluster: &Cluster,
+    client: &str,
+    server: &str,
+) -> anyhow::Result<SocketAddr> {
+    exempt_direct_ports(cluster, client, &[server])?;
+    drop(cluster.serve_app(server, DIRECT_ECHO_PORT, EchoMode::Mirror)?);
+    let direct = SocketAddr::from((cluster.pod(server).ip, DIRECT_ECHO_PORT));
+    check_direct_bypasses(cluster, &cluster.pod(client).ns, direct)?;
+    Ok(direct)
 }
 
 /// In-pod targets: from `client` to `server` (the same ports as [`inpod_paths`]).
