@@ -809,7 +809,29 @@ services:
             w.capacity = 0;
             s.insert_workload(w).unwrap();
         }
-        assert!(run(&s, "10.96.0.10:80").is_ok());
+        // Every pick is one of the two endpoints, and with all capacities zero each is
+        // chosen (uniformly, not excluded).
+        let wants = [
+            "hbone 10.0.1.1:15008 10.0.1.1:8080 echo-1 echo",
+            "hbone 10.0.1.2:15008 10.0.1.2:8080 echo-2 echo",
+        ];
+        let src = s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let mut seen = std::collections::BTreeMap::<String, u32>::new();
+        for seed in 0..64 {
+            let input = RouteInput {
+                source: &src,
+                dst: "10.96.0.10:80".parse().unwrap(),
+                src_ip: "10.0.0.2".parse().unwrap(),
+                network: "",
+                hbone_port: 15008,
+            };
+            let got = show(&route(&s, &input, &mut StdRng::seed_from_u64(seed)));
+            assert!(wants.contains(&got.as_str()), "seed {seed}: {got}");
+            *seen.entry(got).or_default() += 1;
+        }
+        assert_eq!(seen.len(), 2, "both endpoints chosen: {seen:?}");
     }
 
     #[test]
