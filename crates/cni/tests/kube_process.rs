@@ -1,6 +1,7 @@
 //! The plugin's Kubernetes mode as a real process, against the test API server and a fake
 //! agent answering `POST /cmdadd` on `pluginevent.sock`. Like `process.rs`, this binary
-//! re-executes itself as the plugin.
+//! re-executes itself as the plugin, and reports each check in libtest's format
+//! (`harness`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixListener;
@@ -13,6 +14,8 @@ use serde_json::{json, Value};
 
 const CHILD_MARKER: &str = "AMBIT_CNI_TEST_AS_PLUGIN";
 
+mod harness;
+
 fn main() {
     if std::env::var_os(CHILD_MARKER).is_some() {
         std::process::exit(ambit_cni::plugin::main_with_process_env());
@@ -23,23 +26,22 @@ fn main() {
     let api = rt
         .block_on(ApiServer::start(ServerOptions::default()))
         .unwrap();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let t = Setup::new(&dir, &api);
-        ambient_pod(&t);
-        not_ambient_pod(&t);
-        own_pod_never_asks_the_api(&t);
-        agent_refuses(&t);
-        agent_missing(&t);
-        api_unreachable(&t);
-    }));
+    let t = Setup::new(&dir, &api);
+    let outcome = harness::run(&[
+        ("ambient_pod", &|| ambient_pod(&t)),
+        ("not_ambient_pod", &|| not_ambient_pod(&t)),
+        ("own_pod_never_asks_the_api", &|| {
+            own_pod_never_asks_the_api(&t)
+        }),
+        ("agent_refuses", &|| agent_refuses(&t)),
+        ("agent_missing", &|| agent_missing(&t)),
+        ("api_unreachable", &|| api_unreachable(&t)),
+    ]);
+    drop(t);
     drop(api);
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
-    if result.is_err() {
-        eprintln!("kube process tests FAILED");
-        std::process::exit(1);
-    }
-    println!("kube process tests: 6 passed");
+    outcome.exit();
 }
 
 /// One request the fake agent got.

@@ -1,6 +1,7 @@
 //! `main_with_process_env` as a real process: this test binary re-executes itself with
 //! `AMBIT_CNI_TEST_AS_PLUGIN=1` to act as the plugin, with CNI variables and stdin set
-//! the way a container runtime does.
+//! the way a container runtime does. Its own `main` (no libtest, whose lines would reach
+//! the plugin's stdout) reports each check in libtest's format (`harness`).
 
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixListener;
@@ -12,25 +13,23 @@ use serde_json::{json, Value};
 
 const CHILD_MARKER: &str = "AMBIT_CNI_TEST_AS_PLUGIN";
 
+mod harness;
+
 fn main() {
     if std::env::var_os(CHILD_MARKER).is_some() {
         std::process::exit(ambit_cni::plugin::main_with_process_env());
     }
     let dir = std::env::temp_dir().join(format!("ambit-cni-process-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let result = std::panic::catch_unwind(|| {
-        version();
-        add_with_agent(&dir);
-        add_without_agent(&dir);
-        del_without_agent(&dir);
-        garbage_stdin();
-    });
+    let outcome = harness::run(&[
+        ("version", &version),
+        ("add_with_agent", &|| add_with_agent(&dir)),
+        ("add_without_agent", &|| add_without_agent(&dir)),
+        ("del_without_agent", &|| del_without_agent(&dir)),
+        ("garbage_stdin", &garbage_stdin),
+    ]);
     let _ = std::fs::remove_dir_all(&dir);
-    if result.is_err() {
-        eprintln!("process tests FAILED");
-        std::process::exit(1);
-    }
-    println!("process tests: 5 passed");
+    outcome.exit();
 }
 
 struct Run {
