@@ -19,8 +19,15 @@ async fn listen() -> (TcpListener, SocketAddr) {
     (listener, addr)
 }
 
-/// A TLS client trusting the test root; returns the stream and its local address.
-async fn client(pki: &TestPki, addr: SocketAddr) -> (TlsStream<TcpStream>, SocketAddr) {
+/// Only a hang fails on this: a server that closes, accepts or refuses does so long before.
+const HANG: Duration = Duration::from_secs(60);
+
+/// A TLS client trusting the test root: the stream and its local address, or the handshake's
+/// error (a refused connection).
+async fn try_client(
+    pki: &TestPki,
+    addr: SocketAddr,
+) -> std::io::Result<(TlsStream<TcpStream>, SocketAddr)> {
     let roots = RootCa::Inline(pki.root_pem.clone()).load().unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
@@ -29,24 +36,30 @@ async fn client(pki: &TestPki, addr: SocketAddr) -> (TlsStream<TcpStream>, Socke
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let local = tcp.local_addr().unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
-    (tls, local)
+    let tcp = TcpStream::connect(addr).await?;
+    let local = tcp.local_addr()?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tls = tokio::time::timeout(
+        HANG,
+        connector.connect(ServerName::try_from("localhost").unwrap(), tcp),
+    )
+    .await
+    .expect("the TLS handshake neither finished nor failed")?;
+    Ok((tls, local))
 }
 
-/// Waits for the server to close `tcp` (reading past a TLS alert); the time it took.
-async fn closed_after(mut tcp: TcpStream) -> Duration {
-    let start = Instant::now();
+/// A client the server must take.
+async fn client(pki: &TestPki, addr: SocketAddr) -> (TlsStream<TcpStream>, SocketAddr) {
+    try_client(pki, addr).await.expect("the handshake failed")
+}
+
+/// Waits for the server to close `tcp` (reading past a TLS alert).
+async fn wait_closed(mut tcp: TcpStream) {
     let mut rest = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut rest))
+    let read = tokio::time::timeout(HANG, tcp.read_to_end(&mut rest))
         .await
         .expect("the server never closed the connection");
     assert!(rest.len() < 64, "{read:?} {rest:?}");
-    start.elapsed()
 }
 
 #[tokio::test]
@@ -77,46 +90,52 @@ async fn a_failed_handshake_is_skipped_and_a_connection_carries_its_peer_address
     conn.flush().await.unwrap();
     tls.read_exact(&mut buf).await.unwrap();
     assert_eq!(&buf, b"pong");
-    assert!(closed_after(junk).await < Duration::from_secs(5));
+    wait_closed(junk).await;
 }
 
+/// The handshake timeout of [`a_silent_client_times_out_and_holds_the_only_slot_until_then`].
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client over the cap is refused without a handshake (one within the cap would have
+/// it); the silent client is closed by the handshake timeout, not before it; then its slot
+/// is free. Outcomes only, and the one time checked is a lower bound (a loaded machine only
+/// makes it later).
 #[tokio::test]
 async fn a_silent_client_times_out_and_holds_the_only_slot_until_then() {
     let pki = test_pki(&["localhost"]);
     let (listener, addr) = listen().await;
     let options = AcceptOptions {
-        handshake_timeout: Some(Duration::from_secs(2)),
+        handshake_timeout: Some(HANDSHAKE_TIMEOUT),
         max_connections: Some(1),
     };
     let mut conns = incoming(listener, pki.acceptor(), options);
 
     let silent = TcpStream::connect(addr).await.unwrap();
     let started = Instant::now();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // Over the cap while the silent one handshakes: closed at once.
-    let shed = TcpStream::connect(addr).await.unwrap();
-    assert!(closed_after(shed).await < Duration::from_secs(1));
-    closed_after(silent).await;
+    // Over the cap while the silent one handshakes: closed with no handshake.
+    let refused = try_client(&pki, addr).await;
+    assert!(refused.is_err(), "a client over the cap got a handshake");
+    wait_closed(silent).await;
     let waited = started.elapsed();
     assert!(
-        waited >= Duration::from_millis(1900) && waited < Duration::from_secs(5),
-        "the silent client was closed after {waited:?}"
+        waited >= HANDSHAKE_TIMEOUT - Duration::from_millis(100),
+        "the silent client was closed before its handshake timeout, after {waited:?}"
     );
 
     // Its slot is free again: the next client gets through.
     let (_tls, local) = client(&pki, addr).await;
-    let conn = tokio::time::timeout(Duration::from_secs(5), conns.next())
+    let conn = tokio::time::timeout(HANG, conns.next())
         .await
         .expect("no connection")
         .expect("the stream ended")
         .unwrap();
     assert_eq!(conn.peer_addr(), Some(local));
     // While it is open it holds the slot.
-    let shed = TcpStream::connect(addr).await.unwrap();
-    assert!(closed_after(shed).await < Duration::from_secs(1));
+    let refused = try_client(&pki, addr).await;
+    assert!(refused.is_err(), "a client over the cap got a handshake");
     drop(conn);
     let (_tls, _) = client(&pki, addr).await;
-    assert!(tokio::time::timeout(Duration::from_secs(5), conns.next())
+    assert!(tokio::time::timeout(HANG, conns.next())
         .await
         .expect("no connection after the slot was freed")
         .is_some());
