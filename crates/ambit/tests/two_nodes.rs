@@ -130,12 +130,18 @@ fn service_vip_reaches_an_endpoint_on_its_target_port() {
     assert!(certs.iter().any(|c| c["identity"] == SERVER_ID), "{dump}");
 }
 
+/// Only a hang fails on this (a proxy that exits, refuses or closes does so long before).
+const HANG: Duration = Duration::from_secs(60);
+
+/// Draining after SIGTERM: the open connection is served until it finishes, new ones are
+/// refused, and the finished connection lets the proxy exit. Its drain deadline (an hour)
+/// is far past the hang guard, so an exit within the guard is the connection's doing.
 #[test]
 fn open_connection_survives_sigterm_until_it_finishes() {
     let nodes = TwoNodes::start(
         ambit(),
         "e2e-drain",
-        &[("CONNECTION_TERMINATION_DEADLINE", "20s".to_string())],
+        &[("CONNECTION_TERMINATION_DEADLINE", "1h".to_string())],
     )
     .unwrap();
     let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
@@ -150,7 +156,23 @@ fn open_connection_survives_sigterm_until_it_finishes() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // New connections are refused once the proxy has taken the signal.
+    let refused = || {
+        let attempt = Lab::in_netns(&nodes.client_ns, move || {
+            let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            let _ = s.write_all(b"x");
+            let mut b = [0u8; 1];
+            Ok(s.read(&mut b).map(|n| n == 0).unwrap_or(true))
+        });
+        !matches!(attempt, Ok(false))
+    };
+    wait_until(
+        "new connections to be refused while draining",
+        HANG,
+        refused,
+    )
+    .unwrap();
     assert!(
         nodes.lab.is_running(nodes.client_proxy.pid),
         "the proxy quit with a connection open"
@@ -159,35 +181,16 @@ fn open_connection_survives_sigterm_until_it_finishes() {
     conn.write_all(b"during").unwrap();
     conn.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"during");
-    // New connections are no longer accepted.
-    let refused = Lab::in_netns(&nodes.client_ns, move || {
-        let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        let _ = s.write_all(b"x");
-        let mut b = [0u8; 1];
-        Ok(s.read(&mut b).map(|n| n == 0).unwrap_or(true))
-    });
-    assert!(
-        !matches!(refused, Ok(false)),
-        "a new connection was served while draining"
-    );
-    // Finishing the connection lets the proxy exit well before the 20 s deadline.
-    let started = Instant::now();
+    // Finishing the connection lets the proxy exit, long before its drain deadline.
     conn.shutdown(Shutdown::Write).unwrap();
     let mut rest = Vec::new();
     conn.read_to_end(&mut rest).unwrap();
-    let status = nodes
-        .lab
-        .signal_and_wait(
-            nodes.client_proxy.pid,
-            nix::sys::signal::Signal::SIGCONT,
-            Duration::from_secs(10),
-        )
-        .unwrap();
+    let status = nodes.lab.wait_exit(nodes.client_proxy.pid, HANG).unwrap();
     assert!(status.success(), "{status}");
-    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+/// A connection still open at the drain deadline is closed by the proxy, which then exits;
+/// not before the deadline (a lower bound only: a loaded machine only makes it later).
 #[test]
 fn drain_deadline_closes_what_is_still_open() {
     let nodes = TwoNodes::start(
@@ -200,6 +203,7 @@ fn drain_deadline_closes_what_is_still_open() {
     let mut conn = nodes
         .connect_from_client(SocketAddr::from((SERVER_IP, APP_PORT)))
         .unwrap();
+    conn.set_read_timeout(Some(HANG)).unwrap();
     conn.write_all(b"ping").unwrap();
     let mut buf = [0u8; 4];
     conn.read_exact(&mut buf).unwrap();
@@ -209,7 +213,7 @@ fn drain_deadline_closes_what_is_still_open() {
         .signal_and_wait(
             nodes.client_proxy.pid,
             nix::sys::signal::Signal::SIGTERM,
-            Duration::from_secs(10),
+            HANG,
         )
         .unwrap();
     assert!(status.success(), "{status}");
@@ -218,10 +222,19 @@ fn drain_deadline_closes_what_is_still_open() {
         waited >= Duration::from_millis(900),
         "exited before the deadline: {waited:?}"
     );
-    // The proxy closed the connection on its way out.
+    // The proxy closed the connection on its way out (an end or a reset, not a read that
+    // timed out on a connection still open).
     let mut rest = Vec::new();
-    let closed = conn.read_to_end(&mut rest).map(|_| true).unwrap_or(true);
-    assert!(closed);
+    match conn.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the connection is still open: {e}"
+        ),
+    }
 }
 
 /// A raw HBONE client in the client node with a certificate from the mesh's CA, to send
