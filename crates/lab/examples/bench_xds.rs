@@ -7,7 +7,7 @@
 //! bench_xds --fanout --ambit target/release/ambit --out FILE [--rounds 3] [--clients 100]
 //! ```
 //!
-//! Proxy mode: each round starts each proxy (ambit, then Istio; interleaved round after
+//! Proxy mode: each round starts each proxy (which goes first alternates from round to
 //! round) alone in a network namespace of its own, with this driver's own delta xDS server
 //! listening on 127.0.0.1:15012 inside that namespace (TLS, a server certificate minted
 //! here; the proxy trusts its root via `XDS_ROOT_CA`). The server answers the initial
