@@ -1,98 +1,104 @@
 //! The node proxy's check of the agent it connects to, against a listener really run by
-//! another uid (root only: the listener is a child process started as `nobody`).
+//! another uid (root only).
 //!
-//! The child is this test binary run again with `CHILD_ENV` set, as uid/gid 65534; it
-//! listens, prints `READY_LINE`, and exits when its stdin closes.
+//! The listener is a child process forked from the test and switched to uid/gid 65534
+//! (`nobody`). The test process has other threads, so the child makes only
+//! async-signal-safe calls on memory prepared before the fork: it binds and listens, says so
+//! on a pipe, and waits to be killed.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
-use ambit_inpod::{PeerPolicy, ZdsListener, ZdsSocket};
+use ambit_inpod::{PeerPolicy, ZdsSocket};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, pipe, ForkResult, Pid};
 
-const CHILD_ENV: &str = "AMBIT_INPOD_PEER_CHILD_LISTEN";
-const READY_LINE: &str = "AMBIT-CHILD-READY";
 const NOBODY: u32 = 65534;
+/// What the child writes once it listens.
+const READY: u8 = b'R';
 
-/// The child's role; a no-op in a normal test run.
-#[test]
-fn child_process_role() {
-    let Ok(path) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let listener = match ZdsListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) => {
-                // The parent shows this line; exiting closes our stdout so it never waits.
-                println!("\nAMBIT-CHILD-ERROR bind {path}: {e}");
-                std::process::exit(1);
-            }
-        };
-        println!("\n{READY_LINE}");
-        // Hold the listener until the parent closes our stdin.
-        tokio::task::spawn_blocking(|| {
-            let _ = std::io::stdin().read_to_end(&mut Vec::new());
-        })
-        .await
-        .unwrap();
-        drop(listener);
-    });
-}
+/// The child listener; killed (and reaped) when the test ends, however it ends.
+struct Listener(Pid);
 
-/// Kills the child when the test ends, however it ends.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
+impl Drop for Listener {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = kill(self.0, Signal::SIGKILL);
+        let _ = waitpid(self.0, None);
     }
 }
 
-fn listen_as_nobody(path: &Path) -> ChildGuard {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = ChildGuard(
-        Command::new(&exe)
-            .args(["--exact", "child_process_role", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(CHILD_ENV, path)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {} as uid 65534: {e}", exe.display())),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("AMBIT-CHILD") {
-                let _ = tx.send(line);
-                return;
-            }
+/// Forks a child that listens at `path` as uid/gid 65534; returns once it listens, or
+/// panics naming the step at which it failed.
+fn listen_as_nobody(path: &Path) -> Listener {
+    let addr = nix::sys::socket::UnixAddr::new(path).unwrap();
+    let (ready_r, ready_w) = pipe().unwrap();
+    // SAFETY: the child calls only async-signal-safe functions (setgroups, setgid, setuid,
+    // socket, bind, listen, write, pause, _exit) on memory prepared before the fork.
+    match unsafe { fork() }.unwrap() {
+        ForkResult::Child => {
+            let code = unsafe { child_listen(&addr, ready_w.as_raw_fd()) };
+            unsafe { libc::_exit(code) }
         }
-        let _ = tx.send("the child exited without a word".into());
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the child listener (uid 65534) said nothing within 20 s");
-    assert_eq!(
-        line.trim(),
-        READY_LINE,
-        "the child listener (uid 65534) did not start; can uid 65534 run {} ?",
-        exe.display()
-    );
-    child
+        ForkResult::Parent { child } => {
+            drop(ready_w);
+            let listener = Listener(child);
+            let mut word = [0u8; 1];
+            let said = std::fs::File::from(ready_r).read(&mut word).unwrap_or(0);
+            if said == 1 && word[0] == READY {
+                return listener;
+            }
+            let status = waitpid(child, None).unwrap();
+            std::mem::forget(listener);
+            let step = match status {
+                WaitStatus::Exited(_, 10) => "setgroups",
+                WaitStatus::Exited(_, 11) => "setgid 65534",
+                WaitStatus::Exited(_, 12) => "setuid 65534",
+                WaitStatus::Exited(_, 13) => "socket",
+                WaitStatus::Exited(_, 14) => "bind (can uid 65534 create the socket file?)",
+                WaitStatus::Exited(_, 15) => "listen",
+                _ => "an unexpected end, before it said it listens",
+            };
+            panic!("the uid 65534 listener failed at {step} ({status:?})");
+        }
+    }
+}
+
+/// The forked child's work: listen at `addr` as `nobody`, write [`READY`] to `ready`, then
+/// wait to be killed. Returns an exit code only on failure.
+///
+/// # Safety
+/// Only in a freshly forked child.
+unsafe fn child_listen(addr: &nix::sys::socket::UnixAddr, ready: i32) -> i32 {
+    use nix::sys::socket::SockaddrLike;
+    if libc::setgroups(0, std::ptr::null()) != 0 {
+        return 10;
+    }
+    if libc::setgid(NOBODY) != 0 {
+        return 11;
+    }
+    if libc::setuid(NOBODY) != 0 {
+        return 12;
+    }
+    let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+    if fd < 0 {
+        return 13;
+    }
+    if libc::bind(fd, addr.as_ptr().cast(), addr.len()) != 0 {
+        return 14;
+    }
+    if libc::listen(fd, 16) != 0 {
+        return 15;
+    }
+    let word = [READY];
+    if libc::write(ready, word.as_ptr().cast(), 1) != 1 {
+        return 16;
+    }
+    loop {
+        libc::pause();
+    }
 }
 
 #[tokio::test]
