@@ -2,7 +2,8 @@
 //! it: how many entries each repeated field has, and how long each string is.
 //!
 //! Why on the bytes: decoding amplifies. An empty `Match` is 2 bytes on the wire and a
-//! ~300-byte struct once decoded (a ~700-byte `RbacMatch` once converted), so a 4 MB
+//! ~300-byte struct once decoded (a 296-byte `RbacMatch` once converted, 704 before its
+//! L7 attributes were boxed), so a 4 MB
 //! `Authorization` of 2 million empty matches took 1.9 GiB before any check after
 //! decoding could run. The walk here allocates nothing ([`crate::wire`]), so what `prost`
 //! is then allowed to decode is bounded by the limits below times the size of each
@@ -16,6 +17,10 @@
 //!
 //! Field paths in errors use the proto's JSON names (`rules[0].clauses[1].matches`), as
 //! [`crate::ConvertError`] does; a `services` map entry is named by its position.
+//!
+//! A body within the limits also gets its [`Counts`] (rules, match objects, values by
+//! kind, strings and their bytes, addresses, ports...): what [`crate::held`] turns into
+//! an estimate of the bytes it will hold once decoded, for the delta client's budget.
 
 use crate::wire::{self, fields, Value, WireError};
 
@@ -34,7 +39,7 @@ pub const MAX_CLAUSES_PER_RULE: usize = 64;
 /// value; tens in practice.
 pub const MAX_MATCHES_PER_RULE: usize = 4_096;
 /// Match objects of one policy, over all its rules: bounds the product of the two limits
-/// above (16,384 decoded `RbacMatch`es are ~11 MiB).
+/// above (16,384 converted `RbacMatch`es are ~5 MiB).
 pub const MAX_MATCHES_PER_POLICY: usize = 16_384;
 /// Values of one field of a match object (principals, namespaces, service accounts, IP
 /// blocks, ports): people write at most hundreds.
@@ -159,6 +164,89 @@ fn at_prefix(field: &str) -> String {
     }
 }
 
+// ----- what a body holds ----------------------------------------------------------------
+
+/// Strings (and bytes fields) the decoded body holds: how many are non-empty, and their
+/// bytes. Every string of the body that the model keeps is counted; a few that it does
+/// not (the bytes of a gateway's address) are too, which only errs on the safe side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Text {
+    pub count: usize,
+    pub bytes: usize,
+}
+
+/// The counts of an `istio.security.Authorization` body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyCounts {
+    pub text: Text,
+    pub rules: usize,
+    pub clauses: usize,
+    pub matches: usize,
+    /// The values of match objects by kind, with the number of non-empty lists of each
+    /// (a list has a heap block of its own).
+    pub string_matches: Values,
+    pub service_accounts: Values,
+    pub cidrs: Values,
+    pub ports: Values,
+}
+
+/// Values of one kind, and the non-empty lists they are in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Values {
+    pub lists: usize,
+    pub values: usize,
+}
+
+impl Values {
+    fn add(&mut self, n: usize) {
+        if n > 0 {
+            self.lists += 1;
+            self.values += n;
+        }
+    }
+}
+
+/// The counts of an `istio.workload.Address` body that carries a workload.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkloadCounts {
+    pub text: Text,
+    pub addresses: usize,
+    /// Entries of the `services` map, the bytes of their keys, and their ports.
+    pub services: usize,
+    pub service_key_bytes: usize,
+    pub ports: usize,
+    pub policies: usize,
+    /// Bytes of `network` (copied into the store's index once per address).
+    pub network_bytes: usize,
+    extensions: usize,
+}
+
+/// The counts of an `istio.workload.Address` body that carries a service.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceCounts {
+    pub text: Text,
+    pub addresses: usize,
+    /// Bytes of the addresses' `network`s (copied into the store's VIP index).
+    pub address_network_bytes: usize,
+    pub ports: usize,
+    pub subject_alt_names: usize,
+    pub routing_preferences: usize,
+    /// Bytes of `hostname` (copied into the store's hostname index).
+    pub hostname_bytes: usize,
+    weighted_waypoints: usize,
+    extensions: usize,
+}
+
+/// What the walk found in a body within the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counts {
+    Policy(PolicyCounts),
+    Workload(WorkloadCounts),
+    Service(ServiceCounts),
+    /// An `Address` that carries neither (refused when it is converted).
+    Neither,
+}
+
 // ----- the walk -------------------------------------------------------------------------
 
 /// The path of the message being walked, built only when an error needs it.
@@ -202,12 +290,18 @@ fn add(
     Ok(())
 }
 
-fn string(v: Value<'_>, field: impl FnOnce() -> String) -> Result<(), ShapeError> {
+/// Checks a string or bytes field's length and counts it into `text`.
+fn string(v: Value<'_>, text: &mut Text, field: impl FnOnce() -> String) -> Result<(), ShapeError> {
     match v {
         Value::Len(b) if b.len() > MAX_STRING_BYTES => Err(ShapeError::TooLong {
             field: field(),
             len: b.len(),
         }),
+        Value::Len(b) if !b.is_empty() => {
+            text.count += 1;
+            text.bytes += b.len();
+            Ok(())
+        }
         _ => Ok(()),
     }
 }
@@ -221,18 +315,25 @@ fn sub(v: Value<'_>) -> Option<&[u8]> {
 }
 
 /// Checks strings `names` (field number, JSON name) of a message without repeated fields.
-fn strings_only(buf: &[u8], at: At<'_>, names: &[(u32, &str)]) -> Result<(), ShapeError> {
+fn strings_only(
+    buf: &[u8],
+    at: At<'_>,
+    names: &[(u32, &str)],
+    text: &mut Text,
+) -> Result<(), ShapeError> {
     walk(buf, at, |n, v| match names.iter().find(|(k, _)| *k == n) {
-        Some((_, name)) => string(v, || join(at, name)),
+        Some((_, name)) => string(v, text, || join(at, name)),
         None => Ok(()),
     })
 }
 
-/// `istio.workload.Extension`: a name and an opaque `Any`.
+/// `istio.workload.Extension`: a name and an opaque `Any`. Never held (the conversion
+/// drops extensions), so its strings are not counted.
 fn extension(buf: &[u8], at: At<'_>) -> Result<(), ShapeError> {
+    let text = &mut Text::default();
     walk(buf, at, |n, v| match (n, sub(v)) {
-        (1, _) => string(v, || join(at, "name")),
-        (2, Some(any)) => strings_only(any, &|| join(at, "config"), &[(1, "typeUrl")]),
+        (1, _) => string(v, text, || join(at, "name")),
+        (2, Some(any)) => strings_only(any, &|| join(at, "config"), &[(1, "typeUrl")], text),
         _ => Ok(()),
     })
 }
@@ -254,47 +355,55 @@ fn extensions_entry(
 
 // ----- istio.security.Authorization -----------------------------------------------------
 
-#[derive(Default)]
-struct PolicyTotals {
-    matches: usize,
-    values: usize,
-}
-
 /// Checks an encoded `istio.security.Authorization`.
 pub fn check_authorization(buf: &[u8]) -> Result<(), ShapeError> {
+    measure_authorization(buf).map(|_| ())
+}
+
+/// Checks an encoded `istio.security.Authorization` and counts what it holds.
+pub fn measure_authorization(buf: &[u8]) -> Result<PolicyCounts, ShapeError> {
     let at: At<'_> = &String::new;
-    let mut totals = PolicyTotals::default();
-    let (mut rules, mut extensions) = (0, 0);
+    let mut c = PolicyCounts::default();
+    let mut values = 0;
+    let mut extensions = 0;
     walk(buf, at, |n, v| match n {
-        1 => string(v, || "name".into()),
-        2 => string(v, || "namespace".into()),
+        1 => string(v, &mut c.text, || "name".into()),
+        2 => string(v, &mut c.text, || "namespace".into()),
         5 => {
-            let r = rules;
-            add(&mut rules, 1, Limit::RulesPerPolicy, || "rules".into())?;
+            let r = c.rules;
+            add(&mut c.rules, 1, Limit::RulesPerPolicy, || "rules".into())?;
             match sub(v) {
-                Some(b) => rule(b, &|| format!("rules[{r}]"), &mut totals),
+                Some(b) => rule(b, &|| format!("rules[{r}]"), &mut c, &mut values),
                 None => Ok(()),
             }
         }
         7 => extensions_entry(&mut extensions, v, "extensions", at),
         _ => Ok(()),
-    })
+    })?;
+    Ok(c)
 }
 
-fn rule(buf: &[u8], at: At<'_>, totals: &mut PolicyTotals) -> Result<(), ShapeError> {
+fn rule(
+    buf: &[u8],
+    at: At<'_>,
+    c: &mut PolicyCounts,
+    values: &mut usize,
+) -> Result<(), ShapeError> {
     let (mut clauses, mut matches) = (0, 0);
     walk(buf, at, |n, v| match (n, sub(v)) {
         (1, payload) => {
-            let c = clauses;
+            let i = clauses;
             add(&mut clauses, 1, Limit::ClausesPerRule, || {
                 join(at, "clauses")
             })?;
+            c.clauses += 1;
             match payload {
                 Some(b) => clause(
                     b,
-                    &|| join(at, &format!("clauses[{c}]")),
+                    &|| join(at, &format!("clauses[{i}]")),
                     &mut matches,
-                    totals,
+                    c,
+                    values,
                 ),
                 None => Ok(()),
             }
@@ -307,7 +416,8 @@ fn clause(
     buf: &[u8],
     at: At<'_>,
     rule_matches: &mut usize,
-    totals: &mut PolicyTotals,
+    c: &mut PolicyCounts,
+    values: &mut usize,
 ) -> Result<(), ShapeError> {
     let mut i = 0;
     walk(buf, at, |n, v| match (n, sub(v)) {
@@ -317,11 +427,11 @@ fn clause(
             add(rule_matches, 1, Limit::MatchesPerRule, || {
                 join(at, "matches")
             })?;
-            add(&mut totals.matches, 1, Limit::MatchesPerPolicy, || {
+            add(&mut c.matches, 1, Limit::MatchesPerPolicy, || {
                 join(at, "matches")
             })?;
             match payload {
-                Some(b) => rbac_match(b, &|| join(at, &format!("matches[{m}]")), totals),
+                Some(b) => rbac_match(b, &|| join(at, &format!("matches[{m}]")), c, values),
                 None => Ok(()),
             }
         }
@@ -346,8 +456,16 @@ const MATCH_FIELDS: [&str; 13] = [
     "extensions",
 ];
 
-fn rbac_match(buf: &[u8], at: At<'_>, totals: &mut PolicyTotals) -> Result<(), ShapeError> {
+fn rbac_match(
+    buf: &[u8],
+    at: At<'_>,
+    c: &mut PolicyCounts,
+    values: &mut usize,
+) -> Result<(), ShapeError> {
     let mut counts = [0usize; 13];
+    let text = &mut c.text;
+    // The bytes of an address become an `IpNet`, not a string.
+    let ip_text = &mut Text::default();
     walk(buf, at, |n, v| {
         let Some(name) = n.checked_sub(1).and_then(|i| MATCH_FIELDS.get(i as usize)) else {
             return Ok(());
@@ -365,54 +483,64 @@ fn rbac_match(buf: &[u8], at: At<'_>, totals: &mut PolicyTotals) -> Result<(), S
         add(&mut counts[idx], k, Limit::ValuesPerField, || {
             join(at, name)
         })?;
-        add(&mut totals.values, k, Limit::ValuesPerPolicy, || {
-            join(at, name)
-        })?;
+        add(values, k, Limit::ValuesPerPolicy, || join(at, name))?;
         let item = || join(at, &format!("{name}[{i}]"));
         match (n, sub(v)) {
-            (1..=4, Some(b)) => {
-                strings_only(b, &item, &[(1, "exact"), (2, "prefix"), (3, "suffix")])
-            }
-            (5..=8, Some(b)) => strings_only(b, &item, &[(1, "address")]),
+            (1..=4, Some(b)) => strings_only(
+                b,
+                &item,
+                &[(1, "exact"), (2, "prefix"), (3, "suffix")],
+                text,
+            ),
+            (5..=8, Some(b)) => strings_only(b, &item, &[(1, "address")], ip_text),
             (11 | 12, Some(b)) => {
-                strings_only(b, &item, &[(1, "namespace"), (2, "serviceAccount")])
+                strings_only(b, &item, &[(1, "namespace"), (2, "serviceAccount")], text)
             }
             _ => Ok(()),
         }
-    })
+    })?;
+    for (i, n) in counts[..12].iter().enumerate() {
+        match i {
+            0..=3 => c.string_matches.add(*n),
+            4..=7 => c.cidrs.add(*n),
+            8 | 9 => c.ports.add(*n),
+            _ => c.service_accounts.add(*n),
+        }
+    }
+    Ok(())
 }
 
 // ----- istio.workload.Address -----------------------------------------------------------
 
-#[derive(Default)]
-struct WorkloadCounts {
-    addresses: usize,
-    services: usize,
-    ports: usize,
-    policies: usize,
-    extensions: usize,
-}
-
-#[derive(Default)]
-struct ServiceCounts {
-    addresses: usize,
-    ports: usize,
-    subject_alt_names: usize,
-    weighted_waypoints: usize,
-    routing_preferences: usize,
-    extensions: usize,
-}
-
 /// Checks an encoded `istio.workload.Address`. The counts of a workload (or service) that
 /// appears several times add up, as `prost` merges the occurrences into one.
 pub fn check_address(buf: &[u8]) -> Result<(), ShapeError> {
+    measure_address(buf).map(|_| ())
+}
+
+/// Checks an encoded `istio.workload.Address` and counts what it holds: the workload or
+/// the service, whichever comes last (as `prost` keeps the last of a oneof).
+pub fn measure_address(buf: &[u8]) -> Result<Counts, ShapeError> {
     let at: At<'_> = &String::new;
     let mut w = WorkloadCounts::default();
     let mut s = ServiceCounts::default();
+    // Which of the oneof came last: 0 neither, 1 workload, 2 service.
+    let mut last = 0;
     walk(buf, at, |n, v| match (n, sub(v)) {
-        (1, Some(b)) => workload(b, &mut w),
-        (2, Some(b)) => service(b, &mut s),
+        (1, Some(b)) => {
+            last = 1;
+            workload(b, &mut w)
+        }
+        (2, Some(b)) => {
+            last = 2;
+            service(b, &mut s)
+        }
         _ => Ok(()),
+    })?;
+    Ok(match last {
+        1 => Counts::Workload(w),
+        2 => Counts::Service(s),
+        _ => Counts::Neither,
     })
 }
 
@@ -435,7 +563,10 @@ fn workload(buf: &[u8], c: &mut WorkloadCounts) -> Result<(), ShapeError> {
     let at: At<'_> = &String::new;
     walk(buf, at, |n, v| {
         if let Some((_, name)) = WORKLOAD_STRINGS.iter().find(|(k, _)| *k == n) {
-            return string(v, || name.to_string());
+            if let (4, Value::Len(b)) = (n, v) {
+                c.network_bytes = c.network_bytes.max(b.len());
+            }
+            return string(v, &mut c.text, || name.to_string());
         }
         match (n, sub(v)) {
             (3, _) => {
@@ -443,14 +574,16 @@ fn workload(buf: &[u8], c: &mut WorkloadCounts) -> Result<(), ShapeError> {
                 add(&mut c.addresses, 1, Limit::WorkloadAddresses, || {
                     "addresses".into()
                 })?;
-                string(v, || format!("addresses[{i}]"))
+                // An `IpAddr` once decoded, not a string.
+                string(v, &mut Text::default(), || format!("addresses[{i}]"))
             }
-            (8, Some(b)) => gateway(b, &|| "waypoint".into()),
-            (19, Some(b)) => gateway(b, &|| "networkGateway".into()),
+            (8, Some(b)) => gateway(b, &|| "waypoint".into(), &mut c.text),
+            (19, Some(b)) => gateway(b, &|| "networkGateway".into(), &mut c.text),
             (24, Some(b)) => strings_only(
                 b,
                 &|| "locality".into(),
                 &[(1, "region"), (2, "zone"), (3, "subzone")],
+                &mut c.text,
             ),
             (22, payload) => {
                 let i = c.services;
@@ -467,7 +600,7 @@ fn workload(buf: &[u8], c: &mut WorkloadCounts) -> Result<(), ShapeError> {
                 add(&mut c.policies, 1, Limit::WorkloadPolicies, || {
                     "authorizationPolicies".into()
                 })?;
-                string(v, || format!("authorizationPolicies[{i}]"))
+                string(v, &mut c.text, || format!("authorizationPolicies[{i}]"))
             }
             (26, _) => extensions_entry(&mut c.extensions, v, "extensions", at),
             _ => Ok(()),
@@ -479,31 +612,42 @@ fn workload(buf: &[u8], c: &mut WorkloadCounts) -> Result<(), ShapeError> {
 fn services_entry(buf: &[u8], i: usize, c: &mut WorkloadCounts) -> Result<(), ShapeError> {
     let at = || format!("services[{i}]");
     let mut ports = 0;
+    let WorkloadCounts {
+        text,
+        ports: total,
+        service_key_bytes,
+        ..
+    } = c;
     walk(buf, &at, |n, v| match (n, sub(v)) {
-        (1, _) => string(v, || format!("services[{i}].key")),
+        (1, key) => {
+            *service_key_bytes += key.map_or(0, <[u8]>::len);
+            string(v, text, || format!("services[{i}].key"))
+        }
         (2, Some(list)) => walk(list, &at, |n, _| {
             if n != 1 {
                 return Ok(());
             }
             let field = || format!("services[{i}].ports");
             add(&mut ports, 1, Limit::PortsPerList, field)?;
-            add(&mut c.ports, 1, Limit::PortsPerWorkload, field)
+            add(total, 1, Limit::PortsPerWorkload, field)
         }),
         _ => Ok(()),
     })
 }
 
-fn gateway(buf: &[u8], at: At<'_>) -> Result<(), ShapeError> {
+fn gateway(buf: &[u8], at: At<'_>, text: &mut Text) -> Result<(), ShapeError> {
     walk(buf, at, |n, v| match (n, sub(v)) {
         (1, Some(b)) => strings_only(
             b,
             &|| join(at, "hostname"),
             &[(1, "namespace"), (2, "hostname")],
+            text,
         ),
         (2, Some(b)) => strings_only(
             b,
             &|| join(at, "address"),
             &[(1, "network"), (2, "address")],
+            text,
         ),
         _ => Ok(()),
     })
@@ -512,20 +656,33 @@ fn gateway(buf: &[u8], at: At<'_>) -> Result<(), ShapeError> {
 fn service(buf: &[u8], c: &mut ServiceCounts) -> Result<(), ShapeError> {
     let at: At<'_> = &String::new;
     walk(buf, at, |n, v| match (n, sub(v)) {
-        (1, _) => string(v, || "name".into()),
-        (2, _) => string(v, || "namespace".into()),
-        (3, _) => string(v, || "hostname".into()),
+        (1, _) => string(v, &mut c.text, || "name".into()),
+        (2, _) => string(v, &mut c.text, || "namespace".into()),
+        (3, hostname) => {
+            c.hostname_bytes = c.hostname_bytes.max(hostname.map_or(0, <[u8]>::len));
+            string(v, &mut c.text, || "hostname".into())
+        }
         (4, payload) => {
             let i = c.addresses;
             add(&mut c.addresses, 1, Limit::ServiceAddresses, || {
                 "addresses".into()
             })?;
+            let ServiceCounts {
+                text,
+                address_network_bytes,
+                ..
+            } = c;
+            let at = || format!("addresses[{i}]");
             match payload {
-                Some(b) => strings_only(
-                    b,
-                    &|| format!("addresses[{i}]"),
-                    &[(1, "network"), (2, "address")],
-                ),
+                Some(b) => walk(b, &at, |n, v| match n {
+                    1 => {
+                        *address_network_bytes += sub(v).map_or(0, <[u8]>::len);
+                        string(v, text, || join(&at, "network"))
+                    }
+                    // An `IpAddr` once decoded.
+                    2 => string(v, &mut Text::default(), || join(&at, "address")),
+                    _ => Ok(()),
+                }),
                 None => Ok(()),
             }
         }
@@ -536,9 +693,9 @@ fn service(buf: &[u8], c: &mut ServiceCounts) -> Result<(), ShapeError> {
             add(&mut c.subject_alt_names, 1, Limit::SubjectAltNames, || {
                 "subjectAltNames".into()
             })?;
-            string(v, || format!("subjectAltNames[{i}]"))
+            string(v, &mut c.text, || format!("subjectAltNames[{i}]"))
         }
-        (7, Some(b)) => gateway(b, &|| "waypoint".into()),
+        (7, Some(b)) => gateway(b, &|| "waypoint".into(), &mut c.text),
         (8, Some(b)) => walk(b, &|| "loadBalancing".into(), |n, v| {
             if n != 1 {
                 return Ok(());
@@ -560,9 +717,13 @@ fn service(buf: &[u8], c: &mut ServiceCounts) -> Result<(), ShapeError> {
                 || "weightedWaypoints".into(),
             )?;
             let item = || format!("weightedWaypoints[{i}]");
+            // Not carried by the conversion: not counted as held.
+            let text = &mut Text::default();
             match payload {
                 Some(b) => walk(b, &item, |n, v| match (n, sub(v)) {
-                    (1, Some(g)) => gateway(g, &|| format!("weightedWaypoints[{i}].destination")),
+                    (1, Some(g)) => {
+                        gateway(g, &|| format!("weightedWaypoints[{i}].destination"), text)
+                    }
                     _ => Ok(()),
                 }),
                 None => Ok(()),
