@@ -1,13 +1,10 @@
-//! Sequences of ZDS events (the proxy's datagrams, requests, sends, clock ticks, hang-ups)
-//! into the node agent's sans-IO session, `ambit_agent::zds_session::Session`: one message
-//! in flight, valid ZDS out, exactly one outcome per request. Input layout:
-//! `zds_sequences::agent`.
+//! Sequences of ZDS events into the node agent's sans-IO `ambit_agent::zds_session::Session`.
+//! The body, its input layout and its checks: `ambit_fuzz::zds_sequences::agent`, which
+//! `tests/seeds.rs` replays on every seed.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-mod zds_sequences;
-
 fuzz_target!(|data: &[u8]| {
-    zds_sequences::agent(data);
+    let _ = ambit_fuzz::zds_sequences::agent(data);
 });

@@ -1,12 +1,10 @@
-//! Sequences of ZDS messages (and reconnects, retries, start failures) into the node
-//! proxy's state machine, `ambit_inpod::WorkloadStates`, checked against the caller's view
-//! of which pod proxies run. Input layout: `zds_sequences::proxy`.
+//! Sequences of ZDS messages, reconnects, retries and start outcomes into the node proxy's
+//! `ambit_inpod::WorkloadStates`. The body, its input layout and its checks:
+//! `ambit_fuzz::zds_sequences::proxy`, which `tests/seeds.rs` replays on every seed.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-mod zds_sequences;
-
 fuzz_target!(|data: &[u8]| {
-    zds_sequences::proxy(data);
+    let _ = ambit_fuzz::zds_sequences::proxy(data);
 });

@@ -1,5 +1,5 @@
-//! Drives ambit's HBONE server with bytes from a client that owes us nothing: shared by
-//! the `hbone_server` target and the seed test (both include this file by path).
+//! The `hbone_server` target: ambit's HBONE server driven by bytes from a client that owes
+//! us nothing, where the TLS ClientHello should be or (past TLS) as HTTP/2 frames.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -45,9 +45,25 @@ fn tls_config() -> Arc<rustls::ServerConfig> {
         .clone()
 }
 
-/// Byte 0 picks the mode (even: TLS, odd: HTTP/2), the rest is what the client sends. Time is virtual (tokio's paused clock), so the server's
-/// timeouts end a connection the input leaves hanging without slowing the fuzzer.
-pub fn drive(data: &[u8]) -> Outcome {
+/// The target's body: byte 0 picks the mode (even: TLS, odd: HTTP/2, the client preface
+/// added), the rest is what the client sends; it then only reads until the server closes.
+///
+/// Checks: whatever the bytes, the connection ends (time is virtual, every wait is
+/// bounded), and without a TLS handshake no request reaches the handler.
+pub fn run(data: &[u8]) -> Outcome {
+    let outcome = drive(data);
+    if !data.is_empty() {
+        assert!(outcome.ended.is_some(), "the connection never ended");
+    }
+    if data.first().is_some_and(|m| m % 2 == 0) {
+        assert!(outcome.connects.is_empty(), "{:?}", outcome.connects);
+    }
+    outcome
+}
+
+/// Serves `data` (laid out as for [`run`]). Time is virtual (tokio's paused clock), so the
+/// server's timeouts end a connection the input leaves hanging without slowing the fuzzer.
+fn drive(data: &[u8]) -> Outcome {
     let Some((&mode, input)) = data.split_first() else {
         return Outcome::default();
     };

@@ -8,8 +8,6 @@
 //! beside each machine is what a correct caller would believe; every step is checked
 //! against it.
 
-#![allow(dead_code)] // each user calls one half
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -100,7 +98,7 @@ pub fn proxy(data: &[u8]) -> ProxyStats {
             0 => {
                 let u = uid(input.byte());
                 let fd = netns_fd(input.byte());
-                let ok = input.byte() % 4 != 0;
+                let ok = !input.byte().is_multiple_of(4);
                 (
                     Some(Incoming::Add {
                         info: info(&u),
@@ -131,7 +129,7 @@ pub fn proxy(data: &[u8]) -> ProxyStats {
                 (None, true)
             }
             5 => {
-                let ok = input.byte() % 2 == 0;
+                let ok = input.byte().is_multiple_of(2);
                 let actions = s.retry_pending();
                 assert!(actions.iter().all(|a| matches!(a, Action::Start { .. })));
                 apply(&mut s, actions, ok, &mut live, &mut stats);
@@ -282,7 +280,7 @@ pub fn agent(data: &[u8]) -> AgentStats {
                 let entries: Vec<SnapshotEntry<u32>> = (0..n)
                     .map(|_| {
                         let b = input.byte();
-                        if b % 2 == 0 {
+                        if b.is_multiple_of(2) {
                             next_fd += 1;
                             SnapshotEntry::Add {
                                 uid: uid(b / 2),
@@ -301,7 +299,7 @@ pub fn agent(data: &[u8]) -> AgentStats {
             5 | 6 => {
                 let add = input.byte();
                 let u = uid(input.byte());
-                let request = if add % 2 == 0 {
+                let request = if add.is_multiple_of(2) {
                     next_fd += 1;
                     Request::Add {
                         info: info(&u),

@@ -1,199 +1,334 @@
-//! Keeps the hand-written seed corpora meaningful: each seed that is meant to be valid still
-//! gets past the parser, so the fuzzer starts from deep inside it. Run with `cargo test` in
-//! `fuzz/` (a plain build: no sanitizer, no nightly flags).
+//! Replays every seed of every target through the target's own body (`ambit_fuzz::*`,
+//! `ambit_dns::fuzzing`, `ambit_xds::fuzzing`), so the invariants each target asserts run
+//! here too, and checks each seed's outcome against the one named for it: every seed file
+//! has an expectation and every expectation a seed file, so a new seed cannot go unchecked.
+//! Run with `cargo test` in `fuzz/` (a plain build: no sanitizer, no nightly flags).
 
-use std::fs::File;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
 use std::path::PathBuf;
 
-use ambit_agent::ipset::parse_save;
+use ambit_agent::ipset::Entry;
 use ambit_agent::rules::{host_probe_rules, inpod_rules, Family, InpodRuleOptions, SavedRules};
-use ambit_cni::api::{AgentCallError, AgentRequest, AgentResponse};
-use ambit_cni::plugin::{run, Agent, CniEnv};
+use ambit_fuzz::zds_sequences::{AgentStats, ProxyStats};
+use ambit_fuzz::*;
 use ambit_hbone::{parse_authority, Baggage, ConnectRequest, TraceParent};
-use ambit_identity::{spiffe_ids_of, SpiffeId};
-use ambit_inpod::protocol::{decode_hello, decode_request, decode_response};
-use ambit_inpod::Incoming;
-use rustls::pki_types::CertificateDer;
+use ambit_identity::SpiffeId;
 
-fn seed(target: &str, name: &str) -> Vec<u8> {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "corpus", target, name]
+/// Every seed of a target, by file name.
+fn seeds_of(target: &str) -> BTreeMap<String, Vec<u8>> {
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "corpus", target]
         .iter()
         .collect();
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
 }
 
-fn text(target: &str, name: &str) -> String {
-    String::from_utf8(seed(target, name)).expect("UTF-8 seed")
+fn seed(target: &str, name: &str) -> Vec<u8> {
+    seeds_of(target)
+        .remove(name)
+        .unwrap_or_else(|| panic!("no seed {target}/{name}"))
 }
 
-#[test]
-fn hbone_seeds() {
-    for name in ["authority_ipv4", "authority_ipv6", "authority_host"] {
-        let a = parse_authority(&text("hbone_headers", name)).expect(name);
-        ConnectRequest::new(a).to_http().expect(name);
-    }
-    let b = text("hbone_headers", "baggage_two_lines");
-    let b = Baggage::parse(b.split('\n'));
-    assert_eq!(b.workload_name.as_deref(), Some("ratings-v1"));
-    assert_eq!(b.zone.as_deref(), Some("eu-west1-c"));
-    assert!(TraceParent::parse(&text("hbone_headers", "traceparent")).is_ok());
-    assert_eq!(
-        ambit_hbone::forwarded_host(&text("hbone_headers", "forwarded")).as_deref(),
-        Some("ratings.bookinfo.svc.cluster.local")
-    );
-}
+/// A check of one seed's outcome (it panics when the outcome is not the one expected).
+type Check<'a, O> = (&'a str, Box<dyn Fn(&O)>);
 
-#[test]
-fn zds_seeds() {
-    let devnull = || -> std::os::fd::OwnedFd { File::open("/dev/null").unwrap().into() };
-    let add = seed("zds_request", "add_workload_1fd");
-    match decode_request(&add[1..], vec![devnull()]) {
-        Ok(Incoming::Add { uid, info, .. }) => {
-            assert_eq!(uid, "6f3a1e2c-9d4b-4c1a-8e7f-0a1b2c3d4e5f");
-            assert_eq!(info.namespace, "bookinfo");
-        }
-        other => panic!("{other:?}"),
-    }
-    for (name, kind) in [
-        ("keep_workload", "KeepWorkload"),
-        ("del_workload", "DelWorkload"),
-        ("snapshot_sent", "SnapshotSent"),
-    ] {
-        let b = seed("zds_request", name);
-        assert_eq!(
-            decode_request(&b[1..], Vec::new()).expect(name).kind(),
-            kind
-        );
-    }
-    assert_eq!(
-        decode_response(&seed("zds_request", "ack")[1..]).unwrap(),
-        Ok(())
-    );
-    assert!(decode_response(&seed("zds_request", "nack")[1..])
-        .unwrap()
-        .is_err());
-    assert_eq!(
-        decode_hello(&seed("zds_request", "hello_v1")[1..])
-            .unwrap()
-            .version,
-        1
-    );
-}
-
-#[test]
-fn local_config_seeds() {
-    for name in [
-        "bookinfo.yaml",
-        "minimal.yaml",
-        "empty.yaml",
-        "services_only.yaml",
-    ] {
-        let cfg = ambit_state::parse_local_config(name, &text("local_config", name))
-            .unwrap_or_else(|e| panic!("{e}"));
-        ambit_state::ProxyState::from_config(cfg).unwrap();
-    }
-}
-
-struct OkAgent;
-impl Agent for OkAgent {
-    fn call(&self, _: &AgentRequest) -> Result<AgentResponse, AgentCallError> {
-        Ok(AgentResponse::ok())
-    }
-}
-
-#[test]
-fn cni_seeds() {
-    let env = |command: &str| CniEnv {
-        command: command.into(),
-        container_id: "abc123".into(),
-        netns: "/var/run/netns/cni-1234".into(),
-        ifname: "eth0".into(),
-        args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0".into(),
-        path: "/opt/cni/bin".into(),
-    };
-    for (name, command) in [
-        ("add_ok", "ADD"),
-        ("add_legacy_0.3.1", "ADD"),
-        ("check_ok", "CHECK"),
-        ("del", "DEL"),
-        ("version", "VERSION"),
-    ] {
-        let b = seed("cni_plugin", name);
-        let out = run(&env(command), &b[1..], &OkAgent);
-        assert_eq!(out.exit_code, 0, "{name}: {}", out.stdout);
-    }
-    for name in ["agent_request_add", "agent_request_remove"] {
-        let b = seed("cni_plugin", name);
-        ambit_cni::api::parse_request(&b[1..]).expect(name);
-    }
-}
-
-#[test]
-fn identity_seeds() {
-    let id = SpiffeId::parse(&text("spiffe_id", "bookinfo")).unwrap();
-    assert_eq!(id.service_account(), "bookinfo-productpage");
-    assert!(SpiffeId::parse(&text("spiffe_id", "escapes")).is_ok());
-    let der = seed("x509_cert", "spiffe_leaf.der");
-    assert_eq!(
-        spiffe_ids_of(&CertificateDer::from(der.as_slice())),
-        [SpiffeId::parse("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings").unwrap()]
-    );
-}
-
-#[test]
-fn iptables_save_seeds() {
-    let dns = InpodRuleOptions::default();
-    let ingress = InpodRuleOptions {
-        dns_capture: false,
-        bypass_inbound: true,
-        ..dns
-    };
-    // Real `iptables-save` output after our in-pod and host rules were installed in one
-    // netns (and a comment that quotes a jump): the host set is in sync, but in a pod every
-    // `ISTIO_` chain is ours, so the host chain counts as drift there.
-    let v4 = SavedRules::parse(&text("iptables_save", "inpod_v4_dns_host"));
-    let host = host_probe_rules(Family::V4, "istio-inpod-probes-v4").compare(&v4);
-    assert!(host.residue && host.structure_matches, "{host:?}");
-    let c = inpod_rules(Family::V4, &dns).compare(&v4);
-    assert!(c.residue && !c.structure_matches, "{c:?}");
-    let without_host = v4.owned_objects(|_, c| c.starts_with("ISTIO_") && c != "ISTIO_POSTRT");
+/// Runs `body` on every seed of `target` and hands each outcome to the check named for that
+/// seed; the checks must name exactly the seed files.
+fn replay_checked<O: Debug>(target: &str, body: impl Fn(&[u8]) -> O, checks: Vec<Check<'_, O>>) {
+    let seeds = seeds_of(target);
+    let named: Vec<&str> = checks.iter().map(|(n, _)| *n).collect();
+    let files: Vec<&str> = seeds.keys().map(String::as_str).collect();
+    let unnamed: Vec<&&str> = files.iter().filter(|f| !named.contains(f)).collect();
+    let missing: Vec<&&str> = named.iter().filter(|n| !files.contains(n)).collect();
     assert!(
-        !without_host.iter().any(|o| o.contains("FAKE")),
-        "{without_host:?}"
+        unnamed.is_empty() && missing.is_empty(),
+        "{target}: seeds without an expectation {unnamed:?}, expectations without a seed {missing:?}"
     );
-    let v6 = SavedRules::parse(&text("iptables_save", "inpod_v6_dns"));
-    assert!(inpod_rules(Family::V6, &dns).compare(&v6).structure_matches);
-    // Another version's residue: ours, and drifted.
-    let old = SavedRules::parse(&text("iptables_save", "ingress_with_residue"));
-    let c = inpod_rules(Family::V4, &ingress).compare(&old);
-    assert!(c.residue && !c.structure_matches, "{c:?}");
-    assert!(old.owned_objects(|_, c| c.starts_with("ISTIO_")).len() >= 6);
-    // A clean netns: nothing of ours.
-    let clean = SavedRules::parse(&text("iptables_save", "clean_nat"));
-    assert_eq!(clean.table("nat").map(|t| t.chains.len()), Some(4));
-    assert!(!inpod_rules(Family::V4, &dns).compare(&clean).residue);
+    for (name, check) in checks {
+        let outcome = body(&seeds[name]);
+        eprintln!("{target}/{name}: {outcome:?}");
+        check(&outcome);
+    }
+}
+
+/// [`replay_checked`] with each seed's expected outcome.
+fn replay<O: Debug + PartialEq + 'static>(
+    target: &str,
+    body: impl Fn(&[u8]) -> O,
+    expected: Vec<(&str, O)>,
+) {
+    let checks = expected
+        .into_iter()
+        .map(|(name, want)| {
+            let label = format!("{target}/{name}");
+            let check: Box<dyn Fn(&O)> = Box::new(move |got: &O| assert_eq!(got, &want, "{label}"));
+            (name, check)
+        })
+        .collect();
+    replay_checked(target, body, checks);
+}
+
+fn id(s: &str) -> SpiffeId {
+    SpiffeId::parse(s).unwrap()
 }
 
 #[test]
-fn ipset_save_seeds() {
-    let v4 = "istio-inpod-probes-v4";
-    let entries = parse_save(&text("ipset_save", "probes_v4_save")[1..], v4);
-    assert_eq!(entries.len(), 2);
-    assert_eq!(
-        entries[0].comment.as_deref(),
-        Some("6f3a1e2c-9d4b-4c1a-8e7f-0a1b2c3d4e5f")
+fn ca_dir_seeds() {
+    use ca_dir::Outcome::*;
+    replay(
+        "ca_dir",
+        ca_dir::run,
+        vec![
+            ("root_only", Signed),
+            ("intermediate_sec1", Signed),
+            ("key_mismatch", Refused("KeyMismatch".into())),
+            ("chain_without_ca_cert", Refused("ChainStart".into())),
+        ],
     );
-    let v6 = parse_save(
-        &text("ipset_save", "all_sets_save_v6")[1..],
-        "istio-inpod-probes-v6",
+}
+
+#[test]
+fn cmdadd_request_seeds() {
+    use cmdadd_request::Outcome::*;
+    replay(
+        "cmdadd_request",
+        cmdadd_request::run,
+        vec![
+            (
+                "one_ipv4",
+                Accepted {
+                    pod: "shop/web-0".into(),
+                    addresses: 1,
+                },
+            ),
+            (
+                "dual_stack",
+                Accepted {
+                    pod: "default/db".into(),
+                    addresses: 2,
+                },
+            ),
+        ],
     );
-    assert_eq!(v6.len(), 1);
-    // `ipset list` prints members without `add <set>`: nothing is read from it.
-    assert!(parse_save(&text("ipset_save", "all_sets_list")[1..], v4).is_empty());
-    let odd = parse_save(&text("ipset_save", "escapes")[1..], "s");
-    assert_eq!(odd.len(), 3);
-    assert_eq!(odd[0].comment.as_deref(), Some(r#"uid "quoted" \ x"#));
-    assert_eq!(odd[2].comment.as_deref(), Some(""));
+}
+
+#[test]
+fn cni_conflist_seeds() {
+    use cni_conflist::Outcome::*;
+    let chained = || Chained {
+        into: "10-net.conflist".into(),
+    };
+    replay(
+        "cni_conflist",
+        cni_conflist::run,
+        vec![
+            ("bridge_conflist", chained()),
+            ("single_conf", chained()),
+            // A `.json` holding a single plugin is wrapped into a list too.
+            ("json_single_plugin", chained()),
+            // What the fuzzer found: two `type` keys passed the `.conf` check, then made a
+            // list whose first plugin could not be read.
+            ("conf_two_type_keys", Refused("NoType".into())),
+            ("conf_without_type", Refused("NoType".into())),
+            ("conflist_without_plugins", Refused("NoPlugins".into())),
+            ("conflist_type_not_a_string", Refused("BadPlugin".into())),
+            ("conflist_cut_short", Refused("Json".into())),
+        ],
+    );
+}
+
+#[test]
+fn cni_plugin_seeds() {
+    use cni_plugin::Outcome;
+    let plugin = |exit_code, agent_calls| {
+        Some(Outcome {
+            exit_code,
+            agent_calls,
+            request_line: false,
+        })
+    };
+    replay(
+        "cni_plugin",
+        cni_plugin::run,
+        vec![
+            ("add_ok", plugin(0, 1)),
+            ("add_legacy_0.3.1", plugin(0, 1)),
+            // Fail closed: an agent that refuses or cannot be reached fails the ADD.
+            ("add_refused", plugin(1, 1)),
+            ("add_unreachable", plugin(1, 1)),
+            // kube-system is excluded: no call, the ADD passes.
+            ("add_kube_system", plugin(0, 0)),
+            ("check_ok", plugin(0, 1)),
+            ("del", plugin(0, 1)),
+            ("version", plugin(0, 0)),
+            // The agent's request lines parse (as plugin stdin they are not a config).
+            (
+                "agent_request_add",
+                Some(Outcome {
+                    exit_code: 1,
+                    agent_calls: 0,
+                    request_line: true,
+                }),
+            ),
+            (
+                "agent_request_remove",
+                Some(Outcome {
+                    exit_code: 0,
+                    agent_calls: 1,
+                    request_line: true,
+                }),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn csr_request_seeds() {
+    use csr_request::Outcome::*;
+    replay(
+        "csr_request",
+        csr_request::run,
+        vec![
+            (
+                "valid_p256",
+                Signed("spiffe://cluster.local/ns/default/sa/web".into()),
+            ),
+            (
+                "two_sans",
+                Refused(ambit_identity::CsrError::SanCount { found: 2 }.to_string()),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn hbone_headers_seeds() {
+    use hbone_headers::{Outcome, Request};
+    let none = Outcome {
+        authority: None,
+        baggage: Baggage::default(),
+        forwarded_host: None,
+        traceparents: 0,
+        request: None,
+    };
+    let authority = |a: &str| Outcome {
+        authority: Some(a.into()),
+        ..none.clone()
+    };
+    let productpage = Baggage {
+        cluster_id: Some("Kubernetes".into()),
+        namespace: Some("bookinfo".into()),
+        workload_type: Some("deployment".into()),
+        workload_name: Some("productpage-v1".into()),
+        ..Baggage::default()
+    };
+    let ratings = "ratings.bookinfo.svc.cluster.local";
+    replay(
+        "hbone_headers",
+        hbone_headers::run,
+        vec![
+            ("authority_ipv4", authority("10.0.0.1:8080")),
+            ("authority_ipv6", authority("[fd00:10:244::7]:9080")),
+            ("authority_host", authority(&format!("{ratings}:9080"))),
+            (
+                "baggage_two_lines",
+                Outcome {
+                    baggage: Baggage {
+                        cluster_id: Some("Kubernetes".into()),
+                        namespace: Some("bookinfo".into()),
+                        workload_type: Some("deployment".into()),
+                        workload_name: Some("ratings-v1".into()),
+                        service_name: Some("ratings".into()),
+                        service_version: Some("v1".into()),
+                        region: Some("eu-west1".into()),
+                        zone: Some("eu-west1-c".into()),
+                    },
+                    ..none.clone()
+                },
+            ),
+            (
+                "baggage_escaped",
+                Outcome {
+                    baggage: Baggage {
+                        namespace: Some("a,b".into()),
+                        service_name: Some("x%y".into()),
+                        ..Baggage::default()
+                    },
+                    ..none.clone()
+                },
+            ),
+            (
+                "forwarded",
+                Outcome {
+                    forwarded_host: Some(ratings.into()),
+                    ..none.clone()
+                },
+            ),
+            (
+                "forwarded_quoted",
+                Outcome {
+                    forwarded_host: Some(r#"we"ird;host"#.into()),
+                    ..none.clone()
+                },
+            ),
+            (
+                "traceparent",
+                Outcome {
+                    traceparents: 1,
+                    ..none.clone()
+                },
+            ),
+            (
+                "connect_full",
+                Outcome {
+                    // Read whole as one header value, the text's baggage line counts and
+                    // the forwarded host runs on to the end.
+                    baggage: Baggage {
+                        cluster_id: None,
+                        ..productpage.clone()
+                    },
+                    forwarded_host: Some(format!("{ratings}\nSnetwork-2\nTx")),
+                    request: Some(Ok(Request {
+                        authority: "10.244.1.9:9080".into(),
+                        baggage: Some(productpage.clone()),
+                        forwarded_host: Some(ratings.into()),
+                        traceparent: true,
+                        forwarded_network: Some("network-2".into()),
+                    })),
+                    ..none.clone()
+                },
+            ),
+            (
+                "connect_host",
+                Outcome {
+                    request: Some(Ok(Request {
+                        authority: format!("{ratings}:9080"),
+                        baggage: None,
+                        forwarded_host: None,
+                        traceparent: false,
+                        forwarded_network: None,
+                    })),
+                    ..none.clone()
+                },
+            ),
+            (
+                "get_with_path",
+                Outcome {
+                    request: Some(Err(400)),
+                    ..none.clone()
+                },
+            ),
+        ],
+    );
 }
 
 /// Edge cases worth keeping whatever the fuzzer does: none may panic.
@@ -207,360 +342,572 @@ fn edge_cases_do_not_panic() {
     let _ = TraceParent::parse(&"é".repeat(30));
     let _ = ambit_hbone::forwarded_host(&format!("host=\"{}", "\\".repeat(9000)));
     let _ = SpiffeId::parse("spiffe://a/ns/%/sa/%4");
+    for body in [hbone_headers::run(b""), hbone_headers::run(b"\n\n\n")] {
+        assert_eq!(body.request, None);
+    }
 }
-
-#[path = "../fuzz_targets/drivers/hbone_server.rs"]
-mod hbone_server;
 
 #[test]
 fn hbone_server_seeds() {
-    // A CONNECT in frames reaches the handler, validated; the client then never answers
-    // the server's PINGs, which ends the connection.
-    let connect = hbone_server::drive(&seed("hbone_server", "h2_connect"));
-    assert_eq!(
-        connect.connects,
-        [("10.0.0.2:8080".to_string(), true)],
-        "{:?}",
-        connect.ended
-    );
-    assert!(
-        matches!(&connect.ended, Some(Err(e)) if e.contains("PING")),
-        "{:?}",
-        connect.ended
-    );
-    // Another method reaches the handler too, and is refused there.
-    let get = hbone_server::drive(&seed("hbone_server", "h2_not_connect"));
-    assert_eq!(get.connects, [("10.0.0.2:8080".to_string(), false)]);
-    // Streams opened and reset at once: h2's rapid-reset guard ends the connection with
-    // an error (ENHANCE_YOUR_CALM), not a panic or a hang.
-    let rapid = hbone_server::drive(&seed("hbone_server", "h2_rapid_reset"));
-    assert!(matches!(rapid.ended, Some(Err(_))), "{:?}", rapid.ended);
-    let control = hbone_server::drive(&seed("hbone_server", "h2_ping_window_goaway"));
-    assert!(control.connects.is_empty() && control.ended.is_some());
-    // Before TLS nothing is a request.
-    for name in ["tls_truncated_hello", "tls_plaintext_http"] {
-        let tls = hbone_server::drive(&seed("hbone_server", name));
-        assert!(tls.connects.is_empty(), "{name}");
-        assert!(matches!(tls.ended, Some(Err(_))), "{name}: {:?}", tls.ended);
-    }
-}
-
-/// Seeds of `x509_cert` as SVIDs: the plain leaf has its one id; the multi-SAN one (a SPIFFE
-/// and an https URI) too, since only `spiffe:` URIs count.
-#[test]
-fn svid_seeds() {
-    let der = seed("x509_cert", "spiffe_leaf.der");
-    assert_eq!(
-        ambit_identity::svid_identity(&CertificateDer::from(der.as_slice())).unwrap(),
-        SpiffeId::parse("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings").unwrap()
-    );
-    let der = seed("x509_cert", "multi_san.der");
-    let ids = spiffe_ids_of(&CertificateDer::from(der.as_slice()));
-    assert_eq!(
-        ambit_identity::svid_identity(&CertificateDer::from(der.as_slice())).ok(),
-        ids.first().cloned()
-    );
-}
-
-/// Seeds of `ca_dir`: the two good directories load and sign; the two bad ones are refused
-/// for the reason their names give.
-#[test]
-fn ca_dir_seeds() {
-    use ambit_identity::{CaError, CertificateAuthority, PluginCaPem};
-    let load = |name: &str| {
-        let data = seed("ca_dir", name);
-        let parts: Vec<&[u8]> = data.split(|b| *b == 0).collect();
-        assert_eq!(parts.len(), 4, "{name}");
-        let files = PluginCaPem {
-            ca_cert: parts[0],
-            ca_key: parts[1],
-            root_cert: parts[2],
-            cert_chain: parts[3],
-        };
-        CertificateAuthority::from_plugin_pem(std::path::Path::new("ca"), files)
-    };
-    let id = SpiffeId::new("cluster.local", "fuzz", "fuzz").unwrap();
-    for name in ["root_only", "intermediate_sec1"] {
-        let ca = load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let leaf = ca.issue(&id, std::time::Duration::from_secs(60)).unwrap();
-        assert_eq!(
-            ambit_identity::peer_identity(Some(&leaf.chain)),
-            Some(id.clone())
-        );
-    }
-    assert!(matches!(
-        load("key_mismatch"),
-        Err(CaError::KeyMismatch { .. })
-    ));
-    assert!(matches!(
-        load("chain_without_ca_cert"),
-        Err(CaError::ChainStart { .. })
-    ));
-}
-
-#[path = "../fuzz_targets/zds_sequences.rs"]
-mod zds_sequences;
-
-/// Every seed of a target, by name (a new seed file is replayed without editing this test).
-fn seeds_of(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "corpus", target]
-        .iter()
-        .collect();
-    let mut seeds: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
+    use hbone_server::Outcome;
+    fn ended_with(what: &'static str) -> Box<dyn Fn(&Outcome)> {
+        Box::new(move |o: &Outcome| {
+            assert!(
+                matches!(&o.ended, Some(Err(e)) if e.contains(what)),
+                "ended with {:?}, not {what:?}",
+                o.ended
             )
         })
-        .collect();
-    seeds.sort();
-    assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
-    seeds
+    }
+    let connect = |valid: bool| -> Box<dyn Fn(&Outcome)> {
+        Box::new(move |o: &Outcome| {
+            assert_eq!(o.connects, [("10.0.0.2:8080".to_string(), valid)]);
+            ended_with("PING")(o);
+        })
+    };
+    replay_checked(
+        "hbone_server",
+        hbone_server::run,
+        vec![
+            // A CONNECT in frames reaches the handler, validated; the client then never
+            // answers the server's PINGs, which ends the connection.
+            ("h2_connect", connect(true)),
+            // Another method reaches the handler too, and is refused there.
+            ("h2_not_connect", connect(false)),
+            // Streams opened and reset at once: h2's rapid-reset guard ends the connection
+            // with an error (ENHANCE_YOUR_CALM), not a panic or a hang.
+            (
+                "h2_rapid_reset",
+                Box::new(|o: &Outcome| {
+                    assert!(o.connects.is_empty());
+                    ended_with("excessive load")(o);
+                }),
+            ),
+            // PING, WINDOW_UPDATE, then GOAWAY: a clean end, no request.
+            (
+                "h2_ping_window_goaway",
+                Box::new(|o: &Outcome| {
+                    assert!(o.connects.is_empty());
+                    assert_eq!(o.ended, Some(Ok(())));
+                }),
+            ),
+            // Before TLS nothing is a request.
+            ("tls_truncated_hello", ended_with("did not complete")),
+            ("tls_plaintext_http", ended_with("TLS handshake failed")),
+        ],
+    );
+}
+
+#[test]
+fn ipset_save_seeds() {
+    let v4 = "istio-inpod-probes-v4";
+    let entry = |ip: &str, comment: Option<&str>| Entry {
+        ip: ip.parse().unwrap(),
+        comment: comment.map(str::to_owned),
+    };
+    let (uid1, uid2) = (
+        "6f3a1e2c-9d4b-4c1a-8e7f-0a1b2c3d4e5f",
+        "0b5e7c11-2f4a-4d3e-9a61-7c8d9e0f1a2b",
+    );
+    let read = |set: &str, entries: Vec<Entry>| {
+        Some(ipset_save::Outcome {
+            set: set.into(),
+            entries,
+        })
+    };
+    let two = || {
+        vec![
+            entry("10.244.1.17", Some(uid1)),
+            entry("10.244.1.23", Some(uid2)),
+        ]
+    };
+    replay(
+        "ipset_save",
+        ipset_save::run,
+        vec![
+            ("probes_v4_save", read(v4, two())),
+            // Both sets saved: picked by the first `add` line's name, and as the v6 set.
+            ("all_sets_save_first", read(v4, two())),
+            (
+                "all_sets_save_v6",
+                read(
+                    "istio-inpod-probes-v6",
+                    vec![entry("fd00:10:244:1::17", Some(uid1))],
+                ),
+            ),
+            // `ipset list` prints members without `add <set>`: nothing is read from it.
+            ("all_sets_list", read(v4, vec![])),
+            (
+                "escapes",
+                read(
+                    "s",
+                    vec![
+                        entry("10.1.2.3", Some(r#"uid "quoted" \ x"#)),
+                        entry("10.1.2.4", None),
+                        entry("::ffff:10.1.2.5", Some("")),
+                    ],
+                ),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn iptables_save_seeds() {
+    use iptables_save::PlanOutcome;
+    // For each of the target's plans (v4 in-pod with DNS capture, v6 in-pod for ingress,
+    // the v4 host probe set): residue, in sync, objects listed as ours. Every seed is shaped
+    // like real output, so each one's removal and swap are simulated and checked.
+    let plan = |residue, in_sync, ours| PlanOutcome {
+        residue,
+        in_sync,
+        ours,
+        simulated: true,
+    };
+    let clean = plan(false, false, 0);
+    replay(
+        "iptables_save",
+        iptables_save::run,
+        vec![
+            // Our v4 rules with DNS capture plus the host probe chain in one netns: the
+            // host set is in sync, but in a pod every `ISTIO_` chain is ours, so the host
+            // chain counts as drift there.
+            (
+                "inpod_v4_dns_host",
+                [
+                    plan(true, false, 14),
+                    plan(true, false, 14),
+                    plan(true, true, 2),
+                ],
+            ),
+            // The same saved with counters (`-c`): the rules are ours all the same.
+            (
+                "with_counters",
+                [
+                    plan(true, false, 7),
+                    plan(true, false, 7),
+                    plan(true, false, 1),
+                ],
+            ),
+            // `ip6tables-save` of the v6 in-pod rules with DNS capture: in sync for that
+            // plan, not for the ingress one.
+            (
+                "inpod_v6_dns",
+                [plan(true, true, 12), plan(true, false, 12), clean],
+            ),
+            // Another version's residue: ours, and drifted.
+            (
+                "ingress_with_residue",
+                [plan(true, false, 11), plan(true, false, 11), clean],
+            ),
+            ("clean_nat", [clean, clean, clean]),
+        ],
+    );
+    // A comment that quotes `-j ISTIO_FAKE` names no chain of ours.
+    let v4 =
+        SavedRules::parse(&String::from_utf8(seed("iptables_save", "inpod_v4_dns_host")).unwrap());
+    let objects = v4.owned_objects(|_, c| c.starts_with("ISTIO_") && c != "ISTIO_POSTRT");
+    assert!(!objects.iter().any(|o| o.contains("FAKE")), "{objects:?}");
+    let dns = InpodRuleOptions::default();
+    assert!(inpod_rules(Family::V4, &dns).compare(&v4).residue);
+    assert!(
+        host_probe_rules(Family::V4, "istio-inpod-probes-v4")
+            .compare(&v4)
+            .structure_matches
+    );
+}
+
+#[test]
+fn local_config_seeds() {
+    use local_config::Outcome::Loaded;
+    let loaded = |workloads, services, policies| Loaded {
+        workloads,
+        services,
+        policies,
+    };
+    replay(
+        "local_config",
+        local_config::run,
+        vec![
+            ("bookinfo.yaml", loaded(3, 2, 2)),
+            ("minimal.yaml", loaded(1, 0, 0)),
+            ("services_only.yaml", loaded(0, 1, 0)),
+            ("empty.yaml", loaded(0, 0, 0)),
+        ],
+    );
+}
+
+#[test]
+fn pod_cgroup_seeds() {
+    use pod_cgroup::Outcome;
+    let pod = Outcome {
+        pod_uid: Some("3b5c8e2d-1d1c-4b2e-9f0a-2b1c3d4e5f60".into()),
+        start_time: None,
+    };
+    replay(
+        "pod_cgroup",
+        pod_cgroup::run,
+        vec![
+            ("cgroupfs", pod.clone()),
+            ("systemd", pod.clone()),
+            ("crio", pod),
+            // A `stat` file whose command name holds spaces and parentheses.
+            (
+                "stat_odd_comm",
+                Outcome {
+                    pod_uid: None,
+                    start_time: Some(123_456),
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn socks5_request_seeds() {
+    use socks5_request::Outcome::Request;
+    let connect = |target: &str| Request {
+        target: target.into(),
+        trailing: 0,
+    };
+    replay(
+        "socks5_request",
+        socks5_request::run,
+        vec![
+            ("connect_ipv4", connect("10.0.0.7:8080")),
+            ("connect_ipv6", connect("[fd00::7]:80")),
+            ("connect_name", connect("echo.default.svc.cluster.local:80")),
+        ],
+    );
+}
+
+#[test]
+fn spiffe_id_seeds() {
+    replay(
+        "spiffe_id",
+        spiffe_id::run,
+        vec![
+            (
+                "bookinfo",
+                Ok(id(
+                    "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-productpage",
+                )),
+            ),
+            // Every character the SPIFFE path set allows.
+            (
+                "escapes",
+                Ok(SpiffeId::new("td.example_1", "My.Name-2_x", "..a..").unwrap()),
+            ),
+            ("trailing_slash", Err("TrailingSlash".into())),
+        ],
+    );
+}
+
+#[test]
+fn x509_cert_seeds() {
+    use x509_cert::Outcome;
+    let svid = |s: &str| Outcome {
+        ids: vec![id(s)],
+        svid: Some(id(s)),
+    };
+    replay(
+        "x509_cert",
+        x509_cert::run,
+        vec![
+            (
+                "spiffe_leaf.der",
+                svid("spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings"),
+            ),
+            // A SPIFFE and an https URI and DNS SANs: only `spiffe:` URIs count.
+            ("multi_san.der", svid("spiffe://cluster.local/ns/a/sa/b")),
+        ],
+    );
+}
+
+#[test]
+fn zds_request_seeds() {
+    use zds_request::Outcome;
+    let uid = "6f3a1e2c-9d4b-4c1a-8e7f-0a1b2c3d4e5f";
+    // Each datagram is also tried as a response and a hello: protobuf reads many bytes as
+    // many messages.
+    let add = |request: Result<&'static str, String>| {
+        Some(Outcome {
+            request,
+            response: Some(Err(uid.into())),
+            hello: None,
+        })
+    };
+    let other = |kind: &'static str| {
+        Some(Outcome {
+            request: Ok(kind),
+            response: None,
+            hello: Some(0),
+        })
+    };
+    replay(
+        "zds_request",
+        zds_request::run,
+        vec![
+            // The fd rules: an Add needs exactly one fd.
+            ("add_workload_1fd", add(Ok("AddWorkload"))),
+            ("add_workload_0fd", add(Err("NoControlMessage".into()))),
+            ("add_workload_2fd", add(Err("TooManyFds".into()))),
+            ("keep_workload", other("KeepWorkload")),
+            ("del_workload", other("DelWorkload")),
+            ("snapshot_sent", other("SnapshotSent")),
+            (
+                "ack",
+                Some(Outcome {
+                    request: Err("EmptyUid".into()),
+                    response: Some(Ok(())),
+                    hello: None,
+                }),
+            ),
+            (
+                "nack",
+                Some(Outcome {
+                    request: Err("MissingWorkloadInfo".into()),
+                    response: Some(Err("failed to create netns handle".into())),
+                    hello: None,
+                }),
+            ),
+            (
+                "hello_v1",
+                Some(Outcome {
+                    request: Err("Decode".into()),
+                    response: None,
+                    hello: Some(1),
+                }),
+            ),
+        ],
+    );
 }
 
 #[test]
 fn zds_proxy_states_seeds() {
-    use zds_sequences::ProxyStats;
-    for (name, bytes) in seeds_of("zds_proxy_states") {
-        let stats = zds_sequences::proxy(&bytes);
-        let expected = match name.as_str() {
-            "snapshot_reconcile" => Some(ProxyStats {
-                starts: 4,
-                stops: 1,
-                failed_starts: 0,
-                snapshots: 2,
-                fatal_errors: 0,
-                ready: true,
-            }),
-            "replaced_netns_then_delete" => Some(ProxyStats {
-                starts: 2,
-                stops: 2,
-                failed_starts: 0,
-                snapshots: 1,
-                fatal_errors: 0,
-                ready: true,
-            }),
-            "pending_retry" => Some(ProxyStats {
-                starts: 3,
-                stops: 0,
-                failed_starts: 2,
-                snapshots: 1,
-                fatal_errors: 0,
-                ready: true,
-            }),
-            "protocol_errors" => Some(ProxyStats {
-                snapshots: 1,
-                fatal_errors: 2,
-                ready: true,
-                ..ProxyStats::default()
-            }),
-            "delete_before_snapshot" => Some(ProxyStats {
-                starts: 1,
-                stops: 1,
-                failed_starts: 0,
-                snapshots: 2,
-                fatal_errors: 0,
-                ready: true,
-            }),
+    replay(
+        "zds_proxy_states",
+        zds_sequences::proxy,
+        vec![
+            (
+                "snapshot_reconcile",
+                ProxyStats {
+                    starts: 4,
+                    stops: 1,
+                    failed_starts: 0,
+                    snapshots: 2,
+                    fatal_errors: 0,
+                    ready: true,
+                },
+            ),
+            (
+                "replaced_netns_then_delete",
+                ProxyStats {
+                    starts: 2,
+                    stops: 2,
+                    failed_starts: 0,
+                    snapshots: 1,
+                    fatal_errors: 0,
+                    ready: true,
+                },
+            ),
+            (
+                "pending_retry",
+                ProxyStats {
+                    starts: 3,
+                    stops: 0,
+                    failed_starts: 2,
+                    snapshots: 1,
+                    fatal_errors: 0,
+                    ready: true,
+                },
+            ),
+            (
+                "protocol_errors",
+                ProxyStats {
+                    snapshots: 1,
+                    fatal_errors: 2,
+                    ready: true,
+                    ..ProxyStats::default()
+                },
+            ),
+            (
+                "delete_before_snapshot",
+                ProxyStats {
+                    starts: 1,
+                    stops: 1,
+                    failed_starts: 0,
+                    snapshots: 2,
+                    fatal_errors: 0,
+                    ready: true,
+                },
+            ),
             // The AddWorkload and SnapshotSent seeds of `zds_request`, decoded on the way.
-            "raw_datagrams" => Some(ProxyStats {
-                starts: 1,
-                snapshots: 1,
-                ready: true,
-                ..ProxyStats::default()
-            }),
-            _ => None,
-        };
-        if let Some(expected) = expected {
-            assert_eq!(stats, expected, "seed {name}");
-        }
-    }
+            (
+                "raw_datagrams",
+                ProxyStats {
+                    starts: 1,
+                    snapshots: 1,
+                    ready: true,
+                    ..ProxyStats::default()
+                },
+            ),
+        ],
+    );
 }
 
 #[test]
 fn zds_agent_session_seeds() {
-    use zds_sequences::AgentStats;
-    for (name, bytes) in seeds_of("zds_agent_session") {
-        let stats = zds_sequences::agent(&bytes);
-        let expected = match name.as_str() {
-            "snapshot_then_requests" => Some(AgentStats {
-                sent: 6,
-                acked: 2,
-                snapshots: 1,
-                ..AgentStats::default()
-            }),
-            "ack_timeout_late_ack" => Some(AgentStats {
-                sent: 3,
-                acked: 1,
-                timed_out: 1,
-                late_acks: 1,
-                snapshots: 1,
-                ..AgentStats::default()
-            }),
-            "stopped_acking" => Some(AgentStats {
-                sent: 5,
-                timed_out: 4,
-                snapshots: 1,
-                closed_early: true,
-                ..AgentStats::default()
-            }),
-            "no_hello" | "unsolicited_before_snapshot" => Some(AgentStats {
-                closed_early: true,
-                ..AgentStats::default()
-            }),
-            "malformed_answer" => Some(AgentStats {
-                sent: 1,
-                closed_early: true,
-                ..AgentStats::default()
-            }),
-            "peer_closed_mid_request" => Some(AgentStats {
-                sent: 1,
-                closed_early: true,
-                ..AgentStats::default()
-            }),
-            _ => None,
-        };
-        if let Some(expected) = expected {
-            assert_eq!(stats, expected, "seed {name}");
-        }
-    }
+    let closed_early = AgentStats {
+        closed_early: true,
+        ..AgentStats::default()
+    };
+    replay(
+        "zds_agent_session",
+        zds_sequences::agent,
+        vec![
+            (
+                "snapshot_then_requests",
+                AgentStats {
+                    sent: 6,
+                    acked: 2,
+                    snapshots: 1,
+                    ..AgentStats::default()
+                },
+            ),
+            (
+                "ack_timeout_late_ack",
+                AgentStats {
+                    sent: 3,
+                    acked: 1,
+                    timed_out: 1,
+                    late_acks: 1,
+                    snapshots: 1,
+                    ..AgentStats::default()
+                },
+            ),
+            (
+                "stopped_acking",
+                AgentStats {
+                    sent: 5,
+                    timed_out: 4,
+                    snapshots: 1,
+                    closed_early: true,
+                    ..AgentStats::default()
+                },
+            ),
+            ("no_hello", closed_early),
+            ("unsolicited_before_snapshot", closed_early),
+            (
+                "malformed_answer",
+                AgentStats {
+                    sent: 1,
+                    ..closed_early
+                },
+            ),
+            (
+                "peer_closed_mid_request",
+                AgentStats {
+                    sent: 1,
+                    ..closed_early
+                },
+            ),
+        ],
+    );
 }
 
-#[test]
-fn csr_request_seeds() {
-    let (id, _) =
-        ambit_identity::requested_identity(&text("csr_request", "valid_p256")).expect("valid_p256");
-    assert_eq!(id.to_string(), "spiffe://cluster.local/ns/default/sa/web");
-    assert!(matches!(
-        ambit_identity::requested_identity(&text("csr_request", "two_sans")),
-        Err(ambit_identity::CsrError::SanCount { found: 2 })
-    ));
-}
-
-#[test]
-fn socks5_seeds_are_whole_connects() {
-    use ambit_proxy::socks5::wire::{parse_greeting, parse_request, Parsed, Target};
-    for name in ["connect_ipv4", "connect_ipv6", "connect_name"] {
-        let data = seed("socks5_request", name);
-        let Ok(Parsed::Done((), used)) = parse_greeting(&data) else {
-            panic!("{name}: the greeting does not parse");
-        };
-        match parse_request(&data[used..]) {
-            Ok(Parsed::Done(target, len)) => {
-                assert_eq!(used + len, data.len(), "{name}: trailing bytes");
-                if name == "connect_name" {
-                    assert!(matches!(target, Target::Name { port: 80, .. }), "{name}");
-                }
-            }
-            other => panic!("{name}: {other:?}"),
-        }
-    }
-}
-
-/// Every DNS seed gets a reply (none is cut short before the decision), and keeps the
-/// target's invariants.
+/// Every DNS seed gets a reply from the target's body and from the local path over TCP.
 #[test]
 fn dns_query_seeds() {
-    for (name, bytes) in seeds_of("dns_query") {
-        ambit_dns::fuzzing::query_path(&bytes);
-        let query = &bytes[1..];
-        let reply = ambit_dns::handle_locally(
+    let answered = |data: &[u8]| {
+        ambit_dns::fuzzing::query_path(data);
+        ambit_dns::handle_locally(
             &ambit_state::ProxyState::new(),
             None,
             &ambit_dns::Settings::default(),
-            query,
+            &data[1..],
             ambit_dns::Protocol::Tcp,
-        );
-        assert!(reply.is_some(), "{name}: answered");
-    }
-}
-
-#[test]
-fn cmdadd_request_seeds_parse() {
-    for (name, pod, ips) in [("one_ipv4", "web-0", 1), ("dual_stack", "db", 2)] {
-        let req = ambit_cni::istio_api::parse(&seed("cmdadd_request", name)).expect(name);
-        assert_eq!(
-            (req.pod_name.as_str(), req.addresses().len()),
-            (pod, ips),
-            "{name}"
-        );
-    }
-}
-
-#[test]
-fn pod_cgroup_seeds_name_the_pod() {
-    for name in ["cgroupfs", "systemd", "crio"] {
-        assert_eq!(
-            ambit_agent::k8s::procscan::pod_uid_from_cgroup(&text("pod_cgroup", name)).as_deref(),
-            Some("3b5c8e2d-1d1c-4b2e-9f0a-2b1c3d4e5f60"),
-            "{name}"
-        );
-    }
-}
-
-#[test]
-fn cni_conflist_seeds_are_valid_primaries() {
-    use ambit_agent::install::conflist::validate;
-    for (name, file) in [
-        ("bridge_conflist", "10-net.conflist"),
-        ("single_conf", "10-net.conf"),
-    ] {
-        let data = seed("cni_conflist", name);
-        validate(file, &data[1..]).unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
-}
-
-/// The xDS seeds of refusals: the 5,000-match policy (the audit's 2,000,000-match case,
-/// small) and the body named for another service are NACKed with their reasons, the good
-/// resource beside each is applied; every `xds_resource` seed runs through its target.
-#[test]
-fn xds_seeds_refuse_what_they_should() {
-    use ambit_xds::{DeltaClient, Limit, NodeConfig, Rejection, ShapeError};
-    let handle = |name: &str| {
-        let data = seed("xds_delta", name);
-        ambit_xds::fuzzing::delta_response(&data);
-        DeltaClient::new(NodeConfig::default().to_node())
-            .handle_bytes(&data[1..])
-            .expect(name)
+        )
+        .is_some()
     };
-    let h = handle("authorization_many_matches");
-    assert_eq!(
-        h.rejected,
-        vec![(
-            "bookinfo/many".to_string(),
-            Rejection::Shape(ShapeError::TooMany {
-                field: "rules[0].clauses[0].matches".into(),
-                limit: Limit::MatchesPerRule
-            })
-        )]
+    replay(
+        "dns_query",
+        answered,
+        vec![
+            ("a_fqdn", true),
+            ("aaaa_short_tcp", true),
+            ("headless_unknown_client", true),
+            ("mx_forwarded", true),
+            ("search_stripped_edns", true),
+            ("wildcard_fixed_search", true),
+        ],
     );
-    assert_eq!(h.batch.ops.len(), 1);
-    let h = handle("address_misnamed");
-    assert!(
-        matches!(&h.rejected[..], [(n, Rejection::NameMismatch { .. })] if n == "bookinfo/announced.bookinfo.svc.cluster.local"),
-        "{:?}",
-        h.rejected
+}
+
+/// The xDS seeds through the targets' bodies; what each is, through the client with its
+/// default limits: how many changes it applies and which resources it rejects. (The
+/// target's own smaller limits are checked in `ambit-xds`'s tests of these seeds.)
+#[test]
+fn xds_delta_seeds() {
+    use ambit_xds::{DeltaClient, NodeConfig};
+    let handled = |data: &[u8]| {
+        ambit_xds::fuzzing::delta_response(data);
+        let h = DeltaClient::new(NodeConfig::default().to_node())
+            .handle_bytes(&data[1..])
+            .expect("a response");
+        let rejected: Vec<String> = h.rejected.into_iter().map(|(n, _)| n).collect();
+        (h.batch.ops.len(), rejected)
+    };
+    replay(
+        "xds_delta",
+        handled,
+        vec![
+            ("address_workload_service", (3, vec![])),
+            ("authorization", (1, vec![])),
+            // The audit's 2,000,000-match policy, small, beside a good one.
+            (
+                "authorization_many_matches",
+                (1, vec!["bookinfo/many".into()]),
+            ),
+            // A service body named for another service, beside a good one.
+            (
+                "address_misnamed",
+                (
+                    1,
+                    vec!["bookinfo/announced.bookinfo.svc.cluster.local".into()],
+                ),
+            ),
+            // 65 removals: over the target's 64, within the default limit.
+            ("too_many_entries", (65, vec![])),
+        ],
     );
-    assert_eq!(h.batch.ops.len(), 1);
-    for name in [
-        "policy",
-        "policy_many_matches",
-        "workload",
-        "service",
-        "workload_twice",
-        "service_misnamed",
-    ] {
-        ambit_xds::fuzzing::resource_body(&seed("xds_resource", name));
-    }
-    let many = seed("xds_resource", "policy_many_matches");
-    assert!(matches!(
-        ambit_xds::shape::check_authorization(&many[1..]),
-        Err(ShapeError::TooMany {
-            limit: Limit::MatchesPerRule,
-            ..
-        })
-    ));
+}
+
+#[test]
+fn xds_resource_seeds() {
+    use ambit_xds::shape::{check_address, check_authorization};
+    let walked = |data: &[u8]| {
+        ambit_xds::fuzzing::resource_body(data);
+        let body = &data[1..];
+        let walk = if data[0] & 1 == 1 {
+            check_authorization(body)
+        } else {
+            check_address(body)
+        };
+        walk.map_err(|e| variant(&e))
+    };
+    replay(
+        "xds_resource",
+        walked,
+        vec![
+            ("policy", Ok(())),
+            ("workload", Ok(())),
+            ("service", Ok(())),
+            // The body is well formed; its name is what is wrong (the client refuses it).
+            ("service_misnamed", Ok(())),
+            ("policy_many_matches", Err("TooMany".into())),
+            // 80 addresses once its two copies merge, over 64.
+            ("workload_twice", Err("TooMany".into())),
+        ],
+    );
 }

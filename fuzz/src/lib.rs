@@ -1,0 +1,37 @@
+//! The bodies of the fuzz targets, one module (or function) per target: each target's
+//! binary in `fuzz_targets/` only calls its body, and `tests/seeds.rs` calls the same body
+//! on every seed of the target's corpus, so the invariants a target asserts (round trips,
+//! fd rules, the removal simulation, ...) run in every `cargo test` of this crate, not only
+//! under the fuzzer. A body panics when an invariant breaks and returns what it reached,
+//! which the seed test compares with each seed's expected outcome.
+//!
+//! The `dns_query`, `xds_delta` and `xds_resource` bodies live with their crates
+//! (`ambit_dns::fuzzing`, `ambit_xds::fuzzing`).
+
+use std::fmt::Debug;
+
+pub mod ca_dir;
+pub mod cmdadd_request;
+pub mod cni_conflist;
+pub mod cni_plugin;
+pub mod csr_request;
+pub mod hbone_headers;
+pub mod hbone_server;
+pub mod ipset_save;
+pub mod iptables_save;
+pub mod local_config;
+pub mod pod_cgroup;
+pub mod socks5_request;
+pub mod spiffe_id;
+pub mod x509_cert;
+pub mod zds_request;
+pub mod zds_sequences;
+
+/// The name of an error's variant (`KeyMismatch` of `KeyMismatch { .. }`): what a seed
+/// expects of a refusal, without the wording of its message.
+pub fn variant(e: &impl Debug) -> String {
+    format!("{e:?}")
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
