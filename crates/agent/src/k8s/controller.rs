@@ -220,6 +220,7 @@ impl Controller {
         for uid in uids {
             q.add(uid);
         }
+        self.metrics.set_pending(q.pending());
         drop(q);
         self.wake.notify_one();
     }
@@ -529,8 +530,11 @@ async fn worker(ctl: Arc<Controller>, shutdown: impl Future) {
             Some((uid, result)) = rx.recv() => {
                 in_flight -= 1;
                 let mut q = ctl.queue.lock().unwrap_or_else(|e| e.into_inner());
-                match result {
-                    Ok(()) => q.done(&uid),
+                let counted = match result {
+                    Ok(()) => {
+                        q.done(&uid);
+                        "ok"
+                    }
                     Err(e) if e.retryable => {
                         let n = q.failures(&uid) + 1;
                         // Log the first failure and then every tenth: retries are forever.
@@ -538,12 +542,17 @@ async fn worker(ctl: Arc<Controller>, shutdown: impl Future) {
                             tracing::warn!(%uid, attempt = n, error = %e.message, "reconcile failed; retrying");
                         }
                         q.retry(&uid, Instant::now());
+                        "retry"
                     }
                     Err(e) => {
                         tracing::error!(%uid, error = %e.message, "reconcile failed and cannot succeed by retrying; dropped");
                         q.done(&uid);
+                        "dropped"
                     }
-                }
+                };
+                ctl.metrics.reconciled(counted);
+                // Under the queue's lock, so the gauge never shows an older state.
+                ctl.metrics.set_pending(q.pending());
             }
         }
     }
@@ -614,17 +623,18 @@ async fn watch_pods(ctl: Arc<Controller>, synced: Arc<AtomicBool>) {
                 }
                 mark_synced(&ctl, &synced);
             }
+            // Each event is counted once its pod is queued (see `metrics`).
             Ok(Event::Apply(pod)) => {
-                ctl.metrics.reconcile_event("update");
                 if let Some(uid) = ctl.record(&pod) {
                     ctl.enqueue([uid]);
                 }
+                ctl.metrics.reconcile_event("update");
             }
             Ok(Event::Delete(pod)) => {
-                ctl.metrics.reconcile_event("delete");
                 if let Some(uid) = ctl.mark_deleted(&pod) {
                     ctl.enqueue([uid]);
                 }
+                ctl.metrics.reconcile_event("delete");
             }
             Err(e) => tracing::warn!(error = %e, "pod watch failed; it restarts with backoff"),
         }
@@ -659,8 +669,8 @@ async fn watch_namespaces(ctl: Arc<Controller>, synced: Arc<AtomicBool>) {
                         .map(|(uid, _)| uid.clone())
                         .collect()
                 };
-                ctl.metrics.reconcile_event("namespace");
                 ctl.enqueue(pods);
+                ctl.metrics.reconcile_event("namespace");
             }
             Ok(Event::InitDone) => {
                 {

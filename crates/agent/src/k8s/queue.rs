@@ -123,6 +123,12 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.queued.is_empty()
     }
 
+    /// Keys with work outstanding: waiting (ready or delayed) or being processed. 0 once
+    /// every key added has been processed to the end.
+    pub fn pending(&self) -> usize {
+        self.queued.len() + self.processing.len()
+    }
+
     /// Failures so far of `key`.
     pub fn failures(&self, key: &K) -> u32 {
         self.failures.get(key).copied().unwrap_or(0)
@@ -153,6 +159,31 @@ mod tests {
         assert_eq!(q.pop(t), Some("a"));
         assert_eq!(q.pop(t), Some("b"));
         assert_eq!(q.pop(t), None);
+    }
+
+    #[test]
+    fn pending_counts_waiting_and_running_keys_until_done() {
+        let t = Instant::now();
+        let mut q = WorkQueue::default();
+        assert_eq!(q.pending(), 0);
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.pending(), 2);
+        assert_eq!(q.pop(t), Some("a"));
+        assert_eq!(q.pending(), 2, "a running, b waiting");
+        q.add("a");
+        assert_eq!(q.pending(), 2, "a again once done: still one key");
+        q.done(&"a");
+        assert_eq!(q.pending(), 2, "a queued again");
+        assert_eq!(q.pop(t), Some("b"));
+        q.retry(&"b", t);
+        assert_eq!(q.pending(), 2, "b waiting for its retry");
+        assert_eq!(q.pop(t), Some("a"));
+        q.done(&"a");
+        assert_eq!(q.pop(t + BACKOFF_MAX), Some("b"));
+        assert_eq!(q.pending(), 1);
+        q.done(&"b");
+        assert_eq!(q.pending(), 0);
     }
 
     #[test]
