@@ -4,8 +4,8 @@
 mod common;
 
 use ambit_testapi::{namespace, pod, Resource, ServerOptions, User};
-use common::k8s::{blocking_metrics, get_body, http, until, Env, FakeProxy, AMBIENT, NODE};
-use common::{ip, require_root, TestNetns};
+use common::k8s::{get_body, http, until, Env, FakeProxy, AMBIENT, NODE};
+use common::{assert_rules_kept, ip, packets, require_root, TestNetns};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +84,7 @@ async fn informer_path_label_watch_faults_restart_and_delete() {
         env.annotation("shop", "web").as_deref() == Some("enabled")
     })
     .await;
-    let rules = pod_ns.saved(false);
+    let rules = counted_rules(&pod_ns, "10.55.0.5:9", false);
     let probes = env.probes();
     drop(proxy);
     agent.stop().await;
@@ -98,7 +98,9 @@ async fn informer_path_label_watch_faults_restart_and_delete() {
         "the snapshot carries the pod"
     );
     env.wait_ready().await;
-    assert_eq!(pod_ns.saved(false), rules, "rules untouched");
+    // Synced: every pod listed is queued; once none is pending, each was reconciled.
+    env.settled("update", 0).await;
+    assert_rules_kept(&rules, &pod_ns.saved_counted(false), "after the restart");
     assert_eq!(env.probes(), probes);
 
     // The pod is deleted: it leaves the mesh.
@@ -265,7 +267,8 @@ async fn an_already_captured_annotated_pod_is_adopted_without_changes() {
         bypass_inbound: false,
     };
     ambit_agent::iptables::apply_inpod(&pod_ns.path(), &opts).unwrap();
-    let (v4, v6) = (pod_ns.saved(false), pod_ns.saved(true));
+    let v4 = counted_rules(&pod_ns, "10.55.2.5:9", false);
+    let v6 = counted_rules(&pod_ns, "[::1]:9", true);
     env.api.clear_requests();
 
     let agent = env.start().await;
@@ -279,22 +282,17 @@ async fn an_already_captured_annotated_pod_is_adopted_without_changes() {
         env.probes()
     );
 
-    // A later change to the pod proves its reconcile ran: still nothing to do.
+    // A later change to the pod makes the agent reconcile it again, to the end: still
+    // nothing to do.
+    env.settled("update", 0).await;
     env.api
         .update(Resource::Pods, Some("shop"), "web", |p| {
             p["metadata"]["labels"]["touched"] = json!("yes");
         })
         .unwrap();
-    until("the pod update seen", || {
-        let m = blocking_metrics(env.cfg.metrics_addr);
-        m.contains("nodeagent_reconcile_events_total{type=\"update\"}")
-    })
-    .await;
-    assert_eq!(
-        (pod_ns.saved(false), pod_ns.saved(true)),
-        (v4, v6),
-        "rules untouched"
-    );
+    env.settled("update", 1).await;
+    assert_rules_kept(&v4, &pod_ns.saved_counted(false), "v4, after the update");
+    assert_rules_kept(&v6, &pod_ns.saved_counted(true), "v6, after the update");
     assert!(env.patches().is_empty(), "{:?}", env.patches());
     assert!(
         !env.api.requests().iter().any(|r| r.method != "GET"),
@@ -355,4 +353,17 @@ async fn pending_without_a_proxy_then_enabled_then_a_completed_pod_is_cleaned_up
     }
     until("probe entry removed", || env.probes().is_empty()).await;
     agent.stop().await;
+}
+
+/// The rules of `netns` (IPv6 ones with `v6`) with their counters, after a connection
+/// attempt to `dst` (an address of that family in the pod) went through them: a rule
+/// deleted and added again afterwards shows as counters gone back.
+fn counted_rules(netns: &TestNetns, dst: &str, v6: bool) -> String {
+    netns.poke(dst.parse().unwrap());
+    let saved = netns.saved_counted(v6);
+    assert!(
+        packets(&saved, "-A OUTPUT -j ISTIO_OUTPUT") > 0,
+        "no packet counted by the in-pod rules:\n{saved}"
+    );
+    saved
 }

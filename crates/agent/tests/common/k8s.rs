@@ -295,6 +295,28 @@ impl Env {
             .join("\n")
     }
 
+    /// Waits until the agent has counted at least `n` watch events of `kind`
+    /// (`nodeagent_reconcile_events_total{type}`) and finished acting on all of them: one
+    /// scrape shows them and no pod pending. An event is counted only once its pod is
+    /// queued, and the pending gauge is read after the counters, so that scrape comes after
+    /// the reconcile of the event's pod ended.
+    pub async fn settled(&self, kind: &str, n: u64) {
+        let events = format!("nodeagent_reconcile_events_total{{type=\"{kind}\"}}");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let last = get_body(self.cfg.metrics_addr, "/metrics").await;
+            let seen = sample(&last, &events).unwrap_or(0);
+            if seen >= n && sample(&last, "ambit_agent_reconcile_pending_pods") == Some(0) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the agent did not act on {n} {kind} event(s) in time:\n{last}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn patches(&self) -> Vec<ambit_testapi::RecordedRequest> {
         self.api
             .requests()
@@ -325,13 +347,8 @@ pub async fn get_body(addr: SocketAddr, path: &str) -> String {
     http(s, "GET", path, "").await.1
 }
 
-pub fn blocking_metrics(addr: SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+/// The value of the sample `name` (labels included, as exposed) in a metrics text.
+pub fn sample(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
