@@ -69,7 +69,10 @@ pub fn delta_response(data: &[u8]) {
         if let Some(versions) = client.versions(&resp.type_url) {
             assert!(versions.len() <= limits.max_tracked_per_type);
             for (name, _) in &handled.rejected {
-                assert!(!versions.contains_key(name), "rejected {name:?} tracked");
+                assert!(
+                    !versions.contains_key(name.as_str()),
+                    "rejected {name:?} tracked"
+                );
             }
         }
         handled.batch.apply(&mut state);
@@ -92,6 +95,9 @@ const FUZZ_LIMITS: Limits = Limits {
     max_tracked_per_type: 8,
     max_errors_listed: 4,
     max_error_len: 128,
+    max_held_addresses: 64 << 10,
+    max_held_policies: 64 << 10,
+    max_held_per_response: 96 << 10,
 };
 
 // ----- xds_resource ----------------------------------------------------------------------

@@ -13,6 +13,21 @@ pub enum Rejection {
     /// applied (named `response` in the NACK).
     #[error("{count} entries (resources, removed names and aliases) in one response, more than the limit of {limit}; nothing applied")]
     ResponseTooLarge { count: usize, limit: usize },
+    /// The resources of the response would take an estimated `estimate` bytes once
+    /// decoded (see [`crate::held`]), more than `Limits::max_held_per_response`: nothing
+    /// of it is applied (named `response`).
+    #[error("its resources would take an estimated {estimate} bytes once decoded, more than the limit of {limit} bytes for one response; nothing applied")]
+    ResponseOverBudget { estimate: u64, limit: u64 },
+    /// Applying the response would take what the proxy holds for its type to an
+    /// estimated `estimate` bytes, more than the type's budget (`Limits::max_held_*`):
+    /// nothing of it is applied (named `response`). `held` is the estimate before it.
+    #[error("the {message} resources held would come to an estimated {estimate} bytes once decoded, over their budget of {budget} bytes (held before this response: {held}); nothing applied")]
+    OverBudget {
+        message: &'static str,
+        estimate: u64,
+        budget: u64,
+        held: u64,
+    },
     #[error("resource name is {len} bytes, more than the limit of {limit}")]
     NameTooLong { len: usize, limit: usize },
     #[error("resource version is {len} bytes, more than the limit of {limit}")]

@@ -347,6 +347,7 @@ fn limits() {
         max_tracked_per_type: 2,
         max_errors_listed: 2,
         max_error_len: 100,
+        ..Limits::default()
     };
     let mut c = DeltaClient::with_limits(node(), limits);
     let h = c.handle(resp(ADDRESS_TYPE, "1", vec![], &["a", "b", "c", "d"]));
@@ -474,4 +475,454 @@ fn too_many_entries_refused_from_the_bytes() {
     let mut bad = resp(ADDRESS_TYPE, "n4", vec![res("a", "1", None); 4], &[]).encode_to_vec();
     bad.extend([0x22, 1, 0xff]); // type_url = b"\xff"
     assert!(c.handle_bytes(&bad).is_err());
+}
+
+// ----- the budget -----------------------------------------------------------------------
+
+/// What an empty client holds once it accepted `resources` (its estimate).
+fn estimate_of(type_url: &str, resources: Vec<Resource>) -> u64 {
+    let mut c = DeltaClient::new(node());
+    let h = c.handle(resp(type_url, "e", resources, &[]));
+    assert!(h.rejected.is_empty(), "{:?}", h.rejected);
+    c.held(type_url).unwrap()
+}
+
+/// A policy named `ns1/<name>` whose body is that of `body` (another name makes a body
+/// the delta client refuses once decoded), with `matches` match objects of one port.
+fn policy_res(name: &str, version: &str, body: &str, matches: usize) -> Resource {
+    let p = psec::Authorization {
+        name: body.into(),
+        namespace: "ns1".into(),
+        scope: psec::Scope::Namespace as i32,
+        rules: vec![psec::Rule {
+            clauses: vec![psec::Clause {
+                matches: vec![
+                    psec::Match {
+                        destination_ports: vec![80],
+                        ..Default::default()
+                    };
+                    matches
+                ],
+            }],
+        }],
+        ..Default::default()
+    };
+    res(
+        &format!("ns1/{name}"),
+        version,
+        Some(Any {
+            type_url: AUTHORIZATION_TYPE.into(),
+            value: p.encode_to_vec(),
+        }),
+    )
+}
+
+/// One step of a budget table: a response (removed names, added policies), then what
+/// must follow: the NACK message (None: an ACK), the changes to the store, the versions
+/// held, the estimate held.
+struct Step {
+    what: &'static str,
+    removed: &'static [&'static str],
+    added: Vec<Resource>,
+    nack: Option<String>,
+    ops: usize,
+    versions: &'static [(&'static str, &'static str)],
+    held: u64,
+}
+
+fn run(c: &mut DeltaClient, type_url: &str, state: &mut ProxyState, steps: Vec<Step>) {
+    for (i, s) in steps.into_iter().enumerate() {
+        let h = c.handle(resp(type_url, &i.to_string(), s.added, s.removed));
+        let message = h.reply.error_detail.as_ref().map(|e| e.message.clone());
+        assert_eq!(message, s.nack, "{}", s.what);
+        assert_eq!(h.batch.ops.len(), s.ops, "{}", s.what);
+        h.batch.apply(state);
+        let versions: Vec<(&str, &str)> = c.versions(type_url).unwrap().into_iter().collect();
+        assert_eq!(versions, s.versions, "{}", s.what);
+        assert_eq!(c.held(type_url), Some(s.held), "{}", s.what);
+    }
+}
+
+fn over(message: &str, estimate: u64, budget: u64, held: u64) -> Option<String> {
+    Some(format!(
+        "response: the {message} resources held would come to an estimated {estimate} bytes once decoded, over their budget of {budget} bytes (held before this response: {held}); nothing applied"
+    ))
+}
+
+/// At the budget a response applies; one byte over, nothing of it does; what a response
+/// removes or replaces is freed before what it adds is counted.
+#[test]
+fn policy_budget_table() {
+    const P: &str = "istio.security.Authorization";
+    // Every policy below has a name of one letter and one match: the same estimate.
+    let e = estimate_of(AUTHORIZATION_TYPE, vec![policy_res("a", "1", "a", 1)]);
+    let budget = 3 * e;
+    let mut c = DeltaClient::with_limits(
+        node(),
+        Limits {
+            max_held_policies: budget,
+            ..Limits::default()
+        },
+    );
+    let p = |n: &'static str, v: &str| policy_res(n, v, n, 1);
+    let mut state = ProxyState::new();
+    run(
+        &mut c,
+        AUTHORIZATION_TYPE,
+        &mut state,
+        vec![
+            Step {
+                what: "over the budget from empty: nothing applied",
+                removed: &[],
+                added: vec![p("a", "1"), p("b", "1"), p("c", "1"), p("d", "1")],
+                nack: over(P, 4 * e, budget, 0),
+                ops: 0,
+                versions: &[],
+                held: 0,
+            },
+            Step {
+                what: "at the budget: applied",
+                removed: &[],
+                added: vec![p("a", "1"), p("b", "1"), p("c", "1")],
+                nack: None,
+                ops: 3,
+                versions: &[("ns1/a", "1"), ("ns1/b", "1"), ("ns1/c", "1")],
+                held: 3 * e,
+            },
+            Step {
+                what: "one more at the budget: nothing applied",
+                removed: &[],
+                added: vec![p("d", "1")],
+                nack: over(P, 4 * e, budget, 3 * e),
+                ops: 0,
+                versions: &[("ns1/a", "1"), ("ns1/b", "1"), ("ns1/c", "1")],
+                held: 3 * e,
+            },
+            Step {
+                what: "a removal in the same response frees its share",
+                removed: &["ns1/a"],
+                added: vec![p("d", "1")],
+                nack: None,
+                ops: 2,
+                versions: &[("ns1/b", "1"), ("ns1/c", "1"), ("ns1/d", "1")],
+                held: 3 * e,
+            },
+            Step {
+                what: "a replacement frees what it replaces",
+                removed: &[],
+                added: vec![p("b", "2"), p("c", "2")],
+                nack: None,
+                ops: 2,
+                versions: &[("ns1/b", "2"), ("ns1/c", "2"), ("ns1/d", "1")],
+                held: 3 * e,
+            },
+            Step {
+                what: "a refused response's removals are not applied either",
+                removed: &["ns1/b"],
+                added: vec![p("e", "1"), p("f", "1")],
+                nack: over(P, 4 * e, budget, 3 * e),
+                ops: 0,
+                versions: &[("ns1/b", "2"), ("ns1/c", "2"), ("ns1/d", "1")],
+                held: 3 * e,
+            },
+            Step {
+                what: "a removal alone frees",
+                removed: &["ns1/b", "ns1/c"],
+                added: vec![],
+                nack: None,
+                ops: 2,
+                versions: &[("ns1/d", "1")],
+                held: e,
+            },
+            Step {
+                what: "removing and adding the same name counts it once",
+                removed: &["ns1/d"],
+                added: vec![p("d", "2"), p("e", "1"), p("f", "1")],
+                nack: None,
+                ops: 4,
+                versions: &[("ns1/d", "2"), ("ns1/e", "1"), ("ns1/f", "1")],
+                held: 3 * e,
+            },
+        ],
+    );
+    let keys: Vec<String> = state.policies().map(|p| p.key()).collect();
+    assert_eq!(keys, ["ns1/d", "ns1/e", "ns1/f"]);
+
+    // One byte less of budget, and the response that fit it does not.
+    let mut c = DeltaClient::with_limits(
+        node(),
+        Limits {
+            max_held_policies: budget - 1,
+            ..Limits::default()
+        },
+    );
+    let h = c.handle(resp(
+        AUTHORIZATION_TYPE,
+        "1",
+        vec![p("a", "1"), p("b", "1"), p("c", "1")],
+        &[],
+    ));
+    assert_eq!(
+        h.reply.error_detail.map(|e| e.message),
+        over(P, budget, budget - 1, 0)
+    );
+    assert!(h.batch.is_empty());
+}
+
+/// The budget is checked again once the resources are converted: a replacement that is
+/// rejected then frees nothing, so a response that only fit by freeing it is refused.
+#[test]
+fn a_rejected_replacement_frees_nothing() {
+    let small = estimate_of(AUTHORIZATION_TYPE, vec![policy_res("a", "1", "a", 1)]);
+    // A policy a little larger than two small ones.
+    let (matches, big) = (2..)
+        .map(|n| {
+            let e = estimate_of(AUTHORIZATION_TYPE, vec![policy_res("a", "1", "a", n)]);
+            (n, e)
+        })
+        .find(|(_, e)| *e > small)
+        .unwrap();
+    assert!(big <= 2 * small, "{big} {small}");
+    let budget = 2 * small;
+    let mut c = DeltaClient::with_limits(
+        node(),
+        Limits {
+            max_held_policies: budget,
+            ..Limits::default()
+        },
+    );
+    let mut state = ProxyState::new();
+    run(
+        &mut c,
+        AUTHORIZATION_TYPE,
+        &mut state,
+        vec![
+            Step {
+                what: "the big one",
+                removed: &[],
+                added: vec![policy_res("a", "1", "a", matches)],
+                nack: None,
+                ops: 1,
+                versions: &[("ns1/a", "1")],
+                held: big,
+            },
+            // Before decoding: `a` replaced by a small body, `b` small: 2 × small, at the
+            // budget. Decoded, `a`'s body names `x`: rejected, `a` stays; with `b` that
+            // is big + small, over.
+            Step {
+                what: "a replacement rejected once decoded",
+                removed: &[],
+                added: vec![
+                    policy_res("a", "2", "x", 1),
+                    policy_res("b", "1", "b", 1),
+                ],
+                nack: over(
+                    "istio.security.Authorization",
+                    big + small,
+                    budget,
+                    big,
+                ),
+                ops: 0,
+                versions: &[("ns1/a", "1")],
+                held: big,
+            },
+            Step {
+                what: "the same rejection without the addition: a NACK that keeps `a`",
+                removed: &[],
+                added: vec![policy_res("a", "2", "x", 1)],
+                nack: Some(
+                    "ns1/a: the body's policy namespace/name is \"ns1/x\", not the resource name; refused so that a removal by name always removes what was announced".into(),
+                ),
+                ops: 0,
+                versions: &[],
+                held: big,
+            },
+            Step {
+                what: "what the store keeps under a rejected name is freed by its removal",
+                removed: &["ns1/a"],
+                added: vec![policy_res("b", "1", "b", 1), policy_res("c", "1", "c", 1)],
+                nack: None,
+                ops: 3,
+                versions: &[("ns1/b", "1"), ("ns1/c", "1")],
+                held: 2 * small,
+            },
+        ],
+    );
+    assert_eq!(state.policies().count(), 2);
+}
+
+/// What one response's resources take is bounded on its own, before what they replace
+/// is freed.
+#[test]
+fn response_bound() {
+    let e = estimate_of(AUTHORIZATION_TYPE, vec![policy_res("a", "1", "a", 1)]);
+    let mut c = DeltaClient::with_limits(
+        node(),
+        Limits {
+            max_held_per_response: 2 * e,
+            ..Limits::default()
+        },
+    );
+    let p = |n: &str| policy_res(n, "1", n, 1);
+    let h = c.handle(resp(AUTHORIZATION_TYPE, "1", vec![p("a"), p("b")], &[]));
+    assert!(h.rejected.is_empty());
+    let h = c.handle(resp(
+        AUTHORIZATION_TYPE,
+        "2",
+        vec![p("a"), p("b"), p("c")],
+        &[],
+    ));
+    assert!(h.batch.is_empty());
+    assert_eq!(
+        h.rejected,
+        vec![(
+            "response".to_string(),
+            Rejection::ResponseOverBudget {
+                estimate: 3 * e,
+                limit: 2 * e
+            }
+        )]
+    );
+    assert_eq!(
+        h.reply.error_detail.unwrap().message,
+        format!("response: its resources would take an estimated {} bytes once decoded, more than the limit of {} bytes for one response; nothing applied", 3 * e, 2 * e)
+    );
+    assert_eq!(c.held(AUTHORIZATION_TYPE), Some(2 * e));
+}
+
+/// Address resources: workloads and services share the type's budget; a removal frees
+/// the workload of that uid, else the service of that `namespace/hostname`, as the store
+/// removes them; a name can hold both (they are counted apart).
+#[test]
+fn address_budget() {
+    const A: &str = "istio.workload.Address";
+    let w = estimate_of(
+        ADDRESS_TYPE,
+        vec![res(W1, "1", Some(workload_any(W1, [10, 0, 0, 1])))],
+    );
+    let s = estimate_of(
+        ADDRESS_TYPE,
+        vec![res("ns1/svc.ns1", "1", Some(service_any("svc.ns1")))],
+    );
+    // A workload whose uid is the service's key: the store holds both under one name.
+    let twin = res(
+        "ns1/svc.ns1",
+        "1",
+        Some(workload_any("ns1/svc.ns1", [10, 0, 0, 9])),
+    );
+    let t = estimate_of(ADDRESS_TYPE, vec![twin.clone()]);
+    assert!(t <= w);
+    let budget = 2 * w + s;
+    let mut c = DeltaClient::with_limits(
+        node(),
+        Limits {
+            max_held_addresses: budget,
+            ..Limits::default()
+        },
+    );
+    let wl = |uid: &'static str, ip| res(uid, "1", Some(workload_any(uid, ip)));
+    let svc = res("ns1/svc.ns1", "1", Some(service_any("svc.ns1")));
+    let mut state = ProxyState::new();
+    run(
+        &mut c,
+        ADDRESS_TYPE,
+        &mut state,
+        vec![
+            Step {
+                what: "two workloads and a service: at the budget",
+                removed: &[],
+                added: vec![wl(W1, [10, 0, 0, 1]), wl(W2, [10, 0, 0, 2]), svc.clone()],
+                nack: None,
+                ops: 3,
+                versions: &[
+                    ("c//v1/Pod/ns1/a", "1"),
+                    ("c//v1/Pod/ns1/b", "1"),
+                    ("ns1/svc.ns1", "1"),
+                ],
+                held: budget,
+            },
+            Step {
+                what: "the removal of a uid frees the workload",
+                removed: &[W1],
+                added: vec![],
+                nack: None,
+                ops: 1,
+                versions: &[("c//v1/Pod/ns1/b", "1"), ("ns1/svc.ns1", "1")],
+                held: w + s,
+            },
+            Step {
+                what: "a workload named as the service is held beside it, over the budget",
+                removed: &[],
+                added: vec![twin.clone(), wl(W1, [10, 0, 0, 1])],
+                nack: over(A, 2 * w + s + t, budget, w + s),
+                ops: 0,
+                versions: &[("c//v1/Pod/ns1/b", "1"), ("ns1/svc.ns1", "1")],
+                held: w + s,
+            },
+            Step {
+                what: "... within it",
+                removed: &[],
+                added: vec![twin],
+                nack: None,
+                ops: 1,
+                versions: &[("c//v1/Pod/ns1/b", "1"), ("ns1/svc.ns1", "1")],
+                held: w + s + t,
+            },
+            Step {
+                what: "the removal of that name frees the workload first",
+                removed: &["ns1/svc.ns1"],
+                added: vec![],
+                nack: None,
+                ops: 1,
+                versions: &[("c//v1/Pod/ns1/b", "1")],
+                held: w + s,
+            },
+            Step {
+                what: "then the service",
+                removed: &["ns1/svc.ns1"],
+                added: vec![],
+                nack: None,
+                ops: 1,
+                versions: &[("c//v1/Pod/ns1/b", "1")],
+                held: w,
+            },
+        ],
+    );
+    assert!(state.service_by_key("ns1/svc.ns1").is_none());
+    assert_eq!(state.workloads().count(), 1);
+}
+
+/// A response refused for the budget from its bytes is answered as the decoded one, and
+/// never reaches the store.
+#[test]
+fn budget_from_the_bytes() {
+    let e = estimate_of(AUTHORIZATION_TYPE, vec![policy_res("a", "1", "a", 1)]);
+    let limits = Limits {
+        max_held_policies: e,
+        ..Limits::default()
+    };
+    let over = resp(
+        AUTHORIZATION_TYPE,
+        "1",
+        vec![policy_res("a", "1", "a", 1), policy_res("b", "1", "b", 1)],
+        &[],
+    );
+    let mut c = DeltaClient::with_limits(node(), limits);
+    let from_bytes = c.handle_bytes(&over.encode_to_vec()).unwrap();
+    let decoded = DeltaClient::with_limits(node(), limits).handle(over);
+    assert_eq!(from_bytes.rejected, decoded.rejected);
+    assert_eq!(
+        from_bytes.rejected,
+        vec![(
+            "response".to_string(),
+            Rejection::OverBudget {
+                message: "istio.security.Authorization",
+                estimate: 2 * e,
+                budget: e,
+                held: 0
+            }
+        )]
+    );
+    assert!(from_bytes.batch.is_empty());
+    assert_eq!(c.held(AUTHORIZATION_TYPE), Some(0));
 }
