@@ -18,8 +18,9 @@ use crate::wire::WireError;
 /// exercises replacement and removal of what the first applied) into one `ProxyState`.
 ///
 /// Checks: the reply echoes the type and nonce; a NACK iff something was rejected; an
-/// accepted resource is tracked with its version, a rejected one is not; the store's
-/// lookups agree with what it holds.
+/// accepted resource is tracked with its version, a rejected one is not; a response
+/// refused whole changes nothing; what is held stays within the type's budget; the
+/// store's lookups agree with what it holds.
 pub fn delta_response(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else {
         return;
@@ -54,8 +55,26 @@ pub fn delta_response(data: &[u8]) {
     let limits = FUZZ_LIMITS;
     let mut client = DeltaClient::with_limits(NodeConfig::default().to_node(), limits);
     let mut state = ProxyState::new();
+    let budget = if resp.type_url == ADDRESS_TYPE {
+        limits.max_held_addresses
+    } else {
+        limits.max_held_policies
+    };
     for _ in 0..2 {
+        let versions_before = owned_versions(&client, &resp.type_url);
+        let held_before = client.held(&resp.type_url);
         let handled = client.handle(resp.clone());
+        if let [(_, Rejection::ResponseTooLarge { .. })
+        | (_, Rejection::ResponseOverBudget { .. })
+        | (_, Rejection::OverBudget { .. })] = handled.rejected.as_slice()
+        {
+            assert!(handled.batch.is_empty());
+            assert_eq!(owned_versions(&client, &resp.type_url), versions_before);
+            assert_eq!(client.held(&resp.type_url), held_before);
+        }
+        if let Some(held) = client.held(&resp.type_url) {
+            assert!(held <= budget, "{held} held, over the budget of {budget}");
+        }
         assert_eq!(handled.reply.type_url, resp.type_url);
         assert_eq!(handled.reply.response_nonce, resp.nonce);
         assert_eq!(
@@ -85,6 +104,14 @@ pub fn delta_response(data: &[u8]) {
         }
         let _ = state.dump();
     }
+}
+
+fn owned_versions(client: &DeltaClient, type_url: &str) -> Option<Vec<(String, String)>> {
+    client.versions(type_url).map(|v| {
+        v.into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    })
 }
 
 /// Small limits, so that the limit paths run.
@@ -445,6 +472,34 @@ mod seeds {
                 }
             )]
         );
+        delta_response(&data);
+    }
+
+    /// The split seed (three policies of 64 empty match objects): accepted under the
+    /// default budget, refused whole for the fuzz target's small one, so that the
+    /// budget's paths run from the first input.
+    #[test]
+    fn fuzz_seed_over_the_budget() {
+        let data = seed("authorization_split");
+        let mut client = DeltaClient::new(NodeConfig::default().to_node());
+        let h = client.handle_bytes(&data[1..]).unwrap();
+        assert!(h.rejected.is_empty(), "{:?}", h.rejected);
+        assert_eq!(h.batch.ops.len(), 3);
+        let mut client = DeltaClient::with_limits(NodeConfig::default().to_node(), FUZZ_LIMITS);
+        let h = client.handle_bytes(&data[1..]).unwrap();
+        match h.rejected.as_slice() {
+            [(
+                name,
+                Rejection::OverBudget {
+                    budget, held: 0, ..
+                },
+            )] => {
+                assert_eq!(name, "response");
+                assert_eq!(*budget, FUZZ_LIMITS.max_held_policies);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(h.batch.is_empty());
         delta_response(&data);
     }
 
