@@ -879,6 +879,9 @@ fn xds_delta_seeds() {
             ),
             // 65 removals: over the target's 64, within the default limit.
             ("too_many_entries", (65, vec![])),
+            // Three policies of 64 empty match objects: within the default budget of
+            // what policies hold, over the target's (which refuses the response whole).
+            ("authorization_split", (3, vec![])),
         ],
     );
 }
