@@ -775,7 +775,8 @@ impl Cluster {
         Ok(body)
     }
 
-    /// `iptables-save` inside a pod (counters stripped, so two runs compare equal).
+    /// `iptables-save` inside a pod (counters stripped, so two runs compare equal; it cannot
+    /// tell rules kept from rules deleted and added again: [`Cluster::iptables_counted`] can).
     pub fn iptables_save(&self, pod: &str) -> anyhow::Result<String> {
         let out = self.lab.exec(&self.pod(pod).ns, &["iptables-save"])?;
         Ok(out
@@ -792,7 +793,103 @@ impl Cluster {
             .join("\n"))
     }
 
+    /// `iptables-save -c` inside a pod: the rules with their packet and byte counters (a
+    /// rule deleted and added again counts from zero; see [`rules_kept`]).
+    pub fn iptables_counted(&self, pod: &str) -> anyhow::Result<String> {
+        let out = self.lab.exec(&self.pod(pod).ns, &["iptables-save", "-c"])?;
+        Ok(out
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect())
+    }
+
     pub fn node_exec(&self, node: usize, args: &[&str]) -> anyhow::Result<String> {
         self.lab.exec(&self.nodes[node].ns, args)
+    }
+}
+
+/// A line of `iptables-save -c` split into its counters (packets, bytes; none for table and
+/// COMMIT lines) and the rest (a rule, or a chain with its policy).
+fn counted_line(line: &str) -> (Option<(u64, u64)>, &str) {
+    let parse = |c: &str| {
+        let (p, b) = c.trim_matches(['[', ']']).split_once(':')?;
+        Some((p.parse().ok()?, b.parse().ok()?))
+    };
+    if line.starts_with('[') {
+        if let Some((c, rest)) = line.split_once(' ') {
+            return (parse(c), rest);
+        }
+    }
+    if line.starts_with(':') {
+        if let Some((rest, c)) = line.rsplit_once(' ') {
+            return (parse(c), rest);
+        }
+    }
+    (None, line)
+}
+
+/// The packets counted by the rules of `saved` ([`Cluster::iptables_counted`]) that
+/// contain `rule`.
+pub fn counted_packets(saved: &str, rule: &str) -> u64 {
+    saved
+        .lines()
+        .map(counted_line)
+        .filter(|(_, r)| r.contains(rule))
+        .filter_map(|(c, _)| c.map(|(p, _)| p))
+        .sum()
+}
+
+/// Whether the rules of `before` are still those of `after`, none deleted and added again
+/// (both from [`Cluster::iptables_counted`]): the same rules in the same order, and no
+/// counter lower than it was. The error names what changed.
+pub fn rules_kept(before: &str, after: &str) -> anyhow::Result<()> {
+    let (b, a): (Vec<_>, Vec<_>) = (
+        before.lines().map(counted_line).collect(),
+        after.lines().map(counted_line).collect(),
+    );
+    if b.iter().map(|(_, r)| r).ne(a.iter().map(|(_, r)| r)) {
+        bail!("the rules changed:\n{before}\n----\n{after}");
+    }
+    let reset: Vec<String> = b
+        .iter()
+        .zip(&a)
+        .filter_map(|((cb, rule), (ca, _))| match (cb, ca) {
+            (Some((pb, bb)), Some((pa, ba))) if pa < pb || ba < bb => {
+                Some(format!("[{pb}:{bb}] -> [{pa}:{ba}] {rule}"))
+            }
+            _ => None,
+        })
+        .collect();
+    if !reset.is_empty() {
+        bail!(
+            "rules deleted and added again (their counters went back):\n{}",
+            reset.join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = "*nat\n:OUTPUT ACCEPT [5:300]\n:ISTIO_OUTPUT - [0:0]\n[3:180] -A OUTPUT -j ISTIO_OUTPUT\n[0:0] -A ISTIO_OUTPUT -o lo -j ACCEPT\nCOMMIT\n";
+
+    #[test]
+    fn rules_kept_sees_counters_go_back_and_changed_rules() {
+        assert_eq!(counted_packets(BEFORE, "-j ISTIO_OUTPUT"), 3);
+        rules_kept(BEFORE, BEFORE).unwrap();
+        let more = BEFORE.replace("[3:180]", "[4:240]");
+        rules_kept(BEFORE, &more).unwrap();
+        let reinstalled = BEFORE.replace("[3:180]", "[0:0]");
+        let e = rules_kept(BEFORE, &reinstalled).unwrap_err().to_string();
+        assert!(
+            e.contains("[3:180] -> [0:0] -A OUTPUT -j ISTIO_OUTPUT"),
+            "{e}"
+        );
+        let changed = BEFORE.replace("-o lo", "-o eth0");
+        let e = rules_kept(BEFORE, &changed).unwrap_err().to_string();
+        assert!(e.contains("the rules changed"), "{e}");
     }
 }
