@@ -9,7 +9,7 @@ use std::net::{Shutdown, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::inpod::{counted_packets, rules_kept, Cluster, ClusterSpec, PodSpec};
 use ambit_lab::kube::REDIRECTION;
 use ambit_lab::mesh::EchoMode;
 use ambit_lab::peer::NodeProxy;
@@ -65,6 +65,43 @@ fn captured(cluster: &Cluster, pod: &str) -> bool {
         .iptables_save(pod)
         .unwrap()
         .contains("-A OUTPUT -j ISTIO_OUTPUT")
+}
+
+/// The value of the sample `name` (labels included, as exposed) in a metrics text.
+fn sample(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Waits until `node`'s agent has counted at least `n` pod watch events of `kind`
+/// (`nodeagent_reconcile_events_total{type}`) and finished acting on all of them: one
+/// scrape shows them and no pod pending. The agent counts an event only once its pod is
+/// queued and renders the pending gauge after the counters, so that scrape comes after the
+/// reconcile of the event's pod ended.
+fn settled(cluster: &Cluster, node: usize, kind: &str, n: u64) {
+    let events = format!("nodeagent_reconcile_events_total{{type=\"{kind}\"}}");
+    let mut last = String::new();
+    wait_until(
+        &format!("node {node}'s agent to act on {n} {kind} event(s)"),
+        WAIT,
+        || {
+            last = http_get(
+                &cluster.nodes[node].ns,
+                "127.0.0.1:15014".parse().unwrap(),
+                "/metrics",
+            )
+            .map(|(_, m)| m)
+            .unwrap_or_default();
+            sample(&last, &events).unwrap_or(0) >= n
+                && sample(&last, "ambit_agent_reconcile_pending_pods") == Some(0)
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e:#}; its metrics:\n{last}\nagent logs:\n{}",
+            agent_logs(cluster)
+        )
+    });
 }
 
 fn patches(cluster: &Cluster) -> Vec<String> {
@@ -129,12 +166,20 @@ fn pods_on_kubernetes_are_captured_through_cni_annotated_released_and_survive_an
     );
 
     // The agent restarts: nothing in the running pod changes, no annotation is written.
-    let rules_before = cluster.iptables_save("b").unwrap();
+    // The exchanges went through b's rules: a rule deleted and added again from now on
+    // shows as its counters gone back.
+    let rules_before = cluster.iptables_counted("b").unwrap();
+    assert!(
+        counted_packets(&rules_before, "-j ISTIO_PRERT") > 0,
+        "no packet counted by b's rules:\n{rules_before}"
+    );
     cluster.kube().api.clear_requests();
     cluster.stop_agent(1).unwrap();
     cluster.start_agent(1).unwrap();
-    // Make the new agent reconcile b for certain: an unrelated label change is an update
-    // it must look at (and leave alone), counted before the pod is queued.
+    // Ready: every pod listed is queued; once none is pending, the re-list was acted on.
+    settled(&cluster, 1, "update", 0);
+    // Make the new agent reconcile b again: an unrelated label change is an update it must
+    // look at, to the end, and leave alone.
     cluster
         .kube()
         .api
@@ -142,18 +187,10 @@ fn pods_on_kubernetes_are_captured_through_cni_annotated_released_and_survive_an
             p["metadata"]["labels"]["touched"] = serde_json::json!("yes");
         })
         .unwrap();
-    wait_until("the restarted agent to see b's update", WAIT, || {
-        http_get(
-            &cluster.nodes[1].ns,
-            "127.0.0.1:15014".parse().unwrap(),
-            "/metrics",
-        )
-        .is_ok_and(|(_, m)| m.contains("nodeagent_reconcile_events_total{type=\"update\"}"))
-    })
-    .unwrap();
-    // The worker takes it right after; give it a moment to act, if it were going to.
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(cluster.iptables_save("b").unwrap(), rules_before);
+    settled(&cluster, 1, "update", 1);
+    if let Err(e) = rules_kept(&rules_before, &cluster.iptables_counted("b").unwrap()) {
+        panic!("b's rules after the agent's restart and b's update: {e:#}");
+    }
     assert_eq!(patches(&cluster), Vec::<String>::new());
     assert_eq!(cluster.kube().redirection("b").as_deref(), Some("enabled"));
     exchange(&cluster, "a", "b").unwrap();
