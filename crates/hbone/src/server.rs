@@ -171,16 +171,20 @@ pub async fn accept_connection(
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
 ) -> Result<Accepted<tokio_rustls::server::TlsStream<TcpStream>>, HboneError> {
-    accept_connection_reporting(tcp, tls, settings, |_| {}).await
+    let accepted = accept_connection_reporting(tcp, async { Some(tls) }, settings, |_| {}).await?;
+    Ok(accepted.expect("the configuration was given"))
 }
 
-/// [`accept_connection`], calling `progress` at each [`HandshakeStep`].
+/// [`accept_connection`], calling `progress` at each [`HandshakeStep`], with the TLS
+/// configuration awaited only once the ClientHello is in (so a handshake is seen to
+/// progress before, say, a certificate is fetched). `Ok(None)` when `tls` gives none (the
+/// caller has said why); the connection is then dropped.
 pub async fn accept_connection_reporting(
     tcp: TcpStream,
-    tls: Arc<rustls::ServerConfig>,
+    tls: impl Future<Output = Option<Arc<rustls::ServerConfig>>>,
     settings: H2Settings,
     progress: impl Fn(HandshakeStep),
-) -> Result<Accepted<tokio_rustls::server::TlsStream<TcpStream>>, HboneError> {
+) -> Result<Option<Accepted<tokio_rustls::server::TlsStream<TcpStream>>>, HboneError> {
     // HBONE carries interactive traffic; never delay small frames (PINGs, window updates).
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY on an HBONE connection");
@@ -207,27 +211,33 @@ pub async fn accept<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    accept_reporting(io, addr, local_addr, tls, settings, |_| {}).await
+    let accepted =
+        accept_reporting(io, addr, local_addr, async { Some(tls) }, settings, |_| {}).await?;
+    Ok(accepted.expect("the configuration was given"))
 }
 
-/// [`accept`], calling `progress` at each [`HandshakeStep`].
+/// [`accept`], calling `progress` at each [`HandshakeStep`], with the configuration
+/// awaited once the ClientHello is in (see [`accept_connection_reporting`]).
 pub async fn accept_reporting<IO>(
     io: IO,
     addr: SocketAddr,
     local_addr: SocketAddr,
-    tls: Arc<rustls::ServerConfig>,
+    tls: impl Future<Output = Option<Arc<rustls::ServerConfig>>>,
     settings: H2Settings,
     progress: impl Fn(HandshakeStep),
-) -> Result<Accepted<tokio_rustls::server::TlsStream<IO>>, HboneError>
+) -> Result<Option<Accepted<tokio_rustls::server::TlsStream<IO>>>, HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let deadline = Instant::now() + tls::HANDSHAKE_TIMEOUT;
     let timed_out = |_| HboneError::HandshakeTimeout(tls::HANDSHAKE_TIMEOUT);
     let hello = || progress(HandshakeStep::ClientHello);
-    let tls_stream = tokio::time::timeout_at(deadline, tls::accept_reporting(io, tls, hello))
+    let Some(tls_stream) = tokio::time::timeout_at(deadline, tls::accept_reporting(io, tls, hello))
         .await
-        .map_err(timed_out)??;
+        .map_err(timed_out)??
+    else {
+        return Ok(None);
+    };
     progress(HandshakeStep::Tls);
     let certificates = tls_stream
         .get_ref()
@@ -240,7 +250,9 @@ where
         local_addr,
         certificates,
     });
-    accept_h2(tls_stream, peer, settings, deadline).await
+    accept_h2(tls_stream, peer, settings, deadline)
+        .await
+        .map(Some)
 }
 
 /// The HTTP/2 server handshake on `stream`, which must already be the peer's

@@ -69,17 +69,19 @@ pub async fn accept<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    accept_reporting(io, config, || {}).await
+    let accepted = accept_reporting(io, async { Some(config) }, || {}).await?;
+    Ok(accepted.expect("the configuration was given"))
 }
 
-/// [`accept`], calling `on_hello` once the client's whole ClientHello has arrived: the
+/// [`accept`], calling `on_hello` once the client's whole ClientHello has arrived (the
 /// first sign that it is a TLS client making progress, which admission ranks above a
-/// connection that has sent nothing yet.
+/// connection that has sent nothing yet), and only then awaiting `config`; `Ok(None)` when
+/// `config` gives none.
 pub async fn accept_reporting<IO>(
     io: IO,
-    config: Arc<rustls::ServerConfig>,
+    config: impl std::future::Future<Output = Option<Arc<rustls::ServerConfig>>>,
     on_hello: impl FnOnce(),
-) -> Result<server::TlsStream<IO>, HboneError>
+) -> Result<Option<server::TlsStream<IO>>, HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -87,6 +89,9 @@ where
         .await
         .map_err(HboneError::tls)?;
     on_hello();
+    let Some(config) = config.await else {
+        return Ok(None);
+    };
     let tls = start.into_stream(config).await.map_err(HboneError::tls)?;
     let conn = tls.get_ref().1;
     check_alpn(conn.alpn_protocol())?;
@@ -95,7 +100,7 @@ where
     }
     let mut tls = tls;
     tls.get_mut().1.set_buffer_limit(Some(SEND_BUFFER_LIMIT));
-    Ok(tls)
+    Ok(Some(tls))
 }
 
 #[cfg(test)]

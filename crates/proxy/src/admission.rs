@@ -142,25 +142,20 @@ impl HandshakeGate {
     /// source's or the instance's share, the stalest handshake of that share is evicted
     /// (its owner sees [`HandshakePermit::evicted`]) for this one.
     pub fn admit(self: &Arc<Self>, source: IpAddr) -> Result<HandshakePermit, Shed> {
-        // The node's count first: an eviction frees its victim's node slot only when the
-        // victim's task lets go, so the newcomer needs a slot of its own.
-        if !self.node.try_take() {
+        let admitted = self.gate.admit(source).map_err(|full| match full {
+            Full::Source(n) => Shed::Source(n),
+            Full::Total(n) => Shed::Instance(n),
+        })?;
+        // An evicted handshake hands its node slot to the newcomer at once (its own task
+        // may run only later); otherwise the newcomer needs a slot of its own, and without
+        // one it leaves the gate again.
+        if admitted.evicted.is_none() && !self.node.try_take() {
             return Err(Shed::Node(self.node.limit));
         }
-        match self.gate.admit(source) {
-            // An evicted victim is counted as shed by its own task, when it closes.
-            Ok(admitted) => Ok(HandshakePermit {
-                ticket: admitted.ticket,
-                node: self.node.clone(),
-            }),
-            Err(full) => {
-                self.node.give_back();
-                Err(match full {
-                    Full::Source(n) => Shed::Source(n),
-                    Full::Total(n) => Shed::Instance(n),
-                })
-            }
-        }
+        Ok(HandshakePermit {
+            ticket: admitted.ticket,
+            node: self.node.clone(),
+        })
     }
 
     /// Handshakes in progress on this instance.
@@ -197,7 +192,10 @@ impl HandshakePermit {
 
 impl Drop for HandshakePermit {
     fn drop(&mut self) {
-        self.node.give_back();
+        // An evicted handshake's node slot went to the newcomer that evicted it.
+        if !self.ticket.is_evicted() {
+            self.node.give_back();
+        }
     }
 }
 

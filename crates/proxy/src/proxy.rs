@@ -191,7 +191,9 @@ async fn serve_hbone(
     if let Err(e) = crate::socket::tune_stream(&stream, &pi.cfg.keepalive) {
         tracing::debug!(?peer, "socket options on an HBONE connection: {e}");
     }
-    let handshake = async {
+    // The certificate is looked up once the ClientHello is in, so the handshake is seen to
+    // progress (admission ranks it above a stalled one) even while it waits for the CA.
+    let server_config = async {
         let identity = {
             let state = pi.state.get();
             match pi.local().workload(&state) {
@@ -203,23 +205,25 @@ async fn serve_hbone(
             }
         };
         // May wait for the CA (RealTime priority) when no valid certificate is cached.
-        let tls = match pi.certs.server_config(&identity).await {
-            Ok(tls) => tls,
+        match pi.certs.server_config(&identity).await {
+            Ok(tls) => Some(tls),
             Err(e) => {
                 let e = crate::error::Error::NoCertificate {
                     identity,
                     reason: e.to_string(),
                 };
                 tracing::warn!(?peer, "HBONE connection refused: {e}");
-                return None;
+                None
             }
-        };
-        let progress = |step| permit.progress(step);
-        Some(
-            ambit_hbone::accept_connection_reporting(stream, tls, pi.cfg.h2.clone(), progress)
-                .await,
-        )
+        }
     };
+    let progress = |step| permit.progress(step);
+    let handshake = ambit_hbone::accept_connection_reporting(
+        stream,
+        server_config,
+        pi.cfg.h2.clone(),
+        progress,
+    );
     let accepted = tokio::select! {
         r = handshake => r,
         _ = permit.evicted() => return report_eviction(&pi, peer),
@@ -228,15 +232,15 @@ async fn serve_hbone(
     // Through TLS and the HTTP/2 preface: the client has proved itself.
     drop(permit);
     let accepted = match accepted {
-        None => return,
+        Ok(None) => return,
         // A client that never got through the handshake: an access log warning, as
         // ztunnel writes one.
-        Some(Err(
+        Err(
             e @ (HboneError::Tls(_)
             | HboneError::HandshakeTimeout(_)
             | HboneError::Alpn(_)
             | HboneError::NoClientCertificate),
-        )) => {
+        ) => {
             if let Some(src) = peer {
                 crate::telemetry::early_failure(
                     Reporter::Destination,
@@ -247,8 +251,8 @@ async fn serve_hbone(
             }
             return;
         }
-        Some(Err(e)) => return tracing::debug!(?peer, "HBONE connection ended: {e}"),
-        Some(Ok(accepted)) => accepted,
+        Err(e) => return tracing::debug!(?peer, "HBONE connection ended: {e}"),
+        Ok(Some(accepted)) => accepted,
     };
     // The client certificate is the same for every stream of the connection: parse its
     // identity once, on the first stream, not per CONNECT.
