@@ -186,8 +186,8 @@ fn run(ca: &support::Server, case: &Case) -> Result<(), String> {
     let what = format!("{:?}", case.defect);
     let (_proxy, [hbone, admin, stats], lines) = start_proxy(ca);
     let requests = || ca.ca.seen.lock().unwrap().len();
-    let poke = || drop(TcpStream::connect_timeout(&hbone, Duration::from_secs(1)));
-    // A connection makes the proxy fetch its certificate (the first attempts may come
+    let poke = || drop(ambit_lab::send_client_hello(hbone));
+    // A TLS client makes the proxy fetch its certificate (the first attempts may come
     // before the listener is up).
     let deadline = Instant::now() + DEADLINE;
     while requests() == 0 {

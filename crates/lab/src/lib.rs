@@ -340,6 +340,30 @@ pub fn http_get(ns: &str, addr: SocketAddr, path: &str) -> anyhow::Result<(u16, 
     Ok((status, body))
 }
 
+/// Connects to a TLS server at `addr` and sends a ClientHello, then waits up to 1 s for
+/// its answer: what makes an HBONE server look up its certificate (it does so only for a
+/// client that has started TLS, not for a bare TCP connection).
+pub fn send_client_hello(addr: SocketAddr) -> std::io::Result<()> {
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(std::io::Error::other)?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let name =
+        rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), name)
+        .map_err(std::io::Error::other)?;
+    let mut hello = Vec::new();
+    tls.write_tls(&mut hello)?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.write_all(&hello)?;
+    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let _ = s.read(&mut [0u8; 1024]);
+    Ok(())
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub fn wait_until(
     what: &str,
