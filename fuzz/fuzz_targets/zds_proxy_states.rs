@@ -1,5 +1,5 @@
 //! Sequences of ZDS messages, reconnects, retries and start outcomes into the node proxy's
-//! `ambit_inpod::WorkloadStates`. The body, its input layout and its checks:
+//! `ambit_zds::WorkloadStates`. The body, its input layout and its checks:
 //! `ambit_fuzz::zds_sequences::proxy`, which `tests/seeds.rs` replays on every seed.
 #![no_main]
 

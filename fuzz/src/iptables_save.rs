@@ -7,22 +7,22 @@
 use std::collections::HashSet;
 
 use ambit_agent::rules::{
-    host_probe_rules, inpod_rules, removal_text, rule_target, Family, InpodRuleOptions, RuleSet,
+    host_probe_rules, pod_rules, removal_text, rule_target, Family, PodRuleOptions, RuleSet,
     SavedRule, SavedRules, SavedTable,
 };
 
 /// Three plans cover the code: both families, both ownerships, with and without the `raw`
 /// table and the inbound rules (more would only slow each run).
 fn plans() -> [RuleSet; 3] {
-    let dns = InpodRuleOptions::default();
-    let ingress = InpodRuleOptions {
+    let dns = PodRuleOptions::default();
+    let ingress = PodRuleOptions {
         dns_capture: false,
         bypass_inbound: true,
         ..dns
     };
     [
-        inpod_rules(Family::V4, &dns),
-        inpod_rules(Family::V6, &ingress),
+        pod_rules(Family::V4, &dns),
+        pod_rules(Family::V6, &ingress),
         host_probe_rules(Family::V4, "istio-inpod-probes-v4"),
     ]
 }

@@ -2,7 +2,7 @@
 //! local application on 127.0.0.1:15080), read the way the server reads them: only as many
 //! bytes as the parser asks for, never more.
 
-use ambit_proxy::socks5::wire::{parse_greeting, parse_request, Parsed, Target};
+use ambit_nodeproxy::socks5::wire::{parse_greeting, parse_request, Parsed, Target};
 
 /// How far the bytes got.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,11 +4,11 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 
-use ambit_inpod::protocol::{
+use ambit_zds::protocol::{
     decode_hello, decode_request, decode_response, encode_ack, encode_add, encode_del, encode_keep,
     encode_snapshot_sent,
 };
-use ambit_inpod::{Incoming, ProtocolError};
+use ambit_zds::{Incoming, ProtocolError};
 use prost::Message;
 
 /// What the datagram came to.

@@ -1,5 +1,5 @@
 //! Sequences of ZDS events into both sides' state machines: the node proxy's
-//! `ambit_inpod::WorkloadStates` and the node agent's `ambit_agent::zds_session::Session`.
+//! `ambit_zds::WorkloadStates` and the node agent's `ambit_agent::zds_session::Session`.
 //! Shared by the `zds_proxy_states` and `zds_agent_session` targets and by the seed replay
 //! test (`tests/seeds.rs`), so a seed is replayed exactly as the fuzzer runs it.
 //!
@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use ambit_agent::zds_session::{
     Event, MessageKind, Request, RequestId, Session, SessionOptions, SnapshotEntry,
 };
-use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-use ambit_inpod::{Action, Incoming, StateError, WorkloadStates};
+use ambit_zds::proto::WorkloadInfo;
+use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+use ambit_zds::{Action, Incoming, StateError, WorkloadStates};
 
 /// Reads opcodes and arguments; past the end everything is 0.
 struct Input<'a> {
@@ -364,7 +364,7 @@ pub fn agent(data: &[u8]) -> AgentStats {
 
 fn bytes_fit(bytes: &[u8]) -> bool {
     // Short uids always fit Istio's 1024-byte read buffer.
-    bytes.len() <= ambit_inpod::wire::MAX_MESSAGE_LEN
+    bytes.len() <= ambit_zds::wire::MAX_MESSAGE_LEN
 }
 
 fn drain(

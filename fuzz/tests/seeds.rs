@@ -9,7 +9,7 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 
 use ambit_agent::ipset::Entry;
-use ambit_agent::rules::{host_probe_rules, inpod_rules, Family, InpodRuleOptions, SavedRules};
+use ambit_agent::rules::{host_probe_rules, pod_rules, Family, PodRuleOptions, SavedRules};
 use ambit_fuzz::zds_sequences::{AgentStats, ProxyStats};
 use ambit_fuzz::*;
 use ambit_hbone::{parse_authority, Baggage, ConnectRequest, TraceParent};
@@ -508,8 +508,8 @@ fn iptables_save_seeds() {
         SavedRules::parse(&String::from_utf8(seed("iptables_save", "inpod_v4_dns_host")).unwrap());
     let objects = v4.owned_objects(|_, c| c.starts_with("ISTIO_") && c != "ISTIO_POSTRT");
     assert!(!objects.iter().any(|o| o.contains("FAKE")), "{objects:?}");
-    let dns = InpodRuleOptions::default();
-    assert!(inpod_rules(Family::V4, &dns).compare(&v4).residue);
+    let dns = PodRuleOptions::default();
+    assert!(pod_rules(Family::V4, &dns).compare(&v4).residue);
     assert!(
         host_probe_rules(Family::V4, "istio-inpod-probes-v4")
             .compare(&v4)

@@ -30,15 +30,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ambit_cni::api::{self, AgentRequest, AgentResponse, PodInfo};
-use ambit_inpod::sockfile::bind_private;
-use ambit_inpod::{Netns, PeerPolicy};
+use ambit_zds::sockfile::bind_private;
+use ambit_zds::{Netns, PeerPolicy};
 use anyhow::Context as _;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::ipset::ProbeSets;
 use crate::iptables::{self, ProbeSetNames};
-use crate::rules::{unmap, InpodRuleOptions};
+use crate::rules::{unmap, PodRuleOptions};
 use crate::store::{PodStore, DEFAULT_STATE_DIR};
 use crate::zds::{ZdsError, ZdsOptions, ZdsServer, DEFAULT_ZDS_SOCKET};
 
@@ -82,8 +82,8 @@ impl Default for AgentConfig {
 
 impl AgentConfig {
     /// The in-pod rule options this configuration implies.
-    pub fn rule_options(&self) -> InpodRuleOptions {
-        InpodRuleOptions {
+    pub fn rule_options(&self) -> PodRuleOptions {
+        PodRuleOptions {
             dns_capture: self.dns_capture,
             ipv6: self.ipv6,
             bypass_inbound: false,
@@ -208,7 +208,7 @@ pub(crate) fn netns_exists(path: &str) -> bool {
 async fn reconcile_pods(
     store: PodStore,
     sets: ProbeSets,
-    rule_opts: InpodRuleOptions,
+    rule_opts: PodRuleOptions,
     reassert: bool,
 ) -> anyhow::Result<PodStore> {
     blocking(move || {
@@ -289,7 +289,7 @@ async fn serve_events_connection(agent: Arc<Agent>, stream: UnixStream) {
 /// The enrollment machinery both front ends drive: the events socket and, in Kubernetes
 /// mode, the controller and the plugin's `cmdadd` server.
 pub(crate) struct Agent {
-    rule_opts: InpodRuleOptions,
+    rule_opts: PodRuleOptions,
     sets: ProbeSets,
     store: Mutex<PodStore>,
     zds: ZdsServer,

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use ambit_inpod::Netns;
+use ambit_zds::Netns;
 
 /// A tool that could not be run, or that failed. Always names the netns and the command,
 /// and carries the tool's stderr.

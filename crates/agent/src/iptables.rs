@@ -16,12 +16,12 @@
 
 use std::path::Path;
 
-use ambit_inpod::Netns;
+use ambit_zds::Netns;
 
 use crate::exec::{self, netns_label, ExecError};
 use crate::netlink::{Added, Deleted, NetlinkError, RouteSocket};
 use crate::rules::{
-    host_probe_rules, inpod_rules, removal_text, Family, InpodRuleOptions, ReturnRouting, RuleSet,
+    host_probe_rules, pod_rules, removal_text, Family, PodRuleOptions, ReturnRouting, RuleSet,
     SavedRules,
 };
 
@@ -184,7 +184,7 @@ impl InpodOutcome {
 
 /// Installs the in-pod rules (§2.1) and the return-path policy routing in the pod netns at
 /// `netns`, idempotently.
-pub fn apply_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<InpodOutcome, RulesError> {
+pub fn apply_inpod(netns: &Path, opts: &PodRuleOptions) -> Result<InpodOutcome, RulesError> {
     let ns = Netns::open(netns).map_err(|source| NetlinkError::Open {
         netns: netns.display().to_string(),
         source,
@@ -205,7 +205,7 @@ pub fn apply_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<InpodOutcome
         } else {
             routes.replace_route(&plan)?;
         }
-        let o = apply_rule_set(Some(netns), &inpod_rules(family, opts))?;
+        let o = apply_rule_set(Some(netns), &pod_rules(family, opts))?;
         match family {
             Family::V4 => outcome.v4 = o,
             Family::V6 => outcome.v6 = Some(o),
@@ -217,12 +217,12 @@ pub fn apply_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<InpodOutcome
 /// Removes the in-pod rules (every `ISTIO_*` chain and jump, whatever version put them
 /// there) and the return-path routing from the pod netns at `netns`. IPv6 failures are
 /// ignored when `opts.ipv6` is off (the netns may have no IPv6 at all).
-pub fn remove_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<(), RulesError> {
+pub fn remove_inpod(netns: &Path, opts: &PodRuleOptions) -> Result<(), RulesError> {
     let mut routes = RouteSocket::open(netns)?;
     for family in Family::ALL {
         let strict = family == Family::V4 || opts.ipv6;
         let result = (|| {
-            remove_rule_set(Some(netns), &inpod_rules(family, opts))?;
+            remove_rule_set(Some(netns), &pod_rules(family, opts))?;
             let plan = ReturnRouting::new(family);
             // Both may be absent already (a half-done enrollment, a second removal).
             let rule = routes.del_rule(&plan)?;
@@ -244,9 +244,9 @@ pub fn remove_inpod(netns: &Path, opts: &InpodRuleOptions) -> Result<(), RulesEr
 
 /// The families the host rules cover.
 fn host_families(ipv6: bool) -> Vec<Family> {
-    InpodRuleOptions {
+    PodRuleOptions {
         ipv6,
-        ..InpodRuleOptions::default()
+        ..PodRuleOptions::default()
     }
     .families()
 }

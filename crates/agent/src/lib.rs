@@ -34,5 +34,5 @@ pub mod zds;
 pub mod zds_session;
 
 pub use agent::{run, run_with, uninstall_host, AgentConfig, RunOptions};
-pub use rules::InpodRuleOptions;
+pub use rules::PodRuleOptions;
 pub use zds::{ZdsError, ZdsServer};

@@ -12,7 +12,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::Path;
 
-use ambit_inpod::Netns;
+use ambit_zds::Netns;
 use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_ACK_TLVS,
     NLM_F_CAPPED, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,

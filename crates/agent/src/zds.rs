@@ -26,10 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ambit_cni::api::PodInfo;
-use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::{
-    Netns, PeerCredentials, PeerPolicy, PeerRole, WireError, ZdsListener, ZdsSocket,
-};
+use ambit_zds::proto::WorkloadInfo;
+use ambit_zds::{Netns, PeerCredentials, PeerPolicy, PeerRole, WireError, ZdsListener, ZdsSocket};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -503,8 +501,8 @@ async fn serve_connection(shared: Arc<Shared>, sock: ZdsSocket, id: u64, peer: P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-    use ambit_inpod::Incoming;
+    use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+    use ambit_zds::Incoming;
     use tokio::time::Instant;
 
     /// The test's own netns: openable without privileges.

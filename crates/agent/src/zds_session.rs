@@ -1,7 +1,7 @@
 //! The agent side of one ZDS connection, sans IO: the node proxy's hello, the snapshot
 //! (an `AddWorkload` or `KeepWorkload` per pod, then `SnapshotSent`), then adds and deletes,
 //! each waiting for its ack, with timeouts on an injected clock. The mirror of the node
-//! proxy's [`ambit_inpod::WorkloadStates`].
+//! proxy's [`ambit_zds::WorkloadStates`].
 //!
 //! The driver ([`crate::zds`]) owns the socket and the clock. It feeds what arrives
 //! ([`Session::on_datagram`], [`Session::on_peer_closed`]) and what time it is
@@ -30,11 +30,11 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::protocol::{
+use ambit_zds::proto::WorkloadInfo;
+use ambit_zds::protocol::{
     decode_hello, decode_response, encode_add, encode_del, encode_keep, encode_snapshot_sent,
 };
-use ambit_inpod::ProtocolError;
+use ambit_zds::ProtocolError;
 
 /// How long a proxy has to send its hello, and to ack each message (Istio's agent: 5 s).
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -509,8 +509,8 @@ impl<F> Session<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-    use ambit_inpod::Incoming;
+    use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+    use ambit_zds::Incoming;
 
     const OPTS: SessionOptions = SessionOptions {
         hello_timeout: Duration::from_secs(5),

@@ -10,8 +10,8 @@ use ambit_agent::iptables::ProbeSetNames;
 use ambit_agent::zds::ZdsOptions;
 use ambit_agent::{run_with, uninstall_host, AgentConfig, RunOptions};
 use ambit_cni::api::{call, AgentCallError, AgentRequest, AgentResponse, PodInfo};
-use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-use ambit_inpod::{Incoming, Netns, ZdsSocket};
+use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+use ambit_zds::{Incoming, Netns, ZdsSocket};
 use common::{require_root, TestNetns};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -40,7 +40,7 @@ impl FakeProxy {
     }
 
     /// Acks the snapshot; returns the Add'ed uids with the netns identity they came with.
-    async fn take_snapshot(&self) -> Vec<(String, ambit_inpod::NetnsId)> {
+    async fn take_snapshot(&self) -> Vec<(String, ambit_zds::NetnsId)> {
         let mut adds = Vec::new();
         loop {
             let msg = self.recv().await;

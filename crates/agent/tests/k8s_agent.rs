@@ -261,7 +261,7 @@ async fn an_already_captured_annotated_pod_is_adopted_without_changes() {
         })
         .unwrap();
     // The previous agent's work.
-    let opts = ambit_agent::InpodRuleOptions {
+    let opts = ambit_agent::PodRuleOptions {
         dns_capture: true,
         ipv6: true,
         bypass_inbound: false,

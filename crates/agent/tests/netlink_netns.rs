@@ -6,12 +6,12 @@ mod common;
 
 use ambit_agent::iptables::{apply_inpod, remove_inpod};
 use ambit_agent::netlink::{Added, Deleted, RouteSocket};
-use ambit_agent::rules::{Family, InpodRuleOptions, ReturnRouting};
+use ambit_agent::rules::{Family, PodRuleOptions, ReturnRouting};
 use common::{require_root, TestNetns};
 use nix::errno::Errno;
 
-fn opts() -> InpodRuleOptions {
-    InpodRuleOptions::default()
+fn opts() -> PodRuleOptions {
+    PodRuleOptions::default()
 }
 
 /// Our rule and route for `family`, as the kernel lists them: (rules, routes).

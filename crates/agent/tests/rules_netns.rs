@@ -9,11 +9,11 @@ use ambit_agent::ipset::{Entry, ProbeSets, RemoveOutcome};
 use ambit_agent::iptables::{
     apply_host, apply_inpod, remove_host, remove_inpod, ApplyOutcome, ProbeSetNames,
 };
-use ambit_agent::rules::{Family, InpodRuleOptions};
+use ambit_agent::rules::{Family, PodRuleOptions};
 use common::{require_root, unique, TestNetns};
 
-fn opts(dns_capture: bool) -> InpodRuleOptions {
-    InpodRuleOptions {
+fn opts(dns_capture: bool) -> PodRuleOptions {
+    PodRuleOptions {
         dns_capture,
         ipv6: true,
         bypass_inbound: false,
@@ -24,12 +24,12 @@ fn opts(dns_capture: bool) -> InpodRuleOptions {
 fn tools_run_inside_the_pod_netns_and_the_agent_stays_outside() {
     require_root("tools_run_inside_the_pod_netns_and_the_agent_stays_outside");
     let ns = TestNetns::new();
-    let pod_ns = ambit_inpod::Netns::open(ns.path()).unwrap().id().inode;
+    let pod_ns = ambit_zds::Netns::open(ns.path()).unwrap().id().inode;
     let seen =
         ambit_agent::exec::run(Some(&ns.path()), "readlink", &["/proc/self/ns/net"], None).unwrap();
     assert_eq!(seen.trim(), format!("net:[{pod_ns}]"));
     // The calling thread came back to its own namespace.
-    let own = ambit_inpod::Netns::current().unwrap().id().inode;
+    let own = ambit_zds::Netns::current().unwrap().id().inode;
     assert_ne!(own, pod_ns);
     let seen = ambit_agent::exec::run(None, "readlink", &["/proc/self/ns/net"], None).unwrap();
     assert_eq!(seen.trim(), format!("net:[{own}]"));

@@ -17,9 +17,9 @@ use std::path::Path;
 
 use ambit_agent::zds::{ZdsOptions, ZdsServer};
 use ambit_cni::api::PodInfo;
-use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-use ambit_inpod::wire::RECV_BUFFER_LEN;
-use ambit_inpod::PeerPolicy;
+use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+use ambit_zds::wire::RECV_BUFFER_LEN;
+use ambit_zds::PeerPolicy;
 use common::require_root;
 use nix::sys::socket::{SockaddrLike, UnixAddr};
 use nix::sys::wait::{waitpid, WaitStatus};

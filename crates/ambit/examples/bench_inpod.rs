@@ -35,7 +35,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ambit_lab::inpod::Cluster;
+use ambit_lab::cluster::Cluster;
 use ambit_lab::mesh::{EchoMode, APP_PORT};
 use ambit_lab::wait_until;
 use anyhow::{bail, Context};

@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit_lab::inpod::{Cluster, ClusterSpec};
+use ambit_lab::cluster::{Cluster, ClusterSpec};
 use ambit_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
 use ambit_lab::peer::{IstioZtunnel, NodeProxy};
 use ambit_lab::wait_until;

@@ -8,7 +8,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 
 use ambit_identity::CertManager;
-use ambit_proxy::SharedState;
+use ambit_nodeproxy::SharedState;
 
 use crate::config::Config;
 use crate::http::{text, with_type, Handler};
@@ -105,7 +105,7 @@ pub struct AdminContext {
     pub shutdown: mpsc::Sender<()>,
     pub static_config: serde_json::Value,
     /// In-pod mode: the pods this proxy serves.
-    pub workload_state: Option<ambit_proxy::inpod::WorkloadStateDump>,
+    pub workload_state: Option<ambit_nodeproxy::pods::WorkloadStateDump>,
 }
 
 pub fn admin_handler(ctx: AdminContext) -> Handler {
@@ -378,11 +378,11 @@ mod tests {
     #[test]
     fn metrics_on_both_paths_in_the_format_asked_for() {
         let mut registry = Registry::default();
-        let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, "1.24.0");
+        let metrics = ambit_nodeproxy::metrics::Metrics::register(&mut registry, "1.24.0");
         metrics
             .connections_opened
-            .get_or_create(&ambit_proxy::metrics::TrafficLabels::new(
-                ambit_proxy::metrics::Reporter::Source,
+            .get_or_create(&ambit_nodeproxy::metrics::TrafficLabels::new(
+                ambit_nodeproxy::metrics::Reporter::Source,
             ))
             .inc();
         let handler = metrics_handler(Arc::new(registry));

@@ -11,10 +11,10 @@ use tokio::sync::mpsc;
 use ambit_caclient::{NodePrefetch, RemoteIssuer};
 use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
 use ambit_identity::{CertManager, CertificateAuthority};
-use ambit_proxy::admission::{HandshakeGate, NodeHandshakes};
-use ambit_proxy::inpod::{PodProxyFactory, WorkloadManager};
-use ambit_proxy::socket::DefaultSocketFactory;
-use ambit_proxy::{BoundProxy, ProxyInputs, SharedState};
+use ambit_nodeproxy::admission::{HandshakeGate, NodeHandshakes};
+use ambit_nodeproxy::pods::{PodProxyFactory, WorkloadManager};
+use ambit_nodeproxy::socket::DefaultSocketFactory;
+use ambit_nodeproxy::{BoundProxy, ProxyInputs, SharedState};
 use ambit_state::ProxyState;
 
 use crate::admin::{admin_handler, metrics_handler, readiness_handler, AdminContext};
@@ -98,7 +98,11 @@ fn spawn_prefetch(state: SharedState, certs: Arc<CertManager>, node: String) {
     });
 }
 
-fn has_local_workload(state: &ProxyState, cfg: &Config, w: &ambit_proxy::LocalIdentity) -> bool {
+fn has_local_workload(
+    state: &ProxyState,
+    cfg: &Config,
+    w: &ambit_nodeproxy::LocalIdentity,
+) -> bool {
     state
         .find_local_workload(
             &w.namespace,
@@ -265,7 +269,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     registry.register_collector(Box::new(crate::process_metrics::ProcessAndRuntime {
         runtime: tokio::runtime::Handle::current(),
     }));
-    let metrics = ambit_proxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    let metrics = ambit_nodeproxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
     certs.register_metrics(&mut registry);
     // One node-wide handshake count, whichever mode; its sheds are ambit's own metric.
     let node_handshakes = NodeHandshakes::new(cfg.proxy.handshakes.node);
@@ -289,12 +293,12 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         .map(|_| ambit_dns::DnsMetrics::register(&mut registry));
     let dns_ready = dns.as_ref().map(|_| ready.register("dns proxy"));
     let inpod_metrics = (cfg.proxy_mode == ProxyMode::Shared)
-        .then(|| ambit_proxy::inpod::InpodMetrics::register(&mut registry));
+        .then(|| ambit_nodeproxy::pods::InpodMetrics::register(&mut registry));
     let registry = Arc::new(registry);
     let mut xds_synced = start_xds(&cfg, &state, xds_metrics, state_ready)?;
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
-    let (trigger, watcher) = ambit_proxy::drain::new();
+    let (trigger, watcher) = ambit_nodeproxy::drain::new();
 
     // Bind everything before serving anything, so a conflict fails start-up cleanly.
     let admin = bind(cfg.admin_addr, "admin").await?;
@@ -357,7 +361,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 // SOCKS5 names resolve as the DNS proxy answers this workload.
                 names: dns_server
                     .as_ref()
-                    .map(|(_, r)| r.clone() as Arc<dyn ambit_proxy::socks5::NameLookup>),
+                    .map(|(_, r)| r.clone() as Arc<dyn ambit_nodeproxy::socks5::NameLookup>),
             });
             let dns_server = dns_server.map(|(server, _)| server);
             let proxy = BoundProxy::bind(pi)?;
@@ -399,11 +403,13 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 reuse_port: cfg.inpod_port_reuse,
                 handshakes: node_handshakes,
                 dns: match (dns, &cfg.dns, dns_metrics) {
-                    (Some(dns), Some(dns_cfg), Some(metrics)) => Some(ambit_proxy::inpod::PodDns {
-                        cfg: dns,
-                        metrics,
-                        listen: dns_cfg.listen,
-                    }),
+                    (Some(dns), Some(dns_cfg), Some(metrics)) => {
+                        Some(ambit_nodeproxy::pods::PodDns {
+                            cfg: dns,
+                            metrics,
+                            listen: dns_cfg.listen,
+                        })
+                    }
                     _ => None,
                 },
             };
@@ -426,7 +432,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
                 on_ready,
                 cfg.termination_deadline,
             )
-            .with_peer_policy(ambit_inpod::PeerPolicy::new(cfg.inpod_agent_uid));
+            .with_peer_policy(ambit_zds::PeerPolicy::new(cfg.inpod_agent_uid));
             workload_state = Some(manager.dump_handle());
             tracing::info!(uds = %cfg.inpod_uds.display(), "in-pod mode: waiting for the node agent");
             let watcher = watcher.clone();
@@ -473,7 +479,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         watcher.clone(),
     ));
     // Readiness keeps answering during the drain, so it gets no watcher of its own.
-    let (_readiness_trigger, readiness_watcher) = ambit_proxy::drain::new();
+    let (_readiness_trigger, readiness_watcher) = ambit_nodeproxy::drain::new();
     tokio::spawn(crate::http::serve(
         readiness,
         readiness_handler(ready.clone()),
@@ -510,7 +516,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 /// Waits for the first xDS sync; false if the drain began first (nothing to serve then).
 async fn wait_for_sync(
     synced: &mut tokio::sync::watch::Receiver<bool>,
-    watcher: &ambit_proxy::drain::DrainWatcher,
+    watcher: &ambit_nodeproxy::drain::DrainWatcher,
 ) -> bool {
     tokio::select! {
         r = synced.wait_for(|s| *s) => r.is_ok(),
@@ -556,11 +562,11 @@ async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {
 /// In-pod mode enters pod namespaces and marks sockets: check both work before announcing
 /// ourselves to the agent, so a missing capability is one clear error at start-up.
 fn check_inpod_privileges(mark: u32) -> anyhow::Result<()> {
-    let here = ambit_inpod::Netns::current()
+    let here = ambit_zds::Netns::current()
         .context("in-pod mode: cannot open our own network namespace")?;
     here.enter(|| ())
         .context("in-pod mode needs CAP_SYS_ADMIN to enter pod network namespaces (setns)")?;
-    ambit_proxy::socket::new_tcp_socket("127.0.0.1:0".parse()?, Some(mark))
+    ambit_nodeproxy::socket::new_tcp_socket("127.0.0.1:0".parse()?, Some(mark))
         .context("in-pod mode needs CAP_NET_ADMIN to mark sockets (SO_MARK)")?;
     Ok(())
 }

@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ambit_proxy::admission::HandshakeLimits;
-use ambit_proxy::config::{Keepalive, OriginalSource, Ports, ProxyConfig};
-use ambit_proxy::LocalIdentity;
+use ambit_nodeproxy::admission::HandshakeLimits;
+use ambit_nodeproxy::config::{Keepalive, OriginalSource, Ports, ProxyConfig};
+use ambit_nodeproxy::LocalIdentity;
 use ambit_wellknown::{marks, paths, ports};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -104,9 +104,9 @@ pub struct Config {
     pub proxy_metadata: std::collections::BTreeMap<String, String>,
     /// The issuer of workload certificates (`CA_ADDRESS`, else `LOCAL_CA_DIR`, ...).
     pub ca: CaSource,
-    #[serde(with = "ambit_proxy::config::secs")]
+    #[serde(with = "ambit_nodeproxy::config::secs")]
     pub secret_ttl: Duration,
-    #[serde(with = "ambit_proxy::config::secs")]
+    #[serde(with = "ambit_nodeproxy::config::secs")]
     pub termination_deadline: Duration,
     pub inpod_uds: PathBuf,
     /// `SO_REUSEPORT` on pod listeners (`INPOD_PORT_REUSE`).

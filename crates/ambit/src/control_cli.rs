@@ -84,7 +84,7 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on the operator port {}", args.admin))?;
     let control = Arc::new(Control::start(cfg).await?);
-    let (trigger, watcher) = ambit_proxy::drain::new();
+    let (trigger, watcher) = ambit_nodeproxy::drain::new();
     tokio::spawn(crate::http::serve(admin, handler(control.clone()), watcher));
     tracing::info!("operator port on {} (/metrics, /ready, /debug)", args.admin);
     wait_for_signal().await;

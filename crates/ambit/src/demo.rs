@@ -152,7 +152,7 @@ fn run_dedicated(args: DemoArgs) -> anyhow::Result<()> {
             dst,
             secret.len(),
             back.len(),
-            ambit_proxy::socket::canonical(peer),
+            ambit_nodeproxy::socket::canonical(peer),
         ));
     }
 

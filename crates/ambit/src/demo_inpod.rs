@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use ambit_identity::SpiffeId;
-use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::peer::NodeProxy;
 use ambit_lab::waypoint::{TestWaypoint, WaypointRoute};

@@ -20,7 +20,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use ambit_proxy::SharedState;
+use ambit_nodeproxy::SharedState;
 use ambit_state::{KeptVersion, LocalConfig, LocalLoad, PolicyAction, ProxyState};
 
 use crate::config::LocalConfigSource;

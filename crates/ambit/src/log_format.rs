@@ -6,7 +6,7 @@
 //! - JSON: one object per line, `level`, `time`, `scope`, `message`, then the fields.
 //!
 //! The scope is the event's target without our crate prefix (`ambit::app` → `app`,
-//! `ambit_proxy::inbound` → `proxy::inbound`), as ztunnel strips `ztunnel::`.
+//! `ambit_nodeproxy::inbound` → `proxy::inbound`), as ztunnel strips `ztunnel::`.
 
 use std::fmt::{self, Write as _};
 
@@ -256,7 +256,7 @@ mod tests {
         // No fields: the message still ends with a tab, as ztunnel's do.
         let out = capture(
             Layout::Plain,
-            || tracing::warn!(target: "ambit_proxy::inbound", "ready"),
+            || tracing::warn!(target: "ambit_nodeproxy::inbound", "ready"),
         );
         assert!(
             out.ends_with("\twarn\tproxy::inbound\tready\t\n"),
@@ -280,7 +280,7 @@ mod tests {
     #[test]
     fn scopes_drop_our_crate_prefix() {
         assert_eq!(scope("ambit::app"), "app");
-        assert_eq!(scope("ambit_proxy::inbound"), "proxy::inbound");
+        assert_eq!(scope("ambit_nodeproxy::inbound"), "proxy::inbound");
         assert_eq!(scope("access"), "access");
         assert_eq!(scope("ambit"), "ambit");
         assert_eq!(scope("hyper_util::x"), "hyper_util::x");

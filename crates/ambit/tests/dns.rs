@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_inpod::Netns;
-use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::EchoMode;
 use ambit_lab::peer::NodeProxy;
 use ambit_lab::Lab;
+use ambit_zds::Netns;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// The node's bridge address, where the test resolver listens.

@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::inpod::{Cluster, PodSpec};
+use ambit_lab::cluster::{Cluster, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::wait_until;
 

@@ -9,7 +9,7 @@ use std::net::{Shutdown, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::inpod::{counted_packets, rules_kept, Cluster, ClusterSpec, PodSpec};
+use ambit_lab::cluster::{counted_packets, rules_kept, Cluster, ClusterSpec, PodSpec};
 use ambit_lab::kube::REDIRECTION;
 use ambit_lab::mesh::EchoMode;
 use ambit_lab::peer::NodeProxy;

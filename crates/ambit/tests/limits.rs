@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP};
 use ambit_lab::peer::NodeProxy;
 use ambit_lab::{wait_until, Lab};

@@ -1,5 +1,5 @@
 //! The agent side of ZDS, written from the protocol description alone (the reference's
-//! istio-cni §3 and ztunnel §2.2) and sharing no code with `ambit-inpod`, so that a bug both
+//! istio-cni §3 and ztunnel §2.2) and sharing no code with `ambit-zds`, so that a bug both
 //! of ambit's ends agree on cannot hide: protobuf encoded and decoded by hand, one message
 //! per `SOCK_SEQPACKET` datagram, the pod's netns as the one `SCM_RIGHTS` fd of an Add.
 //!

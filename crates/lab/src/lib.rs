@@ -4,8 +4,8 @@
 //! the benchmarks; never by the node proxy, so a build without the demo leaves it out.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod control;
-pub mod inpod;
 pub mod kube;
 pub mod mesh;
 pub mod pcap;
@@ -221,7 +221,7 @@ impl Lab {
         ns: &str,
         f: impl FnOnce() -> std::io::Result<T> + Send,
     ) -> anyhow::Result<T> {
-        let netns = ambit_inpod::netns::Netns::open(Self::netns_path(ns))
+        let netns = ambit_zds::netns::Netns::open(Self::netns_path(ns))
             .with_context(|| format!("opening network namespace {ns}"))?;
         Ok(netns.run_in(f)?)
     }

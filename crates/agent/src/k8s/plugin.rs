@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_cni::istio_api::{self, CMDADD_PATH, MAX_BODY_BYTES};
-use ambit_inpod::{Netns, NetnsId};
+use ambit_zds::{Netns, NetnsId};
 use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use hyper::{Method, StatusCode};
@@ -48,7 +48,7 @@ pub(crate) fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         private_dir(dir)?;
     }
-    let listener = ambit_inpod::sockfile::bind_private(path, |tmp| {
+    let listener = ambit_zds::sockfile::bind_private(path, |tmp| {
         let l = std::os::unix::net::UnixListener::bind(tmp)?;
         l.set_nonblocking(true)?;
         Ok(l)

@@ -14,12 +14,12 @@
 //!   (an ipset) to `169.254.7.127`, which the in-pod rules let through uncaptured.
 //!
 //! By concern: [`family`] (per-family names and addresses), [`set`] (a planned rule set and its
-//! `iptables-restore` text), [`inpod`] and [`host`] (the two rule sets), [`routing`] (the in-pod return path), [`saved`] (reading
+//! `iptables-restore` text), [`pod`] and [`host`] (the two rule sets), [`routing`] (the in-pod return path), [`saved`] (reading
 //! `iptables-save`, comparing, removal), [`words`] (quote-aware word splitting).
 
 pub mod family;
 pub mod host;
-pub mod inpod;
+pub mod pod;
 pub mod routing;
 pub mod saved;
 pub mod set;
@@ -27,7 +27,7 @@ pub mod words;
 
 pub use family::{unmap, Family};
 pub use host::{host_probe_rules, POSTRT_CHAIN};
-pub use inpod::{inpod_rules, InpodRuleOptions, OUTPUT_CHAIN, OWNED_CHAIN_PREFIX, PRERT_CHAIN};
+pub use pod::{pod_rules, PodRuleOptions, OUTPUT_CHAIN, OWNED_CHAIN_PREFIX, PRERT_CHAIN};
 pub use routing::ReturnRouting;
 pub use saved::{removal_text, Comparison, SavedRule, SavedRules, SavedTable};
 pub use set::{Ownership, Rule, RuleSet, TableRules};

@@ -208,8 +208,8 @@ pub struct Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::inpod::tests::opts;
-    use crate::rules::{inpod_rules, Family};
+    use crate::rules::pod::tests::opts;
+    use crate::rules::{pod_rules, Family};
 
     /// What nf_tables iptables-save 1.8.9 prints after restoring `V4_DNS`.
     const SAVED_V4_DNS: &str = "\
@@ -286,7 +286,7 @@ COMMIT
 
     #[test]
     fn compare_in_sync_clean_and_drifted() {
-        let set = inpod_rules(Family::V4, &opts(true, false));
+        let set = pod_rules(Family::V4, &opts(true, false));
         let c = set.compare(&SavedRules::parse(SAVED_V4_DNS));
         assert_eq!(
             c,
@@ -306,7 +306,7 @@ COMMIT
         );
 
         // DNS capture turned off: the raw chains are now unexpected.
-        let no_dns = inpod_rules(Family::V4, &opts(false, false));
+        let no_dns = pod_rules(Family::V4, &opts(false, false));
         let c = no_dns.compare(&SavedRules::parse(SAVED_V4_DNS));
         assert!(c.residue && !c.structure_matches);
 
@@ -334,7 +334,7 @@ COMMIT
 
     #[test]
     fn removal_from_saved_state() {
-        let set = inpod_rules(Family::V4, &opts(true, false));
+        let set = pod_rules(Family::V4, &opts(true, false));
         let saved = SavedRules::parse(SAVED_V4_DNS);
         let text = removal_text(&saved, |t, c| set.owns(t, c), None);
         assert_eq!(
@@ -354,7 +354,7 @@ COMMIT
         .is_empty());
 
         // Swap: removal and the new set in one transaction per table.
-        let no_dns = inpod_rules(Family::V4, &opts(false, false));
+        let no_dns = pod_rules(Family::V4, &opts(false, false));
         let swap = removal_text(&saved, |t, c| no_dns.owns(t, c), Some(&no_dns));
         assert!(swap.starts_with("*mangle\n-D PREROUTING -j ISTIO_PRERT\n"));
         assert!(swap.contains("-X ISTIO_PRERT\n-N ISTIO_PRERT\n-N ISTIO_OUTPUT\n"));

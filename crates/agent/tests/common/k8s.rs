@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use ambit_agent::k8s::{run_with, K8sConfig, Options};
 use ambit_agent::zds::ZdsOptions;
-use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-use ambit_inpod::{Incoming, ZdsSocket};
 use ambit_k8s::client::{connect, ClientSource};
 use ambit_testapi::{pod, ApiServer, Resource, ServerOptions};
+use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+use ambit_zds::{Incoming, ZdsSocket};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ambit_interop::apps::{exchange_half_close, serve_half_close, MIB};
 use ambit_interop::compare::{family, json_diff, mask_port, parse_prometheus};
 use ambit_interop::{ambit_bin, both, peer, NodeProxy};
-use ambit_lab::inpod::{Cluster, ClusterSpec, PodSpec};
+use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::{http_get, wait_until, Lab};
 use serde_json::Value;

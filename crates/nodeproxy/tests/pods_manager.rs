@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_identity::{CertManager, CertificateAuthority};
-use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::protocol::{
+use ambit_nodeproxy::config::ProxyConfig;
+use ambit_nodeproxy::metrics::Metrics;
+use ambit_nodeproxy::pods::{InpodMetrics, PodProxyFactory, WorkloadManager};
+use ambit_nodeproxy::SharedState;
+use ambit_zds::proto::WorkloadInfo;
+use ambit_zds::protocol::{
     decode_hello, decode_response, encode_add, encode_del, encode_snapshot_sent,
 };
-use ambit_inpod::{Netns, ZdsListener, ZdsSocket};
-use ambit_proxy::config::ProxyConfig;
-use ambit_proxy::inpod::{InpodMetrics, PodProxyFactory, WorkloadManager};
-use ambit_proxy::metrics::Metrics;
-use ambit_proxy::SharedState;
+use ambit_zds::{Netns, ZdsListener, ZdsSocket};
 use prometheus_client::registry::Registry;
 
 struct TempNetns(String);
@@ -109,7 +109,7 @@ async fn malformed_datagram_is_nacked_then_the_stream_restarts_and_served_pods_k
         node: Some("n1".into()),
         mark: 0x539,
         reuse_port: true,
-        handshakes: ambit_proxy::admission::NodeHandshakes::new(64),
+        handshakes: ambit_nodeproxy::admission::NodeHandshakes::new(64),
         dns: None,
     };
     let ready = Arc::new(AtomicBool::new(false));
@@ -121,7 +121,7 @@ async fn malformed_datagram_is_nacked_then_the_stream_restarts_and_served_pods_k
         Box::new(move |r| ready_flag.store(r, Ordering::SeqCst)),
         Duration::from_secs(1),
     );
-    let (trigger, watcher) = ambit_proxy::drain::new();
+    let (trigger, watcher) = ambit_nodeproxy::drain::new();
     let run = tokio::spawn(manager.run(watcher));
 
     let agent = listener.accept().await.unwrap();

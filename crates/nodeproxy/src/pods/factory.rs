@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use ambit_identity::{CertManager, SpiffeId};
-use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::Netns;
+use ambit_zds::proto::WorkloadInfo;
+use ambit_zds::Netns;
 
 use crate::admission::{HandshakeGate, NodeHandshakes};
 use crate::config::ProxyConfig;

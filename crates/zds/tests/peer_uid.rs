@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use ambit_inpod::{PeerPolicy, ZdsSocket};
+use ambit_zds::{PeerPolicy, ZdsSocket};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, pipe, ForkResult, Pid};

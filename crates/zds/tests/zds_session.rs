@@ -3,9 +3,9 @@
 
 use std::os::fd::AsFd;
 
-use ambit_inpod::proto::WorkloadInfo;
-use ambit_inpod::protocol;
-use ambit_inpod::{Action, Netns, WorkloadStates, ZdsListener, ZdsSocket};
+use ambit_zds::proto::WorkloadInfo;
+use ambit_zds::protocol;
+use ambit_zds::{Action, Netns, WorkloadStates, ZdsListener, ZdsSocket};
 
 fn info(name: &str) -> WorkloadInfo {
     WorkloadInfo {
@@ -61,7 +61,7 @@ async fn snapshot_session() {
     let (hello, _) = agent.recv().await.unwrap();
     assert_eq!(
         protocol::decode_hello(&hello).unwrap().version(),
-        ambit_inpod::proto::Version::V1
+        ambit_zds::proto::Version::V1
     );
     let netns = Netns::current().unwrap();
     let mut replies = Vec::new();

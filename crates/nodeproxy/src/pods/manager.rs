@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ambit_inpod::protocol::{decode_request, encode_ack, encode_hello};
-use ambit_inpod::state::RETRY_INTERVAL;
-use ambit_inpod::{Action, PeerPolicy, WireError, WorkloadStates, ZdsSocket};
+use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
+use ambit_zds::state::RETRY_INTERVAL;
+use ambit_zds::{Action, PeerPolicy, WireError, WorkloadStates, ZdsSocket};
 
 use crate::connections::OpenConnections;
 use crate::drain::DrainWatcher;
@@ -253,7 +253,7 @@ impl WorkloadManager {
             };
             received_any = true;
             let reply = match decode_request(&bytes, fds) {
-                Err(e @ ambit_inpod::ProtocolError::MissingWorkloadInfo { .. }) => {
+                Err(e @ ambit_zds::ProtocolError::MissingWorkloadInfo { .. }) => {
                     // An Add that cannot name its workload: ztunnel treats it as fatal.
                     let _ = socket.send(&encode_ack(Some(&e.to_string())), None).await;
                     return Err(ManagerError::Protocol(e.to_string()));
@@ -349,7 +349,7 @@ impl WorkloadManager {
 
 fn pod_dump(
     state: &'static str,
-    info: &ambit_inpod::proto::WorkloadInfo,
+    info: &ambit_zds::proto::WorkloadInfo,
     connections: Option<Arc<OpenConnections>>,
 ) -> PodDump {
     PodDump {

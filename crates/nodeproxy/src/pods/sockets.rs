@@ -5,7 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ambit_inpod::Netns;
+use ambit_zds::Netns;
 use socket2::Socket;
 
 use crate::socket::{listen_socket, new_tcp_socket, SocketFactory};

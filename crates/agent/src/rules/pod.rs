@@ -20,7 +20,7 @@ pub const OWNED_CHAIN_PREFIX: &str = "ISTIO_";
 
 /// Per-pod choices that change the in-pod rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InpodRuleOptions {
+pub struct PodRuleOptions {
     /// Redirect DNS to 15053 and put the proxy's DNS traffic in conntrack zone 1 (`raw`).
     pub dns_capture: bool,
     /// Also install the IPv6 twin (ip6tables, and the v6 return-path rule and route).
@@ -29,10 +29,10 @@ pub struct InpodRuleOptions {
     pub bypass_inbound: bool,
 }
 
-impl Default for InpodRuleOptions {
+impl Default for PodRuleOptions {
     /// Istio's chart defaults: DNS capture on, IPv6 on, inbound captured.
     fn default() -> Self {
-        InpodRuleOptions {
+        PodRuleOptions {
             dns_capture: true,
             ipv6: true,
             bypass_inbound: false,
@@ -40,7 +40,7 @@ impl Default for InpodRuleOptions {
     }
 }
 
-impl InpodRuleOptions {
+impl PodRuleOptions {
     /// The families these options install rules for (v4 always, v6 if enabled).
     pub fn families(&self) -> Vec<Family> {
         if self.ipv6 {
@@ -52,7 +52,7 @@ impl InpodRuleOptions {
 }
 
 /// The in-pod rule set for one family (§2.1, with the §2.2 DNS and ingress variants).
-pub fn inpod_rules(family: Family, opts: &InpodRuleOptions) -> RuleSet {
+pub fn pod_rules(family: Family, opts: &PodRuleOptions) -> RuleSet {
     let lo = family.loopback();
     let probe = family.probe_snat().to_string();
     let (m, k) = (PROXY_MARK, MARK_MASK);
@@ -302,8 +302,8 @@ COMMIT
 COMMIT
 ";
 
-    pub(crate) fn opts(dns_capture: bool, bypass_inbound: bool) -> InpodRuleOptions {
-        InpodRuleOptions {
+    pub(crate) fn opts(dns_capture: bool, bypass_inbound: bool) -> PodRuleOptions {
+        PodRuleOptions {
             dns_capture,
             ipv6: true,
             bypass_inbound,
@@ -313,7 +313,7 @@ COMMIT
     #[test]
     fn golden_v4_with_dns() {
         assert_eq!(
-            inpod_rules(Family::V4, &opts(true, false)).restore_text(),
+            pod_rules(Family::V4, &opts(true, false)).restore_text(),
             V4_DNS
         );
     }
@@ -321,7 +321,7 @@ COMMIT
     #[test]
     fn golden_v4_without_dns() {
         assert_eq!(
-            inpod_rules(Family::V4, &opts(false, false)).restore_text(),
+            pod_rules(Family::V4, &opts(false, false)).restore_text(),
             V4_NO_DNS
         );
     }
@@ -329,7 +329,7 @@ COMMIT
     #[test]
     fn golden_v6_with_dns() {
         assert_eq!(
-            inpod_rules(Family::V6, &opts(true, false)).restore_text(),
+            pod_rules(Family::V6, &opts(true, false)).restore_text(),
             V6_DNS
         );
     }
@@ -337,7 +337,7 @@ COMMIT
     #[test]
     fn golden_v6_without_dns() {
         assert_eq!(
-            inpod_rules(Family::V6, &opts(false, false)).restore_text(),
+            pod_rules(Family::V6, &opts(false, false)).restore_text(),
             V6_NO_DNS
         );
     }
@@ -345,14 +345,14 @@ COMMIT
     #[test]
     fn golden_ingress_mode() {
         assert_eq!(
-            inpod_rules(Family::V4, &opts(false, true)).restore_text(),
+            pod_rules(Family::V4, &opts(false, true)).restore_text(),
             V4_INGRESS_NO_DNS
         );
     }
 
     #[test]
     fn golden_cleanup_and_check() {
-        let set = inpod_rules(Family::V4, &opts(true, false));
+        let set = pod_rules(Family::V4, &opts(true, false));
         assert_eq!(
             set.cleanup_text(),
             "*mangle\n-D PREROUTING -j ISTIO_PRERT\n-D OUTPUT -j ISTIO_OUTPUT\n\
@@ -370,9 +370,9 @@ COMMIT
     #[test]
     fn families_follow_options() {
         assert_eq!(opts(true, false).families(), vec![Family::V4, Family::V6]);
-        let v4only = InpodRuleOptions {
+        let v4only = PodRuleOptions {
             ipv6: false,
-            ..InpodRuleOptions::default()
+            ..PodRuleOptions::default()
         };
         assert_eq!(v4only.families(), vec![Family::V4]);
         assert_eq!(
