@@ -2,6 +2,7 @@
 //!
 //! - [`convert`]: `istio.workload.Address` / `istio.security.Authorization` to the
 //!   `ambit-state` model and back;
+//! - [`node`]: the node id and metadata the proxy sends, from its environment;
 //! - [`delta`]: the sans-IO delta ADS state machine (requests, ACK/NACK, versions,
 //!   readiness, limits);
 //! - [`shape`]: limits on the shape of a resource body, checked on its encoded bytes
@@ -19,6 +20,7 @@ pub mod delta;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod held;
+pub mod node;
 pub mod reject;
 pub mod shape;
 mod wire;

@@ -90,64 +90,6 @@ const W1: &str = "c//v1/Pod/ns1/a";
 const W2: &str = "c//v1/Pod/ns1/b";
 
 #[test]
-fn node_id_and_metadata() {
-    let cfg = NodeConfig::from_vars(
-        [
-            ("POD_NAME", "ztunnel-abc"),
-            ("POD_NAMESPACE", "istio-system"),
-            ("NODE_NAME", "node1"),
-            ("ISTIO_META_DNS_CAPTURE", "true"),
-            ("ISTIO_META_CLUSTER_ID", "c1"),
-            (
-                "ISTIO_METAJSON_LABELS",
-                r#"{"app":"z","n":2,"l":[true,null]}"#,
-            ),
-            ("OTHER", "x"),
-        ]
-        .map(|(k, v)| (k.to_string(), v.to_string())),
-    )
-    .unwrap();
-    let n = cfg.to_node();
-    assert_eq!(
-        n.id,
-        "ztunnel~1.1.1.1~ztunnel-abc.istio-system~istio-system.svc.cluster.local"
-    );
-    assert_eq!(n.cluster, "");
-    let f = &n.metadata.as_ref().unwrap().fields;
-    let s = |k: &str| match &f[k].kind {
-        Some(Kind::StringValue(s)) => s.clone(),
-        other => panic!("{k}: {other:?}"),
-    };
-    assert_eq!(s("NAME"), "ztunnel-abc");
-    assert_eq!(s("NAMESPACE"), "istio-system");
-    assert_eq!(s("INSTANCE_IPS"), "1.1.1.1");
-    assert_eq!(s("NODE_NAME"), "node1");
-    assert_eq!(s("DNS_CAPTURE"), "true");
-    assert_eq!(s("CLUSTER_ID"), "c1");
-    let Some(Kind::StructValue(labels)) = &f["LABELS"].kind else {
-        panic!("LABELS")
-    };
-    assert_eq!(
-        labels.fields["app"].kind,
-        Some(Kind::StringValue("z".into()))
-    );
-    assert_eq!(labels.fields["n"].kind, Some(Kind::NumberValue(2.0)));
-    assert_eq!(f.len(), 7);
-
-    let with_ip = NodeConfig {
-        instance_ip: Some("10.0.0.5".into()),
-        ..cfg
-    };
-    assert!(with_ip.to_node().id.starts_with("ztunnel~10.0.0.5~"));
-
-    let bad = NodeConfig::from_vars([("ISTIO_METAJSON_X".to_string(), "{".to_string())]);
-    assert!(bad
-        .unwrap_err()
-        .to_string()
-        .starts_with("ISTIO_METAJSON_X: not valid JSON"));
-}
-
-#[test]
 fn initial_requests_are_wildcard_with_node() {
     let c = DeltaClient::new(node());
     let reqs = c.initial_requests();
