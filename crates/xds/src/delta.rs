@@ -731,10 +731,7 @@ fn precheck(
 /// the object its resource name names.
 fn decode(type_url: &'static str, name: &str, bytes: &[u8]) -> Result<Op, Rejection> {
     let message = message_name(type_url);
-    let decode_error = |e: prost::DecodeError| Rejection::Decode {
-        message,
-        reason: e.to_string(),
-    };
+    let decode_error = |e| Rejection::decode(message, e);
     let (op, what, body) = if type_url == ADDRESS_TYPE {
         let a = pw::Address::decode(bytes).map_err(decode_error)?;
         match convert::address_from_proto(a)? {

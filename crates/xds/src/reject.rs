@@ -4,6 +4,7 @@
 
 use crate::convert::ConvertError;
 use crate::shape::ShapeError;
+use crate::wire::WireError;
 
 /// One refusal. The Display text is what the NACK says after the resource name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,10 +39,10 @@ pub enum Rejection {
     #[error("payload of type {got:?} in a response of type {want}")]
     WrongType { got: String, want: &'static str },
     /// The payload is not a protobuf message of its type.
-    #[error("cannot decode {message}: {reason}")]
+    #[error("cannot decode {message}: {error}")]
     Decode {
         message: &'static str,
-        reason: String,
+        error: Undecodable,
     },
     /// The body breaks a limit on its shape (checked before it is decoded).
     #[error("{0}")]
@@ -61,13 +62,100 @@ pub enum Rejection {
 impl Rejection {
     /// A shape error of a payload of type `message`: malformed bytes read as a decode
     /// error, like `prost`'s own.
-    pub(crate) fn shape(message: &'static str, e: ShapeError) -> Rejection {
+    pub fn shape(message: &'static str, e: ShapeError) -> Rejection {
         match e {
-            ShapeError::Malformed { .. } => Rejection::Decode {
+            ShapeError::Malformed { field, error } => Rejection::Decode {
                 message,
-                reason: e.to_string(),
+                error: Undecodable::Wire { field, error },
             },
             e => Rejection::Shape(e),
+        }
+    }
+
+    /// `prost` refused a payload of type `message`.
+    pub fn decode(message: &'static str, e: prost::DecodeError) -> Rejection {
+        Rejection::Decode {
+            message,
+            error: Undecodable::Protobuf(e),
+        }
+    }
+}
+
+/// Why a payload's bytes are not a message of its type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Undecodable {
+    /// The shape walk found them malformed before `prost` saw them, at `field` (a path
+    /// in the body, empty for the body itself).
+    #[error("{}{error}", crate::shape::at_prefix(field))]
+    Wire { field: String, error: WireError },
+    /// `prost` refused them.
+    #[error("{0}")]
+    Protobuf(prost::DecodeError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape::Limit;
+    use ambit_proto::istio::workload as pw;
+    use prost::Message;
+
+    /// The texts a NACK carries after the resource name, one per kind of rejection: what
+    /// a control plane (and its operator) reads, so they stay as they are.
+    #[test]
+    fn display_is_the_nack_text() {
+        const A: &str = "istio.workload.Address";
+        let prost_error = pw::Address::decode(&[0x0a, 0x05, 0x01][..]).unwrap_err();
+        let table: Vec<(Rejection, &str)> = vec![
+            (
+                Rejection::shape(
+                    A,
+                    ShapeError::Malformed {
+                        field: "workload.addresses".into(),
+                        error: WireError::BadVarint,
+                    },
+                ),
+                "cannot decode istio.workload.Address: workload.addresses: invalid varint",
+            ),
+            (
+                Rejection::shape(
+                    A,
+                    ShapeError::Malformed {
+                        field: String::new(),
+                        error: WireError::Truncated,
+                    },
+                ),
+                "cannot decode istio.workload.Address: a field runs past the end of its message",
+            ),
+            (
+                Rejection::decode(A, prost_error),
+                "cannot decode istio.workload.Address: failed to decode Protobuf message: Address.r#type: buffer underflow",
+            ),
+            (
+                Rejection::shape(
+                    A,
+                    ShapeError::TooMany {
+                        field: "addresses".into(),
+                        limit: Limit::WorkloadAddresses,
+                    },
+                ),
+                "addresses: more than 64 addresses of one workload (the limit)",
+            ),
+            (
+                Rejection::WrongType {
+                    got: "x".into(),
+                    want: "type.googleapis.com/istio.workload.Address",
+                },
+                "payload of type \"x\" in a response of type type.googleapis.com/istio.workload.Address",
+            ),
+            (Rejection::NoPayload, "XDS payload without resource"),
+            (
+                Rejection::TooManyTracked { limit: 2 },
+                "2 resources of this type already held, the limit",
+            ),
+        ];
+        for (rejection, text) in table {
+            assert_eq!(rejection.to_string(), text, "{rejection:?}");
         }
     }
 }

@@ -156,7 +156,7 @@ pub enum ShapeError {
     Malformed { field: String, error: WireError },
 }
 
-fn at_prefix(field: &str) -> String {
+pub(crate) fn at_prefix(field: &str) -> String {
     if field.is_empty() {
         String::new()
     } else {
