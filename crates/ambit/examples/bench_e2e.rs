@@ -105,7 +105,7 @@ fn main() -> anyhow::Result<()> {
     let nodes =
         TwoNodes::start(&ambit, "bench", &extra_env).context("starting the two-node lab")?;
     // Ctrl-C or SIGTERM: remove the namespaces and processes, then exit.
-    ambit::demo::remove_on_signal(nodes.lab.cleanup_handle());
+    ambit_lab::remove_on_signal(nodes.lab.cleanup_handle());
 
     let proxies = Proxies {
         client: nodes.client_proxy.pid,

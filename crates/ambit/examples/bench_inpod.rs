@@ -163,7 +163,7 @@ fn main() -> anyhow::Result<()> {
     let mut cluster = Cluster::start_configured(&ambit, "bench-inpod", 2, &specs, running, "")
         .context("starting the in-pod lab")?;
     // Ctrl-C or SIGTERM: remove the namespaces and processes, then exit.
-    ambit::demo::remove_on_signal(cluster.lab.cleanup_handle());
+    ambit_lab::remove_on_signal(cluster.lab.cleanup_handle());
 
     let pid = |node: usize| -> anyhow::Result<u32> {
         Ok(cluster.nodes[node]

@@ -534,7 +534,7 @@ fn dedicated(impls: &[NodeProxy; 2], args: &Args) -> anyhow::Result<Vec<Figure>>
             .with_context(|| format!("starting the {} pair", proxy.label()))?,
         );
     }
-    ambit::demo::remove_all_on_signal(labs.iter().map(|l| l.lab.cleanup_handle()).collect());
+    ambit_lab::remove_all_on_signal(labs.iter().map(|l| l.lab.cleanup_handle()).collect());
     let proxies: Vec<Proxies> = labs
         .iter()
         .map(|n| Proxies {
@@ -602,7 +602,7 @@ fn inpod(
         .with_context(|| format!("starting the {} cluster", proxy.label()))?;
         clusters.push(c);
     }
-    ambit::demo::remove_all_on_signal(clusters.iter().map(|c| c.lab.cleanup_handle()).collect());
+    ambit_lab::remove_all_on_signal(clusters.iter().map(|c| c.lab.cleanup_handle()).collect());
     let pid = |c: &Cluster, node: usize| -> anyhow::Result<u32> {
         Ok(c.nodes[node].ztunnel.as_ref().context("no node proxy")?.pid)
     };

@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
         env: &env,
         ..TwoNodesSpec::of("pair", client.clone(), server.clone())
     })?;
-    ambit::demo::remove_on_signal(nodes.lab.cleanup_handle());
+    ambit_lab::remove_on_signal(nodes.lab.cleanup_handle());
     setup::dedicated_paths(&nodes)?;
     println!(
         "{} client, {} server up.\nclient node {} (proxy pid {}), server node {} (proxy pid {})",

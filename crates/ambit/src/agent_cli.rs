@@ -194,7 +194,7 @@ fn run_agent(args: AgentArgs, matches: Option<&ArgMatches>) -> anyhow::Result<()
     };
     if ambit_k8s::client::ClientSource::detect(args.kubeconfig.as_deref()).is_some() {
         kubernetes_mode_conflicts(given).map_err(anyhow::Error::msg)?;
-        let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
+        let (_logs, _flush_logs) = ambit_runtime::logging::init().map_err(anyhow::Error::msg)?;
         let uids = Uids {
             zds_proxy: args.zds_proxy_uid,
             cni_plugin: args.cni_plugin_uid,
@@ -207,7 +207,7 @@ fn run_agent(args: AgentArgs, matches: Option<&ArgMatches>) -> anyhow::Result<()
              plugin socket); without Kubernetes the events socket is root's alone (0600)"
         );
     }
-    let (_logs, _flush_logs) = crate::logging::init().map_err(anyhow::Error::msg)?;
+    let (_logs, _flush_logs) = ambit_runtime::logging::init().map_err(anyhow::Error::msg)?;
     let cfg = ambit_agent::AgentConfig {
         zds_socket: args.zds_socket,
         events_socket: args.events_socket,

@@ -17,7 +17,7 @@ use http::StatusCode;
 
 use ambit_control::{Control, ControlConfig, DEFAULT_LISTEN, DEFAULT_SERVING_NAME};
 
-use crate::http::{text, with_type, Handler};
+use ambit_runtime::http::{text, with_type, Handler};
 
 #[derive(clap::Args, Debug)]
 pub struct ControlArgs {
@@ -61,7 +61,7 @@ pub struct ControlArgs {
 }
 
 pub fn run(args: ControlArgs) -> anyhow::Result<()> {
-    let (_logs, _flush) = crate::logging::init().map_err(anyhow::Error::msg)?;
+    let (_logs, _flush) = ambit_runtime::logging::init().map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -84,8 +84,12 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on the operator port {}", args.admin))?;
     let control = Arc::new(Control::start(cfg).await?);
-    let (trigger, watcher) = ambit_nodeproxy::drain::new();
-    tokio::spawn(crate::http::serve(admin, handler(control.clone()), watcher));
+    let (trigger, watcher) = ambit_runtime::drain::new();
+    tokio::spawn(ambit_runtime::http::serve(
+        admin,
+        handler(control.clone()),
+        watcher,
+    ));
     tracing::info!("operator port on {} (/metrics, /ready, /debug)", args.admin);
     wait_for_signal().await;
     tracing::info!("shutting down");

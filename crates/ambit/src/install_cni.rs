@@ -122,8 +122,9 @@ pub fn main(args: Vec<String>) -> anyhow::Result<()> {
         print!("{USAGE}");
         return Ok(());
     }
-    let (_logs, _flush) = crate::logging::init_with(flags.log_filter, Some(flags.log_as_json))
-        .map_err(anyhow::Error::msg)?;
+    let (_logs, _flush) =
+        ambit_runtime::logging::init_with(flags.log_filter, Some(flags.log_as_json))
+            .map_err(anyhow::Error::msg)?;
     let kubeconfig = std::env::var_os("KUBECONFIG")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from);

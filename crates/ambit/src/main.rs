@@ -13,7 +13,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-use ambit::{agent_cli, app, config, control_cli, logging, version};
+use ambit::{agent_cli, control_cli};
+use ambit_runtime::version;
 
 #[derive(Parser)]
 #[command(
@@ -43,9 +44,14 @@ enum Command {
         kind: String,
     },
     /// Build a two-node mesh in network namespaces on this machine, send real traffic
-    /// through it and report what happened. Needs root.
+    /// through it and report what happened. Needs root, and a binary built with the `demo`
+    /// feature (./scripts/demo builds one).
     #[cfg(feature = "demo")]
-    Demo(ambit::demo::DemoArgs),
+    Demo(ambit_demo::DemoArgs),
+    /// (Not in this build: it was built without the `demo` feature. ./scripts/demo, or
+    /// `cargo build -p ambit --features demo`, builds a binary with the demo.)
+    #[cfg(not(feature = "demo"))]
+    Demo,
     /// Run the node agent (enrolls pods into capture and hands their network namespaces to
     /// the node proxy over ZDS), or talk to a running one: `enroll`, `remove`, `list`.
     Agent(Box<agent_cli::AgentArgs>),
@@ -95,7 +101,7 @@ fn main() -> ExitCode {
     // the node proxy, as it does for ztunnel.
     let as_ztunnel = name == "ztunnel";
     if as_ztunnel && std::env::args_os().len() == 1 {
-        return run_ztunnel();
+        return ambit_ztunnel::main();
     }
     let mut command = Cli::command();
     if as_ztunnel {
@@ -112,7 +118,7 @@ fn main() -> ExitCode {
             println!("{}", version::line());
             ExitCode::SUCCESS
         }
-        Command::Ztunnel | Command::Proxy { .. } => run_ztunnel(),
+        Command::Ztunnel | Command::Proxy { .. } => ambit_ztunnel::main(),
         Command::Agent(args) => match agent_cli::run(*args, matches.subcommand_matches("agent")) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -128,59 +134,20 @@ fn main() -> ExitCode {
             }
         },
         #[cfg(feature = "demo")]
-        Command::Demo(args) => match ambit::demo::run(args) {
+        Command::Demo(args) => match ambit_demo::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("ambit demo: {e:#}");
                 ExitCode::FAILURE
             }
         },
-    }
-}
-
-fn run_ztunnel() -> ExitCode {
-    let (logs, _flush_logs) = match logging::init() {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("ambit ztunnel: {e}");
-            return ExitCode::from(2);
+        #[cfg(not(feature = "demo"))]
+        Command::Demo => {
+            eprintln!(
+                "ambit demo: this binary was built without the demo (a node binary carries no \
+                 lab); run ./scripts/demo, or build with `cargo build -p ambit --features demo`"
+            );
+            ExitCode::from(2)
         }
-    };
-    let cfg = match config::Config::from_process_env() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("invalid configuration: {e}");
-            eprintln!("ambit ztunnel: invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    raise_fd_limit();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("ambit-worker")
-        .worker_threads(cfg.worker_threads)
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("ambit ztunnel: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(app::run(cfg, Some(logs))) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("ambit ztunnel: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Many connections mean many descriptors: lift the soft limit to the hard one.
-fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }

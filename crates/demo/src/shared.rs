@@ -1,4 +1,4 @@
-//! `ambit demo` in in-pod mode: two nodes, each with the node agent and a node proxy in
+//! The in-pod (shared mode) demo: two nodes, each with the node agent and a node proxy in
 //! shared mode; three pods created through a real CNI chain; real traffic within a node
 //! and across nodes, and what crossed the wires.
 
@@ -13,6 +13,8 @@ use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::peer::NodeProxy;
 use ambit_lab::waypoint::{TestWaypoint, WaypointRoute};
+
+use crate::report::{control_summary, doubled_echo};
 
 const APP_PORT: u16 = 8080;
 const ECHO_HOST: &str = "echo.default.svc.cluster.local";
@@ -141,7 +143,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         // Config over delta xDS and certificates from its CA: no node holds the CA key.
         control: Some(&ambit),
     })?;
-    crate::demo::remove_on_signal(cluster.lab.cleanup_handle());
+    ambit_lab::remove_on_signal(cluster.lab.cleanup_handle());
     let seen_server = cluster.serve_app("server", APP_PORT, EchoMode::Double)?;
     let seen_neighbour = cluster.serve_app("neighbour", APP_PORT, EchoMode::Double)?;
     let bridge = cluster.lab.capture(&cluster.nodes[0].ns, "cni0").ok();
@@ -154,22 +156,9 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for (target, seen) in [("neighbour", &seen_neighbour), ("server", &seen_server)] {
         let dst = SocketAddr::from((cluster.pod(target).ip, APP_PORT));
-        let mut conn = cluster.connect_from("client", dst)?;
-        conn.write_all(&secret)?;
-        conn.shutdown(Shutdown::Write)?;
-        let mut back = Vec::new();
-        conn.read_to_end(&mut back)?;
-        if back.len() != secret.len() * 2 {
-            bail!(
-                "{target}: expected {} bytes back, got {}",
-                secret.len() * 2,
-                back.len()
-            );
-        }
-        let peer = seen
-            .recv_timeout(Duration::from_secs(5))
-            .context("the app saw no connection")?;
-        rows.push((target, dst, secret.len(), back.len(), peer));
+        let conn = cluster.connect_from("client", dst)?;
+        let (received, peer) = doubled_echo(target, conn, &secret, seen)?;
+        rows.push((target, dst, secret.len(), received, peer));
     }
 
     // The service: connections to its VIP spread over the pods on both nodes.
@@ -355,7 +344,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     }
     if let Some(plane) = &cluster.control {
         println!();
-        println!("{}", crate::demo::control_summary(plane)?);
+        println!("{}", control_summary(plane)?);
     }
     println!();
     if keep {

@@ -364,6 +364,53 @@ pub fn send_client_hello(addr: SocketAddr) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Removes the lab's namespaces and processes on Ctrl-C or SIGTERM, then exits.
+pub fn remove_on_signal(cleanup: Cleanup) {
+    remove_all_on_signal(vec![cleanup]);
+}
+
+/// [`remove_on_signal`] for several labs. One process-wide handler removes every lab ever
+/// registered, so a program that builds labs in phases cleans up all of them, whichever
+/// phase the signal finds it in.
+pub fn remove_all_on_signal(cleanups: Vec<Cleanup>) {
+    use std::sync::{Mutex, OnceLock};
+    static REGISTERED: OnceLock<Mutex<Vec<Cleanup>>> = OnceLock::new();
+    let mut first = false;
+    let registered = REGISTERED.get_or_init(|| {
+        first = true;
+        Mutex::new(Vec::new())
+    });
+    registered
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(cleanups);
+    if !first {
+        return;
+    }
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = runtime {
+            rt.block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                let (Ok(mut int), Ok(mut term)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    return;
+                };
+                tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
+            });
+            eprintln!("\ninterrupted: removing the lab's namespaces");
+            for cleanup in registered.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                cleanup.run();
+            }
+            std::process::exit(130);
+        }
+    });
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub fn wait_until(
     what: &str,

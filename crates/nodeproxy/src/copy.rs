@@ -10,9 +10,9 @@ use ambit_hbone::H2Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::drain::DrainWatcher;
 use crate::error::Error;
 use crate::telemetry::ConnectionResult;
+use ambit_runtime::drain::DrainWatcher;
 
 /// Relays `client` <-> `server` until both finish, or the drain deadline forces a close;
 /// bytes are counted into the connection's record as they move. A failure on one leg
@@ -307,7 +307,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_drain_deadline_ends_a_relay() {
-        let (trigger, watcher) = crate::drain::new();
+        let (trigger, watcher) = ambit_runtime::drain::new();
         let forever = std::future::pending::<io::Result<()>>();
         let forced = tokio::spawn(async move { until_forced(forever, &watcher).await });
         trigger.drain_now().await;

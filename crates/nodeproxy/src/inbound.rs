@@ -11,12 +11,12 @@ use crate::connections::{Connection, Direction, Protocol};
 use crate::copy::{proxy_tunnel, TunnelSide};
 use crate::decide::inbound::{plan_hbone, HboneRequest};
 use crate::decide::outbound::baggage_of;
-use crate::drain::DrainWatcher;
 use crate::error::Error;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
 use crate::socket;
 use crate::telemetry::{early_failure, ConnectionResult, Endpoints};
+use ambit_runtime::drain::DrainWatcher;
 
 /// Relays until done, or until a policy change denies the connection (the relay is
 /// dropped, which closes both sides).

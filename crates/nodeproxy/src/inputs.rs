@@ -1,6 +1,6 @@
 //! What one proxy instance (the node, in dedicated mode; one pod, in-pod) works with.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use ambit_hbone::pool::Pool;
 use ambit_identity::CertManager;
@@ -12,62 +12,9 @@ use crate::connections::OpenConnections;
 use crate::metrics::Metrics;
 use crate::socket::SocketFactory;
 
-/// The mesh state. Readers take a snapshot (an `Arc`) per decision; writers apply a whole
-/// batch at once, so a reader never sees half an update.
-#[derive(Clone)]
-pub struct SharedState {
-    current: Arc<RwLock<Arc<ProxyState>>>,
-    /// Bumped after every change, for those who re-check what the state decided before
-    /// (open connections against new policies, certificate prefetch).
-    generation: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
-impl SharedState {
-    pub fn new(state: ProxyState) -> SharedState {
-        SharedState {
-            current: Arc::new(RwLock::new(Arc::new(state))),
-            generation: Arc::new(tokio::sync::watch::Sender::new(0)),
-        }
-    }
-
-    pub fn get(&self) -> Arc<ProxyState> {
-        match self.current.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    pub fn replace(&self, state: ProxyState) {
-        {
-            let mut guard = match self.current.write() {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            // A new store outright: nothing of the old one needs copying.
-            *guard = Arc::new(state);
-        }
-        self.generation.send_modify(|g| *g += 1);
-    }
-
-    /// Applies `f` as one batch. Copy-on-write: the store is cloned only while a reader
-    /// still holds the previous snapshot.
-    pub fn update<R>(&self, f: impl FnOnce(&mut ProxyState) -> R) -> R {
-        let result = {
-            let mut guard = match self.current.write() {
-                Ok(guard) => guard,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            f(Arc::make_mut(&mut guard))
-        };
-        self.generation.send_modify(|g| *g += 1);
-        result
-    }
-
-    /// A receiver that sees the generation change after every update.
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.generation.subscribe()
-    }
-}
+/// The mesh state: readers take a snapshot (an `Arc`) per decision; writers apply a
+/// whole batch at once, so a reader never sees half an update.
+pub type SharedState = ambit_runtime::shared::Shared<ProxyState>;
 
 /// Who this proxy acts for: `PROXY_WORKLOAD_INFO` in dedicated mode, the ZDS
 /// `WorkloadInfo` in-pod. Resolved against the configured workloads, never from an IP.

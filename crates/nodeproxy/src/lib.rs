@@ -1,5 +1,5 @@
 //! The node proxy's data path: listeners, outbound routing to HBONE or plain TCP, the
-//! HBONE inbound server, the plaintext inbound, telemetry, and drain.
+//! HBONE inbound server, the plaintext inbound, and telemetry.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -7,7 +7,6 @@ pub mod config;
 pub mod connections;
 pub mod copy;
 pub mod decide;
-pub mod drain;
 pub mod error;
 mod inbound;
 pub mod inputs;

@@ -10,12 +10,12 @@ use tokio::net::TcpStream;
 use crate::connections::{Connection, Direction, Protocol};
 use crate::copy::proxy_bytes;
 use crate::decide::inbound::{plan_plaintext, PlaintextConnection};
-use crate::drain::DrainWatcher;
 use crate::error::Error;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
 use crate::socket;
 use crate::telemetry::{early_failure, ConnectionResult, Endpoints};
+use ambit_runtime::drain::DrainWatcher;
 
 pub(crate) async fn handle(
     pi: Arc<ProxyInputs>,

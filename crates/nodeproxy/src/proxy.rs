@@ -9,11 +9,11 @@ use tokio::net::TcpListener;
 
 use crate::admission::{HandshakePermit, Shed};
 use crate::config::OriginalSource;
-use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
 use crate::{inbound, outbound, plaintext, socket};
 use ambit_hbone::HboneError;
+use ambit_runtime::drain::DrainWatcher;
 
 /// Where the listeners ended up (ports may be 0 in tests, chosen by the kernel).
 #[derive(Clone, Copy, Debug, serde::Serialize)]

@@ -121,7 +121,7 @@ async fn malformed_datagram_is_nacked_then_the_stream_restarts_and_served_pods_k
         Box::new(move |r| ready_flag.store(r, Ordering::SeqCst)),
         Duration::from_secs(1),
     );
-    let (trigger, watcher) = ambit_nodeproxy::drain::new();
+    let (trigger, watcher) = ambit_runtime::drain::new();
     let run = tokio::spawn(manager.run(watcher));
 
     let agent = listener.accept().await.unwrap();

@@ -13,7 +13,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use ambit_nodeproxy::drain::DrainWatcher;
+use crate::drain::DrainWatcher;
 
 pub type Answer = Response<Full<Bytes>>;
 pub type Handler = Arc<dyn Fn(&Method, &Uri, &HeaderMap) -> Answer + Send + Sync>;
@@ -150,7 +150,7 @@ mod tests {
             .unwrap();
         let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
         let addr = listener.local_addr().unwrap();
-        let (_trigger, watcher) = ambit_nodeproxy::drain::new();
+        let (_trigger, watcher) = crate::drain::new();
         let limits = ambit_admission::Limits {
             total: 4,
             per_source: 2,

@@ -37,8 +37,7 @@ impl LogHandle {
 
     /// A handle on a filter layer of its own, not installed as the process's subscriber
     /// (for tests of the admin endpoint): the layer must outlive the handle's use.
-    #[cfg(test)]
-    pub(crate) fn detached(spec: &str) -> (LogHandle, reload::Layer<EnvFilter, Registry>) {
+    pub fn detached(spec: &str) -> (LogHandle, reload::Layer<EnvFilter, Registry>) {
         let (layer, handle) = reload::Layer::new(EnvFilter::new(spec));
         let handle = LogHandle {
             handle,

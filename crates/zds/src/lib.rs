@@ -1,5 +1,5 @@
-//! In-pod mode plumbing for the node proxy and the node agent: network namespace handles and
-//! the ZDS protocol (istio.workload.zds) between them.
+//! ZDS, the node agent → node proxy protocol (istio.workload.zds), and the network
+//! namespace handles it passes: in-pod mode's plumbing on both ends.
 //!
 //! - [`proto`]: the ZDS protobuf messages, field numbers exact.
 //! - [`protocol`]: sans-IO decoding (with the fd rules) and encoding.
@@ -12,6 +12,8 @@
 //! This is the one crate of the project allowed `unsafe` (fd passing); every block carries a
 //! `// SAFETY:` comment.
 
+// The workspace denies `unsafe`; this crate is the audited exception (fd passing, setns).
+#![allow(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

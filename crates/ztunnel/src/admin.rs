@@ -11,9 +11,9 @@ use ambit_identity::CertManager;
 use ambit_nodeproxy::SharedState;
 
 use crate::config::Config;
-use crate::http::{text, with_type, Handler};
-use crate::logging::LogHandle;
-use crate::readiness::Ready;
+use ambit_runtime::http::{text, with_type, Handler};
+use ambit_runtime::logging::LogHandle;
+use ambit_runtime::readiness::Ready;
 
 pub fn readiness_handler(ready: Ready) -> Handler {
     Arc::new(move |method, uri, _| {
@@ -154,7 +154,7 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
 /// browsers send `Origin` on every cross-origin POST, and a rebound name stays in `Host`.
 /// So the endpoints that change the proxy take only requests addressed to a loopback
 /// name and without `Origin`; curl, istioctl's port-forward and scripts send both right.
-fn refused_unless_from_the_node(headers: &HeaderMap) -> Option<crate::http::Answer> {
+fn refused_unless_from_the_node(headers: &HeaderMap) -> Option<ambit_runtime::http::Answer> {
     if headers.contains_key(http::header::ORIGIN) {
         return Some(text(
             StatusCode::FORBIDDEN,
@@ -274,7 +274,7 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
             "config".into(),
             crate::config_dump::config_section(&ctx.config),
         );
-        obj.insert("version".into(), crate::version::info());
+        obj.insert("version".into(), ambit_runtime::version::info());
         if let Some(pods) = &ctx.workload_state {
             let pods = pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
             obj.insert(

@@ -9,10 +9,10 @@ use ambit_zds::Netns;
 use crate::admission::{HandshakeGate, NodeHandshakes};
 use crate::config::ProxyConfig;
 use crate::connections::OpenConnections;
-use crate::drain::{self, DrainTrigger};
 use crate::inputs::{LocalIdentity, ProxyInputs, SharedState};
 use crate::metrics::Metrics;
 use crate::proxy::BoundProxy;
+use ambit_runtime::drain::{self, DrainTrigger};
 
 use super::sockets::InPodSocketFactory;
 

@@ -11,7 +11,7 @@ use ambit_zds::state::RETRY_INTERVAL;
 use ambit_zds::{Action, PeerPolicy, WireError, WorkloadStates, ZdsSocket};
 
 use crate::connections::OpenConnections;
-use crate::drain::DrainWatcher;
+use ambit_runtime::drain::DrainWatcher;
 
 use super::factory::{PodProxyFactory, RunningPod};
 use super::metrics::InpodMetrics;

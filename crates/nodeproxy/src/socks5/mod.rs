@@ -15,9 +15,9 @@ use ambit_state::Workload;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::drain::DrainWatcher;
 use crate::inputs::ProxyInputs;
 use crate::socket;
+use ambit_runtime::drain::DrainWatcher;
 use wire::{Parsed, Reply, Socks5Error, Target};
 
 /// How long a client may take to send its greeting and request.

@@ -1,0 +1,270 @@
+//! `ambit ztunnel`: wires configuration, state, certificates, listeners and the operator
+//! endpoints together, then runs until SIGTERM/SIGINT or `/quitquitquit`. What differs by
+//! mode is in [`dedicated`] and [`shared`]; where the mesh and certificates come from is in
+//! [`sources`]; the operator listeners in [`operator`].
+
+mod dedicated;
+mod operator;
+mod shared;
+mod sources;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use anyhow::bail;
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+
+use ambit_identity::CertManager;
+use ambit_nodeproxy::admission::NodeHandshakes;
+use ambit_nodeproxy::SharedState;
+use ambit_runtime::drain::DrainWatcher;
+use ambit_runtime::logging::LogHandle;
+use ambit_runtime::readiness::{BlockReady, Ready};
+use ambit_state::ProxyState;
+
+use crate::admin::{admin_handler, metrics_handler, readiness_handler, AdminContext};
+use crate::config::{Config, LocalConfigSource, ProxyMode};
+
+pub use sources::load_state;
+
+/// What either mode's data plane is built from.
+struct Wiring {
+    cfg: Arc<Config>,
+    state: SharedState,
+    certs: Arc<CertManager>,
+    metrics: ambit_nodeproxy::metrics::Metrics,
+    node_handshakes: Arc<NodeHandshakes>,
+    dns: Option<Arc<ambit_dns::DnsConfig>>,
+    dns_metrics: Option<ambit_dns::DnsMetrics>,
+    /// Held until the DNS proxy serves.
+    dns_ready: Option<BlockReady>,
+    /// Shared mode's per-pod metrics.
+    pods_metrics: Option<ambit_nodeproxy::pods::InpodMetrics>,
+    ready: Ready,
+    /// Turns true once the first mesh state is in.
+    xds_synced: tokio::sync::watch::Receiver<bool>,
+    watcher: DrainWatcher,
+}
+
+/// A mode's data plane: the task that serves it, and (shared mode) the per-pod state
+/// `/config_dump` shows.
+struct DataPlane {
+    task: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>,
+    workload_state: Option<ambit_nodeproxy::pods::WorkloadStateDump>,
+}
+
+pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
+    let cfg = Arc::new(cfg);
+    let ready = Ready::default();
+    let proxy_ready = ready.register("proxy");
+    let state_ready = ready.register("state manager");
+
+    let (state, static_config, local_load) = match &cfg.local_config {
+        Some(source) => {
+            let (state, static_config, load) = sources::load_state(source)?;
+            (state, static_config, Some(load))
+        }
+        // xDS only: the mesh arrives from the control plane.
+        None => (
+            ProxyState::new(),
+            serde_json::to_value(ambit_state::LocalConfig::default()).unwrap_or_default(),
+            None,
+        ),
+    };
+    if let (ProxyMode::Dedicated, Some(w)) = (cfg.proxy_mode, &cfg.workload) {
+        // With xDS the workload may not have arrived yet: checked once it has (below).
+        if cfg.xds.is_none() && !sources::has_local_workload(&state, &cfg, w) {
+            bail!(
+                "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload in the local config: add a \
+                 workload with that namespace, name and serviceAccount",
+                w.namespace,
+                w.name,
+                w.service_account
+            );
+        }
+    }
+    let state = SharedState::new(state);
+
+    let certs = sources::cert_manager(&cfg)?;
+
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(
+        ambit_runtime::process_metrics::ProcessAndRuntime {
+            runtime: tokio::runtime::Handle::current(),
+        },
+    ));
+    let metrics = ambit_nodeproxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    certs.register_metrics(&mut registry);
+    // One node-wide handshake count, whichever mode; its sheds are ambit's own metric.
+    let node_handshakes = NodeHandshakes::new(cfg.proxy.handshakes.node);
+    registry.register(
+        "ambit_hbone_handshakes_shed",
+        "Connections to the HBONE port reset before their handshake because a source, pod or node limit was reached",
+        node_handshakes.shed_counter(),
+    );
+    let policy_report = crate::local_config::PolicyReport::default();
+    if let Some(load) = &local_load {
+        policy_report.set_rejected(&load.0);
+    }
+    crate::local_config::register_metrics(&mut registry, state.clone(), policy_report.clone());
+    if let (Some(LocalConfigSource::File(path)), Some(load)) = (&cfg.local_config, local_load) {
+        crate::local_config::spawn_watch(path.clone(), state.clone(), load, policy_report);
+    }
+    let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
+    let dns = sources::dns_config(&cfg)?;
+    let dns_metrics = dns
+        .as_ref()
+        .map(|_| ambit_dns::DnsMetrics::register(&mut registry));
+    let dns_ready = dns.as_ref().map(|_| ready.register("dns proxy"));
+    let pods_metrics = (cfg.proxy_mode == ProxyMode::Shared)
+        .then(|| ambit_nodeproxy::pods::InpodMetrics::register(&mut registry));
+    let registry = Arc::new(registry);
+    let xds_synced = sources::start_xds(&cfg, &state, xds_metrics, state_ready)?;
+
+    let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
+    let (trigger, watcher) = ambit_runtime::drain::new();
+
+    // Bind everything before serving anything, so a conflict fails start-up cleanly.
+    let admin = operator::bind(cfg.admin_addr, "admin").await?;
+    let admin_v6 = operator::bind_admin_ipv6(&cfg, admin.local_addr()?.port()).await?;
+    let stats = operator::bind(cfg.stats_addr, "metrics").await?;
+    let readiness = operator::bind(cfg.readiness_addr, "readiness").await?;
+
+    let wiring = Wiring {
+        cfg: cfg.clone(),
+        state: state.clone(),
+        certs: certs.clone(),
+        metrics,
+        node_handshakes,
+        dns,
+        dns_metrics,
+        dns_ready,
+        pods_metrics,
+        ready: ready.clone(),
+        xds_synced,
+        watcher: watcher.clone(),
+    };
+    let DataPlane {
+        task: data_plane,
+        workload_state,
+    } = match cfg.proxy_mode {
+        ProxyMode::Dedicated => dedicated::start(wiring)?,
+        ProxyMode::Shared => shared::start(wiring)?,
+    };
+    tracing::info!(
+        admin = %cfg.admin_addr,
+        stats = %cfg.stats_addr,
+        readiness = %cfg.readiness_addr,
+        "operator endpoints bound"
+    );
+
+    let renewal = certs.spawn_renewal();
+    let admin_ctx = AdminContext {
+        config: cfg.clone(),
+        state,
+        certs,
+        logs,
+        shutdown: shutdown_tx,
+        static_config,
+        workload_state,
+    };
+    let admin_handler = admin_handler(admin_ctx);
+    if let Some(admin_v6) = admin_v6 {
+        tokio::spawn(ambit_runtime::http::serve(
+            admin_v6,
+            admin_handler.clone(),
+            watcher.clone(),
+        ));
+    }
+    tokio::spawn(ambit_runtime::http::serve(
+        admin,
+        admin_handler,
+        watcher.clone(),
+    ));
+    tokio::spawn(ambit_runtime::http::serve(
+        stats,
+        metrics_handler(registry),
+        watcher.clone(),
+    ));
+    // Readiness keeps answering during the drain, so it gets no watcher of its own.
+    let (_readiness_trigger, readiness_watcher) = ambit_runtime::drain::new();
+    tokio::spawn(ambit_runtime::http::serve(
+        readiness,
+        readiness_handler(ready.clone()),
+        readiness_watcher,
+    ));
+    let mut data_plane = tokio::spawn(data_plane);
+    drop(watcher);
+    drop(proxy_ready);
+
+    tokio::select! {
+        _ = wait_for_shutdown(&mut shutdown_rx) => {}
+        finished = &mut data_plane => {
+            // Only a broken agent protocol ends the data plane on its own: exit non-zero,
+            // like ztunnel, so the supervisor restarts us with a clean slate.
+            renewal.abort();
+            return match finished {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::anyhow!("data plane task failed: {e}")),
+            };
+        }
+    }
+    tracing::info!(deadline = ?cfg.termination_deadline, "draining: no new connections, open ones may finish");
+    let clean = trigger.drain(cfg.termination_deadline).await;
+    if !clean {
+        tracing::warn!("drain deadline passed: closed the remaining connections");
+    }
+    renewal.abort();
+    let _ = data_plane.await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+/// Waits for the first xDS sync; false if the drain began first (nothing to serve then).
+async fn wait_for_sync(
+    synced: &mut tokio::sync::watch::Receiver<bool>,
+    watcher: &ambit_runtime::drain::DrainWatcher,
+) -> bool {
+    tokio::select! {
+        r = synced.wait_for(|s| *s) => r.is_ok(),
+        _ = watcher.draining() => false,
+    }
+}
+
+async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let term_fut = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let int_fut = async {
+        match int.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term_fut => tracing::info!("received SIGTERM"),
+        _ = int_fut => tracing::info!("received SIGINT"),
+        _ = quit.recv() => tracing::info!("shutdown requested through /quitquitquit"),
+    }
+    // A second Ctrl-C means "now": skip the rest of the drain.
+    tokio::spawn(async {
+        if let Ok(mut int) = signal(SignalKind::interrupt()) {
+            int.recv().await;
+            tracing::warn!("second SIGINT: exiting without waiting for open connections");
+            std::process::exit(1);
+        }
+    });
+}

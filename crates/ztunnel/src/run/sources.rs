@@ -1,0 +1,173 @@
+//! Where the node proxy's mesh and certificates come from: the local config file, the
+//! xDS client, the CA (remote, a local directory, or an ephemeral root), and the DNS
+//! proxy's upstream.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use ambit_caclient::RemoteIssuer;
+use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
+use ambit_identity::{CertManager, CertificateAuthority};
+use ambit_nodeproxy::SharedState;
+use ambit_state::ProxyState;
+
+use crate::config::{CaSource, Config, LocalConfigSource, ProxyMode};
+
+/// Reads and checks the local config: a bad file names the file, the position and field
+/// (a bad policy is refused alone, see [`crate::local_config`]). Also returns the load
+/// and its store, which a file watch starts from.
+pub fn load_state(
+    source: &LocalConfigSource,
+) -> anyhow::Result<(
+    ProxyState,
+    serde_json::Value,
+    (ambit_state::LocalLoad, ProxyState),
+)> {
+    let (name, yaml) = crate::local_config::read(source)?;
+    let (load, state) = crate::local_config::load(&name, &yaml, None)?;
+    let mut static_config = serde_json::to_value(&load.config).unwrap_or_default();
+    // ztunnel's `staticConfig` shows each service with an (always empty) `endpoints`.
+    if let Some(services) = static_config
+        .get_mut("services")
+        .and_then(|s| s.as_array_mut())
+    {
+        for service in services {
+            if let Some(m) = service.as_object_mut() {
+                m.insert("endpoints".into(), serde_json::json!({}));
+            }
+        }
+    }
+    Ok((state.clone(), static_config, (load, state)))
+}
+
+/// The certificate manager for the configured issuer (see [`CaSource`]).
+pub(super) fn cert_manager(cfg: &Config) -> anyhow::Result<Arc<CertManager>> {
+    let CaSource::Remote(remote) = &cfg.ca else {
+        let ca = Arc::new(certificate_authority(cfg)?);
+        return Ok(CertManager::new(ca, cfg.secret_ttl));
+    };
+    let channel = GrpcChannel::new(ChannelConfig {
+        address: remote.address.clone(),
+        root: RootCa::from_env_value(remote.root.as_deref()),
+        alt_hostname: remote.alt_hostname.clone(),
+        token: Token::from_env_value(remote.token.as_deref()),
+        cluster_id: cfg.proxy.cluster_id.clone(),
+        headers: remote.headers.clone(),
+    })
+    .with_context(|| {
+        format!(
+            "the CA channel to {} (CA_ADDRESS, CA_ROOT_CA, AUTH_TOKEN, CA_HEADER_*)",
+            remote.address
+        )
+    })?;
+    // In shared mode the node proxy asks for pods' certificates on their behalf.
+    let impersonate = cfg.proxy_mode == ProxyMode::Shared;
+    tracing::info!(address = %remote.address, impersonate, "workload certificates from the CA");
+    let issuer = RemoteIssuer::new(channel, remote.address.clone(), impersonate);
+    Ok(CertManager::with_issuer(
+        Arc::new(issuer),
+        cfg.secret_ttl,
+        Arc::new(std::time::SystemTime::now),
+    ))
+}
+
+pub(super) fn has_local_workload(
+    state: &ProxyState,
+    cfg: &Config,
+    w: &ambit_nodeproxy::LocalIdentity,
+) -> bool {
+    state
+        .find_local_workload(
+            &w.namespace,
+            &w.name,
+            &w.service_account,
+            cfg.node_name.as_deref(),
+        )
+        .is_some()
+}
+
+/// Starts the xDS client (when configured): batches go to `state`; the returned receiver
+/// turns true once a response of each type was applied and answered, which releases the
+/// `state manager` readiness task and the data plane.
+pub(super) fn start_xds(
+    cfg: &Arc<Config>,
+    state: &SharedState,
+    metrics: ambit_xds::XdsMetrics,
+    state_ready: ambit_runtime::readiness::BlockReady,
+) -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
+    let (synced_tx, synced) = tokio::sync::watch::channel(false);
+    let Some(xds) = &cfg.xds else {
+        drop(state_ready);
+        let _ = synced_tx.send(true);
+        return Ok(synced);
+    };
+    let channel = ambit_grpc::GrpcChannel::new(xds.channel.clone())
+        .with_context(|| format!("XDS_ADDRESS={}", xds.channel.address))?;
+    tracing::info!(address = %xds.channel.address, root = %xds.channel.root, token = %xds.channel.token, node = %xds.node.node_id(), "xDS: connecting to the control plane");
+    let check_state = state.clone();
+    let check_cfg = cfg.clone();
+    let client = ambit_xds::XdsClient::new(channel, ambit_xds::DeltaClient::new(xds.node.to_node()))
+        .with_metrics(metrics)
+        .on_ready(move || {
+            if let (ProxyMode::Dedicated, Some(w)) = (check_cfg.proxy_mode, &check_cfg.workload) {
+                if !has_local_workload(&check_state.get(), &check_cfg, w) {
+                    tracing::warn!(
+                        "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload the control plane sent (yet): \
+                         traffic of this workload has no identity until it does",
+                        w.namespace, w.name, w.service_account
+                    );
+                }
+            }
+            drop(state_ready);
+            let _ = synced_tx.send(true);
+        });
+    let sink_state = state.clone();
+    tokio::spawn(client.run(move |batch| sink_state.update(|s| batch.apply(s))));
+    Ok(synced)
+}
+
+fn certificate_authority(cfg: &Config) -> anyhow::Result<CertificateAuthority> {
+    match &cfg.ca {
+        CaSource::LocalDir(dir) => CertificateAuthority::from_plugin_dir(dir)
+            .with_context(|| format!("LOCAL_CA_DIR={}", dir.display())),
+        CaSource::Ephemeral | CaSource::Remote(_) => {
+            tracing::warn!(
+                "LOCAL_CA_DIR is not set: created an ephemeral root CA for trust domain {}; \
+                 only peers that share this root can talk to this proxy (set LOCAL_CA_DIR to \
+                 a directory with ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem)",
+                cfg.trust_domain
+            );
+            Ok(CertificateAuthority::ephemeral(&cfg.trust_domain)?)
+        }
+    }
+}
+
+/// The DNS proxy's configuration: the settings, and the upstream nameservers (and, for
+/// dedicated mode, the search list) of resolv.conf.
+pub(super) fn dns_config(cfg: &Config) -> anyhow::Result<Option<Arc<ambit_dns::DnsConfig>>> {
+    let Some(dns) = &cfg.dns else {
+        return Ok(None);
+    };
+    let upstream = ambit_dns::ResolvConf::read(&dns.resolv_conf)
+        .context("the DNS proxy forwards to its nameservers (AMBIT_DNS_RESOLV_CONF)")?;
+    if upstream.nameservers.is_empty() {
+        tracing::warn!(
+            path = %dns.resolv_conf.display(),
+            "no nameserver in resolv.conf: names outside the mesh get SERVFAIL"
+        );
+    }
+    let search = match cfg.proxy_mode {
+        ProxyMode::Shared => ambit_dns::SearchList::Kubernetes,
+        ProxyMode::Dedicated => ambit_dns::SearchList::Fixed(upstream.search.clone()),
+    };
+    Ok(Some(Arc::new(ambit_dns::DnsConfig {
+        settings: ambit_dns::Settings {
+            cluster_domain: dns.cluster_domain.clone(),
+            search,
+            ipv6_enabled: cfg.proxy.ipv6_enabled,
+            preferred_namespace: dns.preferred_namespace.clone(),
+        },
+        upstream,
+    })))
+}
