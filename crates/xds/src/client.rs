@@ -1,6 +1,8 @@
 //! The IO driver: one delta ADS bidi stream at a time over a gRPC channel, feeding the
-//! [`DeltaClient`] state machine and a sink that applies each [`Batch`], reconnecting
-//! with ztunnel's backoff.
+//! [`DeltaClient`] state machine and a sink that applies each [`Batch`] to its type's
+//! store, reconnecting with ztunnel's backoff. It serves whichever types the client
+//! subscribes to: every stream starts with one request per type, with the versions of
+//! that type's resources accepted so far.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,8 @@ use prometheus_client::registry::Registry;
 use prost::bytes::{Buf, Bytes};
 use tokio::sync::mpsc;
 
-use crate::delta::{Batch, DeltaClient};
+use crate::batch::Batch;
+use crate::delta::DeltaClient;
 
 /// Where the stream goes: a channel and the per-request metadata (bearer token,
 /// `clusterid`, extra headers). `ambit_grpc::GrpcChannel` in the node proxy; a plain
@@ -210,7 +213,7 @@ impl tonic::codec::Decoder for RawDecoder {
 
 type OnStreamEnd = Box<dyn FnMut(&StreamEnd) + Send>;
 
-/// The xDS client of the node proxy.
+/// An xDS client: the driver of a [`DeltaClient`] over a transport.
 pub struct XdsClient<T: XdsTransport> {
     transport: Arc<T>,
     delta: DeltaClient,
@@ -246,7 +249,8 @@ impl<T: XdsTransport> XdsClient<T> {
         self
     }
 
-    /// Called once, when a response of every type was received and answered.
+    /// Called once, when the client is ready ([`DeltaClient::is_ready`]): by default when
+    /// a response of every type was received, applied and answered.
     pub fn on_ready(mut self, f: impl FnOnce() + Send + 'static) -> Self {
         self.on_ready = Some(Box::new(f));
         self
@@ -259,8 +263,10 @@ impl<T: XdsTransport> XdsClient<T> {
         self
     }
 
-    /// Runs forever: one stream after another. `sink` applies each batch atomically (in
-    /// the node proxy: `SharedState::update(|s| batch.apply(s))`).
+    /// Runs forever: one stream after another. `sink` applies each batch to its type's
+    /// store atomically, before the batch is answered (in the node proxy, whose types
+    /// share one store: `SharedState::update(|s| batch.apply(s))`; a process with a store
+    /// per type takes each type's batch with [`Batch::downcast`]).
     pub async fn run(mut self, mut sink: impl FnMut(Batch) + Send) {
         let mut backoff = Backoff::new();
         loop {
@@ -350,8 +356,13 @@ impl<T: XdsTransport> XdsClient<T> {
             if tx.send(handled.reply).await.is_err() {
                 return StreamEnd::ConnectionError("the request stream closed".into());
             }
-            if handled.known_type && self.delta.answered(&handled.type_url) {
-                tracing::info!("xDS: first response of every type applied and answered");
+            if handled.known_type {
+                self.delta.answered(&handled.type_url);
+            }
+            if self.on_ready.is_some() && self.delta.is_ready() {
+                tracing::info!(
+                    "xDS: ready (a response of every awaited type applied and answered)"
+                );
                 if let Some(f) = self.on_ready.take() {
                     f();
                 }

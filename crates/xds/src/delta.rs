@@ -1,6 +1,12 @@
 //! The delta ADS protocol of ztunnel's xDS client, sans-IO: the initial requests, the
-//! handling of each `DeltaDiscoveryResponse` into one [`Batch`] for the store plus the
-//! ACK/NACK to send, resource versions kept across streams, and readiness.
+//! handling of each `DeltaDiscoveryResponse` into one [`Batch`] for its type's store plus
+//! the ACK/NACK to send, resource versions kept across streams, and readiness.
+//!
+//! The client serves the set of types it is given, each a [`ResourceType`] (its checks
+//! and decoding, its store, its budget, its readiness): the node proxy subscribes to
+//! [`Addresses`] and [`Authorizations`] ([`DeltaClient::node_proxy`]); another process
+//! to its own set ([`DeltaClient::subscribing`], then [`DeltaClient::subscribe`]).
+//! Everything below holds per type, the same for every type.
 //!
 //! Nothing here opens a socket or looks at a clock; the IO driver (`crate::client`)
 //! feeds responses in and sends what comes out.
@@ -15,14 +21,17 @@
 //!   refused whole: nothing applied, NACKed;
 //! - a resource whose name is longer than 1,024 bytes, or whose version is longer than
 //!   1,024 bytes (that resource rejected);
-//! - a resource body that breaks a limit of [`crate::shape`] (entries of a repeated field,
-//!   bytes of a string), checked on its encoded bytes before it is decoded (rejected);
-//! - a resource whose body describes another object than its name: a workload is named
-//!   by its uid, a service by `namespace/hostname`, a policy by `namespace/name`
-//!   (rejected, so that a removal by name always removes what was announced);
+//! - a resource body that breaks a limit on its shape (for Address and Authorization
+//!   those of [`crate::shape`]: entries of a repeated field, bytes of a string), checked
+//!   on its encoded bytes before it is decoded ([`ResourceType::measure`]; rejected);
+//! - a resource whose body describes another object than its name ([`Decoded::key`]): a
+//!   workload is named by its uid, a service by `namespace/hostname`, a policy by
+//!   `namespace/name` (rejected, so that a removal by name always removes what was
+//!   announced);
 //! - a new resource name when 1,000,000 are already tracked for its type (rejected);
 //! - a response that would take what is held for its type over the type's budget of
-//!   estimated bytes once decoded ([`MAX_HELD_ADDRESSES`], [`MAX_HELD_POLICIES`]), or
+//!   estimated bytes once decoded ([`ResourceType::budget`]: [`MAX_HELD_ADDRESSES`],
+//!   [`MAX_HELD_POLICIES`]), or
 //!   whose resources alone would take more than [`MAX_HELD_PER_RESPONSE`], refused whole:
 //!   nothing applied, NACKed with the estimate and the budget;
 //! - NACK messages list at most 64 rejections, each cut at 512 bytes, then count the rest.
@@ -32,7 +41,8 @@
 //! The limits on one resource's shape bound what one resource holds, not what many do:
 //! 488 policies of 4,096 empty matches each (4 MB on the wire) held 1.39 GB. So the
 //! client estimates what each resource will hold once decoded, converted and in the store
-//! ([`crate::held`], from the counts of its shape walk, before decoding it), keeps the sum
+//! ([`ResourceType::measure`]; for Address and Authorization [`crate::held`], from the
+//! counts of its shape walk, before decoding it), keeps the sum
 //! of what is held per type, and refuses a response that would take the sum over the
 //! type's budget (what is held, plus what the response adds, less what it replaces or
 //! removes). The check runs twice: on the estimates before anything is decoded (so such a
@@ -42,22 +52,22 @@
 //! so what is held never passes the budget; while a response is handled the proxy holds
 //! at most the budget plus [`MAX_HELD_PER_RESPONSE`], in estimated bytes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use ambit_proto::istio::security as psec;
-use ambit_proto::istio::workload as pw;
-use ambit_proto::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status, ADDRESS_TYPE, AUTHORIZATION_TYPE,
-};
-use ambit_state::{Authorization, ProxyState, Service, Workload};
-use prost::Message;
+use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status};
 
-use crate::convert::{self, AddressResource};
-use crate::held;
+use crate::address::Addresses;
+use crate::authorization::Authorizations;
+use crate::batch::Batch;
 use crate::reject::Rejection;
+use crate::resource::{Readiness, ResourceType};
 use crate::shape;
 
 pub use crate::node::{NodeConfig, NodeConfigError};
+
+mod subscription;
+
+use subscription::{Outcome, Subscribed, Subscription};
 
 /// The default budget of the Address resources held (workloads and services, with the
 /// store's indexes and the names and versions tracked), in estimated bytes
@@ -94,9 +104,12 @@ pub struct Limits {
     pub max_errors_listed: usize,
     /// Bytes of one `<name>: <reason>` entry in a NACK message.
     pub max_error_len: usize,
-    /// Estimated bytes the Address resources held may take ([`MAX_HELD_ADDRESSES`]).
+    /// Estimated bytes the Address resources held may take ([`MAX_HELD_ADDRESSES`]): the
+    /// budget of [`Addresses`] in [`DeltaClient::node_proxy`] (any other type has its own,
+    /// [`ResourceType::budget`]).
     pub max_held_addresses: u64,
-    /// Estimated bytes the Authorization resources held may take ([`MAX_HELD_POLICIES`]).
+    /// Estimated bytes the Authorization resources held may take ([`MAX_HELD_POLICIES`]):
+    /// the budget of [`Authorizations`] in [`DeltaClient::node_proxy`].
     pub max_held_policies: u64,
     /// Estimated bytes the resources of one response may take
     /// ([`MAX_HELD_PER_RESPONSE`]).
@@ -119,85 +132,6 @@ impl Default for Limits {
     }
 }
 
-impl Limits {
-    fn budget(&self, type_url: &str) -> u64 {
-        if type_url == ADDRESS_TYPE {
-            self.max_held_addresses
-        } else {
-            self.max_held_policies
-        }
-    }
-}
-
-// ----- batches --------------------------------------------------------------------------
-
-/// One change to the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
-    Workload(Box<Workload>),
-    Service(Service),
-    Policy(Authorization),
-    /// An Address resource removed by name (see [`Batch::apply`]).
-    RemoveAddress(String),
-    /// An Authorization resource removed by `namespace/name`.
-    RemovePolicy(String),
-}
-
-/// The changes of one response, to apply to a [`ProxyState`] at once (removals first,
-/// then insertions, in the response's order).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Batch {
-    pub ops: Vec<Op>,
-}
-
-impl Batch {
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
-    /// Applies the batch. Resources were checked when the batch was made, so the store
-    /// refuses none in practice; any it does refuse is logged and skipped.
-    ///
-    /// An Address removal follows ztunnel: the name is first tried as a workload uid;
-    /// else, split at the first `/` as `namespace/hostname`, it names a service unless
-    /// the hostname part still holds a `/` (then it was a workload uid we did not have).
-    pub fn apply(self, state: &mut ProxyState) {
-        for op in self.ops {
-            let refused = match op {
-                Op::RemoveAddress(name) => {
-                    if state.remove_workload(&name).is_none() {
-                        if let Some((_, host)) = name.split_once('/') {
-                            if !host.contains('/') {
-                                state.remove_service(&name);
-                            }
-                        }
-                    }
-                    None
-                }
-                Op::RemovePolicy(name) => {
-                    state.remove_policy(&name);
-                    None
-                }
-                Op::Workload(w) => {
-                    let uid = w.uid.clone();
-                    state.insert_workload(*w).err().map(|e| (uid, e))
-                }
-                Op::Service(s) => {
-                    let key = s.key();
-                    state.insert_service(s).err().map(|e| (key, e))
-                }
-                Op::Policy(p) => {
-                    let key = p.key();
-                    state.insert_policy(p).err().map(|e| (key, e))
-                }
-            };
-            if let Some((name, reason)) = refused {
-                tracing::warn!(resource = %name, %reason, "xDS resource refused by the store");
-            }
-        }
-    }
-}
-
 // ----- the state machine ----------------------------------------------------------------
 
 /// What handling one response produced.
@@ -207,7 +141,7 @@ pub struct Handled {
     pub type_url: String,
     /// False for a type this client did not subscribe to (ACKed, nothing applied).
     pub known_type: bool,
-    /// The changes to apply.
+    /// The changes to apply to the type's store.
     pub batch: Batch,
     /// The ACK, or the NACK when `rejected` is not empty.
     pub reply: DeltaDiscoveryRequest,
@@ -218,185 +152,94 @@ pub struct Handled {
     pub payload_bytes: u64,
 }
 
-/// What is held under one resource name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Entry {
-    /// The version accepted last; `None` once an update was rejected (the store keeps
-    /// what was accepted before, and the name is left out of `initial_resource_versions`
-    /// so that the control plane sends it again).
-    version: Option<String>,
-    /// Estimated bytes held ([`crate::held`]): a policy or a workload in `[WHOLE]`, a
-    /// service in `[SERVICE]` (an Address name can be a workload uid and a service key at
-    /// once: the store holds both).
-    held: [u64; 2],
-}
-
-const WHOLE: usize = 0;
-const SERVICE: usize = 1;
-
-impl Entry {
-    fn holds_nothing(&self) -> bool {
-        self.version.is_none() && self.held == [0, 0]
-    }
-}
-
+/// One subscribed type and what was answered of it.
 #[derive(Debug)]
-struct TypeState {
-    type_url: &'static str,
-    /// Resource name → what is held under it (names with a version or something held).
-    entries: HashMap<String, Entry>,
-    /// The sum of the entries' estimates.
-    held: u64,
+struct Type {
+    state: Box<dyn Subscribed>,
     /// A response of this type was answered (ACK or NACK) at least once.
     answered: bool,
 }
 
-/// The delta ADS client state: what was accepted (for `initial_resource_versions`), what
-/// it holds (for the budget) and what was answered (for readiness). Kept across streams.
+impl Type {
+    fn is_ready(&self) -> bool {
+        match self.state.readiness() {
+            Readiness::FirstResponse => self.answered,
+            Readiness::NotAwaited => true,
+        }
+    }
+}
+
+/// The delta ADS client state, per subscribed type: what was accepted (for
+/// `initial_resource_versions`), what it holds (for the budget) and what was answered
+/// (for readiness). Kept across streams.
 #[derive(Debug)]
 pub struct DeltaClient {
     node: Node,
     limits: Limits,
-    types: Vec<TypeState>,
-}
-
-/// A resource that passed the checks made before decoding.
-struct Prechecked {
-    body: Vec<u8>,
-    counts: shape::Counts,
-    /// Its estimate, with the tracking of its name and version.
-    estimate: u64,
-}
-
-/// One resource of a response through the checks: its name, version, and either what
-/// to hold or why not.
-struct Checked<T> {
-    name: String,
-    version: String,
-    result: Result<T, Rejection>,
-}
-
-/// The entries a response changes, over those held: what applying it would leave.
-struct Plan<'a> {
-    entries: &'a HashMap<String, Entry>,
-    changed: HashMap<String, Entry>,
-    /// Names tracked after the changes so far.
-    tracked: usize,
-}
-
-impl<'a> Plan<'a> {
-    fn new(entries: &'a HashMap<String, Entry>) -> Self {
-        Plan {
-            entries,
-            changed: HashMap::new(),
-            tracked: entries.len(),
-        }
-    }
-
-    fn entry(&mut self, name: &str) -> &mut Entry {
-        if !self.changed.contains_key(name) {
-            let e = self.entries.get(name).cloned().unwrap_or_default();
-            self.changed.insert(name.to_string(), e);
-        }
-        self.changed.get_mut(name).expect("just inserted")
-    }
-
-    /// Runs `f` on the entry of `name`, keeping the tracked count right.
-    fn update(&mut self, name: &str, f: impl FnOnce(&mut Entry)) {
-        let e = self.entry(name);
-        let was = !e.holds_nothing();
-        f(e);
-        let is = !e.holds_nothing();
-        self.tracked = self.tracked + usize::from(is) - usize::from(was);
-    }
-
-    fn is_tracked(&self, name: &str) -> bool {
-        match self.changed.get(name) {
-            Some(e) => !e.holds_nothing(),
-            None => self.entries.contains_key(name),
-        }
-    }
-
-    /// A removal by name, as [`Batch::apply`] does it: a policy; or a workload uid, else
-    /// a service `namespace/hostname`.
-    fn remove(&mut self, type_url: &str, name: &str) {
-        self.update(name, |e| {
-            e.version = None;
-            if type_url != ADDRESS_TYPE || e.held[WHOLE] > 0 {
-                e.held[WHOLE] = 0;
-            } else if name.split_once('/').is_some_and(|(_, h)| !h.contains('/')) {
-                e.held[SERVICE] = 0;
-            }
-        });
-    }
-
-    /// A resource accepted with `version`, holding `estimate` in `slot`.
-    fn put(&mut self, name: &str, version: &str, slot: usize, estimate: u64) {
-        self.update(name, |e| {
-            e.version = Some(version.to_string());
-            e.held[slot] = estimate;
-        });
-    }
-
-    /// A rejected resource: what was held stays, its version goes.
-    fn reject(&mut self, name: &str) {
-        self.update(name, |e| e.version = None);
-    }
-
-    /// What would be held after the changes, given `held` before.
-    fn held_after(&self, held: u64) -> u64 {
-        let (mut before, mut after) = (0u64, 0u64);
-        for (name, e) in &self.changed {
-            let old = self.entries.get(name).map_or([0, 0], |e| e.held);
-            before = before.saturating_add(old[0] + old[1]);
-            after = after.saturating_add(e.held[0].saturating_add(e.held[1]));
-        }
-        held.saturating_sub(before).saturating_add(after)
-    }
-
-    /// The entries changed, to [`commit`].
-    fn into_changes(self) -> HashMap<String, Entry> {
-        self.changed
-    }
-}
-
-/// Writes the changes of a [`Plan`] into the entries.
-fn commit(changes: HashMap<String, Entry>, entries: &mut HashMap<String, Entry>) {
-    for (name, e) in changes {
-        if e.holds_nothing() {
-            entries.remove(&name);
-        } else {
-            entries.insert(name, e);
-        }
-    }
-}
-
-/// The slot of [`Entry::held`] a body fills.
-fn slot(counts: &shape::Counts) -> usize {
-    match counts {
-        shape::Counts::Service(_) => SERVICE,
-        _ => WHOLE,
-    }
+    types: Vec<Type>,
 }
 
 impl DeltaClient {
-    /// A wildcard client for ADDRESS_TYPE and AUTHORIZATION_TYPE.
+    /// The node proxy's client ([`DeltaClient::node_proxy`]) with the default limits.
     pub fn new(node: Node) -> Self {
-        Self::with_limits(node, Limits::default())
+        Self::node_proxy(node, Limits::default())
     }
 
+    /// The node proxy's client ([`DeltaClient::node_proxy`]).
     pub fn with_limits(node: Node, limits: Limits) -> Self {
-        let ty = |type_url| TypeState {
-            type_url,
-            entries: HashMap::new(),
-            held: 0,
-            answered: false,
-        };
+        Self::node_proxy(node, limits)
+    }
+
+    /// The node proxy's client: wildcard subscriptions to [`Addresses`] and
+    /// [`Authorizations`], with the budgets of `limits`.
+    pub fn node_proxy(node: Node, limits: Limits) -> Self {
+        Self::subscribing(node, limits)
+            .subscribe(Addresses {
+                budget: limits.max_held_addresses,
+            })
+            .subscribe(Authorizations {
+                budget: limits.max_held_policies,
+            })
+    }
+
+    /// A client of no type yet: add each with [`DeltaClient::subscribe`].
+    pub fn subscribing(node: Node, limits: Limits) -> Self {
         DeltaClient {
             node,
             limits,
-            types: vec![ty(ADDRESS_TYPE), ty(AUTHORIZATION_TYPE)],
+            types: Vec::new(),
         }
+    }
+
+    /// Adds a wildcard subscription to `ty`; its initial request follows those of the
+    /// types added before.
+    ///
+    /// # Panics
+    ///
+    /// If a type of that URL was added already (two stores for one type URL is a
+    /// mistake of the process's wiring).
+    pub fn subscribe<T: ResourceType>(mut self, ty: T) -> Self {
+        assert!(
+            self.find(T::TYPE_URL).is_none(),
+            "{} subscribed twice",
+            T::TYPE_URL
+        );
+        self.types.push(Type {
+            state: Box::new(Subscription::new(ty)),
+            answered: false,
+        });
+        self
+    }
+
+    fn find(&self, type_url: &str) -> Option<usize> {
+        self.types
+            .iter()
+            .position(|t| t.state.type_url() == type_url)
+    }
+
+    /// The type URLs subscribed to, in the order of their initial requests.
+    pub fn type_urls(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.types.iter().map(|t| t.state.type_url())
     }
 
     /// The requests to send first on every stream: one wildcard subscription per type,
@@ -406,46 +249,42 @@ impl DeltaClient {
             .iter()
             .map(|t| DeltaDiscoveryRequest {
                 node: Some(self.node.clone()),
-                type_url: t.type_url.to_string(),
+                type_url: t.state.type_url().to_string(),
                 initial_resource_versions: t
-                    .entries
-                    .iter()
-                    .filter_map(|(k, e)| Some((k.clone(), e.version.clone()?)))
+                    .state
+                    .versions()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 ..Default::default()
             })
             .collect()
     }
 
-    /// True once a response of every type was answered ([`DeltaClient::answered`]).
+    /// True once every type is ready ([`ResourceType::readiness`]): by default, once a
+    /// response of the type was answered ([`DeltaClient::answered`]).
     pub fn is_ready(&self) -> bool {
-        self.types.iter().all(|t| t.answered)
+        self.types.iter().all(Type::is_ready)
     }
 
     /// Records that the reply to a response of `type_url` was sent. Returns true if that
     /// made the client ready just now.
     pub fn answered(&mut self, type_url: &str) -> bool {
         let was = self.is_ready();
-        if let Some(t) = self.types.iter_mut().find(|t| t.type_url == type_url) {
-            t.answered = true;
+        if let Some(i) = self.find(type_url) {
+            self.types[i].answered = true;
         }
         !was && self.is_ready()
     }
 
     /// Accepted resources of a type (name → version).
     pub fn versions(&self, type_url: &str) -> Option<BTreeMap<&str, &str>> {
-        let t = self.types.iter().find(|t| t.type_url == type_url)?;
-        Some(
-            t.entries
-                .iter()
-                .filter_map(|(k, e)| Some((k.as_str(), e.version.as_deref()?)))
-                .collect(),
-        )
+        Some(self.types[self.find(type_url)?].state.versions())
     }
 
-    /// The estimated bytes held for a type ([`crate::held`]), what its budget bounds.
+    /// The estimated bytes held for a type, what its budget bounds.
     pub fn held(&self, type_url: &str) -> Option<u64> {
-        Some(self.types.iter().find(|t| t.type_url == type_url)?.held)
+        Some(self.types[self.find(type_url)?].state.held())
     }
 
     /// Decodes `bytes` as a `DeltaDiscoveryResponse` and handles it. The entries of its
@@ -453,6 +292,7 @@ impl DeltaClient {
     /// [`Limits::max_per_response`] is NACKed whole from its type and nonce alone, without
     /// decoding the rest (an empty resource is 2 bytes on the wire and ~150 once decoded).
     pub fn handle_bytes(&mut self, bytes: &[u8]) -> Result<Handled, prost::DecodeError> {
+        use prost::Message as _;
         let count = shape::count_response_entries(bytes);
         if count > self.limits.max_per_response {
             let head = shape::ResponseHead::decode(bytes)?;
@@ -468,6 +308,18 @@ impl DeltaClient {
         Ok(self.handle(DeltaDiscoveryResponse::decode(bytes)?))
     }
 
+    /// The answer to a response of a type we did not ask for: ACKed, nothing applied.
+    fn unknown(&self, type_url: String, nonce: String, payload_bytes: u64) -> Handled {
+        Handled {
+            reply: reply(&type_url, nonce, &[], &self.limits),
+            type_url,
+            known_type: false,
+            batch: Batch::default(),
+            rejected: Vec::new(),
+            payload_bytes,
+        }
+    }
+
     /// The answer to a response refused whole for `why`: nothing applied, nothing of the
     /// client's state changed.
     fn refuse_whole(
@@ -477,25 +329,17 @@ impl DeltaClient {
         why: Rejection,
         payload_bytes: u64,
     ) -> Handled {
-        let limits = self.limits;
-        let Some(ty) = self.types.iter().find(|t| t.type_url == type_url) else {
-            return Handled {
-                reply: reply(&type_url, nonce, &[], &limits),
-                type_url,
-                known_type: false,
-                batch: Batch::default(),
-                rejected: Vec::new(),
-                payload_bytes,
-            };
-        };
+        if self.find(&type_url).is_none() {
+            return self.unknown(type_url, nonce, payload_bytes);
+        }
         tracing::warn!(
-            type_url = ty.type_url,
+            type_url,
             reason = %why,
             "xDS response refused whole (NACK)"
         );
         let rejected = vec![("response".to_string(), why)];
         Handled {
-            reply: reply(ty.type_url, nonce, &rejected, &limits),
+            reply: reply(&type_url, nonce, &rejected, &self.limits),
             type_url,
             known_type: true,
             batch: Batch::default(),
@@ -514,18 +358,10 @@ impl DeltaClient {
             .filter_map(|r| r.resource.as_ref())
             .map(|a| a.value.len() as u64)
             .sum();
-        let Some(ty) = self.types.iter().find(|t| t.type_url == resp.type_url) else {
+        let Some(i) = self.find(&resp.type_url) else {
             tracing::info!(type_url = %cut(&resp.type_url, 256), "xDS response of a type we did not ask for: ACKed and ignored");
-            return Handled {
-                reply: reply(&resp.type_url, resp.nonce, &[], &limits),
-                type_url: resp.type_url,
-                known_type: false,
-                batch: Batch::default(),
-                rejected: Vec::new(),
-                payload_bytes,
-            };
+            return self.unknown(resp.type_url, resp.nonce, payload_bytes);
         };
-        let type_url = ty.type_url;
         let count = resp
             .resources
             .iter()
@@ -539,113 +375,25 @@ impl DeltaClient {
             };
             return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes);
         }
-        // Names over the limit were never accepted: nothing to remove.
-        let removed: Vec<String> = resp
-            .removed_resources
-            .into_iter()
-            .filter(|n| n.len() <= limits.max_name_len)
-            .collect();
-
-        // Before decoding: each resource's checks and estimate, then the budget on them.
-        let prechecked: Vec<Checked<Prechecked>> = resp
-            .resources
-            .into_iter()
-            .map(|r| Checked {
-                result: precheck(type_url, &r.name, &r.version, r.resource, &limits),
-                name: r.name,
-                version: r.version,
-            })
-            .collect();
-        let adds = prechecked
-            .iter()
-            .filter_map(|c| c.result.as_ref().ok())
-            .fold(0u64, |sum, p| sum.saturating_add(p.estimate));
-        if adds > limits.max_held_per_response {
-            let why = Rejection::ResponseOverBudget {
-                estimate: adds,
-                limit: limits.max_held_per_response,
-            };
-            return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes);
-        }
-        let mut plan = Plan::new(&ty.entries);
-        for name in &removed {
-            plan.remove(type_url, name);
-        }
-        for c in &prechecked {
-            if let Ok(p) = &c.result {
-                plan.put(&c.name, &c.version, slot(&p.counts), p.estimate);
+        let outcome = self.types[i]
+            .state
+            .handle(resp.resources, resp.removed_resources, &limits);
+        let (batch, rejected) = match outcome {
+            Outcome::Refused(why) => {
+                return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes)
             }
-        }
-        if let Some(why) = over_budget(type_url, ty.held, plan.held_after(ty.held), &limits) {
-            return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes);
-        }
-
-        // Decoded and converted; then the budget again, on what was accepted.
-        let checked: Vec<Checked<(Op, usize, u64)>> = prechecked
-            .into_iter()
-            .map(|c| Checked {
-                result: c.result.and_then(|p| {
-                    let slot = slot(&p.counts);
-                    decode(type_url, &c.name, &p.body).map(|op| (op, slot, p.estimate))
-                }),
-                name: c.name,
-                version: c.version,
-            })
-            .collect();
-        let mut plan = Plan::new(&ty.entries);
-        let mut batch = Batch::default();
-        for name in removed {
-            plan.remove(type_url, &name);
-            batch.ops.push(if type_url == ADDRESS_TYPE {
-                Op::RemoveAddress(name)
-            } else {
-                Op::RemovePolicy(name)
-            });
-        }
-        let mut rejected = Vec::new();
-        for c in checked {
-            let accepted = c.result.and_then(|held| {
-                if !plan.is_tracked(&c.name) && plan.tracked >= limits.max_tracked_per_type {
-                    return Err(Rejection::TooManyTracked {
-                        limit: limits.max_tracked_per_type,
-                    });
-                }
-                Ok(held)
-            });
-            match accepted {
-                Ok((op, slot, estimate)) => {
-                    plan.put(&c.name, &c.version, slot, estimate);
-                    batch.ops.push(op);
-                }
-                Err(reason) => {
-                    // Its version is dropped, so the control plane sends it again.
-                    plan.reject(&c.name);
-                    rejected.push((c.name, reason));
-                }
-            }
-        }
-        let held = plan.held_after(ty.held);
-        if let Some(why) = over_budget(type_url, ty.held, held, &limits) {
-            return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes);
-        }
-        let changes = plan.into_changes();
-        let ty = self
-            .types
-            .iter_mut()
-            .find(|t| t.type_url == type_url)
-            .expect("found above");
-        commit(changes, &mut ty.entries);
-        ty.held = held;
+            Outcome::Applied { batch, rejected } => (batch, rejected),
+        };
         if !rejected.is_empty() {
             tracing::warn!(
-                type_url,
+                type_url = resp.type_url,
                 rejected = rejected.len(),
                 first = %format!("{}: {}", cut(&rejected[0].0, 256), cut(&rejected[0].1.to_string(), 512)),
                 "xDS resources rejected (NACK); the rest of the response applies"
             );
         }
         Handled {
-            reply: reply(type_url, resp.nonce, &rejected, &limits),
+            reply: reply(&resp.type_url, resp.nonce, &rejected, &limits),
             type_url: resp.type_url,
             known_type: true,
             batch,
@@ -653,110 +401,6 @@ impl DeltaClient {
             payload_bytes,
         }
     }
-}
-
-/// The refusal of a response that would leave `after` held for `type_url`, over the
-/// type's budget (`held` is what is held before it).
-fn over_budget(
-    type_url: &'static str,
-    held: u64,
-    after: u64,
-    limits: &Limits,
-) -> Option<Rejection> {
-    let budget = limits.budget(type_url);
-    (after > budget).then(|| Rejection::OverBudget {
-        message: message_name(type_url),
-        estimate: after,
-        budget,
-        held,
-    })
-}
-
-fn message_name(type_url: &str) -> &'static str {
-    if type_url == ADDRESS_TYPE {
-        "istio.workload.Address"
-    } else {
-        "istio.security.Authorization"
-    }
-}
-
-/// The checks made before decoding: name, version, payload type, and the body's shape,
-/// whose counts give the estimate of what it will hold.
-fn precheck(
-    type_url: &'static str,
-    name: &str,
-    version: &str,
-    any: Option<prost_types::Any>,
-    limits: &Limits,
-) -> Result<Prechecked, Rejection> {
-    if name.len() > limits.max_name_len {
-        return Err(Rejection::NameTooLong {
-            len: name.len(),
-            limit: limits.max_name_len,
-        });
-    }
-    if version.len() > limits.max_version_len {
-        return Err(Rejection::VersionTooLong {
-            len: version.len(),
-            limit: limits.max_version_len,
-        });
-    }
-    let any = any.ok_or(Rejection::NoPayload)?;
-    if any.type_url != type_url {
-        return Err(Rejection::WrongType {
-            got: cut(&any.type_url, 256).to_string(),
-            want: type_url,
-        });
-    }
-    let message = message_name(type_url);
-    let counts = if type_url == ADDRESS_TYPE {
-        shape::measure_address(&any.value)
-    } else {
-        shape::measure_authorization(&any.value).map(shape::Counts::Policy)
-    }
-    .map_err(|e| Rejection::shape(message, e))?;
-    let estimate = held::estimate(&counts, name.len()).saturating_add(held::tracking(
-        name.len(),
-        version.len(),
-        std::mem::size_of::<Entry>(),
-    ));
-    Ok(Prechecked {
-        body: any.value,
-        counts,
-        estimate,
-    })
-}
-
-/// Decodes and converts a body that passed [`precheck`], and checks that it describes
-/// the object its resource name names.
-fn decode(type_url: &'static str, name: &str, bytes: &[u8]) -> Result<Op, Rejection> {
-    let message = message_name(type_url);
-    let decode_error = |e| Rejection::decode(message, e);
-    let (op, what, body) = if type_url == ADDRESS_TYPE {
-        let a = pw::Address::decode(bytes).map_err(decode_error)?;
-        match convert::address_from_proto(a)? {
-            AddressResource::Workload(w) => {
-                let uid = w.uid.clone();
-                (Op::Workload(w), "workload uid", uid)
-            }
-            AddressResource::Service(s) => {
-                let key = s.key();
-                (Op::Service(*s), "service namespace/hostname", key)
-            }
-        }
-    } else {
-        let a = psec::Authorization::decode(bytes).map_err(decode_error)?;
-        let p = convert::authorization_from_proto(a)?;
-        let key = p.key();
-        (Op::Policy(p), "policy namespace/name", key)
-    };
-    if body != name {
-        return Err(Rejection::NameMismatch {
-            what,
-            body: cut(&body, 256).to_string(),
-        });
-    }
-    Ok(op)
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.

@@ -417,7 +417,7 @@ mod seeds {
                 "{name}: {:?}",
                 handled.rejected
             );
-            assert_eq!(handled.batch.ops.len(), ops, "{name}");
+            assert_eq!(handled.batch.len(), ops, "{name}");
             let mut state = ProxyState::new();
             handled.batch.apply(&mut state);
             let held =
@@ -484,7 +484,7 @@ mod seeds {
         let mut client = DeltaClient::new(NodeConfig::default().to_node());
         let h = client.handle_bytes(&data[1..]).unwrap();
         assert!(h.rejected.is_empty(), "{:?}", h.rejected);
-        assert_eq!(h.batch.ops.len(), 3);
+        assert_eq!(h.batch.len(), 3);
         let mut client = DeltaClient::with_limits(NodeConfig::default().to_node(), FUZZ_LIMITS);
         let h = client.handle_bytes(&data[1..]).unwrap();
         match h.rejected.as_slice() {

@@ -1,10 +1,16 @@
-//! ambit's delta xDS client for the node proxy.
+//! ambit's delta xDS client, generic over the resource types a process subscribes to;
+//! the node proxy's two (`istio.workload.Address`, `istio.security.Authorization`) are
+//! here too.
 //!
+//! - [`resource`]: what the client needs of one resource type ([`ResourceType`]);
+//! - [`delta`]: the sans-IO delta ADS state machine over a set of types (requests,
+//!   ACK/NACK, versions, readiness, limits, budgets);
+//! - [`batch`]: the changes one response makes to its type's store;
+//! - [`address`], [`authorization`]: the node proxy's types, into `ambit-state`'s
+//!   `ProxyState`;
 //! - [`convert`]: `istio.workload.Address` / `istio.security.Authorization` to the
 //!   `ambit-state` model and back;
 //! - [`node`]: the node id and metadata the proxy sends, from its environment;
-//! - [`delta`]: the sans-IO delta ADS state machine (requests, ACK/NACK, versions,
-//!   readiness, limits);
 //! - [`shape`]: limits on the shape of a resource body, checked on its encoded bytes
 //!   before it is decoded (an allocation-free walk of the protobuf fields);
 //! - [`held`]: the estimate of what a resource will hold once decoded, from its shape,
@@ -14,6 +20,9 @@
 //!   node proxy `ambit_grpc::GrpcChannel`), with ztunnel's reconnect backoff and metrics.
 #![forbid(unsafe_code)]
 
+pub mod address;
+pub mod authorization;
+pub mod batch;
 pub mod client;
 pub mod convert;
 pub mod delta;
@@ -22,9 +31,13 @@ pub mod fuzzing;
 pub mod held;
 pub mod node;
 pub mod reject;
+pub mod resource;
 pub mod shape;
 mod wire;
 
+pub use address::{AddressOp, Addresses};
+pub use authorization::{AuthorizationOp, Authorizations};
+pub use batch::{Batch, TypedBatch};
 pub use client::{Backoff, PlainTransport, StreamEnd, XdsClient, XdsMetrics, XdsTransport};
 pub use convert::{
     address_from_proto, authorization_from_proto, to_proto_address_service,
@@ -32,9 +45,10 @@ pub use convert::{
     AddressResource, ConvertError,
 };
 pub use delta::{
-    Batch, DeltaClient, Handled, Limits, NodeConfig, NodeConfigError, Op, MAX_HELD_ADDRESSES,
+    DeltaClient, Handled, Limits, NodeConfig, NodeConfigError, MAX_HELD_ADDRESSES,
     MAX_HELD_PER_RESPONSE, MAX_HELD_POLICIES,
 };
-pub use reject::Rejection;
+pub use reject::{Rejection, Undecodable};
+pub use resource::{Decoded, Holds, Measured, Readiness, ResourceType, Slot};
 pub use shape::{Limit, ShapeError};
 pub use wire::WireError;

@@ -1,5 +1,9 @@
 use super::*;
-use ambit_proto::Resource;
+use ambit_proto::istio::security as psec;
+use ambit_proto::istio::workload as pw;
+use ambit_proto::{Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambit_state::ProxyState;
+use prost::Message;
 use prost_types::Any;
 
 fn node() -> Node {
@@ -200,7 +204,7 @@ fn nack_rejects_one_and_applies_the_rest() {
         "{}",
         parts[3]
     );
-    assert_eq!(h.batch.ops.len(), 1);
+    assert_eq!(h.batch.len(), 1);
     let versions = c.versions(ADDRESS_TYPE).unwrap();
     assert_eq!(
         versions.len(),
@@ -411,7 +415,7 @@ fn too_many_entries_refused_from_the_bytes() {
     let at = resp(ADDRESS_TYPE, "n3", vec![r], &[]);
     let h = c.handle_bytes(&at.encode_to_vec()).unwrap();
     assert!(h.rejected.is_empty(), "{:?}", h.rejected);
-    assert_eq!(h.batch.ops.len(), 1);
+    assert_eq!(h.batch.len(), 1);
 
     // Over the limit with a head that does not decode: a decode error, as before.
     let mut bad = resp(ADDRESS_TYPE, "n4", vec![res("a", "1", None); 4], &[]).encode_to_vec();
@@ -477,7 +481,7 @@ fn run(c: &mut DeltaClient, type_url: &str, state: &mut ProxyState, steps: Vec<S
         let h = c.handle(resp(type_url, &i.to_string(), s.added, s.removed));
         let message = h.reply.error_detail.as_ref().map(|e| e.message.clone());
         assert_eq!(message, s.nack, "{}", s.what);
-        assert_eq!(h.batch.ops.len(), s.ops, "{}", s.what);
+        assert_eq!(h.batch.len(), s.ops, "{}", s.what);
         h.batch.apply(state);
         let versions: Vec<(&str, &str)> = c.versions(type_url).unwrap().into_iter().collect();
         assert_eq!(versions, s.versions, "{}", s.what);
