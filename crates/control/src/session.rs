@@ -629,14 +629,7 @@ pub struct TypeDebug {
 
 /// The first `max` bytes of `s`, cut at a character boundary.
 fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    s[..s.floor_char_boundary(max)].to_string()
 }
 
 #[cfg(test)]

@@ -61,14 +61,7 @@ fn is_tchar(c: u8) -> bool {
 
 /// The longest prefix of `s` that is at most `max` bytes and ends on a char boundary.
 fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    &s[..s.floor_char_boundary(max)]
 }
 
 /// Splits on `sep` outside double-quoted strings (honouring backslash escapes inside them).
