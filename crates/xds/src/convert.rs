@@ -42,6 +42,14 @@ pub struct ConvertError {
     pub reason: String,
 }
 
+impl ConvertError {
+    /// The refusal of `field` (a path in the body, empty for the body as a whole) for
+    /// `reason`: what any resource type's conversion says of a field it cannot take.
+    pub fn new(field: impl Into<String>, reason: impl fmt::Display) -> ConvertError {
+        err(field, reason)
+    }
+}
+
 impl fmt::Display for ConvertError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.field.is_empty() {

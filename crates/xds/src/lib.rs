@@ -15,6 +15,7 @@
 //!   before it is decoded (an allocation-free walk of the protobuf fields);
 //! - [`held`]: the estimate of what a resource will hold once decoded, from its shape,
 //!   for the delta client's budget per type;
+//! - [`wire`]: an allocation-free walk of the fields of an encoded protobuf message;
 //! - [`reject`]: why a resource is refused (the reasons a NACK carries);
 //! - [`client`]: the IO driver over one gRPC bidi stream (an [`XdsTransport`], in the
 //!   node proxy `ambit_grpc::GrpcChannel`), with ztunnel's reconnect backoff and metrics.
@@ -33,7 +34,9 @@ pub mod node;
 pub mod reject;
 pub mod resource;
 pub mod shape;
-mod wire;
+#[cfg(test)]
+mod test_type;
+pub mod wire;
 
 pub use address::{AddressOp, Addresses};
 pub use authorization::{AuthorizationOp, Authorizations};

@@ -93,6 +93,12 @@ pub enum Limit {
     WeightedWaypoints,
     RoutingPreferences,
     Extensions,
+    /// A limit of another resource type's own shape ([`crate::ResourceType::measure`]):
+    /// at most `max` of `what` (`"parts of one widget"`).
+    Other {
+        max: usize,
+        what: &'static str,
+    },
 }
 
 impl Limit {
@@ -115,6 +121,7 @@ impl Limit {
             Limit::WeightedWaypoints => MAX_WEIGHTED_WAYPOINTS,
             Limit::RoutingPreferences => MAX_ROUTING_PREFERENCES,
             Limit::Extensions => MAX_EXTENSIONS,
+            Limit::Other { max, .. } => max,
         }
     }
 
@@ -137,6 +144,7 @@ impl Limit {
             Limit::WeightedWaypoints => "weighted waypoints of one service",
             Limit::RoutingPreferences => "routing preferences",
             Limit::Extensions => "extensions in one message",
+            Limit::Other { what, .. } => what,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A reader of the protobuf wire format that walks the fields of one encoded message
 //! without decoding or allocating anything: what [`crate::shape`] uses to count repeated
-//! fields and measure strings before `prost` turns them into memory.
+//! fields and measure strings before `prost` turns them into memory, and what any
+//! resource type's own shape check can use ([`crate::ResourceType::measure`]).
 //!
 //! Groups (wire types 3 and 4, deprecated since proto2) are refused: no message ambit
 //! reads has one, and refusing them keeps the walk flat.
@@ -9,7 +10,7 @@ use std::fmt;
 
 /// One field's value as it sits on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Value<'a> {
+pub enum Value<'a> {
     Varint(u64),
     Fixed64,
     /// Length-delimited: a string, bytes, a sub-message or a packed repeated scalar.
@@ -43,12 +44,13 @@ impl fmt::Display for WireError {
 }
 
 /// The fields of one message, in wire order. Stops after the first error.
-pub(crate) struct Fields<'a> {
+pub struct Fields<'a> {
     buf: &'a [u8],
     failed: bool,
 }
 
-pub(crate) fn fields(buf: &[u8]) -> Fields<'_> {
+/// Walks the fields of the message encoded in `buf`: `(field number, value)` each.
+pub fn fields(buf: &[u8]) -> Fields<'_> {
     Fields { buf, failed: false }
 }
 
@@ -117,7 +119,7 @@ impl<'a> Iterator for Fields<'a> {
 
 /// How many values a repeated varint field adds: one if unpacked, the varints of the
 /// payload if packed (a byte without the continuation bit ends one).
-pub(crate) fn varint_count(v: Value<'_>) -> usize {
+pub fn varint_count(v: Value<'_>) -> usize {
     match v {
         Value::Varint(_) => 1,
         Value::Len(b) => b.iter().filter(|&&x| x & 0x80 == 0).count(),

@@ -198,6 +198,105 @@ async fn stream_acks_applies_gets_ready_and_resends_versions() {
     }
 }
 
+/// The driver serves whatever types its client subscribes to: here Address and a type of
+/// the tests' own, each into its own store. Every stream starts with one request per
+/// type, with that type's accepted versions once it reconnects; readiness waits for both.
+#[tokio::test]
+async fn stream_of_a_third_type_into_its_own_store() {
+    use crate::resource::{Readiness, ResourceType};
+    use crate::test_type::{widget, WidgetStore, Widgets, WIDGET_TYPE};
+    use crate::{Addresses, Limits};
+
+    let (channel, mut conns) = serve().await;
+    let node = NodeConfig::default().to_node();
+    let delta = DeltaClient::subscribing(node, Limits::default())
+        .subscribe(Addresses::default())
+        .subscribe(Widgets {
+            budget: 1 << 20,
+            max_parts: 4,
+            readiness: Readiness::FirstResponse,
+        });
+    let state = Arc::new(Mutex::new(ProxyState::new()));
+    let widgets = Arc::new(Mutex::new(WidgetStore::new()));
+    let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
+    let client = XdsClient::new(PlainTransport(channel), delta).on_ready(move || {
+        let _ = ready_tx.send(());
+    });
+    let (sink_state, sink_widgets) = (state.clone(), widgets.clone());
+    tokio::spawn(client.run(move |batch| match batch.downcast::<Widgets>() {
+        Ok(b) => b.apply(&mut sink_widgets.lock().unwrap()),
+        Err(batch) => batch.apply(&mut sink_state.lock().unwrap()),
+    }));
+
+    let mut c1 = next(&mut conns).await;
+    let r1 = next(&mut c1.requests).await;
+    let r2 = next(&mut c1.requests).await;
+    assert_eq!(
+        (r1.type_url.as_str(), r2.type_url.as_str()),
+        (ADDRESS_TYPE, WIDGET_TYPE)
+    );
+    assert!(r2.initial_resource_versions.is_empty());
+
+    const W1: &str = "Kubernetes//v1/Pod/ns1/a";
+    c1.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: ADDRESS_TYPE.into(),
+            nonce: "a1".into(),
+            resources: vec![workload_resource(W1)],
+            ..Default::default()
+        }))
+        .unwrap();
+    assert_eq!(next(&mut c1.requests).await.response_nonce, "a1");
+    assert!(ready_rx.try_recv().is_err(), "the widgets are awaited too");
+
+    let w = |name: &str, parts: &[&str]| Resource {
+        name: name.into(),
+        version: "7".into(),
+        resource: Some(prost_types::Any {
+            type_url: Widgets::TYPE_URL.into(),
+            value: widget(name, parts).encode_to_vec(),
+        }),
+        ..Default::default()
+    };
+    c1.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: WIDGET_TYPE.into(),
+            nonce: "w1".into(),
+            resources: vec![w("w1", &["a", "b"]), w("w2", &[""])],
+            ..Default::default()
+        }))
+        .unwrap();
+    let nack = next(&mut c1.requests).await;
+    assert_eq!(nack.type_url, WIDGET_TYPE);
+    assert_eq!(nack.response_nonce, "w1");
+    assert_eq!(
+        nack.error_detail.unwrap().message,
+        "w2: parts[0]: must be non-empty"
+    );
+    next(&mut ready_rx).await;
+    assert_eq!(
+        *widgets.lock().unwrap(),
+        [("w1".to_string(), vec!["a".to_string(), "b".to_string()])].into()
+    );
+    assert!(state.lock().unwrap().workload_by_uid(W1).is_some());
+
+    // A new stream: each type asked for again with what it accepted.
+    drop(c1);
+    let mut c2 = next(&mut conns).await;
+    let r1 = next(&mut c2.requests).await;
+    let r2 = next(&mut c2.requests).await;
+    assert_eq!(r1.type_url, ADDRESS_TYPE);
+    assert_eq!(
+        r1.initial_resource_versions,
+        [(W1.to_string(), "v1".to_string())].into()
+    );
+    assert_eq!(r2.type_url, WIDGET_TYPE);
+    assert_eq!(
+        r2.initial_resource_versions,
+        [("w1".to_string(), "7".to_string())].into()
+    );
+}
+
 /// The test ADS server on 127.0.0.1 and a lazy channel to it.
 async fn serve() -> (tonic::transport::Channel, mpsc::UnboundedReceiver<Conn>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -31,6 +31,11 @@ impl Entry {
     }
 }
 
+/// What the client keeps to track `name` at `version`, beside what the type estimates.
+pub(super) fn tracking(name: &str, version: &str) -> u64 {
+    held::tracking(name.len(), version.len(), std::mem::size_of::<Entry>())
+}
+
 fn index(slot: Slot) -> usize {
     match slot {
         Slot::First => 0,
@@ -137,11 +142,7 @@ impl<T: ResourceType> Subscription<T> {
             });
         }
         let measured = self.ty.measure(name, &any.value)?;
-        let estimate = measured.estimate.saturating_add(held::tracking(
-            name.len(),
-            version.len(),
-            std::mem::size_of::<Entry>(),
-        ));
+        let estimate = measured.estimate.saturating_add(tracking(name, version));
         Ok(Prechecked {
             body: any.value,
             slot: measured.slot,

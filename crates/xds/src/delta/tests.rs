@@ -6,6 +6,13 @@ use ambit_state::ProxyState;
 use prost::Message;
 use prost_types::Any;
 
+use crate::resource::Readiness;
+use crate::shape::{Limit, ShapeError};
+use crate::test_type::{
+    widget, widget_estimate, Widget, WidgetOp, WidgetStore, Widgets, WIDGET_TYPE,
+};
+use crate::ConvertError;
+
 fn node() -> Node {
     NodeConfig {
         pod_name: "ztunnel-x".into(),
@@ -871,4 +878,203 @@ fn budget_from_the_bytes() {
     );
     assert!(from_bytes.batch.is_empty());
     assert_eq!(c.held(AUTHORIZATION_TYPE), Some(0));
+}
+
+// ----- a type of the process's own ------------------------------------------------------
+
+fn widget_res(name: &str, version: &str, body: &Widget) -> Resource {
+    res(
+        name,
+        version,
+        Some(Any {
+            type_url: WIDGET_TYPE.into(),
+            value: body.encode_to_vec(),
+        }),
+    )
+}
+
+/// A third type, the tests' own, subscribed beside Address with no change to the client:
+/// its initial request, its shape check before decoding, its decoding and the check of
+/// the name its body carries, its NACKs (typed, and as text), its store, its budget, its
+/// removals, its versions on a new stream, and readiness waiting for it.
+#[test]
+fn a_third_type_beside_addresses() {
+    const WT: &str = "ambit.test.Widget";
+    // Names of two bytes and versions of one: every widget of two parts holds the same.
+    let one = widget_estimate(2) + subscription::tracking("w1", "1");
+    // Room for three: the first response below fits before it is decoded (w1, w3, w4).
+    let budget = 3 * one;
+    let mut c = DeltaClient::subscribing(node(), Limits::default())
+        .subscribe(Addresses::default())
+        .subscribe(Widgets {
+            budget,
+            max_parts: 2,
+            readiness: Readiness::FirstResponse,
+        });
+    let types: Vec<String> = c
+        .initial_requests()
+        .into_iter()
+        .map(|r| r.type_url)
+        .collect();
+    assert_eq!(types, [ADDRESS_TYPE, WIDGET_TYPE]);
+    assert!(!c.is_ready());
+
+    // Addresses as ever, into the node proxy's store.
+    let mut state = ProxyState::new();
+    let h = c.handle(resp(
+        ADDRESS_TYPE,
+        "a1",
+        vec![res(W1, "v1", Some(workload_any(W1, [10, 0, 0, 1])))],
+        &[],
+    ));
+    assert!(h.rejected.is_empty(), "{:?}", h.rejected);
+    h.batch.apply(&mut state);
+    assert!(state.workload_by_uid(W1).is_some());
+    assert!(!c.answered(ADDRESS_TYPE), "the widgets are awaited too");
+
+    // Widgets: each checked on its own, the good one into the widgets' own store.
+    let h = c.handle(resp(
+        WIDGET_TYPE,
+        "w-1",
+        vec![
+            widget_res("w1", "1", &widget("w1", &["a", "b"])),
+            widget_res("w2", "1", &widget("w2", &["a", "b", "c"])),
+            widget_res("w3", "1", &widget("w3", &["a", ""])),
+            widget_res("w4", "1", &widget("w5", &[])),
+            res("w6", "1", Some(workload_any(W2, [10, 0, 0, 2]))),
+            res(
+                "w7",
+                "1",
+                Some(Any {
+                    type_url: WIDGET_TYPE.into(),
+                    value: vec![0x12, 5, b'a'],
+                }),
+            ),
+        ],
+        &[],
+    ));
+    assert_eq!(
+        h.rejected[0],
+        (
+            "w2".to_string(),
+            Rejection::Shape(ShapeError::TooMany {
+                field: "parts".into(),
+                limit: Limit::Other {
+                    max: 2,
+                    what: "parts of one widget"
+                }
+            })
+        )
+    );
+    assert_eq!(
+        h.rejected[1],
+        (
+            "w3".to_string(),
+            Rejection::Invalid(ConvertError::new("parts[1]", "must be non-empty"))
+        )
+    );
+    assert_eq!(
+        h.reply.error_detail.as_ref().unwrap().message,
+        [
+            "w2: parts: more than 2 parts of one widget (the limit)",
+            "w3: parts[1]: must be non-empty",
+            "w4: the body's widget name is \"w5\", not the resource name; refused so that a removal by name always removes what was announced",
+            "w6: payload of type \"type.googleapis.com/istio.workload.Address\" in a response of type type.googleapis.com/ambit.test.Widget",
+            "w7: cannot decode ambit.test.Widget: a field runs past the end of its message",
+        ]
+        .join("; ")
+    );
+    assert_eq!(h.reply.type_url, WIDGET_TYPE);
+    assert_eq!(h.reply.response_nonce, "w-1");
+    let w1 = widget("w1", &["a", "b"]);
+    assert_eq!(
+        h.batch.ops::<Widgets>(),
+        Some(&[WidgetOp::Put(w1.clone())][..])
+    );
+    assert_eq!(h.batch.ops::<Addresses>(), None);
+    // Not a batch for the node proxy's store: it comes back, for the widgets' own.
+    let batch = h.batch.try_apply(&mut state).unwrap_err();
+    let mut widgets = WidgetStore::new();
+    batch.downcast::<Widgets>().unwrap().apply(&mut widgets);
+    let held = |names: &[&str]| -> WidgetStore {
+        names
+            .iter()
+            .map(|n| (n.to_string(), vec!["a".to_string(), "b".to_string()]))
+            .collect()
+    };
+    assert_eq!(widgets, held(&["w1"]));
+    assert_eq!(c.versions(WIDGET_TYPE).unwrap(), [("w1", "1")].into());
+    assert_eq!(c.held(WIDGET_TYPE), Some(one));
+    assert!(c.answered(WIDGET_TYPE), "ready once each type was answered");
+
+    // The widgets' budget: over it, nothing of the response applies.
+    let three = || {
+        ["w2", "w3", "w4"]
+            .map(|n| widget_res(n, "1", &widget(n, &["a", "b"])))
+            .to_vec()
+    };
+    let h = c.handle(resp(WIDGET_TYPE, "w-2", three(), &[]));
+    assert_eq!(
+        h.reply.error_detail.map(|e| e.message),
+        over(WT, 4 * one, budget, one)
+    );
+    assert!(h.batch.is_empty());
+    assert_eq!(c.versions(WIDGET_TYPE).unwrap(), [("w1", "1")].into());
+    assert_eq!(c.held(WIDGET_TYPE), Some(one));
+    // With a removal that frees its share, at the budget: applied in one batch.
+    let h = c.handle(resp(WIDGET_TYPE, "w-3", three(), &["w1"]));
+    assert!(h.rejected.is_empty(), "{:?}", h.rejected);
+    assert_eq!(h.batch.len(), 4);
+    h.batch.downcast::<Widgets>().unwrap().apply(&mut widgets);
+    assert_eq!(widgets, held(&["w2", "w3", "w4"]));
+    assert_eq!(c.held(WIDGET_TYPE), Some(budget));
+
+    // A new stream asks each type again with what it accepted.
+    let reqs = c.initial_requests();
+    assert_eq!(
+        reqs[0].initial_resource_versions,
+        [(W1.to_string(), "v1".to_string())].into()
+    );
+    assert_eq!(
+        reqs[1].initial_resource_versions,
+        [
+            ("w2".to_string(), "1".to_string()),
+            ("w3".to_string(), "1".to_string()),
+            ("w4".to_string(), "1".to_string())
+        ]
+        .into()
+    );
+
+    // Removals free the rest; the addresses are untouched.
+    let h = c.handle(resp(WIDGET_TYPE, "w-4", vec![], &["w2", "w3", "w4"]));
+    h.batch.downcast::<Widgets>().unwrap().apply(&mut widgets);
+    assert!(widgets.is_empty());
+    assert_eq!(c.held(WIDGET_TYPE), Some(0));
+    assert!(c.versions(WIDGET_TYPE).unwrap().is_empty());
+    assert_eq!(c.versions(ADDRESS_TYPE).unwrap().len(), 1);
+}
+
+/// A type that readiness does not wait for: the client is ready once the others are.
+#[test]
+fn a_type_not_awaited() {
+    let mut c = DeltaClient::subscribing(node(), Limits::default())
+        .subscribe(Addresses::default())
+        .subscribe(Widgets {
+            budget: 1 << 20,
+            max_parts: 2,
+            readiness: Readiness::NotAwaited,
+        });
+    assert!(!c.is_ready());
+    c.handle(resp(ADDRESS_TYPE, "a1", vec![], &[]));
+    assert!(c.answered(ADDRESS_TYPE), "ready without a widget");
+    assert!(c.is_ready());
+}
+
+/// Two stores for one type URL is a mistake of the process, refused at once.
+#[test]
+#[should_panic(expected = "type.googleapis.com/istio.workload.Address subscribed twice")]
+fn a_type_subscribed_twice() {
+    let _ = DeltaClient::subscribing(node(), Limits::default())
+        .subscribe(Addresses::default())
+        .subscribe(Addresses::default());
 }
