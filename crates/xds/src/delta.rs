@@ -24,16 +24,16 @@
 //! - a resource body that breaks a limit on its shape (for Address and Authorization
 //!   those of [`crate::shape`]: entries of a repeated field, bytes of a string), checked
 //!   on its encoded bytes before it is decoded ([`ResourceType::measure`]; rejected);
-//! - a resource whose body describes another object than its name ([`Decoded::key`]): a
+//! - a resource whose body describes another object than its name ([`crate::Decoded::key`]): a
 //!   workload is named by its uid, a service by `namespace/hostname`, a policy by
 //!   `namespace/name` (rejected, so that a removal by name always removes what was
 //!   announced);
 //! - a new resource name when 1,000,000 are already tracked for its type (rejected);
 //! - a response that would take what is held for its type over the type's budget of
 //!   estimated bytes once decoded ([`ResourceType::budget`]: [`MAX_HELD_ADDRESSES`],
-//!   [`MAX_HELD_POLICIES`]), or
-//!   whose resources alone would take more than [`MAX_HELD_PER_RESPONSE`], refused whole:
-//!   nothing applied, NACKed with the estimate and the budget;
+//!   [`MAX_HELD_POLICIES`]), or whose resources alone would take more than
+//!   [`MAX_HELD_PER_RESPONSE`], refused whole: nothing applied, NACKed with the estimate
+//!   and the budget;
 //! - NACK messages list at most 64 rejections, each cut at 512 bytes, then count the rest.
 //!
 //! # The budget
@@ -42,12 +42,12 @@
 //! 488 policies of 4,096 empty matches each (4 MB on the wire) held 1.39 GB. So the
 //! client estimates what each resource will hold once decoded, converted and in the store
 //! ([`ResourceType::measure`]; for Address and Authorization [`crate::held`], from the
-//! counts of its shape walk, before decoding it), keeps the sum
-//! of what is held per type, and refuses a response that would take the sum over the
-//! type's budget (what is held, plus what the response adds, less what it replaces or
-//! removes). The check runs twice: on the estimates before anything is decoded (so such a
-//! response is never decoded), and once the resources are converted, on what is accepted
-//! (a replacement that fails to convert frees nothing). A response over the budget is
+//! counts of its shape walk, before decoding it), keeps the sum of what is held per
+//! type, and refuses a response that would take the sum over the type's budget (what is
+//! held, plus what the response adds, less what it replaces or removes). The check runs
+//! twice: on the estimates before anything is decoded (so such a response is never
+//! decoded), and once the resources are converted, on what is accepted (a replacement
+//! that fails to convert frees nothing). A response over the budget is
 //! not applied at all (a bad resource alone is still rejected alone, the rest applying),
 //! so what is held never passes the budget; while a response is handled the proxy holds
 //! at most the budget plus [`MAX_HELD_PER_RESPONSE`], in estimated bytes.
