@@ -856,7 +856,7 @@ fn xds_delta_seeds() {
             .handle_bytes(&data[1..])
             .expect("a response");
         let rejected: Vec<String> = h.rejected.into_iter().map(|(n, _)| n).collect();
-        (h.batch.ops.len(), rejected)
+        (h.batch.len(), rejected)
     };
     replay(
         "xds_delta",
