@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use ambit_state::{authorize_with, Denied, ProxyState, RbacContext, Workload};
+use ambit_state::{authorize_observed, Denied, ProxyState, RbacContext, RbacObserver, Workload};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -138,8 +138,13 @@ impl OpenConnections {
 impl OpenConnections {
     /// Authorizes again, against `state`, every watched connection whose destination or
     /// policies changed since it was last authorized; each one now denied is told so (its
-    /// relay closes it) and returned.
-    pub fn recheck(&self, state: &ProxyState) -> Vec<(Connection, Denied)> {
+    /// relay closes it) and returned. `rbac` is told of the dry-run policies that match,
+    /// as at the first authorization.
+    pub fn recheck(
+        &self,
+        state: &ProxyState,
+        rbac: &dyn RbacObserver,
+    ) -> Vec<(Connection, Denied)> {
         // Copied out, so that connections opening and closing never wait for the checks.
         let watched: Vec<(Connection, Arc<PolicyWatch>)> = self
             .inner()
@@ -168,7 +173,7 @@ impl OpenConnections {
             let applying = policies
                 .entry(dst.uid.clone())
                 .or_insert_with(|| state.policies_for(&dst));
-            let verdict = authorize_with(applying, &watch.ctx);
+            let verdict = authorize_observed(applying, &watch.ctx, rbac);
             *checked = (dst, generation);
             if let Err(d) = verdict {
                 watch.revoke.send_replace(Some(d.clone()));
@@ -296,7 +301,7 @@ workloads:
         let _out = open.track(Direction::Outbound, conn(3));
 
         assert!(
-            open.recheck(&state).is_empty(),
+            open.recheck(&state, &ambit_state::Unobserved).is_empty(),
             "no policy yet: all allowed"
         );
         let deny: ambit_state::LocalConfig = ambit_state::parse_local_config(
@@ -315,7 +320,7 @@ policies:
         for p in deny.policies {
             state.insert_policy(p).unwrap();
         }
-        let denied = open.recheck(&state);
+        let denied = open.recheck(&state, &ambit_state::Unobserved);
         assert_eq!(denied.len(), 1, "{denied:?}");
         assert_eq!(denied[0].0, conn(1));
         assert_eq!(denied[0].1.policy.as_deref(), Some("shop/deny-bad"));
@@ -324,10 +329,49 @@ policies:
             .expect("the denied connection is told");
         assert!(d.reason.contains("shop/deny-bad"), "{d:?}");
         // Told once; the allowed one is never told.
-        assert!(open.recheck(&state).is_empty());
+        assert!(open.recheck(&state, &ambit_state::Unobserved).is_empty());
         let still =
             tokio::time::timeout(std::time::Duration::from_millis(50), good_revoked.denied()).await;
         assert!(still.is_err(), "the allowed connection stays open");
+    }
+
+    /// A re-check tells the observer it is given of the dry-run policies that match, as
+    /// the first authorization does.
+    #[tokio::test]
+    async fn a_recheck_tells_its_observer_of_dry_run_matches() {
+        let yaml = r#"
+workloads:
+- {uid: server, name: server, namespace: shop, workloadIps: [10.0.0.2], protocol: HBONE}
+"#;
+        let mut state =
+            ProxyState::from_config(ambit_state::parse_local_config("t", yaml).unwrap()).unwrap();
+        let open = Arc::new(OpenConnections::default());
+        let ctx = RbacContext {
+            source_identity: None,
+            source_ip: "10.0.0.1".parse().unwrap(),
+            destination: "10.0.0.2:8080".parse().unwrap(),
+        };
+        let c = Connection::new(
+            "10.0.0.1:1".parse().unwrap(),
+            None,
+            "10.0.0.2:8080".parse().unwrap(),
+            Protocol::Tcp,
+        );
+        let tracked = open.track(Direction::Inbound, c);
+        let server = state.workload_by_uid("server").unwrap();
+        let _revoked = tracked.watch_policy(ctx, server, state.policy_generation());
+        let dry = ambit_state::parse_local_config(
+            "t",
+            "policies:\n- {name: audit, namespace: shop, scope: Namespace, action: Deny, dryRun: true, rules: [[]]}\n",
+        )
+        .unwrap();
+        for p in dry.policies {
+            state.insert_policy(p).unwrap();
+        }
+        let seen = Mutex::new(Vec::new());
+        let observer = |p: &ambit_state::Authorization| seen.lock().unwrap().push(p.key());
+        assert!(open.recheck(&state, &observer).is_empty(), "not enforced");
+        assert_eq!(*seen.lock().unwrap(), ["shop/audit"]);
     }
 
     #[tokio::test]
@@ -372,7 +416,7 @@ policies:
         let revoked = conn.watch_policy(ctx, server, state.policy_generation());
         let policies = state.policy_generation();
         assert!(
-            open.recheck(&state).is_empty(),
+            open.recheck(&state, &ambit_state::Unobserved).is_empty(),
             "nothing selects the deny yet"
         );
         // The server now selects the policy: the policies are the same, the workload not.
@@ -380,7 +424,7 @@ policies:
         selecting.authorization_policies = vec!["shop/deny-all".into()];
         state.insert_workload(selecting).unwrap();
         assert_eq!(state.policy_generation(), policies);
-        let denied = open.recheck(&state);
+        let denied = open.recheck(&state, &ambit_state::Unobserved);
         assert_eq!(denied.len(), 1, "{denied:?}");
         let d = tokio::time::timeout(std::time::Duration::from_secs(5), revoked.denied())
             .await

@@ -63,6 +63,7 @@ pub(crate) async fn handle_connect(
             arrived_on: peer.local_addr,
             peer_identity: src_identity.as_ref(),
             source_policy: pi.source_policy(transparent),
+            rbac: &*pi.metrics.rbac,
         },
     );
     drop(state);

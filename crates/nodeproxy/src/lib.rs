@@ -7,6 +7,7 @@ pub mod config;
 pub mod connections;
 pub mod copy;
 pub mod decide;
+pub mod dry_run;
 pub mod error;
 mod inbound;
 pub mod inputs;

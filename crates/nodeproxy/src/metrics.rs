@@ -1,5 +1,8 @@
 //! Istio's standard TCP metrics, with ztunnel's names, labels and byte orientation.
 
+use std::sync::Arc;
+
+use ambit_state::RbacObserver;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -132,6 +135,11 @@ pub struct Metrics {
     pub received_bytes: Family<TrafficLabels, Counter>,
     pub sent_bytes: Family<TrafficLabels, Counter>,
     pub sockets_open: Family<ReporterLabel, Gauge>,
+    /// Told of the dry-run policies each authorization matched: a
+    /// [`DryRunMatches`](crate::dry_run::DryRunMatches) of this proxy's registry. Until the
+    /// binary sets one, the process-wide hook it installs
+    /// ([`ambit_state::ProcessDryRunHook`]).
+    pub rbac: Arc<dyn RbacObserver + Send + Sync>,
 }
 
 impl Metrics {
@@ -152,6 +160,7 @@ impl Metrics {
             received_bytes: Family::default(),
             sent_bytes: Family::default(),
             sockets_open: Family::default(),
+            rbac: Arc::new(ambit_state::ProcessDryRunHook),
         };
         registry.register(
             "istio_tcp_connections_opened",

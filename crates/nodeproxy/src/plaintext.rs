@@ -46,6 +46,7 @@ pub(crate) async fn handle(
             peer: src,
             original_dst: dst,
             source_policy: pi.source_policy(transparent),
+            rbac: &*pi.metrics.rbac,
         },
     );
     drop(state);

@@ -165,7 +165,7 @@ async fn recheck_on_change(pi: Arc<ProxyInputs>, drain: DrainWatcher) {
             _ = drain.draining() => return,
         }
         let state = pi.state.get();
-        for (c, denied) in pi.connections.recheck(&state) {
+        for (c, denied) in pi.connections.recheck(&state, &*pi.metrics.rbac) {
             tracing::debug!(src = %c.src, dst = %c.actual_dst, reason = %denied, "policy change denies an open connection");
         }
     }

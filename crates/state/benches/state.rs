@@ -81,7 +81,7 @@ fn rbac(c: &mut Criterion) {
     }
     let ctx = ctx();
     g.bench_function("namespace_10k_policies_10_apply", |b| {
-        b.iter(|| black_box(s.authorize(black_box(&ctx), &dst)))
+        b.iter(|| black_box(s.authorize(black_box(&ctx), &dst, &ambit_state::Unobserved)))
     });
     // 10,000 global DENY policies of 10 rules each: all apply, none matches.
     let mut s = ProxyState::new();
@@ -97,7 +97,7 @@ fn rbac(c: &mut Criterion) {
         .unwrap();
     }
     g.bench_function("global_deny_10k_policies_10_rules", |b| {
-        b.iter(|| black_box(s.authorize(black_box(&ctx), &dst)))
+        b.iter(|| black_box(s.authorize(black_box(&ctx), &dst, &ambit_state::Unobserved)))
     });
     g.finish();
 }

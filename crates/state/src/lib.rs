@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod compat;
 mod config;
 mod dump;
 mod error;
@@ -23,6 +24,7 @@ mod waypoint;
 mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
+pub use compat::{set_dry_run_hook, DryRunHook, ProcessDryRunHook};
 pub use config::{parse_local_config, LocalConfig};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
@@ -31,8 +33,7 @@ pub use policy::{
     ServiceAccountMatch, StringMatch, L7_ATTRIBUTES,
 };
 pub use rbac::{
-    authorize_observed, authorize_with, matches as policy_matches, set_dry_run_hook, Denied,
-    DryRunHook, RbacContext,
+    authorize_observed, matches as policy_matches, Denied, RbacContext, RbacObserver, Unobserved,
 };
 pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
 pub use service::{

@@ -35,47 +35,62 @@ pub struct Denied {
     pub policy: Option<String>,
 }
 
-impl ProxyState {
-    /// Authorizes a connection to `dst_workload` against the policies that apply to it
-    /// (see [`ProxyState::policies_for`]).
-    pub fn authorize(&self, ctx: &RbacContext, dst_workload: &Workload) -> Result<(), Denied> {
-        let mut applying: Vec<&Authorization> = Vec::with_capacity(16);
-        self.each_policy_for(dst_workload, |p| applying.push(p));
-        authorize_with(&applying, ctx)
+/// Told of what an authorization saw that is not its verdict: each dry-run policy that
+/// matched (logged, never enforced). Passed to each call, so that every proxy counts its
+/// own (two in one process do not share a counter).
+pub trait RbacObserver {
+    /// `policy`, a dry-run policy, matched the connection.
+    fn dry_run_matched(&self, policy: &Authorization);
+}
+
+/// Any `Fn(&Authorization)` observes dry-run matches.
+impl<F: Fn(&Authorization)> RbacObserver for F {
+    fn dry_run_matched(&self, policy: &Authorization) {
+        self(policy)
     }
 }
 
-/// Told of every dry-run policy that matched (its key and action), for a metric.
-pub type DryRunHook = Box<dyn Fn(&str, PolicyAction) + Send + Sync>;
+impl std::fmt::Debug for dyn RbacObserver + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RbacObserver")
+    }
+}
 
-static DRY_RUN_HOOK: std::sync::OnceLock<DryRunHook> = std::sync::OnceLock::new();
+impl std::fmt::Debug for dyn RbacObserver + Send + Sync + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RbacObserver")
+    }
+}
 
-/// Installs the process-wide hook [`authorize_with`] calls for each matching dry-run
-/// policy (the node proxy counts them). Only the first call installs; false after that.
-pub fn set_dry_run_hook(hook: DryRunHook) -> bool {
-    DRY_RUN_HOOK.set(hook).is_ok()
+/// Observes nothing: for callers that count no dry-run matches (benchmarks, tools).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unobserved;
+
+impl RbacObserver for Unobserved {
+    fn dry_run_matched(&self, _: &Authorization) {}
+}
+
+impl ProxyState {
+    /// Authorizes a connection to `dst_workload` against the policies that apply to it
+    /// (see [`ProxyState::policies_for`]); `observer` is told of matching dry-run policies.
+    pub fn authorize(
+        &self,
+        ctx: &RbacContext,
+        dst_workload: &Workload,
+        observer: &dyn RbacObserver,
+    ) -> Result<(), Denied> {
+        let mut applying: Vec<&Authorization> = Vec::with_capacity(16);
+        self.each_policy_for(dst_workload, |p| applying.push(p));
+        authorize_observed(&applying, ctx, observer)
+    }
 }
 
 /// Evaluates a set of policies (already selected for the destination) against `ctx`.
-/// Matching dry-run policies are logged and reported to the hook of
-/// [`set_dry_run_hook`], never enforced.
-pub fn authorize_with<P: Borrow<Authorization>>(
-    policies: &[P],
-    ctx: &RbacContext,
-) -> Result<(), Denied> {
-    authorize_observed(policies, ctx, &mut |p| {
-        if let Some(hook) = DRY_RUN_HOOK.get() {
-            hook(&p.key(), p.action);
-        }
-    })
-}
-
-/// [`authorize_with`], with `on_dry_run` told of each matching dry-run policy instead of
-/// the process-wide hook.
+/// Matching dry-run policies are logged and told to `observer`, never enforced.
 pub fn authorize_observed<P: Borrow<Authorization>>(
     policies: &[P],
     ctx: &RbacContext,
-    on_dry_run: &mut dyn FnMut(&Authorization),
+    observer: &dyn RbacObserver,
 ) -> Result<(), Denied> {
     let policies = policies.iter().map(Borrow::borrow);
     let peer = Peer::new(ctx);
@@ -83,7 +98,7 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
         if matches_peer(p, &peer) {
             if p.dry_run {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run DENY policy matched (not enforced)");
-                on_dry_run(p);
+                observer.dry_run_matched(p);
             } else {
                 tracing::debug!(policy = %p.key(), ctx = ?ctx, "denied by policy");
                 return Err(Denied {
@@ -99,7 +114,7 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
         if p.dry_run {
             if matches_peer(p, &peer) {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run ALLOW policy matched (not enforced)");
-                on_dry_run(p);
+                observer.dry_run_matched(p);
             }
             continue;
         }
@@ -567,7 +582,7 @@ mod tests {
         // An ALLOW whose only rule is L7 leaves the workload with an ALLOW that admits
         // nobody: denied, never allowed.
         let only = policy("Allow", false, "[[[{methods: [GET]}]]]");
-        assert!(authorize_with(&[only], &c).is_err());
+        assert!(authorize_observed(&[only], &c, &Unobserved).is_err());
     }
 
     #[test]
@@ -585,16 +600,55 @@ mod tests {
             named(policy("Allow", true, yes), "dry-allow"),
             named(policy("Allow", false, yes), "allow"),
         ];
-        let mut seen = Vec::new();
-        let verdict = authorize_observed(&policies, &c, &mut |p| seen.push((p.key(), p.action)));
+        let seen = std::cell::RefCell::new(Vec::new());
+        let verdict = authorize_observed(&policies, &c, &|p: &Authorization| {
+            seen.borrow_mut().push((p.key(), p.action))
+        });
         assert!(verdict.is_ok());
         assert_eq!(
-            seen,
+            seen.into_inner(),
             [
                 ("default/dry-deny".to_string(), PolicyAction::Deny),
                 ("default/dry-allow".to_string(), PolicyAction::Allow),
             ]
         );
+    }
+
+    /// Two proxies in one process, each with its own observer: each counts only the
+    /// dry-run matches of its own decisions.
+    #[test]
+    fn two_observers_count_their_own_dry_runs() {
+        #[derive(Default)]
+        struct Counter(std::sync::Mutex<Vec<String>>);
+        impl RbacObserver for Counter {
+            fn dry_run_matched(&self, p: &Authorization) {
+                self.0.lock().unwrap().push(p.key());
+            }
+        }
+        let yaml = |name: &str| {
+            format!(
+                "workloads:\n- {{name: server, namespace: default, workloadIps: [\"10.0.0.3\"]}}\npolicies:\n- {{name: {name}, namespace: default, scope: Namespace, action: Deny, dryRun: true, rules: [[]]}}\n"
+            )
+        };
+        let proxy = |name: &str| {
+            let s = ProxyState::from_config(parse_local_config("t", &yaml(name)).unwrap()).unwrap();
+            let w = s
+                .workload_by_uid("Kubernetes//v1/Pod/default/server")
+                .unwrap();
+            (s, w)
+        };
+        let (a, a_dst) = proxy("dry-a");
+        let (b, b_dst) = proxy("dry-b");
+        let (count_a, count_b) = (Counter::default(), Counter::default());
+        for _ in 0..2 {
+            assert!(a.authorize(&client(), &a_dst, &count_a).is_ok());
+        }
+        assert!(b.authorize(&client(), &b_dst, &count_b).is_ok());
+        assert_eq!(
+            *count_a.0.lock().unwrap(),
+            ["default/dry-a", "default/dry-a"]
+        );
+        assert_eq!(*count_b.0.lock().unwrap(), ["default/dry-b"]);
     }
 
     #[test]
@@ -692,7 +746,7 @@ mod tests {
             ),
         ];
         for (name, policies, want) in cases {
-            let got = authorize_with(&policies, &c);
+            let got = authorize_observed(&policies, &c, &Unobserved);
             match (got, want) {
                 (Ok(()), Ok(())) => {}
                 (Err(d), Err(w)) => assert_eq!(d.reason, w, "{name}"),
@@ -721,7 +775,7 @@ policies:
         let other = s.workload_by_uid("Kubernetes//v1/Pod/other/other").unwrap();
 
         // Namespace policy allows the client.
-        assert!(s.authorize(&client(), &server).is_ok());
+        assert!(s.authorize(&client(), &server, &Unobserved).is_ok());
         // Someone else is denied by the namespace allow...
         let stranger = ctx(
             id("spiffe://cluster.local/ns/x/sa/y"),
@@ -729,7 +783,9 @@ policies:
             "10.0.0.3:8080",
         );
         assert_eq!(
-            s.authorize(&stranger, &server).unwrap_err().reason,
+            s.authorize(&stranger, &server, &Unobserved)
+                .unwrap_err()
+                .reason,
             "allow policies exist, but none allowed"
         );
         // ...unless the workload-selected policy allows the port.
@@ -738,17 +794,17 @@ policies:
             "10.0.0.9",
             "10.0.0.3:9090",
         );
-        assert!(s.authorize(&stranger9090, &server).is_ok());
+        assert!(s.authorize(&stranger9090, &server, &Unobserved).is_ok());
         // The global deny applies to every namespace.
         let evil = ctx(
             id("spiffe://cluster.local/ns/evil/sa/y"),
             "10.0.0.9",
             "10.0.0.4:80",
         );
-        let d = s.authorize(&evil, &other).unwrap_err();
+        let d = s.authorize(&evil, &other, &Unobserved).unwrap_err();
         assert_eq!(d.reason, "explicitly denied by: istio-system/root-deny");
         assert_eq!(d.policy.as_deref(), Some("istio-system/root-deny"));
         // No allow policies in namespace "other": allowed.
-        assert!(s.authorize(&stranger, &other).is_ok());
+        assert!(s.authorize(&stranger, &other, &Unobserved).is_ok());
     }
 }

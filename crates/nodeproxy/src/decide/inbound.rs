@@ -12,7 +12,9 @@ use std::sync::Arc;
 use ambit_hbone::headers::Authority;
 use ambit_hbone::request::{validate, Rejection};
 use ambit_identity::SpiffeId;
-use ambit_state::{is_waypoint_for, AppTunnelProtocol, ProxyState, RbacContext, Service, Workload};
+use ambit_state::{
+    is_waypoint_for, AppTunnelProtocol, ProxyState, RbacContext, RbacObserver, Service, Workload,
+};
 use http::StatusCode;
 
 use super::{is_loop_port, Local, SourcePolicy};
@@ -34,6 +36,8 @@ pub struct HboneRequest<'a> {
     /// The client certificate's SPIFFE id.
     pub peer_identity: Option<&'a SpiffeId>,
     pub source_policy: SourcePolicy,
+    /// This proxy's observer of the authorization (its dry-run counter).
+    pub rbac: &'a dyn RbacObserver,
 }
 
 /// The facts about one captured plaintext connection.
@@ -45,6 +49,8 @@ pub struct PlaintextConnection<'a> {
     /// What the client dialed (`SO_ORIGINAL_DST`).
     pub original_dst: SocketAddr,
     pub source_policy: SourcePolicy,
+    /// This proxy's observer of the authorization (its dry-run counter).
+    pub rbac: &'a dyn RbacObserver,
 }
 
 /// An attributed inbound connection: where it goes, and whether it may.
@@ -148,6 +154,7 @@ pub fn plan_hbone(state: &ProxyState, input: &HboneRequest<'_>) -> Result<Inboun
         dst_workload,
         dst_service,
         input.source_policy,
+        input.rbac,
     );
     if tunnel.is_some_and(|t| t.protocol == AppTunnelProtocol::Proxy) {
         let peer = SocketAddr::new(client, input.peer.port());
@@ -211,6 +218,7 @@ pub fn plan_plaintext(
         dst_workload,
         None,
         input.source_policy,
+        input.rbac,
     ))
 }
 
@@ -224,13 +232,16 @@ fn admit(
     dst_workload: Arc<Workload>,
     dst_service: Option<Arc<Service>>,
     source_policy: SourcePolicy,
+    rbac: &dyn RbacObserver,
 ) -> InboundPlan {
     let ctx = RbacContext {
         source_identity: client_identity,
         source_ip: client,
         destination: target,
     };
-    let verdict = state.authorize(&ctx, &dst_workload).map_err(Error::Denied);
+    let verdict = state
+        .authorize(&ctx, &dst_workload, rbac)
+        .map_err(Error::Denied);
     InboundPlan {
         rbac: ctx,
         policy_generation: state.policy_generation(),
@@ -339,6 +350,7 @@ mod tests {
                 arrived_on: format!("{SERVER_IP}:15008").parse().unwrap(),
                 peer_identity,
                 source_policy: auto(),
+                rbac: &ambit_state::Unobserved,
             },
         )
     }
@@ -493,6 +505,7 @@ mod tests {
                 arrived_on: arrived_on.parse().unwrap(),
                 peer_identity: Some(&client),
                 source_policy: auto(),
+                rbac: &ambit_state::Unobserved,
             },
         )
     }
@@ -669,6 +682,7 @@ mod tests {
                     arrived_on: format!("{SERVER_IP}:15008").parse().unwrap(),
                     peer_identity: Some(&client),
                     source_policy: auto(),
+                    rbac: &ambit_state::Unobserved,
                 },
             );
             assert_eq!(
@@ -683,6 +697,7 @@ mod tests {
                     peer: "192.0.2.9:50000".parse().unwrap(),
                     original_dst: format!("10.0.0.2:{port}").parse().unwrap(),
                     source_policy: auto(),
+                    rbac: &ambit_state::Unobserved,
                 },
             );
             assert_eq!(
@@ -704,6 +719,7 @@ mod tests {
                 arrived_on: format!("{SERVER_IP}:15008").parse().unwrap(),
                 peer_identity: Some(&client),
                 source_policy: auto(),
+                rbac: &ambit_state::Unobserved,
             },
         )
         .is_ok());
@@ -729,6 +745,7 @@ mod tests {
                 arrived_on: "[::ffff:10.0.0.2]:15008".parse().unwrap(),
                 peer_identity: None,
                 source_policy: auto(),
+                rbac: &ambit_state::Unobserved,
             },
         )
         .unwrap();
@@ -756,6 +773,7 @@ mod tests {
                     peer: "192.0.2.9:50000".parse().unwrap(),
                     original_dst: dst.parse().unwrap(),
                     source_policy: auto(),
+                    rbac: &ambit_state::Unobserved,
                 },
             ))
         };
@@ -775,6 +793,85 @@ mod tests {
         assert_eq!(
             run("10.0.0.2:15008"),
             "503 refusing connection to the proxy's own port 15008"
+        );
+    }
+
+    /// Two proxies in one process (as the pods of a node's shared mode are, or a node proxy
+    /// beside a waypoint), each with its own registry: the dry-run policies their
+    /// decisions match are counted by each in its own, HBONE and plaintext alike.
+    #[test]
+    fn two_proxies_in_one_process_each_count_their_own_dry_runs() {
+        use crate::dry_run::DryRunMatches;
+        use prometheus_client::registry::Registry;
+
+        let mut state = mesh();
+        let dry = ambit_state::parse_local_config(
+            "t",
+            "policies:\n- {name: audit, namespace: shop, scope: Namespace, action: Deny, dryRun: true, rules: [[]]}\n",
+        )
+        .unwrap();
+        for p in dry.policies {
+            state.insert_policy(p).unwrap();
+        }
+        let cfg = ProxyConfig::default();
+        let id = identity("server", "server");
+        let local = Local {
+            identity: &id,
+            node: None,
+        };
+        let client = spiffe("shop", "client");
+        let request = connect("10.0.0.2:8080", &[]);
+        let (mut registry_a, mut registry_b) = (Registry::default(), Registry::default());
+        let a = DryRunMatches::register(&mut registry_a);
+        let b = DryRunMatches::register(&mut registry_b);
+        let hbone = |rbac: &DryRunMatches| {
+            plan_hbone(
+                &state,
+                &HboneRequest {
+                    cfg: &cfg,
+                    local,
+                    request: &request,
+                    peer: "10.0.0.1:45000".parse().unwrap(),
+                    arrived_on: format!("{SERVER_IP}:15008").parse().unwrap(),
+                    peer_identity: Some(&client),
+                    source_policy: auto(),
+                    rbac,
+                },
+            )
+        };
+        let plaintext = |rbac: &DryRunMatches| {
+            plan_plaintext(
+                &state,
+                &PlaintextConnection {
+                    cfg: &cfg,
+                    local,
+                    peer: "192.0.2.9:50000".parse().unwrap(),
+                    original_dst: "10.0.0.2:8080".parse().unwrap(),
+                    source_policy: auto(),
+                    rbac,
+                },
+            )
+        };
+        // Not enforced: both allowed.
+        assert!(hbone(&a).unwrap().verdict.is_ok());
+        assert!(hbone(&a).unwrap().verdict.is_ok());
+        assert!(plaintext(&a).unwrap().verdict.is_ok());
+        assert!(hbone(&b).unwrap().verdict.is_ok());
+        let count = |r: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, r).unwrap();
+            out.lines()
+                .filter(|l| l.starts_with("ambit_rbac_dry_run_matches_total{"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            count(&registry_a),
+            ["ambit_rbac_dry_run_matches_total{policy=\"shop/audit\",action=\"DENY\"} 3"]
+        );
+        assert_eq!(
+            count(&registry_b),
+            ["ambit_rbac_dry_run_matches_total{policy=\"shop/audit\",action=\"DENY\"} 1"]
         );
     }
 
