@@ -1,7 +1,8 @@
-//! The mesh model of ambit's node proxy: workloads, services and L4 authorization
-//! policies, loaded from ztunnel's local configuration YAML (`LOCAL_XDS_PATH` /
-//! `LOCAL_XDS`), kept in a [`ProxyState`] store with the lookups the data path needs, the
-//! outbound routing decision ([`route()`]) and L4 RBAC ([`ProxyState::authorize`]).
+//! The mesh model of ambit's node proxy: workloads, services and authorization policies
+//! (the L4 fields evaluated, the L7 attributes typed), loaded from ztunnel's local
+//! configuration YAML (`LOCAL_XDS_PATH` / `LOCAL_XDS`), kept in a [`ProxyState`] store
+//! with the lookups the data path needs, the outbound routing decision ([`route()`]) and
+//! L4 RBAC ([`ProxyState::authorize`]).
 //!
 //! Sans-IO: nothing here opens a socket, reads a file or looks at the clock.
 #![forbid(unsafe_code)]
@@ -29,8 +30,9 @@ pub use config::{parse_local_config, LocalConfig};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
 pub use policy::{
-    Authorization, Clause, L7Attributes, PolicyAction, PolicyScope, RbacMatch, Rule,
-    ServiceAccountMatch, StringMatch, L7_ATTRIBUTES,
+    parse_host, parse_method, parse_request_principal, Authorization, Clause, Condition,
+    HeaderMatch, IpBlock, IpKey, L7Attributes, PathMatch, PathSegment, PathTemplate, PolicyAction,
+    PolicyScope, RbacMatch, Rule, ServiceAccountMatch, StringMatch, TextKey, Values, L7_ATTRIBUTES,
 };
 pub use rbac::{
     authorize_observed, matches as policy_matches, Denied, RbacContext, RbacObserver, Unobserved,

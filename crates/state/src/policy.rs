@@ -1,4 +1,12 @@
-//! L4 authorization policies, as ztunnel's `istio.security.Authorization`.
+//! Authorization policies, as ztunnel's `istio.security.Authorization`, with the L7
+//! attributes of an AuthorizationPolicy typed beside the L4 fields ([`l7`]).
+
+mod l7;
+
+pub use l7::{
+    parse_host, parse_method, parse_request_principal, Condition, HeaderMatch, IpBlock, IpKey,
+    L7Attributes, PathMatch, PathSegment, PathTemplate, TextKey, Values,
+};
 
 use ipnet::IpNet;
 use serde::ser::SerializeMap;
@@ -144,7 +152,7 @@ fn deserialize_string_match<'de, D: Deserializer<'de>>(
 /// peer's SPIFFE id *without* its `spiffe://` scheme (`cluster.local/ns/a/sa/b`), and no
 /// such string contains `spiffe:` (neither trust domains nor SPIFFE path segments allow
 /// a ':'), so a value that starts with the scheme is a mistake.
-fn check_principal(m: &StringMatch) -> Result<(), String> {
+pub(crate) fn check_principal(m: &StringMatch) -> Result<(), String> {
     let (StringMatch::Exact(v) | StringMatch::Prefix(v) | StringMatch::Suffix(v)) = m else {
         return Ok(());
     };
@@ -190,6 +198,51 @@ impl StringMatch {
             StringMatch::Presence => !s.is_empty(),
         }
     }
+
+    /// Reads a value as an AuthorizationPolicy writes it: `v` (exact), `pre*` (prefix),
+    /// `*suf` (suffix), `*` (presence). Refused: an empty value, and a `*` anywhere else
+    /// (Istio would read `*a*` as the suffix `a*`, with a literal star, which is never
+    /// what was meant).
+    pub fn from_istio(s: &str) -> Result<StringMatch, String> {
+        let m = match s {
+            "" => return Err("must not be empty (\"*\" is any value)".into()),
+            "*" => StringMatch::Presence,
+            _ => match (s.strip_prefix('*'), s.strip_suffix('*')) {
+                (Some(rest), _) => StringMatch::Suffix(rest.to_string()),
+                (None, Some(rest)) => StringMatch::Prefix(rest.to_string()),
+                (None, None) => StringMatch::Exact(s.to_string()),
+            },
+        };
+        match &m {
+            StringMatch::Exact(v) | StringMatch::Prefix(v) | StringMatch::Suffix(v)
+                if v.contains('*') =>
+            {
+                Err(format!(
+                    "{s:?} has a '*' inside; a '*' may only be the whole value, or begin (\"*suffix\") or end (\"prefix*\") it"
+                ))
+            }
+            _ => Ok(m),
+        }
+    }
+
+    /// The AuthorizationPolicy form (see [`StringMatch::from_istio`]), which reads back
+    /// as `self` for every match it made.
+    pub fn to_istio(&self) -> String {
+        match self {
+            StringMatch::Exact(v) => v.clone(),
+            StringMatch::Prefix(v) => format!("{v}*"),
+            StringMatch::Suffix(v) => format!("*{v}"),
+            StringMatch::Presence => "*".into(),
+        }
+    }
+
+    /// The text the match compares (none for presence).
+    pub fn literal(&self) -> Option<&str> {
+        match self {
+            StringMatch::Exact(v) | StringMatch::Prefix(v) | StringMatch::Suffix(v) => Some(v),
+            StringMatch::Presence => None,
+        }
+    }
 }
 
 /// A service account, by namespace and name.
@@ -229,53 +282,6 @@ pub struct RbacMatch {
     pub l7: Option<Box<L7Attributes>>,
 }
 
-/// Attributes only an L7 proxy can see, written as an AuthorizationPolicy would (see
-/// [`L7_ATTRIBUTES`]): read so that they are never mistaken for "no condition", never
-/// evaluated. Kept as written, for `/config_dump`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct L7Attributes {
-    pub paths: Option<serde_json::Value>,
-    pub not_paths: Option<serde_json::Value>,
-    pub methods: Option<serde_json::Value>,
-    pub not_methods: Option<serde_json::Value>,
-    pub hosts: Option<serde_json::Value>,
-    pub not_hosts: Option<serde_json::Value>,
-    pub request_principals: Option<serde_json::Value>,
-    pub not_request_principals: Option<serde_json::Value>,
-    pub headers: Option<serde_json::Value>,
-    pub not_headers: Option<serde_json::Value>,
-    pub remote_ips: Option<serde_json::Value>,
-    pub not_remote_ips: Option<serde_json::Value>,
-    pub when: Option<serde_json::Value>,
-}
-
-impl L7Attributes {
-    /// Every attribute with its camelCase name, in [`L7_ATTRIBUTES`] order.
-    pub fn fields(&self) -> [(&'static str, &Option<serde_json::Value>); 13] {
-        let v = [
-            &self.paths,
-            &self.not_paths,
-            &self.methods,
-            &self.not_methods,
-            &self.hosts,
-            &self.not_hosts,
-            &self.request_principals,
-            &self.not_request_principals,
-            &self.headers,
-            &self.not_headers,
-            &self.remote_ips,
-            &self.not_remote_ips,
-            &self.when,
-        ];
-        std::array::from_fn(|i| (L7_ATTRIBUTES[i], v[i]))
-    }
-
-    /// True if no attribute is set.
-    pub fn is_empty(&self) -> bool {
-        self.fields().iter().all(|(_, v)| v.is_none())
-    }
-}
-
 /// A match object as it is written: the L4 fields and the L7 attributes side by side.
 /// Only for reading; [`RbacMatch`]'s own `Serialize` writes the same form.
 #[derive(Deserialize)]
@@ -305,32 +311,32 @@ struct MatchFields {
     destination_ports: Vec<u16>,
     #[serde(default)]
     not_destination_ports: Vec<u16>,
-    #[serde(default)]
-    paths: Option<serde_json::Value>,
-    #[serde(default)]
-    not_paths: Option<serde_json::Value>,
-    #[serde(default)]
-    methods: Option<serde_json::Value>,
-    #[serde(default)]
-    not_methods: Option<serde_json::Value>,
-    #[serde(default)]
-    hosts: Option<serde_json::Value>,
-    #[serde(default)]
-    not_hosts: Option<serde_json::Value>,
-    #[serde(default)]
-    request_principals: Option<serde_json::Value>,
-    #[serde(default)]
-    not_request_principals: Option<serde_json::Value>,
-    #[serde(default)]
-    headers: Option<serde_json::Value>,
-    #[serde(default)]
-    not_headers: Option<serde_json::Value>,
-    #[serde(default)]
-    remote_ips: Option<serde_json::Value>,
-    #[serde(default)]
-    not_remote_ips: Option<serde_json::Value>,
-    #[serde(default)]
-    when: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "l7::paths")]
+    paths: Option<Vec<PathMatch>>,
+    #[serde(default, deserialize_with = "l7::paths")]
+    not_paths: Option<Vec<PathMatch>>,
+    #[serde(default, deserialize_with = "l7::methods")]
+    methods: Option<Vec<StringMatch>>,
+    #[serde(default, deserialize_with = "l7::methods")]
+    not_methods: Option<Vec<StringMatch>>,
+    #[serde(default, deserialize_with = "l7::hosts")]
+    hosts: Option<Vec<StringMatch>>,
+    #[serde(default, deserialize_with = "l7::hosts")]
+    not_hosts: Option<Vec<StringMatch>>,
+    #[serde(default, deserialize_with = "l7::request_principals")]
+    request_principals: Option<Vec<StringMatch>>,
+    #[serde(default, deserialize_with = "l7::request_principals")]
+    not_request_principals: Option<Vec<StringMatch>>,
+    #[serde(default, deserialize_with = "l7::headers")]
+    headers: Option<Vec<HeaderMatch>>,
+    #[serde(default, deserialize_with = "l7::headers")]
+    not_headers: Option<Vec<HeaderMatch>>,
+    #[serde(default, deserialize_with = "l7::ips")]
+    remote_ips: Option<Vec<IpBlock>>,
+    #[serde(default, deserialize_with = "l7::ips")]
+    not_remote_ips: Option<Vec<IpBlock>>,
+    #[serde(default, deserialize_with = "l7::when")]
+    when: Option<Vec<Condition>>,
 }
 
 impl From<MatchFields> for RbacMatch {
@@ -385,7 +391,6 @@ impl Serialize for RbacMatch {
             }
         }
         let l7 = self.l7.as_deref().map(L7Attributes::fields);
-        let l7_set = l7.iter().flatten().filter(|(_, v)| v.is_some());
         let lists = [
             self.namespaces.len(),
             self.not_namespaces.len(),
@@ -400,7 +405,8 @@ impl Serialize for RbacMatch {
             self.destination_ports.len(),
             self.not_destination_ports.len(),
         ];
-        let len = lists.iter().filter(|n| **n > 0).count() + l7_set.clone().count();
+        let l7_set = self.l7.as_deref().map_or(0, |a| a.names().count());
+        let len = lists.iter().filter(|n| **n > 0).count() + l7_set;
         let mut st = s.serialize_struct("RbacMatch", len)?;
         fn field<M: SerializeStruct, T: Serialize + ?Sized>(
             st: &mut M,
@@ -468,7 +474,10 @@ impl Serialize for RbacMatch {
         match l7 {
             Some(fields) => {
                 for (name, v) in fields {
-                    field(&mut st, name, v.is_some(), v)?;
+                    match v {
+                        Some(v) => st.serialize_field(name, &v)?,
+                        None => st.skip_field(name)?,
+                    }
                 }
             }
             None => {
@@ -525,13 +534,7 @@ impl RbacMatch {
 
     /// The L7 attributes set (camelCase names, in [`L7_ATTRIBUTES`] order).
     pub fn l7_attributes(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.l7
-            .as_deref()
-            .map(L7Attributes::fields)
-            .into_iter()
-            .flatten()
-            .filter(|(_, v)| v.is_some())
-            .map(|(n, _)| n)
+        self.l7.as_deref().into_iter().flat_map(L7Attributes::names)
     }
 
     /// True if an L7 attribute is set.

@@ -574,15 +574,94 @@ mod tests {
             assert!(!p.l7_attributes().is_empty(), "{rules}");
             assert_eq!(matches(&p, &c), *want, "{action} {rules}");
         }
-        // Every name is read.
+        // Every name is read (each with a value its matcher accepts).
         for name in crate::policy::L7_ATTRIBUTES {
-            let p = policy("Allow", false, &format!("[[[{{{name}: [x]}}]]]"));
+            let v = l7_value(name);
+            let p = policy("Allow", false, &format!("[[[{{{name}: {v}}}]]]"));
             assert_eq!(p.l7_attributes().into_iter().collect::<Vec<_>>(), [*name]);
         }
         // An ALLOW whose only rule is L7 leaves the workload with an ALLOW that admits
         // nobody: denied, never allowed.
         let only = policy("Allow", false, "[[[{methods: [GET]}]]]");
         assert!(authorize_observed(&[only], &c, &Unobserved).is_err());
+    }
+
+    /// A value each L7 attribute's typed matcher accepts.
+    fn l7_value(name: &str) -> &'static str {
+        match name {
+            "paths" | "notPaths" => "[\"/x\"]",
+            "methods" | "notMethods" => "[GET]",
+            "headers" | "notHeaders" => "{x: y}",
+            "remoteIps" | "notRemoteIps" => "[\"10.0.0.2\"]",
+            "when" => "[{key: \"request.headers[x]\", values: [y]}]",
+            _ => "[x]",
+        }
+    }
+
+    /// What L4 evaluation does with each L7 attribute, and with conditions on keys an L4
+    /// proxy could see (still L7 attributes: never evaluated): an ALLOW rule using one
+    /// never matches, a DENY is enforced on its L4 fields alone (everything when it has
+    /// none).
+    #[test]
+    fn every_l7_attribute_is_unseen_by_l4() {
+        let c = client();
+        let mut attributes: Vec<(String, &str)> = crate::policy::L7_ATTRIBUTES
+            .iter()
+            .map(|n| (n.to_string(), l7_value(n)))
+            .collect();
+        // Conditions the client meets, had they been evaluated.
+        for cond in [
+            "[{key: source.ip, values: [\"10.0.0.2\"]}]",
+            "[{key: source.namespace, values: [default]}]",
+            "[{key: source.principal, values: [\"cluster.local/ns/default/sa/client\"]}]",
+            "[{key: destination.ip, values: [\"10.0.0.3\"]}]",
+            "[{key: destination.port, values: [\"8080\"]}]",
+            "[{key: destination.port, notValues: [\"9090\"]}]",
+        ] {
+            attributes.push(("when".into(), cond));
+        }
+        let rows: &[(&str, &str, bool, Result<(), &str>)] = &[
+            (
+                "Allow",
+                "",
+                false,
+                Err("allow policies exist, but none allowed"),
+            ),
+            (
+                "Allow",
+                "namespaces: [{exact: default}], ",
+                false,
+                Err("allow policies exist, but none allowed"),
+            ),
+            ("Deny", "", true, Err("explicitly denied by: default/p")),
+            (
+                "Deny",
+                "namespaces: [{exact: default}], ",
+                true,
+                Err("explicitly denied by: default/p"),
+            ),
+            ("Deny", "namespaces: [{exact: other}], ", false, Ok(())),
+        ];
+        let mut failures = Vec::new();
+        for (name, value) in &attributes {
+            for (action, l4, want_match, want_verdict) in rows {
+                let rules = format!("[[[{{{l4}{name}: {value}}}]]]");
+                let p = policy(action, false, &rules);
+                if p.l7_attributes().into_iter().collect::<Vec<_>>() != [name.as_str()] {
+                    failures.push(format!("{rules}: attributes {:?}", p.l7_attributes()));
+                }
+                if matches(&p, &c) != *want_match {
+                    failures.push(format!("{action} {rules}: want match {want_match}"));
+                }
+                let verdict = authorize_observed(&[p], &c, &Unobserved).map_err(|d| d.reason);
+                if verdict.as_ref().map(|_| ()).map_err(String::as_str) != *want_verdict {
+                    failures.push(format!(
+                        "{action} {rules}: {verdict:?}, want {want_verdict:?}"
+                    ));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
     }
 
     #[test]
