@@ -237,11 +237,6 @@ impl DeltaClient {
             .position(|t| t.state.type_url() == type_url)
     }
 
-    /// The type URLs subscribed to, in the order of their initial requests.
-    pub fn type_urls(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.types.iter().map(|t| t.state.type_url())
-    }
-
     /// The requests to send first on every stream: one wildcard subscription per type,
     /// with the node and the versions of the resources accepted so far.
     pub fn initial_requests(&self) -> Vec<DeltaDiscoveryRequest> {
@@ -250,12 +245,7 @@ impl DeltaClient {
             .map(|t| DeltaDiscoveryRequest {
                 node: Some(self.node.clone()),
                 type_url: t.state.type_url().to_string(),
-                initial_resource_versions: t
-                    .state
-                    .versions()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
+                initial_resource_versions: t.state.initial_versions(),
                 ..Default::default()
             })
             .collect()

@@ -60,6 +60,8 @@ pub(super) trait Subscribed: Send {
     fn readiness(&self) -> Readiness;
     /// Names accepted, with their versions.
     fn versions(&self) -> BTreeMap<&str, &str>;
+    /// The same, as a new stream's `initial_resource_versions`.
+    fn initial_versions(&self) -> HashMap<String, String>;
     /// Names tracked (with a version, or something held).
     fn tracked(&self) -> usize;
     /// The sum of the estimates held.
@@ -193,6 +195,13 @@ impl<T: ResourceType> Subscribed for Subscription<T> {
         self.entries
             .iter()
             .filter_map(|(k, e)| Some((k.as_str(), e.version.as_deref()?)))
+            .collect()
+    }
+
+    fn initial_versions(&self) -> HashMap<String, String> {
+        self.entries
+            .iter()
+            .filter_map(|(k, e)| Some((k.clone(), e.version.clone()?)))
             .collect()
     }
 
