@@ -1,6 +1,9 @@
-//! Why the node proxy refuses an xDS resource (or a whole response): the reasons its
-//! NACKs carry, as `<resource name>: <reason>`. Every one is the control plane's to fix;
-//! the proxy keeps what it had before under that name.
+//! Why the delta client refuses an xDS resource (or a whole response), whatever its type:
+//! the reasons its NACKs carry, as `<resource name>: <reason>`. Every one is the control
+//! plane's to fix; the proxy keeps what it had before under that name. A resource type
+//! says why it refuses a body with these too ([`crate::ResourceType`]: its shape in
+//! [`Rejection::Shape`], its bytes in [`Rejection::Decode`], its fields in
+//! [`Rejection::Invalid`]).
 
 use crate::convert::ConvertError;
 use crate::shape::ShapeError;
@@ -47,11 +50,12 @@ pub enum Rejection {
     /// The body breaks a limit on its shape (checked before it is decoded).
     #[error("{0}")]
     Shape(ShapeError),
-    /// The body decoded, but a field is not valid.
+    /// The body decoded, but a field is not valid (the type's conversion says which).
     #[error("{0}")]
     Invalid(#[from] ConvertError),
-    /// The body describes another object than the resource name says: a workload named
-    /// by its uid, a service by `namespace/hostname`, a policy by `namespace/name`.
+    /// The body describes another object than the resource name says
+    /// ([`crate::Decoded::key`]): a workload named by its uid, a service by
+    /// `namespace/hostname`, a policy by `namespace/name`.
     #[error("the body's {what} is {body:?}, not the resource name; refused so that a removal by name always removes what was announced")]
     NameMismatch { what: &'static str, body: String },
     /// A new name when `Limits::max_tracked_per_type` are already held.
