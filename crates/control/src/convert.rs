@@ -192,6 +192,60 @@ policies:
         assert_eq!(r.version.len(), 16);
     }
 
+    /// A policy with L7 attributes, served to a node proxy over the wire (which has no
+    /// field for them), decides every connection as the same policy loaded from the file:
+    /// an ALLOW rule that uses one never matches; a DENY is enforced without them.
+    #[test]
+    fn a_policy_with_l7_attributes_decides_as_the_local_file_does() {
+        use ambit_state::{authorize_observed, RbacContext, Unobserved};
+        let policies = [
+            ("Allow", "[[[{namespaces: [{exact: default}]}, {paths: [\"/admin\"]}]]]"),
+            ("Allow", "[[[{namespaces: [{exact: default}], methods: [GET]}]]]"),
+            ("Allow", "[[[{hosts: [a.example]}]], [[{namespaces: [{exact: other}]}]]]"),
+            ("Allow", "[[[{namespaces: [{exact: default}]}], [{when: [{key: source.ip, values: [\"10.0.0.2\"]}]}]]]"),
+            ("Deny", "[[[{paths: [\"/admin\"]}]]]"),
+            ("Deny", "[[[{namespaces: [{exact: default}]}], [{hosts: [a.example]}]]]"),
+            ("Deny", "[[[{namespaces: [{exact: other}], methods: [GET]}]]]"),
+            ("Deny", "[[[{namespaces: [{exact: other}]}, {notMethods: [GET], destinationPorts: [9]}]]]"),
+            ("Deny", "[[[{}, {headers: {x: y}}]]]"),
+        ];
+        let ctx = |ns: &str, port: u16| RbacContext {
+            source_identity: Some(
+                ambit_identity::SpiffeId::parse(&format!("spiffe://cluster.local/ns/{ns}/sa/c"))
+                    .unwrap(),
+            ),
+            source_ip: "10.0.0.2".parse().unwrap(),
+            destination: format!("10.0.0.3:{port}").parse().unwrap(),
+        };
+        let contexts = [ctx("default", 80), ctx("other", 80), ctx("other", 9)];
+        let mut failures = Vec::new();
+        for (action, rules) in policies {
+            let yaml = format!(
+                "policies:\n- {{name: p, namespace: default, scope: Global, action: {action}, rules: {rules}}}\n"
+            );
+            let local = ambit_state::parse_local_config("t", &yaml)
+                .unwrap()
+                .policies
+                .remove(0);
+            let any = policy_resource(&local).resource.unwrap();
+            let served = ambit_xds::authorization_from_proto(
+                sec::Authorization::decode(any.value.as_slice()).unwrap(),
+            )
+            .unwrap();
+            for c in &contexts {
+                let want = authorize_observed(&[&local], c, &Unobserved);
+                let got = authorize_observed(&[&served], c, &Unobserved);
+                if got != want {
+                    failures.push(format!(
+                        "{action} {rules} for {}: served {got:?}, local {want:?}",
+                        c.source_identity.as_ref().unwrap()
+                    ));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    }
+
     #[test]
     fn services_and_policies_are_named_as_istiod_names_them() {
         let cfg = mesh();

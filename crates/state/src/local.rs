@@ -380,6 +380,35 @@ mod tests {
         );
     }
 
+    /// A bad L7 value is a bad policy like any other: rejected alone, with the field
+    /// named, its stand-in failing closed (or its last good version kept).
+    #[test]
+    fn a_bad_l7_value_rejects_its_policy_alone() {
+        let allow = "{name: sel, namespace: default, scope: WorkloadSelector, action: Allow, rules: [[[{methods: [get]}]]]}";
+        let deny = "{name: d, namespace: default, scope: Namespace, action: Deny, rules: [[[{when: [{key: destination.port, values: [\"0\"]}]}]]]}";
+        let load = load_local_config("f.yaml", &file(&[allow, deny]), None).unwrap();
+        let errors: Vec<String> = load.rejected.iter().map(|r| r.error.to_string()).collect();
+        assert_eq!(
+            errors,
+            [
+                "f.yaml: line 6, column 96: policies[0].rules[0][0][0].methods[0]: method \"get\" is not upper case; methods are compared case-sensitively and a request whose method is not upper case is refused, so it can never match; write \"GET\"",
+                "f.yaml: line 7, column 116: policies[1].rules[0][0][0].when[0].values[0]: \"0\" is not a port number (1-65535)",
+            ]
+        );
+        let s = ProxyState::from_config(load.config).unwrap();
+        assert!(s.policy_by_key("default/sel").unwrap().rules.is_empty());
+        assert_eq!(
+            s.policy_by_key("default/d").unwrap().rules,
+            vec![Vec::<crate::Clause>::new()]
+        );
+        // On a reload, the last good version stays.
+        let first = load_local_config("f.yaml", &file(&[SEL, DENY]), None).unwrap();
+        let second =
+            load_local_config("f.yaml", &file(&[allow, DENY]), Some(&first.config)).unwrap();
+        assert_eq!(second.rejected[0].kept, KeptVersion::Previous);
+        assert_eq!(second.config, first.config);
+    }
+
     #[test]
     fn reload_keeps_the_last_good_version() {
         let first = load_local_config("f.yaml", &file(&[SEL, DENY]), None).unwrap();

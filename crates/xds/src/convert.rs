@@ -616,8 +616,32 @@ fn to_proto_ports_list(v: &[u16]) -> Vec<u32> {
     v.iter().map(|p| u32::from(*p)).collect()
 }
 
-/// The wire form of a policy.
+/// The wire form of a match object's L4 fields.
+fn to_proto_match(m: &RbacMatch) -> psec::Match {
+    psec::Match {
+        namespaces: to_proto_string_matches(&m.namespaces),
+        not_namespaces: to_proto_string_matches(&m.not_namespaces),
+        service_accounts: to_proto_service_accounts(&m.service_accounts),
+        not_service_accounts: to_proto_service_accounts(&m.not_service_accounts),
+        principals: to_proto_string_matches(&m.principals),
+        not_principals: to_proto_string_matches(&m.not_principals),
+        source_ips: to_proto_cidrs(&m.source_ips),
+        not_source_ips: to_proto_cidrs(&m.not_source_ips),
+        destination_ips: to_proto_cidrs(&m.destination_ips),
+        not_destination_ips: to_proto_cidrs(&m.not_destination_ips),
+        destination_ports: to_proto_ports_list(&m.destination_ports),
+        not_destination_ports: to_proto_ports_list(&m.not_destination_ports),
+        extensions: Vec::new(),
+    }
+}
+
+/// The wire form of a policy. The wire has no field for L7 attributes (paths, methods,
+/// ...), so a policy that uses them is written as the node proxy decides it
+/// (`ambit_state::policy_matches`), never wider: an ALLOW rule that uses one is left out
+/// (it never matches); in a DENY they are left out, and a clause with a match object that
+/// has no L4 field besides them is written empty (it matches everything).
 pub fn to_proto_authorization(a: &Authorization) -> psec::Authorization {
+    let deny = a.action == PolicyAction::Deny;
     psec::Authorization {
         name: a.name.clone(),
         namespace: a.namespace.clone(),
@@ -633,32 +657,17 @@ pub fn to_proto_authorization(a: &Authorization) -> psec::Authorization {
         rules: a
             .rules
             .iter()
+            .filter(|rule| deny || !rule.iter().flatten().any(RbacMatch::has_l7))
             .map(|rule| psec::Rule {
                 clauses: rule
                     .iter()
                     .map(|clause| psec::Clause {
-                        matches: clause
-                            .iter()
-                            .map(|m| psec::Match {
-                                namespaces: to_proto_string_matches(&m.namespaces),
-                                not_namespaces: to_proto_string_matches(&m.not_namespaces),
-                                service_accounts: to_proto_service_accounts(&m.service_accounts),
-                                not_service_accounts: to_proto_service_accounts(
-                                    &m.not_service_accounts,
-                                ),
-                                principals: to_proto_string_matches(&m.principals),
-                                not_principals: to_proto_string_matches(&m.not_principals),
-                                source_ips: to_proto_cidrs(&m.source_ips),
-                                not_source_ips: to_proto_cidrs(&m.not_source_ips),
-                                destination_ips: to_proto_cidrs(&m.destination_ips),
-                                not_destination_ips: to_proto_cidrs(&m.not_destination_ips),
-                                destination_ports: to_proto_ports_list(&m.destination_ports),
-                                not_destination_ports: to_proto_ports_list(
-                                    &m.not_destination_ports,
-                                ),
-                                extensions: Vec::new(),
-                            })
-                            .collect(),
+                        matches: if deny && clause.iter().any(|m| m.has_l7() && m.has_no_l4_field())
+                        {
+                            Vec::new()
+                        } else {
+                            clause.iter().map(to_proto_match).collect()
+                        },
                     })
                     .collect(),
             })
