@@ -533,6 +533,19 @@ fn local_config_seeds() {
             ("minimal.yaml", loaded(1, 0, 0)),
             ("services_only.yaml", loaded(0, 1, 0)),
             ("empty.yaml", loaded(0, 0, 0)),
+            ("l7_every_attribute.yaml", loaded(1, 0, 2)),
+            (
+                "l7_refused_method.yaml",
+                local_config::Outcome::Refused(
+                    "fuzz: line 6, column 24: policies[0].rules[0][0][0].methods[0]: method \"delete\" is not upper case; methods are compared case-sensitively and a request whose method is not upper case is refused, so it can never match; write \"DELETE\"".into(),
+                ),
+            ),
+            (
+                "l7_refused_template.yaml",
+                local_config::Outcome::Refused(
+                    "fuzz: line 6, column 22: policies[0].rules[0][0][0].paths[0]: path template \"/{**}/{*}\": {**} must be the last operator".into(),
+                ),
+            ),
         ],
     );
 }
