@@ -3,11 +3,11 @@
 
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
-use super::read::{list, text_with, IpItem, PatternItem, PortItem, SourcePrincipalItem};
+use super::read::text_with;
 use super::{check_header_name, parse_port, IpBlock, StringMatch};
 
 /// A `when` condition: a key and the values it must (`values`: one of them) and must not
@@ -191,81 +191,111 @@ enum Field {
     NotValues,
 }
 
-/// Values as the key wants them.
-#[derive(Debug)]
-enum TypedValues {
-    Text(Vec<StringMatch>),
-    Ip(Vec<IpBlock>),
-    Port(Vec<u16>),
-}
-
-/// Reads a value list for a known key, each value checked where it is written.
-struct ValuesSeed<'a>(&'a Key);
+/// Reads a value list, each value checked against the key where it is written when the
+/// key came first (`None`: it did not, and the values are checked once it is known).
+struct ValuesSeed<'a>(Option<&'a Key>);
 
 impl<'de> DeserializeSeed<'de> for ValuesSeed<'_> {
-    type Value = Option<TypedValues>;
+    type Value = Option<Vec<String>>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        Ok(match self.0 {
-            Key::Text(TextKey::SourcePrincipal) => {
-                list(d, |i: SourcePrincipalItem| i.0)?.map(TypedValues::Text)
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ValuesSeed<'_> {
+    type Value = Option<Vec<String>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence of values")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        struct Seq<'a>(Option<&'a Key>);
+        impl<'de> Visitor<'de> for Seq<'_> {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence")
             }
-            Key::Text(_) => list(d, |i: PatternItem| i.0)?.map(TypedValues::Text),
-            Key::Ip(_) => list(d, |i: IpItem| i.0)?.map(TypedValues::Ip),
-            Key::Port => list(d, |i: PortItem| i.0)?.map(TypedValues::Port),
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = seq.next_element_seed(Value(self.0))? {
+                    out.push(v);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Seq(self.0)).map(Some)
+    }
+}
+
+/// One value, as a string, checked against the key when it is known.
+struct Value<'a>(Option<&'a Key>);
+
+impl<'de> DeserializeSeed<'de> for Value<'_> {
+    type Value = String;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        let expecting = self.0.map_or("a value", Key::expecting);
+        text_with(d, expecting, |s| {
+            if let Some(key) = self.0 {
+                key.check(s)?;
+            }
+            Ok(s.to_string())
         })
     }
 }
 
-/// A value list read before its key: strings, typed once the key is known.
-struct RawItem(String);
+/// A `source.principal` value: refused with `spiffe://`, as the `principals` field.
+fn parse_source_principal(s: &str) -> Result<StringMatch, String> {
+    let m = StringMatch::from_istio(s).map_err(|e| format!("principal {e}"))?;
+    crate::policy::check_principal(&m)?;
+    Ok(m)
+}
 
-impl<'de> Deserialize<'de> for RawItem {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        text_with(d, "a value", |s| Ok(RawItem(s.to_string())))
+impl Key {
+    /// What a value of this key is, for an error.
+    fn expecting(&self) -> &'static str {
+        match self {
+            Key::Text(TextKey::SourcePrincipal) => "a principal",
+            Key::Text(_) => "a value (exact, prefix*, *suffix or *)",
+            Key::Ip(_) => "an IP address or CIDR",
+            Key::Port => "a port number",
+        }
+    }
+
+    /// Checks one value of this key.
+    fn check(&self, s: &str) -> Result<(), String> {
+        match self {
+            Key::Text(TextKey::SourcePrincipal) => parse_source_principal(s).map(drop),
+            Key::Text(_) => StringMatch::from_istio(s).map(drop),
+            Key::Ip(_) => IpBlock::parse(s).map(drop),
+            Key::Port => parse_port(s).map(drop),
+        }
     }
 }
 
-/// Types a list read before its key; the error names the list and the entry.
-fn type_raw(key: &Key, field: &str, raw: Vec<RawItem>) -> Result<TypedValues, String> {
-    fn each<T>(field: &str, i: usize, r: Result<T, String>) -> Result<T, String> {
-        r.map_err(|e| format!("{field}[{i}]: {e}"))
-    }
-    let raw = raw.into_iter().map(|r| r.0).enumerate();
-    Ok(match key {
-        Key::Text(TextKey::SourcePrincipal) => TypedValues::Text(
-            raw.map(|(i, s)| {
-                each(
-                    field,
-                    i,
-                    StringMatch::from_istio(&s)
-                        .map_err(|e| format!("principal {e}"))
-                        .and_then(|m| {
-                            crate::policy::check_principal(&m)?;
-                            Ok(m)
-                        }),
-                )
-            })
-            .collect::<Result<_, _>>()?,
-        ),
-        Key::Text(_) => TypedValues::Text(
-            raw.map(|(i, s)| each(field, i, StringMatch::from_istio(&s)))
-                .collect::<Result<_, _>>()?,
-        ),
-        Key::Ip(_) => TypedValues::Ip(
-            raw.map(|(i, s)| each(field, i, IpBlock::parse(&s)))
-                .collect::<Result<_, _>>()?,
-        ),
-        Key::Port => TypedValues::Port(
-            raw.map(|(i, s)| each(field, i, parse_port(&s)))
-                .collect::<Result<_, _>>()?,
-        ),
+/// Both lists of a condition, typed; an error names the list and the entry.
+fn typed<T>(
+    values: Option<Vec<String>>,
+    not_values: Option<Vec<String>>,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<Values<T>, String> {
+    let list = |field: &str, l: Option<Vec<String>>| -> Result<Option<Vec<T>>, String> {
+        l.map(|l| {
+            l.iter()
+                .enumerate()
+                .map(|(i, s)| parse(s).map_err(|e| format!("{field}[{i}]: {e}")))
+                .collect()
+        })
+        .transpose()
+    };
+    Ok(Values {
+        values: list("values", values)?,
+        not_values: list("notValues", not_values)?,
     })
-}
-
-/// A value list as read: typed (the key came first) or raw (it did not).
-enum Read {
-    Typed(Option<TypedValues>),
-    Raw(Option<Vec<RawItem>>),
 }
 
 struct KeyText(Key);
@@ -286,8 +316,8 @@ impl<'de> Deserialize<'de> for Condition {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Condition, A::Error> {
                 let mut key: Option<Key> = None;
-                let mut values: Option<Read> = None;
-                let mut not_values: Option<Read> = None;
+                let mut values: Option<Option<Vec<String>>> = None;
+                let mut not_values: Option<Option<Vec<String>>> = None;
                 while let Some(field) = map.next_key::<Field>()? {
                     let (slot, name) = match field {
                         Field::Key => {
@@ -303,22 +333,11 @@ impl<'de> Deserialize<'de> for Condition {
                     if slot.is_some() {
                         return Err(de::Error::duplicate_field(name));
                     }
-                    *slot = Some(match &key {
-                        Some(k) => Read::Typed(map.next_value_seed(ValuesSeed(k))?),
-                        None => Read::Raw(map.next_value()?),
-                    });
+                    *slot = Some(map.next_value_seed(ValuesSeed(key.as_ref()))?);
                 }
                 let key = key.ok_or_else(|| de::Error::missing_field("key"))?;
-                let typed = |r: Option<Read>, name: &str| -> Result<Option<TypedValues>, String> {
-                    match r {
-                        None | Some(Read::Typed(None)) | Some(Read::Raw(None)) => Ok(None),
-                        Some(Read::Typed(v)) => Ok(v),
-                        Some(Read::Raw(Some(raw))) => type_raw(&key, name, raw).map(Some),
-                    }
-                };
-                let values = typed(values, "values").map_err(de::Error::custom)?;
-                let not_values = typed(not_values, "notValues").map_err(de::Error::custom)?;
-                Condition::new(key, values, not_values).map_err(de::Error::custom)
+                Condition::new(key, values.flatten(), not_values.flatten())
+                    .map_err(de::Error::custom)
             }
         }
         d.deserialize_map(V)
@@ -328,37 +347,21 @@ impl<'de> Deserialize<'de> for Condition {
 impl Condition {
     fn new(
         key: Key,
-        values: Option<TypedValues>,
-        not_values: Option<TypedValues>,
+        values: Option<Vec<String>>,
+        not_values: Option<Vec<String>>,
     ) -> Result<Condition, String> {
-        let empty = |v: &Option<TypedValues>| match v {
-            None => true,
-            Some(TypedValues::Text(v)) => v.is_empty(),
-            Some(TypedValues::Ip(v)) => v.is_empty(),
-            Some(TypedValues::Port(v)) => v.is_empty(),
-        };
+        let empty = |v: &Option<Vec<String>>| v.as_ref().is_none_or(Vec::is_empty);
         if empty(&values) && empty(&not_values) {
             return Err("a condition needs values or notValues (at least one value)".into());
         }
-        // The seed and `type_raw` type both lists by the key, so the kinds agree.
-        macro_rules! pair {
-            ($variant:ident) => {
-                Values {
-                    values: values.map(|v| match v {
-                        TypedValues::$variant(v) => v,
-                        other => unreachable!("{other:?} for the key's kind"),
-                    }),
-                    not_values: not_values.map(|v| match v {
-                        TypedValues::$variant(v) => v,
-                        other => unreachable!("{other:?} for the key's kind"),
-                    }),
-                }
-            };
-        }
         Ok(match key {
-            Key::Text(k) => Condition::Text(k, pair!(Text)),
-            Key::Ip(k) => Condition::Ip(k, pair!(Ip)),
-            Key::Port => Condition::DestinationPort(pair!(Port)),
+            Key::Text(TextKey::SourcePrincipal) => Condition::Text(
+                TextKey::SourcePrincipal,
+                typed(values, not_values, parse_source_principal)?,
+            ),
+            Key::Text(k) => Condition::Text(k, typed(values, not_values, StringMatch::from_istio)?),
+            Key::Ip(k) => Condition::Ip(k, typed(values, not_values, IpBlock::parse)?),
+            Key::Port => Condition::DestinationPort(typed(values, not_values, parse_port)?),
         })
     }
 }

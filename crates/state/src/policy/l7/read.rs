@@ -7,8 +7,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use super::{
-    check_header_name, parse_host, parse_method, parse_port, parse_request_principal, Condition,
-    HeaderMatch, IpBlock, PathMatch, StringMatch,
+    check_header_name, parse_host, parse_method, parse_request_principal, Condition, HeaderMatch,
+    IpBlock, PathMatch, StringMatch,
 };
 
 /// Reads a string, only a string (a YAML number, boolean or null is refused: it would not
@@ -38,7 +38,7 @@ where
 /// A list element read with one of the parsers above.
 macro_rules! text_item {
     ($name:ident, $out:ty, $expecting:literal, $parse:expr) => {
-        pub(super) struct $name(pub(super) $out);
+        struct $name($out);
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 text_with(d, $expecting, $parse).map($name)
@@ -57,26 +57,14 @@ text_item!(
     parse_request_principal
 );
 text_item!(IpItem, IpBlock, "an IP address or CIDR", IpBlock::parse);
-text_item!(PortItem, u16, "a port number", parse_port);
 text_item!(
     PatternItem,
     StringMatch,
     "a value (exact, prefix*, *suffix or *)",
     StringMatch::from_istio
 );
-text_item!(
-    SourcePrincipalItem,
-    StringMatch,
-    "a principal",
-    |s: &str| {
-        let m = StringMatch::from_istio(s).map_err(|e| format!("principal {e}"))?;
-        crate::policy::check_principal(&m)?;
-        Ok(m)
-    }
-);
-
 /// `Option<Vec<Item>>` → `Option<Vec<T>>`.
-pub(super) fn list<'de, D: Deserializer<'de>, I: Deserialize<'de>, T>(
+fn list<'de, D: Deserializer<'de>, I: Deserialize<'de>, T>(
     d: D,
     unwrap: fn(I) -> T,
 ) -> Result<Option<Vec<T>>, D::Error> {
