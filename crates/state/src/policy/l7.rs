@@ -33,8 +33,8 @@ pub struct L7Attributes {
     /// `<issuer>/<subject>` of a validated JWT.
     pub request_principals: Option<Vec<StringMatch>>,
     pub not_request_principals: Option<Vec<StringMatch>>,
-    /// Request headers, sorted by name: the positive list matches if some named header
-    /// matches, the negative one if none does. Names compare case-insensitively.
+    /// Request headers by name (compared without case), each with the match its value
+    /// must pass; sorted by name, as a map of them is shown.
     pub headers: Option<Vec<HeaderMatch>>,
     pub not_headers: Option<Vec<HeaderMatch>>,
     /// The original client (`X-Forwarded-For`, PROXY protocol), as Istio's

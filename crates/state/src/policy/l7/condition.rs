@@ -193,42 +193,37 @@ enum Field {
 
 /// Reads a value list, each value checked against the key where it is written when the
 /// key came first (`None`: it did not, and the values are checked once it is known).
+/// `null` is refused: leaving the field out says the same, and a `null` was shown as
+/// written when conditions were kept as JSON.
 struct ValuesSeed<'a>(Option<&'a Key>);
 
 impl<'de> DeserializeSeed<'de> for ValuesSeed<'_> {
-    type Value = Option<Vec<String>>;
+    type Value = Vec<String>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_option(self)
+        // Any: so that a `null` reaches `visit_unit` and its own message.
+        d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for ValuesSeed<'_> {
-    type Value = Option<Vec<String>>;
+    type Value = Vec<String>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a sequence of values")
     }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
     fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
+        Err(E::custom(
+            "null is not a list of values; leave the field out",
+        ))
     }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        struct Seq<'a>(Option<&'a Key>);
-        impl<'de> Visitor<'de> for Seq<'_> {
-            type Value = Vec<String>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a sequence")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-                let mut out = Vec::new();
-                while let Some(v) = seq.next_element_seed(Value(self.0))? {
-                    out.push(v);
-                }
-                Ok(out)
-            }
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        self.visit_unit()
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(Value(self.0))? {
+            out.push(v);
         }
-        d.deserialize_seq(Seq(self.0)).map(Some)
+        Ok(out)
     }
 }
 
@@ -316,8 +311,8 @@ impl<'de> Deserialize<'de> for Condition {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Condition, A::Error> {
                 let mut key: Option<Key> = None;
-                let mut values: Option<Option<Vec<String>>> = None;
-                let mut not_values: Option<Option<Vec<String>>> = None;
+                let mut values: Option<Vec<String>> = None;
+                let mut not_values: Option<Vec<String>> = None;
                 while let Some(field) = map.next_key::<Field>()? {
                     let (slot, name) = match field {
                         Field::Key => {
@@ -336,8 +331,7 @@ impl<'de> Deserialize<'de> for Condition {
                     *slot = Some(map.next_value_seed(ValuesSeed(key.as_ref()))?);
                 }
                 let key = key.ok_or_else(|| de::Error::missing_field("key"))?;
-                Condition::new(key, values.flatten(), not_values.flatten())
-                    .map_err(de::Error::custom)
+                Condition::new(key, values, not_values).map_err(de::Error::custom)
             }
         }
         d.deserialize_map(V)

@@ -469,8 +469,16 @@ fn refused_table() {
             r#"f.yaml: line 6, column 21: policies[0].rules[0][0][0].when[0]: a condition needs values or notValues (at least one value)"#,
         ),
         (
-            "{when: [{key: source.ip, values: [], notValues: null}]}",
+            "{when: [{key: source.ip, values: [], notValues: []}]}",
             r#"f.yaml: line 6, column 21: policies[0].rules[0][0][0].when[0]: a condition needs values or notValues (at least one value)"#,
+        ),
+        (
+            r#"{when: [{key: source.ip, values: null, notValues: ["10.0.0.1"]}]}"#,
+            "f.yaml: line 6, column 46: policies[0].rules[0][0][0].when[0].values: null is not a list of values; leave the field out",
+        ),
+        (
+            r#"{when: [{key: source.ip, values: "10.0.0.1"}]}"#,
+            r#"f.yaml: line 6, column 46: policies[0].rules[0][0][0].when[0].values: invalid type: string "10.0.0.1", expected a sequence of values"#,
         ),
         (
             "{when: [{key: source.ip, values: [x]}]}",
