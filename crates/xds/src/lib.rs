@@ -28,6 +28,8 @@ pub mod client;
 pub mod convert;
 pub mod delta;
 #[doc(hidden)]
+/// The fuzz targets' bodies, with the `fuzzing` feature (the fuzz workspace turns it on).
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod held;
 pub mod node;
