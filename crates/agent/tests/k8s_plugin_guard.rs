@@ -3,6 +3,10 @@
 //! process forked and switched to uid/gid 65534 (`nobody`); everything else is called as
 //! root from the test.
 
+// The caller run as another uid is a forked child (fork and the calls after it are
+// `unsafe`: only async-signal-safe calls are made between fork and _exit).
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::os::fd::AsRawFd;

@@ -8,6 +8,10 @@
 //! memory prepared before the fork: it connects, says hello, acks what it receives and
 //! passes each message to the test on a pipe; the test decodes them.
 
+// The node proxy run as another uid is a forked child (fork and the calls after it are
+// `unsafe`: only async-signal-safe calls are made between fork and _exit).
+#![allow(unsafe_code)]
+
 mod common;
 
 use std::io::{Read, Write};

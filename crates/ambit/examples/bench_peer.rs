@@ -903,7 +903,7 @@ fn main() -> anyhow::Result<()> {
         text,
         "## ambit beside Istio's ztunnel ({})\n\nMachine: {machine}.\nIstio's ztunnel: {peer_version}; ambit {}; both with jemalloc; {env_text}. Both in the same lab layout, one lab per implementation up at once; every figure in {} interleaved rounds (direct first, then the two proxies, the order alternating) unless a note under its table says otherwise (the memory figures are single samples; the soak runs at least two rounds), {} s per throughput and connection-rate run, {} round trips per latency run. Each cell: the median of the rounds, (lowest–highest).\n",
         args.title,
-        ambit::version::VERSION,
+        ambit_runtime::version::VERSION,
         args.rounds,
         args.seconds,
         args.round_trips

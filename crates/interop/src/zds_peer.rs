@@ -6,6 +6,10 @@
 //! Blocking and single-threaded on purpose: a test drives it step by step and reads each
 //! answer before the next request, as the reference's agent does.
 
+// File descriptors received with SCM_RIGHTS are taken over as `OwnedFd`, which is
+// `unsafe`: each is ours alone once received.
+#![allow(unsafe_code)]
+
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};

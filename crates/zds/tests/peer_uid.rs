@@ -6,6 +6,10 @@
 //! async-signal-safe calls on memory prepared before the fork: it binds and listens, says so
 //! on a pipe, and waits to be killed.
 
+// The listener run as another uid is a forked child (fork and the calls after it are
+// `unsafe`: only async-signal-safe calls are made between fork and _exit).
+#![allow(unsafe_code)]
+
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;

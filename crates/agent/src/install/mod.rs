@@ -14,9 +14,9 @@
 //! Modules: [`config`] (env, sans IO), [`conflist`] (the config edits, sans IO),
 //! [`files`] (atomic writes, the binary, the kubeconfig), [`upgrade`] (the shutdown rule).
 
-pub mod config;
 pub mod conflist;
 pub mod files;
+pub mod settings;
 pub mod upgrade;
 
 use std::future::Future;
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-pub use config::{ConfigError, InstallConfig};
+pub use settings::{ConfigError, InstallConfig};
 pub use upgrade::{ShutdownAction, ShutdownDecision};
 
 use conflist::{ConfError, ConfFile};

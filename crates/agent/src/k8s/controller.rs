@@ -20,12 +20,12 @@ use kube::runtime::WatchStreamExt as _;
 use kube::Api;
 use tokio::sync::{mpsc, Notify};
 
-use super::config::K8sConfig;
 use super::metrics::Metrics;
 use super::pods;
 use super::procscan;
 use super::queue::WorkQueue;
 use super::reconcile::{decide, namespace_changed, Action, Held, PodView, Presence};
+use super::settings::K8sConfig;
 use crate::agent::{blocking, netns_exists, AddError, Agent, ProxyOutcome};
 use crate::iptables::ProbeSetNames;
 use crate::zds::ZdsOptions;

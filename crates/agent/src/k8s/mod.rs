@@ -17,7 +17,6 @@
 //! - [`netns_check`]: whether the netns a `/cmdadd` names may be captured, sans IO.
 //! - [`controller`]: the watches, the worker and the annotation patches.
 
-pub mod config;
 pub mod controller;
 pub mod http;
 pub mod metrics;
@@ -27,6 +26,7 @@ pub mod pods;
 pub mod procscan;
 pub mod queue;
 pub mod reconcile;
+pub mod settings;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,8 +36,8 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use hyper::{Method, StatusCode};
 
-pub use config::{ConfigError, K8sConfig};
 pub use controller::Options;
+pub use settings::{ConfigError, K8sConfig};
 
 use metrics::Metrics;
 

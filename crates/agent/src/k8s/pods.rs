@@ -6,8 +6,8 @@ use ambit_k8s::annotation::redirection_of;
 use ambit_k8s::k8s_openapi::api::core::v1::Pod;
 use ambit_k8s::PodFacts;
 
-use super::config::K8sConfig;
 use super::reconcile::PodView;
+use super::settings::K8sConfig;
 
 /// `status.podIPs` (else `status.podIP`), unmapped, without duplicates; unparsable ones
 /// are skipped.

@@ -4,6 +4,8 @@
 //! network namespace, the suite that measures them directly and through the proxies in one
 //! run, and the markdown report. See BENCHMARKS.md.
 
+// `sysconf(_SC_CLK_TCK)` is `unsafe` in libc; the CPU figures need it.
+#![allow(unsafe_code)]
 // Each driver includes this module and uses most, not all, of it.
 #![allow(dead_code)]
 
