@@ -136,9 +136,8 @@ pub struct Metrics {
     pub sent_bytes: Family<TrafficLabels, Counter>,
     pub sockets_open: Family<ReporterLabel, Gauge>,
     /// Told of the dry-run policies each authorization matched: a
-    /// [`DryRunMatches`](crate::dry_run::DryRunMatches) of this proxy's registry. Until the
-    /// binary sets one, the process-wide hook it installs
-    /// ([`ambit_state::ProcessDryRunHook`]).
+    /// [`DryRunMatches`](crate::dry_run::DryRunMatches) of this proxy's registry, which the
+    /// process sets; nobody until it does.
     pub rbac: Arc<dyn RbacObserver + Send + Sync>,
 }
 
@@ -160,7 +159,7 @@ impl Metrics {
             received_bytes: Family::default(),
             sent_bytes: Family::default(),
             sockets_open: Family::default(),
-            rbac: Arc::new(ambit_state::ProcessDryRunHook),
+            rbac: Arc::new(ambit_state::Unobserved),
         };
         registry.register(
             "istio_tcp_connections_opened",

@@ -8,7 +8,6 @@
 #![forbid(unsafe_code)]
 
 mod addr;
-mod compat;
 mod config;
 mod dump;
 mod error;
@@ -25,7 +24,6 @@ mod waypoint;
 mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
-pub use compat::{set_dry_run_hook, DryRunHook, ProcessDryRunHook};
 pub use config::{parse_local_config, LocalConfig};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};

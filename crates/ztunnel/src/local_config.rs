@@ -21,7 +21,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use ambit_nodeproxy::SharedState;
-use ambit_state::{KeptVersion, LocalConfig, LocalLoad, PolicyAction, ProxyState};
+use ambit_state::{KeptVersion, LocalConfig, LocalLoad, ProxyState};
 
 use crate::config::LocalConfigSource;
 
@@ -82,12 +82,6 @@ struct ReloadLabels {
     result: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DryRunLabels {
-    policy: String,
-    action: &'static str,
-}
-
 impl PolicyReport {
     pub fn set_rejected(&self, load: &LocalLoad) {
         let keys = load.rejected.iter().map(|r| r.key.clone()).collect();
@@ -95,28 +89,10 @@ impl PolicyReport {
     }
 }
 
-/// Registers ambit's policy metrics (all additive, `ambit_` prefixed): dry-run matches,
-/// policies using attributes an L4 proxy cannot see, rejected local policies, reloads.
+/// Registers ambit's policy metrics (all additive, `ambit_` prefixed): policies using
+/// attributes an L4 proxy cannot see, rejected local policies, reloads. (Dry-run matches are
+/// the node proxy's own: `ambit_nodeproxy::dry_run`.)
 pub fn register_metrics(registry: &mut Registry, state: SharedState, report: PolicyReport) {
-    let dry_run = Family::<DryRunLabels, Counter>::default();
-    registry.register(
-        "ambit_rbac_dry_run_matches",
-        "Connections a dry-run authorization policy matched (logged, not enforced), by policy and action",
-        dry_run.clone(),
-    );
-    let hook_family = dry_run;
-    ambit_state::set_dry_run_hook(Box::new(move |policy, action| {
-        let action = match action {
-            PolicyAction::Allow => "ALLOW",
-            PolicyAction::Deny => "DENY",
-        };
-        hook_family
-            .get_or_create(&DryRunLabels {
-                policy: policy.to_string(),
-                action,
-            })
-            .inc();
-    }));
     registry.register(
         "ambit_local_config_reloads",
         "Changes of LOCAL_XDS_PATH seen, by result (applied, or refused and the running configuration kept)",

@@ -95,7 +95,8 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             runtime: tokio::runtime::Handle::current(),
         },
     ));
-    let metrics = ambit_nodeproxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
+    let mut metrics =
+        ambit_nodeproxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
     certs.register_metrics(&mut registry);
     // One node-wide handshake count, whichever mode; its sheds are ambit's own metric.
     let node_handshakes = NodeHandshakes::new(cfg.proxy.handshakes.node);
@@ -108,6 +109,9 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     if let Some(load) = &local_load {
         policy_report.set_rejected(&load.0);
     }
+    metrics.rbac = Arc::new(ambit_nodeproxy::dry_run::DryRunMatches::register(
+        &mut registry,
+    ));
     crate::local_config::register_metrics(&mut registry, state.clone(), policy_report.clone());
     if let (Some(LocalConfigSource::File(path)), Some(load)) = (&cfg.local_config, local_load) {
         crate::local_config::spawn_watch(path.clone(), state.clone(), load, policy_report);
