@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use ambit_state::{parse_local_config, ProxyState};
+use ambit_state::ProxyState;
 use hickory_proto::op::{Message, MessageType};
 
 use crate::mesh::{SearchList, Settings};
@@ -21,10 +21,7 @@ services:
 
 fn state() -> &'static ProxyState {
     static STATE: OnceLock<ProxyState> = OnceLock::new();
-    STATE.get_or_init(|| {
-        ProxyState::from_config(parse_local_config("fuzz", MESH).expect("fuzz mesh"))
-            .expect("fuzz mesh")
-    })
+    STATE.get_or_init(|| ProxyState::from_yaml("fuzz", MESH).expect("fuzz mesh"))
 }
 
 /// Byte 0: bit 0 = TCP (else UDP), bit 1 = unknown client, bit 2 = IPv6 off, bit 3 = a

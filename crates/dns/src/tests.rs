@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use ambit_state::{parse_local_config, ProxyState, Workload};
+use ambit_state::{ProxyState, Workload};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 
@@ -44,7 +44,7 @@ services:
 "#;
 
 fn state() -> ProxyState {
-    ProxyState::from_config(parse_local_config("test", MESH).unwrap()).unwrap()
+    ProxyState::from_yaml("test", MESH).unwrap()
 }
 
 fn client(state: &ProxyState, name: &str) -> Arc<Workload> {
@@ -484,7 +484,7 @@ fn large_udp_replies_are_truncated() {
     yaml.push_str(
         "services:\n- {name: big, namespace: ns1, hostname: big.ns1.svc.cluster.local}\n",
     );
-    let s = ProxyState::from_config(parse_local_config("t", &yaml).unwrap()).unwrap();
+    let s = ProxyState::from_yaml("t", &yaml).unwrap();
     let c = client(&s, "client");
     let q = query_bytes("big.", A, None);
     let udp = handle_locally(&s, Some(&c), &Settings::default(), &q, Protocol::Udp).unwrap();

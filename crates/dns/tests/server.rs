@@ -9,7 +9,7 @@ use ambit_dns::{
     ClientIdentity, DnsConfig, DnsMetrics, DnsServer, ListenAddr, LocalSockets, ResolvConf,
     Resolver, Settings,
 };
-use ambit_state::{parse_local_config, ProxyState};
+use ambit_state::ProxyState;
 use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -103,7 +103,7 @@ struct Running {
 }
 
 async fn start(upstream: SocketAddr) -> Running {
-    let state = Arc::new(ProxyState::from_config(parse_local_config("t", MESH).unwrap()).unwrap());
+    let state = Arc::new(ProxyState::from_yaml("t", MESH).unwrap());
     let cfg = DnsConfig {
         settings: Settings::default(),
         upstream: ResolvConf {
@@ -286,7 +286,7 @@ async fn silent_upstream_is_servfail_and_a_flood_is_bounded() {
 #[tokio::test]
 async fn resolver_api_answers_mesh_and_forwarded_names() {
     let r = start(upstream(false).await).await;
-    let state = ProxyState::from_config(parse_local_config("t", MESH).unwrap()).unwrap();
+    let state = ProxyState::from_yaml("t", MESH).unwrap();
     let client = state.workloads().next().unwrap().clone();
     let ips = r.resolver.lookup(&client, "echo", false).await.unwrap();
     assert_eq!(ips, ["10.96.0.1".parse::<IpAddr>().unwrap()]);

@@ -343,8 +343,7 @@ policies:
 workloads:
 - {uid: server, name: server, namespace: shop, workloadIps: [10.0.0.2], protocol: HBONE}
 "#;
-        let mut state =
-            ProxyState::from_config(ambit_state::parse_local_config("t", yaml).unwrap()).unwrap();
+        let mut state = ProxyState::from_yaml("t", yaml).unwrap();
         let open = Arc::new(OpenConnections::default());
         let ctx = RbacContext {
             source_identity: None,

@@ -7,9 +7,9 @@ use ambit_identity::CertManager;
 use ambit_state::ProxyState;
 
 use crate::admission::HandshakeGate;
-use crate::config::ProxyConfig;
 use crate::connections::OpenConnections;
 use crate::metrics::Metrics;
+use crate::settings::ProxyConfig;
 use crate::socket::SocketFactory;
 
 /// The mesh state: readers take a snapshot (an `Arc`) per decision; writers apply a

@@ -3,7 +3,6 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod config;
 pub mod connections;
 pub mod copy;
 pub mod decide;
@@ -17,6 +16,7 @@ mod plaintext;
 pub mod pods;
 pub mod proxy;
 pub mod proxy_protocol;
+pub mod settings;
 pub mod socket;
 pub mod socks5;
 pub mod telemetry;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::admission::{HandshakePermit, Shed};
-use crate::config::OriginalSource;
 use crate::inputs::ProxyInputs;
 use crate::metrics::Reporter;
+use crate::settings::OriginalSource;
 use crate::{inbound, outbound, plaintext, socket};
 use ambit_hbone::HboneError;
 use ambit_runtime::drain::DrainWatcher;

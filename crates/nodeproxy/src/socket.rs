@@ -8,7 +8,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::config::{Keepalive, ProxyConfig};
+use crate::settings::{Keepalive, ProxyConfig};
 
 /// Creates the sockets of one proxy instance. The default factory creates them in the
 /// current network namespace; in-pod mode supplies one that enters the pod's namespace.

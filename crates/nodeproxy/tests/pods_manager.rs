@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_identity::{CertManager, CertificateAuthority};
-use ambit_nodeproxy::config::ProxyConfig;
 use ambit_nodeproxy::metrics::Metrics;
 use ambit_nodeproxy::pods::{InpodMetrics, PodProxyFactory, WorkloadManager};
+use ambit_nodeproxy::settings::ProxyConfig;
 use ambit_nodeproxy::SharedState;
 use ambit_zds::proto::WorkloadInfo;
 use ambit_zds::protocol::{

@@ -32,6 +32,9 @@ pub fn scope(target: &str) -> &str {
         return rest;
     }
     match target.strip_prefix("ambit_") {
+        // ztunnel's own module is `proxy`; keep its scope names for log filters
+        // and dashboards written against them.
+        Some(rest) if rest == "nodeproxy" || rest.starts_with("nodeproxy::") => &rest[4..],
         Some(rest) if !rest.is_empty() => rest,
         _ => target,
     }
@@ -281,6 +284,9 @@ mod tests {
     fn scopes_drop_our_crate_prefix() {
         assert_eq!(scope("ambit::app"), "app");
         assert_eq!(scope("ambit_nodeproxy::inbound"), "proxy::inbound");
+        assert_eq!(scope("ambit_nodeproxy"), "proxy");
+        assert_eq!(scope("ambit_nodeproxyx::a"), "nodeproxyx::a");
+        assert_eq!(scope("ambit_zds::x"), "zds::x");
         assert_eq!(scope("access"), "access");
         assert_eq!(scope("ambit"), "ambit");
         assert_eq!(scope("hyper_util::x"), "hyper_util::x");

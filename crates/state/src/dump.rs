@@ -89,7 +89,6 @@ fn to_value<T: serde::Serialize>(v: &T) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::parse_local_config;
     use crate::store::ProxyState;
     use serde_json::json;
 
@@ -112,7 +111,7 @@ policies:
 - {name: p, namespace: default, scope: Namespace, action: Deny, rules: [[[{destinationPorts: [22]}]]]}
 - {name: q, namespace: default, scope: Namespace, action: Allow, rules: [[[{principals: [!Exact a, !Presence ""]}]]]}
 "#;
-        let s = ProxyState::from_config(parse_local_config("t", yaml).unwrap()).unwrap();
+        let s = ProxyState::from_yaml("t", yaml).unwrap();
         let d = s.dump();
         let w = &d["workloads"];
         assert_eq!(w[0]["uid"], "Kubernetes//v1/Pod/default/a");
@@ -191,7 +190,7 @@ services:
   ports: {80: 8080}
   loadBalancer: {routingPreferences: [], mode: Failover, healthPolicy: AllowAll}
 "#;
-        let s = ProxyState::from_config(parse_local_config("t", yaml).unwrap()).unwrap();
+        let s = ProxyState::from_yaml("t", yaml).unwrap();
         let d = s.dump();
         assert_eq!(d["services"][0]["hostname"], "lenient");
         assert_eq!(

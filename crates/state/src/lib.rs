@@ -8,11 +8,11 @@
 #![forbid(unsafe_code)]
 
 mod addr;
-mod config;
 mod dump;
 mod error;
 mod ident;
 mod local;
+mod local_schema;
 mod locate;
 mod names;
 mod policy;
@@ -24,9 +24,9 @@ mod waypoint;
 mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
-pub use config::{parse_local_config, LocalConfig};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
+pub use local_schema::{parse_local_config, LocalConfig};
 pub use policy::{
     parse_host, parse_method, parse_request_principal, Authorization, Clause, Condition,
     HeaderMatch, IpBlock, IpKey, L7Attributes, PathMatch, PathSegment, PathTemplate, PolicyAction,

@@ -19,8 +19,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use crate::config::{check_policy_references, is_empty_document, locate_invalid, parse_error};
 use crate::error::ConfigError;
+use crate::local_schema::{
+    check_policy_references, is_empty_document, locate_invalid, parse_error,
+};
 use crate::policy::{Authorization, PolicyAction, PolicyScope};
 use crate::store::ProxyState;
 use crate::LocalConfig;

@@ -227,7 +227,7 @@ fn match_fields(m: &RbacMatch, peer: &Peer<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_local_config;
+    use crate::local_schema::parse_local_config;
     use crate::policy::PolicyScope;
 
     fn id(s: &str) -> Option<SpiffeId> {
@@ -710,7 +710,7 @@ mod tests {
             )
         };
         let proxy = |name: &str| {
-            let s = ProxyState::from_config(parse_local_config("t", &yaml(name)).unwrap()).unwrap();
+            let s = ProxyState::from_yaml("t", &yaml(name)).unwrap();
             let w = s
                 .workload_by_uid("Kubernetes//v1/Pod/default/server")
                 .unwrap();

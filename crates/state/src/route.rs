@@ -1,4 +1,5 @@
-//! The outbound decision: where a connection from a local workload goes, and how.
+//! Routing in the mesh: where a connection from a local workload goes, and how (the
+//! answer the node proxy's outbound plan, `ambit_nodeproxy::decide::outbound`, is built on).
 //!
 //! Order (ztunnel's, see the reference §10.1/§10.3): a service VIP (visibility-aware)
 //! with a waypoint goes to the waypoint; otherwise it is load-balanced to an endpoint; a
@@ -440,7 +441,6 @@ fn pick_weighted(mut candidates: Vec<Picked>, rng: &mut impl Rng) -> Option<Pick
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_local_config;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -557,7 +557,7 @@ services:
 "#;
 
     fn mesh() -> ProxyState {
-        ProxyState::from_config(parse_local_config("t", MESH).unwrap()).unwrap()
+        ProxyState::from_yaml("t", MESH).unwrap()
     }
 
     fn run(state: &ProxyState, dst: &str) -> Result<Route, RouteError> {

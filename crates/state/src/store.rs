@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
 use crate::addr::NetworkAddress;
-use crate::config::LocalConfig;
 use crate::error::ConfigError;
+use crate::local_schema::LocalConfig;
 use crate::policy::{Authorization, PolicyScope};
 use crate::service::Service;
 use crate::workload::{Workload, DEFAULT_SERVICE_ACCOUNT};
@@ -102,6 +102,14 @@ impl ProxyState {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store from a local config's YAML text (`source` names it in errors): what a test
+    /// fixture, a one-file mesh or a fuzz target starts from. One bad policy refuses the
+    /// whole text here; a watched file is loaded policy by policy instead
+    /// ([`crate::load_local_config`]).
+    pub fn from_yaml(source: &str, yaml: &str) -> Result<ProxyState, ConfigError> {
+        ProxyState::from_config(crate::local_schema::parse_local_config(source, yaml)?)
     }
 
     /// Builds the store from a local configuration, applying defaults and checking every
@@ -590,11 +598,10 @@ impl ProxyState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_local_config;
     use crate::service::Visibility;
 
     fn state(yaml: &str) -> ProxyState {
-        ProxyState::from_config(parse_local_config("test", yaml).unwrap()).unwrap()
+        ProxyState::from_yaml("test", yaml).unwrap()
     }
 
     fn ip(s: &str) -> IpAddr {

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use ambit_state::{parse_local_config, route, ProxyState, Route, RouteInput};
+use ambit_state::{route, ProxyState, Route, RouteInput};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -178,7 +178,7 @@ fn show(r: Result<Route, ambit_state::RouteError>) -> String {
 
 #[test]
 fn outbound_plan_table() {
-    let state = ProxyState::from_config(parse_local_config("t", MESH).unwrap()).unwrap();
+    let state = ProxyState::from_yaml("t", MESH).unwrap();
     // (what, source workload, source IP, destination, the one outcome)
     let table: &[(&str, &str, &str, &str, &str)] = &[
         ("direct HBONE to a workload", "client", "10.1.0.1", "10.1.1.1:8080",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::config::{Config, LocalConfigSource, ProxyMode};
-use ambit_nodeproxy::config::OriginalSource;
+use ambit_nodeproxy::settings::OriginalSource;
 
 /// The keys of ztunnel's `config` section that ambit leaves out: hickory-resolver's
 /// settings, which ambit's forwarder (nameservers of resolv.conf) does not have.

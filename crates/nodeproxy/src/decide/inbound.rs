@@ -18,9 +18,9 @@ use ambit_state::{
 use http::StatusCode;
 
 use super::{is_loop_port, Local, SourcePolicy};
-use crate::config::ProxyConfig;
 use crate::error::Error;
 use crate::proxy_protocol;
+use crate::settings::ProxyConfig;
 use crate::socket::{canonical_ip, Spoof};
 
 /// The facts about one CONNECT stream.
@@ -303,7 +303,7 @@ fn intended_service(
 mod tests {
     use super::super::testing::{identity, mesh};
     use super::*;
-    use crate::config::OriginalSource;
+    use crate::settings::OriginalSource;
 
     const SERVER_IP: &str = "10.0.0.2";
 

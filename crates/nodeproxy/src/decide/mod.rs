@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use ambit_state::{ProxyState, Workload};
 
-use crate::config::{OriginalSource, ProxyConfig};
 use crate::error::Error;
 use crate::inputs::LocalIdentity;
+use crate::settings::{OriginalSource, ProxyConfig};
 use crate::socket::Spoof;
 
 /// Who this proxy acts for, as the decisions need it.

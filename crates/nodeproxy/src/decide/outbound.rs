@@ -12,8 +12,8 @@ use ambit_state::{route, ProxyState, Route, RouteInput, Service, Workload};
 use rand::Rng;
 
 use super::{is_loop_port, Local};
-use crate::config::ProxyConfig;
 use crate::error::Error;
+use crate::settings::ProxyConfig;
 
 /// The facts about one captured outbound connection.
 #[derive(Clone, Copy, Debug)]

@@ -7,11 +7,11 @@ use ambit_zds::proto::WorkloadInfo;
 use ambit_zds::Netns;
 
 use crate::admission::{HandshakeGate, NodeHandshakes};
-use crate::config::ProxyConfig;
 use crate::connections::OpenConnections;
 use crate::inputs::{LocalIdentity, ProxyInputs, SharedState};
 use crate::metrics::Metrics;
 use crate::proxy::BoundProxy;
+use crate::settings::ProxyConfig;
 use ambit_runtime::drain::{self, DrainTrigger};
 
 use super::sockets::InPodSocketFactory;

@@ -3,7 +3,7 @@
 //! network and cluster.
 
 use ambit_nodeproxy::admission::HandshakeLimits;
-use ambit_nodeproxy::config::{Keepalive, OriginalSource, Ports, ProxyConfig};
+use ambit_nodeproxy::settings::{Keepalive, OriginalSource, Ports, ProxyConfig};
 use ambit_wellknown::{marks, ports};
 
 use super::env::Env;

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ambit_nodeproxy::config::ProxyConfig;
+use ambit_nodeproxy::settings::ProxyConfig;
 use ambit_nodeproxy::LocalIdentity;
 use ambit_wellknown::paths;
 
@@ -84,9 +84,9 @@ pub struct Config {
     pub proxy_metadata: std::collections::BTreeMap<String, String>,
     /// The issuer of workload certificates (`CA_ADDRESS`, else `LOCAL_CA_DIR`, ...).
     pub ca: CaSource,
-    #[serde(with = "ambit_nodeproxy::config::secs")]
+    #[serde(with = "ambit_nodeproxy::settings::secs")]
     pub secret_ttl: Duration,
-    #[serde(with = "ambit_nodeproxy::config::secs")]
+    #[serde(with = "ambit_nodeproxy::settings::secs")]
     pub termination_deadline: Duration,
     pub inpod_uds: PathBuf,
     /// `SO_REUSEPORT` on pod listeners (`INPOD_PORT_REUSE`).
@@ -336,7 +336,7 @@ fn termination_deadline(env: &Env<'_>) -> Result<Duration, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ambit_nodeproxy::config::OriginalSource;
+    use ambit_nodeproxy::settings::OriginalSource;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         let mut m: HashMap<String, String> = pairs

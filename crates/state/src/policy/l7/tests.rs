@@ -2,7 +2,7 @@
 //! and what it refuses (the whole message the user sees, with line and column).
 
 use super::*;
-use crate::config::parse_local_config;
+use crate::local_schema::parse_local_config;
 use crate::policy::{Authorization, RbacMatch};
 
 /// A policy whose one match object is `m` (flow YAML), on line 6.

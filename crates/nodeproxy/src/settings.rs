@@ -1,5 +1,5 @@
-//! The part of the node proxy's configuration that the data path reads.
-//! Built once by the binary from the environment (see `ambit::config`).
+//! The data path's settings: the part of the node proxy's configuration it reads. Built
+//! once by the process from the environment (`ambit_ztunnel::config`).
 
 use std::time::Duration;
 
@@ -45,9 +45,9 @@ pub enum OriginalSource {
 #[serde(rename_all = "camelCase")]
 pub struct Keepalive {
     pub enabled: bool,
-    #[serde(with = "crate::config::secs")]
+    #[serde(with = "crate::settings::secs")]
     pub time: Duration,
-    #[serde(with = "crate::config::secs")]
+    #[serde(with = "crate::settings::secs")]
     pub interval: Duration,
     pub retries: u32,
     pub user_timeout: bool,

@@ -1,5 +1,6 @@
-//! The local configuration file (`LOCAL_XDS_PATH`) or inline YAML (`LOCAL_XDS`), in
-//! ztunnel's format: camelCase fields, unknown fields rejected.
+//! The schema of the local configuration file (`LOCAL_XDS_PATH`) or inline YAML
+//! (`LOCAL_XDS`), in ztunnel's format: camelCase fields, unknown fields rejected. Loading
+//! it into the store, one bad policy at a time, is [`crate::local`].
 
 use serde::{Deserialize, Deserializer, Serialize};
 
