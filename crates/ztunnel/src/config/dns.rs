@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::env::Env;
 use super::ConfigError;
+use ambit_meshenv::env::Env;
 
 /// The DNS proxy's settings.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -4,13 +4,10 @@
 //! before anything is bound; a bad one is an error that names the variable and the form it
 //! accepts.
 
-mod ca;
 mod data_path;
 mod dns;
-mod env;
 mod operator;
 mod workers;
-mod xds;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -21,33 +18,18 @@ use ambit_nodeproxy::settings::ProxyConfig;
 use ambit_nodeproxy::LocalIdentity;
 use ambit_wellknown::paths;
 
-pub use ca::{default_istiod_address, CaSource, RemoteCa};
+pub use ambit_meshenv::ca::{default_istiod_address, CaSource, RemoteCa};
+pub use ambit_meshenv::env::parse_duration;
+pub use ambit_meshenv::xds::XdsConfig;
 pub use dns::DnsProxyConfig;
-pub use env::parse_duration;
-pub use xds::XdsConfig;
 
-use ca::ca_source;
+use ambit_meshenv::ca::{self, ca_source};
+use ambit_meshenv::env::Env;
+use ambit_meshenv::xds::xds_config;
 use dns::dns_config;
-use env::Env;
 use workers::{available_cores, worker_threads};
-use xds::xds_config;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    #[error("{var}={value:?} is not valid: expected {expected}")]
-    Invalid {
-        var: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{var} is required when {because}")]
-    Missing {
-        var: &'static str,
-        because: &'static str,
-    },
-}
+pub use ambit_meshenv::ConfigError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -715,5 +697,18 @@ mod tests {
             let e = err(&[(var, bad)]);
             assert!(e.starts_with(&format!("{var}=")), "{var}={bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_default_config_keeps_todays_local_ca_choice() {
+        let mut vars = HashMap::new();
+        vars.insert("LOCAL_XDS".to_string(), "{}".to_string());
+        vars.insert("NODE_NAME".to_string(), "node1".to_string());
+        assert_eq!(Config::from_env(&vars).unwrap().ca, CaSource::Ephemeral);
+        vars.insert("CA_ADDRESS".to_string(), "ca:15012".to_string());
+        assert!(matches!(
+            Config::from_env(&vars).unwrap().ca,
+            CaSource::Remote(RemoteCa { ref address, .. }) if address == "https://ca:15012"
+        ));
     }
 }

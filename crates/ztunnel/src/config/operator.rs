@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 
 use ambit_wellknown::ports;
 
-use super::env::Env;
 use super::{ConfigError, ProxyMode};
+use ambit_meshenv::env::Env;
 
 pub(super) struct OperatorAddresses {
     pub(super) admin: SocketAddr,

@@ -1,8 +1,8 @@
 //! How many data-plane worker threads: `ZTUNNEL_WORKER_THREADS`, the CPU limit and
 //! request variables, and the machine's cores.
 
-use super::env::Env;
 use super::ConfigError;
+use ambit_meshenv::env::Env;
 
 /// A Kubernetes CPU quantity (`2`, `1.5`, `500m`) as whole cores, rounded up.
 pub(super) fn cpu_quantity_cores(s: &str) -> Option<usize> {

@@ -7,29 +7,29 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::ConfigError;
+use crate::ConfigError;
 
-pub(super) struct Env<'a> {
-    pub(super) vars: &'a HashMap<String, String>,
+pub struct Env<'a> {
+    pub vars: &'a HashMap<String, String>,
     /// Every variable asked for, so values that could not be read are refused only where
     /// they matter (see [`Config::from_process_env`]).
-    pub(super) read: RefCell<BTreeSet<&'static str>>,
+    pub read: RefCell<BTreeSet<&'static str>>,
 }
 
 impl<'a> Env<'a> {
-    pub(super) fn new(vars: &'a HashMap<String, String>) -> Env<'a> {
+    pub fn new(vars: &'a HashMap<String, String>) -> Env<'a> {
         Env {
             vars,
             read: RefCell::default(),
         }
     }
 
-    pub(super) fn get(&self, var: &'static str) -> Option<&str> {
+    pub fn get(&self, var: &'static str) -> Option<&str> {
         self.read.borrow_mut().insert(var);
         self.vars.get(var).map(String::as_str)
     }
 
-    pub(super) fn parse<T: std::str::FromStr>(
+    pub fn parse<T: std::str::FromStr>(
         &self,
         var: &'static str,
         expected: &'static str,
@@ -48,11 +48,11 @@ impl<'a> Env<'a> {
         }
     }
 
-    pub(super) fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+    pub fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
         Ok(self.parse::<bool>(var, "true or false")?.unwrap_or(default))
     }
 
-    pub(super) fn duration(&self, var: &'static str) -> Result<Option<Duration>, ConfigError> {
+    pub fn duration(&self, var: &'static str) -> Result<Option<Duration>, ConfigError> {
         match self.get(var) {
             None => Ok(None),
             Some(v) => parse_duration(v).map(Some).ok_or(ConfigError::Invalid {
@@ -63,7 +63,7 @@ impl<'a> Env<'a> {
         }
     }
 
-    pub(super) fn u32_in(
+    pub fn u32_in(
         &self,
         var: &'static str,
         default: u32,
@@ -82,7 +82,7 @@ impl<'a> Env<'a> {
     }
 
     /// A keepalive time or interval: whole seconds as the kernel takes them, 1 to 32767.
-    pub(super) fn keepalive_seconds(
+    pub fn keepalive_seconds(
         &self,
         var: &'static str,
         default: u64,
@@ -100,13 +100,13 @@ impl<'a> Env<'a> {
         Ok(Duration::from_secs(d.as_secs()))
     }
 
-    pub(super) fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
+    pub fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
         Ok(self
             .parse::<SocketAddr>(var, "an address such as 127.0.0.1:15000 or [::]:15020")?
             .unwrap_or_else(|| default.parse().expect("default address")))
     }
 
-    pub(super) fn port(&self, var: &'static str, default: u16) -> Result<u16, ConfigError> {
+    pub fn port(&self, var: &'static str, default: u16) -> Result<u16, ConfigError> {
         Ok(self
             .parse::<u16>(var, "a TCP port number 0-65535")?
             .unwrap_or(default))

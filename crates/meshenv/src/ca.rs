@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::env::Env;
-use super::ConfigError;
+use crate::env::Env;
+use crate::ConfigError;
 
 /// Where workload certificates come from.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -47,7 +47,7 @@ pub fn default_istiod_address(in_kubernetes: bool) -> &'static str {
 
 /// `SECRET_TTL`: the workload certificates' lifetime (default 24 h, at least 10 s: a
 /// renewal storm is never what was meant).
-pub(super) fn secret_ttl(env: &Env<'_>) -> Result<std::time::Duration, ConfigError> {
+pub fn secret_ttl(env: &Env<'_>) -> Result<std::time::Duration, ConfigError> {
     use std::time::Duration;
     match env.duration("SECRET_TTL")? {
         None => Ok(Duration::from_secs(86400)),
@@ -63,7 +63,7 @@ pub(super) fn secret_ttl(env: &Env<'_>) -> Result<std::time::Duration, ConfigErr
 /// The certificate issuer: `CA_ADDRESS` ⇒ that CA; else `LOCAL_CA_DIR` ⇒ the local CA;
 /// else, with no local config (the mesh comes over xDS), ztunnel's default CA address;
 /// else an ephemeral root.
-pub(super) fn ca_source(
+pub fn ca_source(
     env: &Env<'_>,
     local_ca_dir: Option<&PathBuf>,
     has_local_config: bool,
@@ -110,7 +110,6 @@ pub(super) fn ca_source(
 #[cfg(test)]
 mod ca_tests {
     use super::*;
-    use crate::config::Config;
     use std::collections::HashMap;
 
     fn source(pairs: &[(&str, &str)], has_local_config: bool) -> Result<CaSource, ConfigError> {
@@ -190,18 +189,5 @@ mod ca_tests {
     fn an_empty_ca_address_is_refused() {
         let e = source(&[("CA_ADDRESS", "")], true).unwrap_err().to_string();
         assert!(e.contains("CA_ADDRESS"), "{e}");
-    }
-
-    #[test]
-    fn the_default_config_keeps_todays_local_ca_choice() {
-        let mut vars = HashMap::new();
-        vars.insert("LOCAL_XDS".to_string(), "{}".to_string());
-        vars.insert("NODE_NAME".to_string(), "node1".to_string());
-        assert_eq!(Config::from_env(&vars).unwrap().ca, CaSource::Ephemeral);
-        vars.insert("CA_ADDRESS".to_string(), "ca:15012".to_string());
-        assert!(matches!(
-            Config::from_env(&vars).unwrap().ca,
-            CaSource::Remote(RemoteCa { ref address, .. }) if address == "https://ca:15012"
-        ));
     }
 }

@@ -1,7 +1,7 @@
 //! The xDS client's settings: the channel to the server and the node it announces.
 
-use super::env::Env;
-use super::ConfigError;
+use crate::env::Env;
+use crate::ConfigError;
 
 /// What the xDS client needs besides the address: the channel (`XDS_ROOT_CA`,
 /// `ALT_XDS_HOSTNAME`, `AUTH_TOKEN`, the cluster id, `XDS_HEADER_*`) and the node it
@@ -13,7 +13,7 @@ pub struct XdsConfig {
     pub node: ambit_xds::NodeConfig,
 }
 
-pub(super) fn xds_config(
+pub fn xds_config(
     env: &Env<'_>,
     address: &str,
     cluster_id: &str,

@@ -1,0 +1,1 @@
+//! The L7 waypoint (`ambit waypoint`).
