@@ -17,6 +17,7 @@ mod locate;
 mod names;
 mod policy;
 mod rbac;
+mod request_path;
 mod route;
 mod service;
 mod store;
@@ -35,6 +36,7 @@ pub use policy::{
 pub use rbac::{
     authorize_observed, matches as policy_matches, Denied, RbacContext, RbacObserver, Unobserved,
 };
+pub use request_path::{normalize_path, Normalized, PathError, PathNormalization};
 pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
 pub use service::{
     IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
