@@ -39,11 +39,13 @@ pub use rbac::{
 pub use request_path::{normalize_path, Normalized, PathError, PathNormalization};
 pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
 pub use service::{
-    IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
-    Service, Visibility,
+    AppProtocol, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode,
+    LoadBalancerScope, Service, Visibility,
 };
 pub use store::{AddressTarget, Endpoint, PortMap, ProxyState};
-pub use waypoint::{is_from_waypoint, is_waypoint_for, resolve_waypoint, ResolvedWaypoint};
+pub use waypoint::{
+    is_from_waypoint, is_waypoint_for, names_waypoint, resolve_waypoint, ResolvedWaypoint,
+};
 pub use workload::{
     check_gateway, AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination,
     HealthStatus, Locality, NetworkMode, TunnelProtocol, Workload, DEFAULT_CLUSTER_ID,

@@ -38,6 +38,18 @@ string_enum! {
 }
 
 string_enum! {
+    /// What a service port speaks, as the control plane declared it (the port's
+    /// `appProtocol` or name prefix); what a waypoint parses it as.
+    pub enum AppProtocol {
+        Http11 = "HTTP11" | "HTTP",
+        Http2 = "HTTP2",
+        Grpc = "GRPC",
+        Tcp = "TCP",
+        Tls = "TLS",
+    }
+}
+
+string_enum! {
     /// Which endpoints may receive traffic.
     #[derive(Default)]
     pub enum LoadBalancerHealthPolicy {
@@ -107,6 +119,9 @@ pub struct Service {
     /// Service port → target port (0: a named port, resolved per endpoint).
     #[serde(default)]
     pub ports: BTreeMap<u16, u16>,
+    /// Service port → its declared protocol; a port not listed is undeclared.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub app_protocols: BTreeMap<u16, AppProtocol>,
     /// Identities the service's endpoints may present, besides their own.
     #[serde(default)]
     pub subject_alt_names: Vec<String>,
@@ -136,6 +151,7 @@ impl Service {
             hostname: hostname.into(),
             vips: Vec::new(),
             ports: BTreeMap::new(),
+            app_protocols: BTreeMap::new(),
             subject_alt_names: Vec::new(),
             waypoint: None,
             load_balancer: None,

@@ -158,6 +158,13 @@ fn any_waypoint_workload(
     state.endpoints(&service.key()).any(|ep| pred(ep.workload))
 }
 
+/// Whether `gw` names the waypoint `local`: it resolves to that very workload (its pod
+/// IP, or its service's VIP or hostname). What a waypoint checks before fronting a
+/// service or workload.
+pub fn names_waypoint(state: &ProxyState, gw: &GatewayAddress, local: &Workload) -> bool {
+    any_waypoint_workload(state, &local.namespace, gw, |w| w.uid == local.uid)
+}
+
 /// Whether a connection from `source` at `src_ip` comes from the waypoint `gw` itself
 /// (its identity and one of its IPs): then it is not sent back through it (reference
 /// §10.1 step 7).

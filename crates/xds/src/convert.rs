@@ -23,11 +23,11 @@ use std::fmt;
 use ambit_proto::istio::security as psec;
 use ambit_proto::istio::workload as pw;
 use ambit_state::{
-    AppTunnelProtocol, ApplicationTunnel, Authorization, GatewayAddress, GatewayDestination,
-    HealthStatus, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode,
-    LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, PolicyAction,
-    PolicyScope, RbacMatch, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Workload,
-    DEFAULT_HBONE_PORT,
+    AppProtocol, AppTunnelProtocol, ApplicationTunnel, Authorization, GatewayAddress,
+    GatewayDestination, HealthStatus, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy,
+    LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode,
+    PolicyAction, PolicyScope, RbacMatch, Service, ServiceAccountMatch, StringMatch,
+    TunnelProtocol, Workload, DEFAULT_HBONE_PORT,
 };
 use ipnet::IpNet;
 
@@ -104,6 +104,36 @@ pub fn address_from_proto(a: pw::Address) -> Result<AddressResource, ConvertErro
 
 fn port(field: impl Fn() -> String, v: u32) -> Result<u16, ConvertError> {
     u16::try_from(v).map_err(|_| err(field(), format!("port {v} is larger than 65535")))
+}
+
+/// The declared protocols of a service's ports (UNKNOWN and numbers this build does not
+/// know: undeclared). Ports were checked by [`port_map`].
+fn app_protocols(ports: &[pw::Port]) -> BTreeMap<u16, AppProtocol> {
+    ports
+        .iter()
+        .filter_map(|p| {
+            let protocol = match pw::AppProtocol::try_from(p.app_protocol).ok()? {
+                pw::AppProtocol::Unknown => return None,
+                pw::AppProtocol::Http11 => AppProtocol::Http11,
+                pw::AppProtocol::Http2 => AppProtocol::Http2,
+                pw::AppProtocol::Grpc => AppProtocol::Grpc,
+                pw::AppProtocol::Tcp => AppProtocol::Tcp,
+                pw::AppProtocol::Tls => AppProtocol::Tls,
+            };
+            Some((u16::try_from(p.service_port).ok()?, protocol))
+        })
+        .collect()
+}
+
+fn to_proto_app_protocol(p: Option<&AppProtocol>) -> i32 {
+    (match p {
+        None => pw::AppProtocol::Unknown,
+        Some(AppProtocol::Http11) => pw::AppProtocol::Http11,
+        Some(AppProtocol::Http2) => pw::AppProtocol::Http2,
+        Some(AppProtocol::Grpc) => pw::AppProtocol::Grpc,
+        Some(AppProtocol::Tcp) => pw::AppProtocol::Tcp,
+        Some(AppProtocol::Tls) => pw::AppProtocol::Tls,
+    }) as i32
 }
 
 fn port_map(field: &str, ports: &[pw::Port]) -> Result<BTreeMap<u16, u16>, ConvertError> {
@@ -246,6 +276,7 @@ pub fn service_from_proto(p: pw::Service) -> Result<Service, ConvertError> {
         );
     }
     let ports = port_map("ports", &p.ports)?;
+    let app_protocols = app_protocols(&p.ports);
     let waypoint = p
         .waypoint
         .map(|g| gateway_from_proto("waypoint", g))
@@ -282,6 +313,7 @@ pub fn service_from_proto(p: pw::Service) -> Result<Service, ConvertError> {
     let mut s = Service::new(p.name, p.namespace, p.hostname);
     s.vips = vips;
     s.ports = ports;
+    s.app_protocols = app_protocols;
     s.subject_alt_names = p.subject_alt_names;
     s.waypoint = waypoint;
     s.load_balancer = load_balancer;
@@ -426,12 +458,12 @@ fn to_proto_gateway(g: &GatewayAddress) -> pw::GatewayAddress {
     }
 }
 
-fn to_proto_ports(m: &BTreeMap<u16, u16>) -> Vec<pw::Port> {
+fn to_proto_ports(m: &BTreeMap<u16, u16>, protocols: &BTreeMap<u16, AppProtocol>) -> Vec<pw::Port> {
     m.iter()
         .map(|(s, t)| pw::Port {
             service_port: u32::from(*s),
             target_port: u32::from(*t),
-            app_protocol: 0,
+            app_protocol: to_proto_app_protocol(protocols.get(s)),
         })
         .collect()
 }
@@ -486,7 +518,7 @@ pub fn to_proto_workload(w: &Workload) -> pw::Workload {
                 (
                     k.clone(),
                     pw::PortList {
-                        ports: to_proto_ports(m),
+                        ports: to_proto_ports(m, &BTreeMap::new()),
                     },
                 )
             })
@@ -519,7 +551,7 @@ pub fn to_proto_service(s: &Service) -> pw::Service {
         namespace: s.namespace.clone(),
         hostname: s.hostname.clone(),
         addresses: s.vips.iter().map(to_proto_network_address).collect(),
-        ports: to_proto_ports(&s.ports),
+        ports: to_proto_ports(&s.ports, &s.app_protocols),
         subject_alt_names: s.subject_alt_names.clone(),
         waypoint: s.waypoint.as_ref().map(to_proto_gateway),
         load_balancing: s.load_balancer.as_ref().map(|lb| pw::LoadBalancing {
