@@ -1,0 +1,192 @@
+//! One document: parsed as YAML, its `apiVersion` and `kind` read, and an
+//! AuthorizationPolicy read and translated; any refusal placed at a line and column of
+//! the file (the document's own positions moved by the line it starts at). Sans-IO.
+
+use yaml_serde::Value;
+
+use crate::error::{shift_lines, yaml_message, ErrorKind, ManifestError, Position};
+use crate::locate::{field, locate};
+use crate::model::{Located, Origin, SkipReason, Skipped, WaypointPolicy};
+use crate::schema::Object;
+use crate::split::Segment;
+use crate::translate::{translate, Invalid, Outcome};
+use crate::ParseOptions;
+
+/// The API group of AuthorizationPolicy, and the versions of it we read.
+pub const SECURITY_GROUP: &str = "security.istio.io";
+pub const AUTHORIZATION_POLICY_VERSIONS: &[&str] = &["v1", "v1beta1"];
+
+/// What one document came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Document {
+    /// Nothing but comments, or `null`.
+    Empty,
+    Policy {
+        policy: Located<WaypointPolicy>,
+        /// Where `metadata.name` is, to place a duplicate's refusal.
+        name_at: Position,
+    },
+    Skipped {
+        skipped: Located<Skipped>,
+        /// For an AuthorizationPolicy, as for a policy.
+        name_at: Option<Position>,
+    },
+    Refused(ManifestError),
+}
+
+/// Reads the document `index` of `source`.
+pub(crate) fn read(
+    source: &str,
+    index: usize,
+    seg: Segment<'_>,
+    options: &ParseOptions,
+) -> Document {
+    let shift = |line: usize, column: usize| Position {
+        line: line + seg.first_line - 1,
+        column,
+    };
+    let refuse = |kind, position: Option<Position>, field: String, message: String| {
+        Document::Refused(ManifestError {
+            kind,
+            source: source.to_string(),
+            position: Some(position.unwrap_or(Position {
+                line: seg.first_line,
+                column: 1,
+            })),
+            field,
+            message,
+        })
+    };
+    let invalid = |i: Invalid| {
+        let at = locate(seg.text, &i.path).map(|p| shift(p.line, p.column));
+        refuse(ErrorKind::Invalid, at, i.path.to_string(), i.message)
+    };
+
+    // First as any YAML: a syntax error is the parser's own message, its positions moved.
+    let value: Value = match yaml_serde::from_str(seg.text) {
+        Ok(v) => v,
+        Err(e) => {
+            let at = e.location().map(|l| shift(l.line(), l.column()));
+            let message = shift_lines(&yaml_message(&e, ""), seg.first_line);
+            return refuse(ErrorKind::Syntax, at, String::new(), message);
+        }
+    };
+    let Value::Mapping(map) = &value else {
+        if value.is_null() {
+            return Document::Empty;
+        }
+        return invalid(Invalid {
+            path: field![],
+            message: "a manifest is a map with apiVersion, kind and metadata".into(),
+        });
+    };
+    let text = |key: &str| -> Result<String, Invalid> {
+        match map.get(key) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+            Some(_) => Err(Invalid {
+                path: field![key],
+                message: "must be a non-empty string".into(),
+            }),
+            None => Err(Invalid {
+                path: field![key],
+                message: "missing; every manifest names its apiVersion and kind".into(),
+            }),
+        }
+    };
+    let (api_version, kind) = match (text("apiVersion"), text("kind")) {
+        (Ok(a), Ok(k)) => (a, k),
+        (Err(e), _) | (_, Err(e)) => return invalid(e),
+    };
+    let origin = Origin {
+        source: source.to_string(),
+        document: index,
+        line: locate(seg.text, &field![]).map_or(seg.first_line, |p| shift(p.line, p.column).line),
+    };
+    let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+
+    match (group, kind.as_str()) {
+        (SECURITY_GROUP, "AuthorizationPolicy")
+            if AUTHORIZATION_POLICY_VERSIONS.contains(&version) => {}
+        (SECURITY_GROUP, "AuthorizationPolicy") => {
+            return invalid(Invalid {
+                path: field!["apiVersion"],
+                message: format!(
+                    "AuthorizationPolicy has no version {version:?}; the versions are {}",
+                    AUTHORIZATION_POLICY_VERSIONS.join(", ")
+                ),
+            })
+        }
+        ("", "List") => {
+            return invalid(Invalid {
+                path: field!["kind"],
+                message: "a List is not read; write its items as documents separated by ---".into(),
+            })
+        }
+        _ => {
+            let meta = |key: &str| match map.get("metadata").and_then(|m| m.get(key)) {
+                Some(Value::String(s)) => Some(s.clone()),
+                _ => None,
+            };
+            return Document::Skipped {
+                skipped: Located {
+                    origin,
+                    value: Skipped {
+                        api_version,
+                        kind,
+                        namespace: meta("namespace"),
+                        name: meta("name"),
+                        reason: SkipReason::UnsupportedKind,
+                    },
+                },
+                name_at: None,
+            };
+        }
+    }
+
+    let de = yaml_serde::Deserializer::from_str(seg.text);
+    let obj = match serde_path_to_error::deserialize::<_, Object>(de) {
+        Ok(obj) => obj,
+        Err(e) => {
+            let field = match e.path().to_string() {
+                p if p == "." => String::new(),
+                p => p,
+            };
+            let inner = e.inner();
+            let at = inner.location().map(|l| shift(l.line(), l.column()));
+            let message = yaml_message(inner, &field);
+            return refuse(ErrorKind::Invalid, at, field, message);
+        }
+    };
+    let translation = match translate(obj, options) {
+        Ok(t) => t,
+        Err(e) => return invalid(e),
+    };
+    let name_at = locate(seg.text, &field!["metadata", "name"])
+        .map(|p| shift(p.line, p.column))
+        .unwrap_or(Position {
+            line: origin.line,
+            column: 1,
+        });
+    match translation.outcome {
+        Outcome::Policy(policy) => Document::Policy {
+            policy: Located {
+                origin,
+                value: policy,
+            },
+            name_at,
+        },
+        Outcome::Skipped(reason) => Document::Skipped {
+            skipped: Located {
+                origin,
+                value: Skipped {
+                    api_version,
+                    kind,
+                    namespace: Some(translation.namespace),
+                    name: Some(translation.name),
+                    reason,
+                },
+            },
+            name_at: Some(name_at),
+        },
+    }
+}

@@ -1,0 +1,161 @@
+//! Kubernetes-shaped manifests, as users write them for Istio (`apiVersion`, `kind`,
+//! `metadata`, `spec`; many documents per file, separated by `---`), read once into the
+//! waypoint's model.
+//!
+//! Read: Istio's `AuthorizationPolicy` (`security.istio.io/v1` and `v1beta1`), checked as
+//! Istio checks it and translated into a [`WaypointPolicy`]: the state crate's
+//! [`Authorization`](ambit_state::Authorization) (its L7 attributes typed by the state's
+//! own parsers), the action and the targets (`targetRefs`). A policy that attaches by
+//! `selector`, or to a whole namespace, is ztunnel's: skipped, not an error. Other kinds
+//! are skipped with a note.
+//!
+//! A bad document is refused alone, with the file, line, column and field at fault
+//! ([`ManifestError`]); the other documents of the file still load.
+//!
+//! Sans-IO except [`load_path`], which reads a file or a directory.
+#![forbid(unsafe_code)]
+
+mod document;
+mod error;
+mod load;
+mod locate;
+mod model;
+mod schema;
+mod split;
+mod translate;
+mod values;
+
+use std::collections::HashMap;
+
+pub use document::{AUTHORIZATION_POLICY_VERSIONS, SECURITY_GROUP};
+pub use error::{ErrorKind, ManifestError, Position};
+pub use load::{load_path, MAX_FILE_BYTES};
+pub use model::{
+    Located, Origin, Parsed, PolicyTarget, SkipReason, Skipped, WaypointAction, WaypointPolicy,
+};
+pub use translate::DRY_RUN_ANNOTATION;
+
+use document::Document;
+
+/// How manifests are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// Istio's root namespace (MeshConfig `rootNamespace`): the only one whose policies
+    /// may target a GatewayClass.
+    pub root_namespace: String,
+    /// The namespace of an object whose `metadata.namespace` is left out (as `kubectl
+    /// apply` would use the current context's).
+    pub default_namespace: String,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            root_namespace: "istio-system".into(),
+            default_namespace: "default".into(),
+        }
+    }
+}
+
+/// Reads every document of `text`. `source` names where it came from (a file path) and is
+/// quoted in errors and origins.
+pub fn parse_documents(source: &str, text: &str, options: &ParseOptions) -> Parsed {
+    let mut c = Collector::default();
+    c.add_text(source, text, options);
+    c.parsed
+}
+
+/// [`parse_documents`] of bytes that should be UTF-8 text (bytes that are not are one
+/// error, placed at the first that is not).
+pub fn parse_bytes(source: &str, bytes: &[u8], options: &ParseOptions) -> Parsed {
+    let mut c = Collector::default();
+    c.add_bytes(source, bytes, options);
+    c.parsed
+}
+
+/// Gathers what documents come to, in reading order, refusing a second object of the same
+/// kind, namespace and name (Kubernetes holds one; which was meant is unknown, so the
+/// first is kept and the second reported).
+#[derive(Debug, Default)]
+pub(crate) struct Collector {
+    pub parsed: Parsed,
+    /// `namespace/name` of every AuthorizationPolicy read, and where.
+    seen: HashMap<String, Origin>,
+}
+
+impl Collector {
+    pub fn add_bytes(&mut self, source: &str, bytes: &[u8], options: &ParseOptions) {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => self.add_text(source, text, options),
+            Err(e) => {
+                let valid = &bytes[..e.valid_up_to()];
+                let line = valid.iter().filter(|b| **b == b'\n').count() + 1;
+                let line_start = valid.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                let column = String::from_utf8_lossy(&valid[line_start..])
+                    .chars()
+                    .count()
+                    + 1;
+                self.parsed.errors.push(ManifestError {
+                    kind: ErrorKind::Syntax,
+                    source: source.to_string(),
+                    position: Some(Position { line, column }),
+                    field: String::new(),
+                    message: "not UTF-8 text; manifests are UTF-8".into(),
+                });
+            }
+        }
+    }
+
+    pub fn add_text(&mut self, source: &str, text: &str, options: &ParseOptions) {
+        for (index, seg) in split::documents(text).into_iter().enumerate() {
+            let doc = document::read(source, index, seg, options);
+            self.add(doc);
+        }
+    }
+
+    fn add(&mut self, doc: Document) {
+        match doc {
+            Document::Empty => {}
+            Document::Refused(e) => self.parsed.errors.push(e),
+            Document::Policy { policy, name_at } => {
+                let a = &policy.value.authorization;
+                if self.first(&a.namespace, &a.name, &policy.origin, name_at) {
+                    self.parsed.policies.push(policy);
+                }
+            }
+            Document::Skipped { skipped, name_at } => {
+                let s = &skipped.value;
+                let keep = match (name_at, &s.namespace, &s.name) {
+                    (Some(at), Some(ns), Some(name)) => self.first(ns, name, &skipped.origin, at),
+                    _ => true,
+                };
+                if keep {
+                    self.parsed.skipped.push(skipped);
+                }
+            }
+        }
+    }
+
+    /// True for the first AuthorizationPolicy of this namespace and name; a later one is
+    /// refused.
+    fn first(&mut self, namespace: &str, name: &str, origin: &Origin, name_at: Position) -> bool {
+        let key = format!("{namespace}/{name}");
+        if let Some(first) = self.seen.get(&key) {
+            self.parsed.errors.push(ManifestError {
+                kind: ErrorKind::Duplicate,
+                source: origin.source.clone(),
+                position: Some(name_at),
+                field: "metadata.name".into(),
+                message: format!(
+                    "AuthorizationPolicy {key} is defined again; the first definition ({first}) is kept"
+                ),
+            });
+            return false;
+        }
+        self.seen.insert(key, origin.clone());
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests;
