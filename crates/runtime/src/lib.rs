@@ -3,7 +3,9 @@
 //! - [`drain`]: graceful shutdown (stop taking work, finish within a deadline, then close);
 //! - [`shared`]: the snapshot of mesh state every reader takes, updated a batch at a time;
 //! - [`http`]: the operator HTTP server (admin, metrics, readiness) with its connection
-//!   shares, and [`readiness`]: what a process waits for before it says ready;
+//!   shares, [`operator`]: the readiness and metrics handlers every process serves, and
+//!   [`readiness`]: what a process waits for before it says ready;
+//! - [`dry_run`]: the count of dry-run policy matches, per proxy;
 //! - [`logging`] and [`log_format`]: ztunnel's log layouts (plain and JSON), with a filter
 //!   that can be changed at run time;
 //! - [`process_metrics`]: the process's CPU, memory and file descriptors, and the runtime's;
@@ -11,9 +13,11 @@
 #![forbid(unsafe_code)]
 
 pub mod drain;
+pub mod dry_run;
 pub mod http;
 pub mod log_format;
 pub mod logging;
+pub mod operator;
 pub mod process_metrics;
 pub mod readiness;
 pub mod shared;

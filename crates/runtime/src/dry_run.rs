@@ -1,4 +1,4 @@
-//! `ambit_rbac_dry_run_matches{policy,action}`: the dry-run policies this proxy's
+//! `ambit_rbac_dry_run_matches{policy,action}`: the dry-run policies a proxy's
 //! authorizations matched (logged, never enforced). Each registry its own counter, told
 //! by each authorization it is passed to, so two proxies in one process count apart.
 
