@@ -169,6 +169,7 @@ mod tests {
         Error::Denied(Denied {
             reason: "explicitly denied by: shop/deny-all".into(),
             policy: Some("shop/deny-all".into()),
+            matched_rule: None,
         })
     }
 

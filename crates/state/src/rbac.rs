@@ -1,4 +1,6 @@
-//! L4 authorization (RBAC) of inbound connections.
+//! Authorization (RBAC): of inbound connections, on their L4 fields (the node proxy), and
+//! of HTTP requests, on every field ([`request`], the waypoint). One evaluator: the match
+//! fields the two share are evaluated by the same code.
 //!
 //! Order: enforced DENY policies first (any match rejects), then ALLOW policies (none
 //! enforced ⇒ allow; any match ⇒ allow; else reject). Dry-run policies are evaluated and
@@ -10,7 +12,9 @@ use std::net::{IpAddr, SocketAddr};
 use ambit_identity::SpiffeId;
 
 use crate::ident;
-use crate::policy::{Authorization, PolicyAction, RbacMatch, ServiceAccountMatch, StringMatch};
+use crate::policy::{
+    Authorization, PolicyAction, RbacMatch, Rule, ServiceAccountMatch, StringMatch,
+};
 use crate::store::ProxyState;
 use crate::workload::Workload;
 
@@ -25,7 +29,11 @@ pub struct RbacContext {
     pub destination: SocketAddr,
 }
 
-/// Why a connection was denied.
+mod request;
+
+pub use request::{authorize_request, Allowed, RequestAttributes, RequestAuth};
+
+/// Why a connection or request was denied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct Denied {
@@ -33,7 +41,60 @@ pub struct Denied {
     pub reason: String,
     /// The denying policy (`namespace/name`), for a DENY match.
     pub policy: Option<String>,
+    /// The DENY rule that matched (none: ALLOW policies exist and none matched).
+    pub matched_rule: Option<MatchedRule>,
 }
+
+impl Denied {
+    /// Envoy's response code details for this denial:
+    /// `rbac_access_denied_matched_policy[ns[<ns>]-policy[<name>]-rule[<i>]]` when a DENY
+    /// rule matched, `rbac_access_denied_matched_policy[none]` otherwise.
+    pub fn details(&self) -> String {
+        match &self.matched_rule {
+            Some(r) => format!("rbac_access_denied_matched_policy[{}]", r.envoy_name()),
+            None => "rbac_access_denied_matched_policy[none]".into(),
+        }
+    }
+}
+
+/// One rule of a policy: the policy's namespace and name, and the rule's index in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatchedRule {
+    pub namespace: String,
+    pub name: String,
+    pub rule: usize,
+}
+
+impl MatchedRule {
+    fn of(p: &Authorization, rule: usize) -> Self {
+        MatchedRule {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            rule,
+        }
+    }
+
+    /// The policy's key, `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The name Istio gives this rule's Envoy RBAC policy: `ns[<ns>]-policy[<name>]-rule[<i>]`.
+    pub fn envoy_name(&self) -> String {
+        format!(
+            "ns[{}]-policy[{}]-rule[{}]",
+            self.namespace, self.name, self.rule
+        )
+    }
+
+    /// Orders by [`MatchedRule::envoy_name`], byte for byte (so `rule[10]` before `rule[2]`).
+    fn cmp_envoy_name(&self, other: &MatchedRule) -> std::cmp::Ordering {
+        self.envoy_name().cmp(&other.envoy_name())
+    }
+}
+
+/// The reason when ALLOW policies exist and none matched.
+const DENIED_BY_ALLOW: &str = "allow policies exist, but none allowed";
 
 /// Told of what an authorization saw that is not its verdict: each dry-run policy that
 /// matched (logged, never enforced). Passed to each call, so that every proxy counts its
@@ -95,7 +156,7 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
     let policies = policies.iter().map(Borrow::borrow);
     let peer = Peer::new(ctx);
     for p in policies.clone().filter(|p| p.action == PolicyAction::Deny) {
-        if matches_peer(p, &peer) {
+        if let Some(rule) = matching_rule(p, &peer) {
             if p.dry_run {
                 tracing::info!(policy = %p.key(), ctx = ?ctx, "dry-run DENY policy matched (not enforced)");
                 observer.dry_run_matched(p);
@@ -104,6 +165,7 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
                 return Err(Denied {
                     reason: format!("explicitly denied by: {}", p.key()),
                     policy: Some(p.key()),
+                    matched_rule: Some(MatchedRule::of(p, rule)),
                 });
             }
         }
@@ -129,8 +191,9 @@ pub fn authorize_observed<P: Borrow<Authorization>>(
         return Ok(());
     }
     Err(Denied {
-        reason: "allow policies exist, but none allowed".into(),
+        reason: DENIED_BY_ALLOW.into(),
         policy: None,
+        matched_rule: None,
     })
 }
 
@@ -168,22 +231,31 @@ impl<'a> Peer<'a> {
 }
 
 fn matches_peer(p: &Authorization, ctx: &Peer<'_>) -> bool {
+    matching_rule(p, ctx).is_some()
+}
+
+/// The index of the first rule of `p` that matches on L4 fields alone (see [`matches`]).
+fn matching_rule(p: &Authorization, ctx: &Peer<'_>) -> Option<usize> {
     let deny = p.action == PolicyAction::Deny;
-    p.rules.iter().any(|rule| {
+    p.rules.iter().position(|rule| {
         if !deny && rule.iter().flatten().any(RbacMatch::has_l7) {
             return false;
         }
-        rule.iter().all(|clause| {
-            clause.is_empty()
-                || clause.iter().any(|m| {
-                    if deny && m.has_l7() {
-                        m.has_no_l4_field() || match_fields(m, ctx)
-                    } else {
-                        match_object(m, ctx)
-                    }
-                })
+        rule_matches(rule, |m| {
+            if deny && m.has_l7() {
+                m.has_no_l4_field() || match_fields(m, ctx)
+            } else {
+                match_object(m, ctx)
+            }
         })
     })
+}
+
+/// A rule matches if every clause does; a clause if it is empty or one of its match
+/// objects does (`object`, each mode's own).
+fn rule_matches(rule: &Rule, object: impl Fn(&RbacMatch) -> bool) -> bool {
+    rule.iter()
+        .all(|clause| clause.is_empty() || clause.iter().any(&object))
 }
 
 /// One field family: the positive list (if any) must contain a match, and the negative

@@ -119,6 +119,23 @@ impl PathMatch {
             PathMatch::Template(t) => t.to_string(),
         }
     }
+
+    /// True if `path` (normalised, without its query) matches: a string match compares
+    /// the whole path, byte for byte; a template as [`PathTemplate::matches`].
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::String(m) => m.matches(path),
+            PathMatch::Template(t) => t.matches(path),
+        }
+    }
+}
+
+/// The characters a template operator matches, as Envoy's URI templates define them
+/// (RFC 3986 `pchar` without `*` and `=`): `{*}` is one or more of them, `{**}` any number
+/// of them and `/`. A segment with another character (`=`, `*`, a space, non-ASCII) is not
+/// matched by an operator.
+fn is_template_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~%!$&'()+,;:@".contains(&b)
 }
 
 impl PathTemplate {
@@ -152,6 +169,58 @@ impl PathTemplate {
     /// The segments after the leading `/`.
     pub fn segments(&self) -> &[PathSegment] {
         &self.segments
+    }
+
+    /// True if the whole of `path` matches: `/`, then the segments joined by `/`, each
+    /// literal compared byte for byte, `{*}` one or more template characters (so exactly
+    /// one non-empty segment), `{**}` any run of template characters and `/`, even none
+    /// (`/a/{**}` matches `/a/` and `/a/b/c`, not `/a`). Literals alone may follow `{**}`,
+    /// so the match is decided left to right without backtracking.
+    pub fn matches(&self, path: &str) -> bool {
+        let Some(mut rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        for (i, seg) in self.segments.iter().enumerate() {
+            if i > 0 {
+                let Some(r) = rest.strip_prefix('/') else {
+                    return false;
+                };
+                rest = r;
+            }
+            match seg {
+                PathSegment::Literal(l) => {
+                    let Some(r) = rest.strip_prefix(l.as_str()) else {
+                        return false;
+                    };
+                    rest = r;
+                }
+                PathSegment::One => {
+                    let n = rest.bytes().take_while(|b| is_template_char(*b)).count();
+                    if n == 0 {
+                        return false;
+                    }
+                    rest = &rest[n..];
+                }
+                PathSegment::Many => {
+                    // What follows is literal: `/lit/lit...`, which must end the path.
+                    let mut tail = String::new();
+                    for seg in &self.segments[i + 1..] {
+                        match seg {
+                            PathSegment::Literal(l) => {
+                                tail.push('/');
+                                tail.push_str(l);
+                            }
+                            // Refused when the template is read.
+                            PathSegment::One | PathSegment::Many => return false,
+                        }
+                    }
+                    return rest.strip_suffix(tail.as_str()).is_some_and(|glob| {
+                        glob.bytes().all(|b| b == b'/' || is_template_char(b))
+                    });
+                }
+            }
+        }
+        rest.is_empty()
     }
 }
 
@@ -314,6 +383,18 @@ impl L7Attributes {
     /// True if no attribute is set.
     pub fn is_empty(&self) -> bool {
         self.names().next().is_none()
+    }
+
+    /// True if some attribute has an entry (a set but empty list constrains nothing).
+    pub fn has_entries(&self) -> bool {
+        self.fields().into_iter().any(|(_, v)| match v {
+            None => false,
+            Some(FieldRef::Paths(v)) => !v.is_empty(),
+            Some(FieldRef::Strings(v)) => !v.is_empty(),
+            Some(FieldRef::Headers(v)) => !v.is_empty(),
+            Some(FieldRef::Ips(v)) => !v.is_empty(),
+            Some(FieldRef::When(v)) => !v.is_empty(),
+        })
     }
 }
 

@@ -586,3 +586,62 @@ fn istio_string_forms() {
         }
     }
 }
+
+/// A path match against normalised paths: string forms compare the whole path byte for
+/// byte; `{*}` is one non-empty segment of template characters (RFC 3986 `pchar` without
+/// `*` and `=`), `{**}` any run of them and `/`, even none.
+#[test]
+fn path_matches_table() {
+    let cases: &[(&str, &str, bool)] = &[
+        ("/a", "/a", true),
+        ("/a", "/a/", false),
+        ("/a", "/A", false),
+        ("/a/*", "/a/", true),
+        ("/a/*", "/a", false),
+        ("*/b", "/a/b", true),
+        ("*", "/", true),
+        // {*}: exactly one segment, not empty.
+        ("/a/{*}", "/a/b", true),
+        ("/a/{*}", "/a/", false),
+        ("/a/{*}", "/a", false),
+        ("/a/{*}", "/a/b/c", false),
+        ("/a/{*}", "/a/b/", false),
+        ("/a/{*}", "/a/%2F", true),
+        ("/a/{*}", "/a/~-._!$&'()+,;:@", true),
+        ("/a/{*}", "/a/b=c", false),
+        ("/a/{*}", "/a/b*", false),
+        ("/a/{*}", "/a/é", false),
+        ("/{*}/b/{*}", "/x/b/y", true),
+        ("/{*}/b/{*}", "/x/c/y", false),
+        ("/{*}/b/{*}", "/x/b/", false),
+        ("/a/{*}/", "/a/b/", true),
+        ("/a/{*}/", "/a/b", false),
+        ("/A/{*}", "/a/b", false),
+        // {**}: any number of segments, even none (but the `/` before it is literal).
+        ("/a/{**}", "/a/", true),
+        ("/a/{**}", "/a", false),
+        ("/a/{**}", "/a/b/c/", true),
+        ("/a/{**}", "/a/b=c", false),
+        ("/a/{**}", "/ab/c", false),
+        ("/{**}", "/", true),
+        ("/{**}", "/x/y", true),
+        ("/a/{**}/z", "/a/b/c/z", true),
+        ("/a/{**}/z", "/a//z", true),
+        ("/a/{**}/z", "/a/z", false),
+        ("/a/{**}/z", "/a/b/z/y", false),
+        ("/a/{**}/y/z", "/a/b/y/z", true),
+        ("/a/{**}/y/z", "/a/b/z", false),
+        ("/a/{*}/{**}", "/a/b/", true),
+        ("/a/{*}/{**}", "/a/b", false),
+        ("/a/{*}/{**}", "/a/b/c/d", true),
+        ("/a/{*}/{**}", "/a//c", false),
+    ];
+    let mut failures = Vec::new();
+    for (pattern, path, want) in cases {
+        let m = PathMatch::parse(pattern).unwrap();
+        if m.matches(path) != *want {
+            failures.push(format!("{pattern} ~ {path}: want {want}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
