@@ -99,6 +99,43 @@ impl DrainWatcher {
     }
 }
 
+/// Resolves on SIGTERM, SIGINT or a message on `quit` (the admin `/quitquitquit`); after
+/// it, a second SIGINT exits at once, skipping the drain.
+pub async fn shutdown_requested(quit: &mut mpsc::Receiver<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let term_fut = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let int_fut = async {
+        match int.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term_fut => tracing::info!("received SIGTERM"),
+        _ = int_fut => tracing::info!("received SIGINT"),
+        _ = quit.recv() => tracing::info!("shutdown requested through /quitquitquit"),
+    }
+    // A second Ctrl-C means "now": skip the rest of the drain.
+    tokio::spawn(async {
+        if let Ok(mut int) = signal(SignalKind::interrupt()) {
+            int.recv().await;
+            tracing::warn!("second SIGINT: exiting without waiting for open connections");
+            std::process::exit(1);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

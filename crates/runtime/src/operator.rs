@@ -1,13 +1,15 @@
 //! The operator endpoints every ambit process serves the same way: readiness
 //! (`/healthz/ready`, naming what is still pending) and Prometheus metrics (`/metrics` and
-//! Istio's `/stats/prometheus`, families without samples left out as ztunnel does).
+//! Istio's `/stats/prometheus`, families without samples left out as ztunnel does); the
+//! admin port's guard against browsers, and its `/logging`.
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use prometheus_client::registry::Registry;
 
 use crate::http::{text, with_type, Handler};
+use crate::logging::LogHandle;
 use crate::readiness::Ready;
 
 /// `/healthz/ready`: 200 once every registered task is ready, else 500 naming them.
@@ -93,4 +95,134 @@ pub fn without_empty_families(text: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The listener is on loopback, but a browser on the node can still reach it: a page
+/// can POST to `http://127.0.0.1:15000/quitquitquit` without reading the answer, and DNS
+/// rebinding can make a foreign name resolve to loopback. Either shows up in the headers:
+/// browsers send `Origin` on every cross-origin POST, and a rebound name stays in `Host`.
+/// So the endpoints that change the proxy take only requests addressed to a loopback
+/// name and without `Origin`; curl, istioctl's port-forward and scripts send both right.
+pub fn refused_unless_from_the_node(headers: &HeaderMap) -> Option<crate::http::Answer> {
+    if headers.contains_key(http::header::ORIGIN) {
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            "refused: a request with an Origin header comes from a browser page; \
+             send it without one (e.g. with curl) from the node\n",
+        ));
+    }
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    match host {
+        Some(host) if is_loopback_host(host) => None,
+        Some(host) => Some(text(
+            StatusCode::FORBIDDEN,
+            format!(
+                "refused: Host {host:?} is not a loopback name; address the admin port as \
+                 localhost, 127.0.0.1 or [::1]\n"
+            ),
+        )),
+        None => Some(text(
+            StatusCode::FORBIDDEN,
+            "refused: no Host header; address the admin port as localhost, 127.0.0.1 or [::1]\n",
+        )),
+    }
+}
+
+/// `localhost`, `127.0.0.0/8` or `[::1]`, each with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inside, "")) => inside,
+            Some((inside, port)) if port.strip_prefix(':').is_some_and(valid_port) => inside,
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if valid_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        }
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn valid_port(port: &str) -> bool {
+    port.parse::<u16>().is_ok()
+}
+
+/// `/logging`: `?level=<filter>` sets the log filter, `?reset` restores the one the
+/// process started with, nothing shows it.
+pub fn logging(
+    logs: &LogHandle,
+    query: Option<&str>,
+) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+    let query = query.unwrap_or("");
+    let result = if query.is_empty() {
+        Ok(())
+    } else if query == "reset" {
+        logs.reset()
+    } else if let Some(level) = query.strip_prefix("level=") {
+        percent_decode(level)
+            .ok_or_else(|| format!("level {level:?} is not valid percent-encoded UTF-8"))
+            .and_then(|level| {
+                if level.trim().is_empty() {
+                    return Err("level is empty: use ?level=<filter>, such as ?level=info \
+                                or ?level=warn,access=debug"
+                        .into());
+                }
+                logs.set(&level)
+            })
+    } else {
+        Err(format!(
+            "unknown query {query:?}: use ?level=<filter> or ?reset"
+        ))
+    };
+    match result {
+        Ok(()) => text(
+            StatusCode::OK,
+            format!("current log level is {}\n", logs.current()),
+        ),
+        Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+    }
+}
+
+/// `%XX` escapes (and `+` as a space) decoded; `None` for a broken escape or bytes that are
+/// not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        out.push(match b {
+            b'%' => {
+                // Two hex digits exactly: `from_str_radix` alone would also take "+f".
+                let hex = [bytes.next()?, bytes.next()?];
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?
+            }
+            b'+' => b' ',
+            b => b,
+        });
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%3Db%2cc+d").as_deref(), Some("a=b,c d"));
+        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
+        for bad in ["%", "%4", "%zz", "%ff", "%+f", "%-1"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{Method, StatusCode};
 use tokio::sync::mpsc;
 
 use ambit_identity::CertManager;
@@ -12,6 +12,7 @@ use ambit_nodeproxy::SharedState;
 use crate::config::Config;
 use ambit_runtime::http::{text, with_type, Handler};
 use ambit_runtime::logging::LogHandle;
+use ambit_runtime::operator::{logging, refused_unless_from_the_node};
 pub use ambit_runtime::operator::{metrics_handler, readiness_handler, without_empty_families};
 
 pub struct AdminContext {
@@ -63,120 +64,6 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
     })
-}
-
-/// The listener is on loopback, but a browser on the node can still reach it: a page
-/// can POST to `http://127.0.0.1:15000/quitquitquit` without reading the answer, and DNS
-/// rebinding can make a foreign name resolve to loopback. Either shows up in the headers:
-/// browsers send `Origin` on every cross-origin POST, and a rebound name stays in `Host`.
-/// So the endpoints that change the proxy take only requests addressed to a loopback
-/// name and without `Origin`; curl, istioctl's port-forward and scripts send both right.
-fn refused_unless_from_the_node(headers: &HeaderMap) -> Option<ambit_runtime::http::Answer> {
-    if headers.contains_key(http::header::ORIGIN) {
-        return Some(text(
-            StatusCode::FORBIDDEN,
-            "refused: a request with an Origin header comes from a browser page; \
-             send it without one (e.g. with curl) from the node\n",
-        ));
-    }
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    match host {
-        Some(host) if is_loopback_host(host) => None,
-        Some(host) => Some(text(
-            StatusCode::FORBIDDEN,
-            format!(
-                "refused: Host {host:?} is not a loopback name; address the admin port as \
-                 localhost, 127.0.0.1 or [::1]\n"
-            ),
-        )),
-        None => Some(text(
-            StatusCode::FORBIDDEN,
-            "refused: no Host header; address the admin port as localhost, 127.0.0.1 or [::1]\n",
-        )),
-    }
-}
-
-/// `localhost`, `127.0.0.0/8` or `[::1]`, each with or without a port.
-fn is_loopback_host(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        match rest.split_once(']') {
-            Some((inside, "")) => inside,
-            Some((inside, port)) if port.strip_prefix(':').is_some_and(valid_port) => inside,
-            _ => return false,
-        }
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) if valid_port(port) => name,
-            Some(_) => return false,
-            None => host,
-        }
-    };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-fn valid_port(port: &str) -> bool {
-    port.parse::<u16>().is_ok()
-}
-
-fn logging(
-    logs: &LogHandle,
-    query: Option<&str>,
-) -> http::Response<http_body_util::Full<bytes::Bytes>> {
-    let query = query.unwrap_or("");
-    let result = if query.is_empty() {
-        Ok(())
-    } else if query == "reset" {
-        logs.reset()
-    } else if let Some(level) = query.strip_prefix("level=") {
-        percent_decode(level)
-            .ok_or_else(|| format!("level {level:?} is not valid percent-encoded UTF-8"))
-            .and_then(|level| {
-                if level.trim().is_empty() {
-                    return Err("level is empty: use ?level=<filter>, such as ?level=info \
-                                or ?level=warn,access=debug"
-                        .into());
-                }
-                logs.set(&level)
-            })
-    } else {
-        Err(format!(
-            "unknown query {query:?}: use ?level=<filter> or ?reset"
-        ))
-    };
-    match result {
-        Ok(()) => text(
-            StatusCode::OK,
-            format!("current log level is {}\n", logs.current()),
-        ),
-        Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
-    }
-}
-
-/// `%XX` escapes (and `+` as a space) decoded; `None` for a broken escape or bytes that are
-/// not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        out.push(match b {
-            b'%' => {
-                // Two hex digits exactly: `from_str_radix` alone would also take "+f".
-                let hex = [bytes.next()?, bytes.next()?];
-                if !hex.iter().all(u8::is_ascii_hexdigit) {
-                    return None;
-                }
-                u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?
-            }
-            b'+' => b' ',
-            b => b,
-        });
-    }
-    String::from_utf8(out).ok()
 }
 
 fn config_dump(ctx: &AdminContext) -> serde_json::Value {
@@ -480,14 +367,5 @@ mod tests {
             StatusCode::OK
         );
         assert!(shutdown.try_recv().is_ok());
-    }
-
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decode("a%3Db%2cc+d").as_deref(), Some("a=b,c d"));
-        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
-        for bad in ["%", "%4", "%zz", "%ff", "%+f", "%-1"] {
-            assert_eq!(percent_decode(bad), None, "{bad}");
-        }
     }
 }

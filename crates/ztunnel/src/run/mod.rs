@@ -204,7 +204,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     drop(proxy_ready);
 
     tokio::select! {
-        _ = wait_for_shutdown(&mut shutdown_rx) => {}
+        _ = ambit_runtime::drain::shutdown_requested(&mut shutdown_rx) => {}
         finished = &mut data_plane => {
             // Only a broken agent protocol ends the data plane on its own: exit non-zero,
             // like ztunnel, so the supervisor restarts us with a clean slate.
@@ -236,39 +236,4 @@ async fn wait_for_sync(
         r = synced.wait_for(|s| *s) => r.is_ok(),
         _ = watcher.draining() => false,
     }
-}
-
-async fn wait_for_shutdown(quit: &mut mpsc::Receiver<()>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut int = signal(SignalKind::interrupt()).ok();
-    let term_fut = async {
-        match term.as_mut() {
-            Some(s) => {
-                s.recv().await;
-            }
-            None => std::future::pending::<()>().await,
-        }
-    };
-    let int_fut = async {
-        match int.as_mut() {
-            Some(s) => {
-                s.recv().await;
-            }
-            None => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = term_fut => tracing::info!("received SIGTERM"),
-        _ = int_fut => tracing::info!("received SIGINT"),
-        _ = quit.recv() => tracing::info!("shutdown requested through /quitquitquit"),
-    }
-    // A second Ctrl-C means "now": skip the rest of the drain.
-    tokio::spawn(async {
-        if let Ok(mut int) = signal(SignalKind::interrupt()) {
-            int.recv().await;
-            tracing::warn!("second SIGINT: exiting without waiting for open connections");
-            std::process::exit(1);
-        }
-    });
 }
