@@ -64,9 +64,12 @@ pub(crate) fn yaml_message(err: &yaml_serde::Error, path: &str) -> String {
     let mut message = err.to_string();
     if let Some(loc) = err.location() {
         let at = format!(" at line {} column {}", loc.line(), loc.column());
-        if let Some(m) = message.strip_suffix(&at) {
-            message = m.to_string();
-        }
+        // At the end of a value's error; after the problem, before its context, in a
+        // syntax error's.
+        message = match message.strip_suffix(&at) {
+            Some(m) => m.to_string(),
+            None => message.replacen(&at, "", 1),
+        };
     }
     if path.is_empty() {
         return message;

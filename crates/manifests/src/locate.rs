@@ -263,16 +263,17 @@ mod tests {
                 yaml,
                 field!["spec", "rules", 0, "to", 0, "operation", "methods", 1]
             ),
-            Some((4, 40))
+            Some((4, 38))
         );
         assert_eq!(
             at(yaml, field!["metadata", "annotations", "istio.io/dry-run"]),
-            Some((6, 45))
+            Some((6, 44))
         );
         // Not written: where its parent is.
         assert_eq!(at(yaml, field!["spec", "provider", "name"]), Some((3, 3)));
         assert_eq!(at(yaml, field!["spec", "rules", 3]), Some((4, 3)));
-        // Not YAML.
-        assert_eq!(at("a: [\n", field!["a"]), None);
+        // Not YAML: only what comes before the error.
+        assert_eq!(at("a: [\nb: 1\n", field!["a"]), Some((1, 4)));
+        assert_eq!(at("a: [\nb: 1\n", field!["b"]), Some((1, 1)));
     }
 }

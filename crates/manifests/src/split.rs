@@ -19,7 +19,7 @@ pub(crate) struct Segment<'a> {
 /// True for a `---` marker line.
 fn is_marker(line: &str) -> bool {
     line.strip_prefix("---")
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r']))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']))
 }
 
 /// The documents of `text`, in order. Text before the first marker is a document too

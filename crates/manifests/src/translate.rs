@@ -270,14 +270,20 @@ fn action(spec: &Spec) -> Result<WaypointAction, Invalid> {
         Action::Deny if no_rules => return Err(rules_needed("DENY")),
         Action::Deny => WaypointAction::Deny,
         Action::Custom if no_rules => return Err(rules_needed("CUSTOM")),
-        Action::Custom => match spec.provider.as_ref().and_then(|p| p.name.as_ref()) {
-            Some(Text(name)) if !name.is_empty() => WaypointAction::Custom {
+        Action::Custom => match spec.provider.as_ref().map(|p| p.name.as_ref()) {
+            Some(Some(Text(name))) if !name.is_empty() => WaypointAction::Custom {
                 provider: name.clone(),
             },
-            _ => return Err(invalid(
-                field!["spec", "provider", "name"],
-                "a CUSTOM policy names its provider (an extensionProviders entry of MeshConfig)",
-            )),
+            written => {
+                let at = match written {
+                    None => field!["spec", "action"],
+                    Some(_) => field!["spec", "provider", "name"],
+                };
+                return Err(invalid(
+                    at,
+                    "a CUSTOM policy names its provider (spec.provider.name: an extensionProviders entry of MeshConfig)",
+                ));
+            }
         },
     })
 }
