@@ -36,11 +36,16 @@ enum Command {
     /// PROXY_MODE, PROXY_WORKLOAD_INFO, LOCAL_XDS_PATH or LOCAL_XDS, PACKET_MARK,
     /// TRUST_DOMAIN, LOCAL_CA_DIR, HTTP2_*, POOL_*, ... (see README).
     Ztunnel,
-    /// ztunnel's own command line, as Istio's chart runs it: `proxy ztunnel` is
-    /// `ambit ztunnel`.
+    /// Run the L7 waypoint (HBONE in and out, AuthorizationPolicy at L7, per-request
+    /// balancing, Istio's request metrics). Configured from the environment:
+    /// POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT, GATEWAY_NAME, TRUST_DOMAIN, XDS_ADDRESS or
+    /// LOCAL_XDS_PATH, CA_ADDRESS or LOCAL_CA_DIR, AMBIT_WAYPOINT_CONFIG, ... (see README).
+    Waypoint,
+    /// Istio's proxy command line: `proxy ztunnel` is `ambit ztunnel`, `proxy waypoint` is
+    /// `ambit waypoint`.
     Proxy {
-        /// The kind of proxy: only `ztunnel`.
-        #[arg(value_parser = ["ztunnel"], default_value = "ztunnel")]
+        /// The kind of proxy.
+        #[arg(value_parser = ["ztunnel", "waypoint"], default_value = "ztunnel")]
         kind: String,
     },
     /// Build a two-node mesh in network namespaces on this machine, send real traffic
@@ -103,11 +108,21 @@ fn main() -> ExitCode {
     if as_ztunnel && std::env::args_os().len() == 1 {
         return ambit_ztunnel::main();
     }
+    // Installed as `waypoint`: no argument runs the waypoint.
+    if name == "waypoint" && std::env::args_os().len() == 1 {
+        return ambit_waypoint::main();
+    }
     let mut command = Cli::command();
     if as_ztunnel {
         command = command.override_usage(
             "ztunnel            (no argument: run the node proxy, as ztunnel does)\n       \
              ztunnel <COMMAND>",
+        );
+    }
+    if name == "waypoint" {
+        command = command.override_usage(
+            "waypoint           (no argument: run the waypoint)\n       \
+             waypoint <COMMAND>",
         );
     }
     let matches = command.get_matches();
@@ -118,6 +133,8 @@ fn main() -> ExitCode {
             println!("{}", version::line());
             ExitCode::SUCCESS
         }
+        Command::Waypoint => ambit_waypoint::main(),
+        Command::Proxy { kind } if kind == "waypoint" => ambit_waypoint::main(),
         Command::Ztunnel | Command::Proxy { .. } => ambit_ztunnel::main(),
         Command::Agent(args) => match agent_cli::run(*args, matches.subcommand_matches("agent")) {
             Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,13 @@ impl Names {
         let dir = std::env::temp_dir().join(format!("ambit-help-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        for name in ["ztunnel", "install-cni", "istio-cni", "ambit-cni"] {
+        for name in [
+            "ztunnel",
+            "waypoint",
+            "install-cni",
+            "istio-cni",
+            "ambit-cni",
+        ] {
             std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ambit"), dir.join(name)).unwrap();
         }
         Names(dir)
@@ -64,7 +70,9 @@ fn every_command_and_name_prints_its_usage_on_help() {
         ),
         ("ambit", vec!["control"], "Usage: ambit control"),
         ("ambit", vec!["version"], "Usage: ambit version"),
+        ("ambit", vec!["waypoint"], "Usage: ambit waypoint"),
         ("ztunnel", vec![], "no argument: run the node proxy"),
+        ("waypoint", vec![], "no argument: run the waypoint"),
         ("ztunnel", vec!["proxy"], "Usage: ztunnel proxy"),
         (
             "install-cni",
@@ -118,4 +126,24 @@ fn install_cni_names_an_unknown_flag_as_written() {
         stderr.contains("unknown flag \"-x\"") && stderr.contains("--help"),
         "{stderr}"
     );
+}
+
+/// The waypoint refuses to start without the variables that name it, saying which, with
+/// exit status 2 (a configuration that does not hold), under each name it answers to.
+#[test]
+fn the_waypoint_names_a_missing_variable() {
+    let names = Names::new("waypoint-env");
+    let cases: [(&str, &[&str]); 3] = [
+        ("ambit", &["waypoint"]),
+        ("ambit", &["proxy", "waypoint"]),
+        ("waypoint", &[]),
+    ];
+    for (name, args) in cases {
+        let (code, _, stderr) = run(&names.path(name), args, &[]);
+        assert_eq!(code, Some(2), "{name} {args:?}: {stderr}");
+        assert!(
+            stderr.contains("POD_NAMESPACE"),
+            "{name} {args:?}: {stderr}"
+        );
+    }
 }

@@ -1,1 +1,113 @@
-//! The L7 waypoint (`ambit waypoint`).
+//! The L7 waypoint, `ambit waypoint` (also the multi-call name `waypoint`): what a service
+//! or namespace opts into for HTTP-aware policy and telemetry in ambient mode. Any ztunnel
+//! (ambit's or Istio's) sends it traffic unchanged.
+//!
+//! - [`config`]: Istio's environment (`POD_NAMESPACE`, `SERVICE_ACCOUNT`, `XDS_ADDRESS`, …);
+//! - [`run`]: the process: certificates, mesh state, policies, the HBONE listener on 15008
+//!   with the node proxy's admission limits, the operator ports, the drain;
+//! - [`tunnel`]: one CONNECT: [`front`] decides whether this waypoint serves its authority,
+//!   then the port's protocol decides between [`http`] and [`tcp`];
+//! - [`http`]: HTTP/1.1 and HTTP/2 requests, each normalised, authorized ([`authz`]),
+//!   balanced on its own ([`balance`]) and sent on a pooled onward connection
+//!   ([`upstream`]);
+//! - [`metrics`]: Istio's request and TCP metrics with `reporter="waypoint"`;
+//! - [`admin`]: `/config_dump` on localhost.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod authz;
+pub mod balance;
+pub mod config;
+pub mod front;
+pub mod http;
+pub mod metrics;
+pub mod run;
+pub mod tcp;
+pub mod tunnel;
+pub mod upstream;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ambit_identity::SpiffeId;
+use ambit_runtime::dry_run::DryRunMatches;
+use ambit_runtime::shared::Shared;
+use ambit_state::{ProxyState, Workload};
+
+use crate::authz::PolicySet;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::upstream::Upstream;
+
+/// What every stream and request of the running waypoint reads.
+pub struct Waypoint {
+    pub cfg: Arc<Config>,
+    pub state: Shared<ProxyState>,
+    pub policies: Shared<PolicySet>,
+    pub upstream: Arc<Upstream>,
+    pub metrics: Metrics,
+    pub dry_run: Arc<DryRunMatches>,
+    pub identity: SpiffeId,
+    pub certs: Arc<ambit_identity::CertManager>,
+}
+
+impl std::fmt::Debug for Waypoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waypoint")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Waypoint {
+    /// This waypoint's own workload in the mesh state (by namespace, pod name and
+    /// service account), if it has arrived.
+    pub fn me(&self, state: &ProxyState) -> Option<Arc<Workload>> {
+        state.find_local_workload(
+            &self.cfg.namespace,
+            &self.cfg.pod_name,
+            &self.cfg.service_account,
+            None,
+        )
+    }
+}
+
+/// `ambit waypoint`: reads the environment, then serves until told to stop. Exit status
+/// 2 for a configuration that does not hold, 1 for a failure while running.
+pub fn main() -> ExitCode {
+    let (logs, _flush_logs) = match ambit_runtime::logging::init() {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("ambit waypoint: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = match Config::from_process_env() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("invalid configuration: {e}");
+            eprintln!("ambit waypoint: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ambit-waypoint")
+        .worker_threads(cfg.worker_threads)
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ambit waypoint: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run::run(cfg, Some(logs))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("ambit waypoint: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The admin port (localhost 15000): `/config_dump` (the mesh as this waypoint holds it,
+//! its policies with their targets, its certificate, its settings), `/logging` and
+//! `/quitquitquit`, with the node proxy's guard against browser pages.
+
+use std::sync::Arc;
+
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use ambit_identity::CertManager;
+use ambit_manifests::{PolicyTarget, WaypointAction};
+use ambit_runtime::http::{text, with_type, Handler};
+use ambit_runtime::logging::LogHandle;
+use ambit_runtime::operator::{logging, refused_unless_from_the_node};
+
+use crate::Waypoint;
+
+pub fn admin_handler(
+    wp: Arc<Waypoint>,
+    certs: Arc<CertManager>,
+    logs: Option<LogHandle>,
+    shutdown: mpsc::Sender<()>,
+) -> Handler {
+    Arc::new(move |method, uri, headers| {
+        match uri.path() {
+        "/" => text(
+            StatusCode::OK,
+            "ambit waypoint admin\n  /config_dump\n  /logging (POST, ?level=<filter> or ?reset)\n  /quitquitquit (POST)\n",
+        ),
+        "/config_dump" => {
+            let body = serde_json::to_string_pretty(&config_dump(&wp, &certs))
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+            with_type(StatusCode::OK, "application/json", body)
+        }
+        "/quitquitquit" => {
+            if method != Method::POST {
+                return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
+            }
+            if let Some(refused) = refused_unless_from_the_node(headers) {
+                return refused;
+            }
+            let _ = shutdown.try_send(());
+            text(StatusCode::OK, "shutdown now\n")
+        }
+        "/logging" => {
+            if method != Method::POST {
+                return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
+            }
+            if let Some(refused) = refused_unless_from_the_node(headers) {
+                return refused;
+            }
+            match &logs {
+                Some(logs) => logging(logs, uri.query()),
+                None => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "logging is not configurable here\n",
+                ),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+    })
+}
+
+fn target(t: &PolicyTarget) -> Value {
+    match t {
+        PolicyTarget::Gateway { namespace, name } => {
+            json!({"kind": "Gateway", "namespace": namespace, "name": name})
+        }
+        PolicyTarget::Service { namespace, name } => {
+            json!({"kind": "Service", "namespace": namespace, "name": name})
+        }
+        PolicyTarget::ServiceEntry { namespace, name } => {
+            json!({"kind": "ServiceEntry", "namespace": namespace, "name": name})
+        }
+        PolicyTarget::GatewayClass { name } => json!({"kind": "GatewayClass", "name": name}),
+    }
+}
+
+/// ztunnel's sections for what it shares with the node proxy (`workloads`, `services`,
+/// `certificates`), and the waypoint's own: `waypointPolicies` and `waypoint`.
+pub fn config_dump(wp: &Waypoint, certs: &CertManager) -> Value {
+    let mut dump = wp.state.get().dump();
+    let policies: Vec<Value> = wp
+        .policies
+        .get()
+        .policies
+        .iter()
+        .map(|p| {
+            let action = match &p.action {
+                WaypointAction::Allow => json!("ALLOW"),
+                WaypointAction::Deny => json!("DENY"),
+                WaypointAction::Audit => json!("AUDIT"),
+                WaypointAction::Custom { provider } => json!({"CUSTOM": provider}),
+            };
+            json!({
+                "name": p.authorization.name,
+                "namespace": p.authorization.namespace,
+                "action": action,
+                "dryRun": p.authorization.dry_run,
+                "targets": p.targets.iter().map(target).collect::<Vec<_>>(),
+                "rules": p.authorization.rules,
+            })
+        })
+        .collect();
+    if let Some(m) = dump.as_object_mut() {
+        m.insert("waypointPolicies".into(), Value::Array(policies));
+        m.insert(
+            "certificates".into(),
+            serde_json::to_value(certs.dump()).unwrap_or_default(),
+        );
+        m.insert(
+            "waypoint".into(),
+            json!({
+                "identity": wp.identity.to_string(),
+                "namespace": wp.cfg.namespace,
+                "pod": wp.cfg.pod_name,
+                "gateway": wp.cfg.gateway,
+                "gatewayClass": wp.cfg.gateway_class,
+                "network": wp.cfg.network,
+                "hboneAddress": wp.cfg.hbone_addr.to_string(),
+                "pathNormalization": wp.cfg.path_normalization.as_str(),
+                "workerThreads": wp.cfg.worker_threads,
+            }),
+        );
+    }
+    dump
+}

@@ -1,0 +1,237 @@
+//! The endpoint for one request (or one opaque tunnel): the fronted service's endpoints
+//! from WDS, ranked and weighted as the node proxy ranks them (health, network, locality,
+//! capacity: `ambit_state::pick_endpoint`), the target port translated; HBONE to an
+//! endpoint in the mesh, plaintext to one outside it. Sans-IO apart from the random draw.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use ambit_identity::SpiffeId;
+use ambit_state::{pick_endpoint, PickMode, ProxyState, RouteError, TunnelProtocol, Workload};
+
+use crate::front::Fronted;
+use crate::upstream::{Endpoint, Transport};
+
+/// Where one request goes.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub endpoint: Endpoint,
+    /// The endpoint's workload, for the destination labels.
+    pub workload: Option<Arc<Workload>>,
+}
+
+/// Why no endpoint could be chosen.
+#[derive(Debug, thiserror::Error)]
+pub enum NoEndpoint {
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    /// The waypoint's own workload is not in the mesh state, so locality cannot be ranked.
+    #[error("this waypoint's workload is not in the mesh state")]
+    NoSelf,
+    /// The workload has no address in this network.
+    #[error("workload {0} has no address")]
+    NoAddress(String),
+}
+
+/// Chooses the endpoint for `fronted` on behalf of the waypoint `me`; `hbone_port` is
+/// where endpoints' node proxies listen (15008).
+pub fn choose_endpoint(
+    state: &ProxyState,
+    me: Option<&Workload>,
+    fronted: &Fronted,
+    hbone_port: u16,
+    rng: &mut impl rand::Rng,
+) -> Result<Choice, NoEndpoint> {
+    match fronted {
+        Fronted::Service { service, port, vip } => {
+            let me = me.ok_or(NoEndpoint::NoSelf)?;
+            let dialed = vip.or_else(|| service.vips.first().map(|v| v.address));
+            let dialed = dialed.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+            let picked = pick_endpoint(state, service, *port, dialed, me, PickMode::Standard, rng)?;
+            let mut identities = vec![picked.workload.identity()];
+            identities.extend(
+                service
+                    .subject_alt_names
+                    .iter()
+                    .filter_map(|s| SpiffeId::parse(s).ok()),
+            );
+            Ok(Choice {
+                endpoint: endpoint_of(
+                    &picked.workload,
+                    picked.ip,
+                    picked.port,
+                    identities,
+                    hbone_port,
+                ),
+                workload: Some(picked.workload),
+            })
+        }
+        Fronted::Workload { workload, port } => {
+            let ip = *workload
+                .workload_ips
+                .first()
+                .ok_or_else(|| NoEndpoint::NoAddress(workload.uid.clone()))?;
+            Ok(Choice {
+                endpoint: endpoint_of(workload, ip, *port, vec![workload.identity()], hbone_port),
+                workload: Some(workload.clone()),
+            })
+        }
+    }
+}
+
+fn endpoint_of(
+    w: &Workload,
+    ip: IpAddr,
+    port: u16,
+    identities: Vec<SpiffeId>,
+    hbone_port: u16,
+) -> Endpoint {
+    let target = SocketAddr::new(ip, port);
+    let transport = match w.protocol {
+        TunnelProtocol::Hbone => Transport::Hbone {
+            next_hop: SocketAddr::new(ip, hbone_port),
+            identities,
+        },
+        _ => Transport::Plain,
+    };
+    Endpoint { target, transport }
+}
+
+/// [`choose_endpoint`] for the running waypoint.
+pub fn choose(
+    wp: &crate::Waypoint,
+    state: &ProxyState,
+    fronted: &Fronted,
+) -> Result<Choice, NoEndpoint> {
+    let me = wp.me(state);
+    choose_endpoint(
+        state,
+        me.as_deref(),
+        fronted,
+        ambit_wellknown::ports::HBONE,
+        &mut rand::thread_rng(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use std::collections::BTreeMap;
+
+    const MESH: &str = r#"
+workloads:
+- {uid: wp, name: waypoint, namespace: shop, serviceAccount: waypoint, workloadIps: ["10.0.0.9"], protocol: HBONE}
+- uid: r1
+  name: reviews-1
+  namespace: shop
+  serviceAccount: reviews
+  workloadIps: ["10.0.1.1"]
+  protocol: HBONE
+  services: {"shop/reviews.shop.svc.cluster.local": {80: 8080}}
+- uid: r2
+  name: reviews-2
+  namespace: shop
+  serviceAccount: reviews
+  workloadIps: ["10.0.1.2"]
+  protocol: NONE
+  services: {"shop/reviews.shop.svc.cluster.local": {80: 9090}}
+- uid: r3
+  name: reviews-3
+  namespace: shop
+  serviceAccount: reviews
+  workloadIps: ["10.0.1.3"]
+  protocol: HBONE
+  status: Unhealthy
+  services: {"shop/reviews.shop.svc.cluster.local": {80: 8080}}
+services:
+- name: reviews
+  namespace: shop
+  hostname: reviews.shop.svc.cluster.local
+  vips: ["/10.96.0.1"]
+  ports: {80: 8080}
+  subjectAltNames: ["spiffe://cluster.local/ns/shop/sa/reviews-san"]
+- name: empty
+  namespace: shop
+  hostname: empty.shop.svc.cluster.local
+  vips: ["/10.96.0.2"]
+  ports: {80: 8080}
+"#;
+
+    #[test]
+    fn every_request_draws_again_over_healthy_endpoints() {
+        let state = ProxyState::from_yaml("mesh", MESH).unwrap();
+        let me = state.workload_by_uid("wp");
+        let service = state
+            .service_by_key("shop/reviews.shop.svc.cluster.local")
+            .unwrap();
+        let fronted = Fronted::Service {
+            service,
+            port: 80,
+            vip: Some("10.96.0.1".parse().unwrap()),
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for _ in 0..200 {
+            let c = choose_endpoint(&state, me.as_deref(), &fronted, 15008, &mut rng).unwrap();
+            let how = match &c.endpoint.transport {
+                Transport::Hbone {
+                    next_hop,
+                    identities,
+                } => format!(
+                    "{} hbone via {next_hop} as {}",
+                    c.endpoint.target,
+                    identities
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+                Transport::Plain => format!("{} plain", c.endpoint.target),
+            };
+            *seen.entry(how).or_default() += 1;
+        }
+        let keys: Vec<&String> = seen.keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "10.0.1.1:8080 hbone via 10.0.1.1:15008 as spiffe://cluster.local/ns/shop/sa/reviews,spiffe://cluster.local/ns/shop/sa/reviews-san",
+                "10.0.1.2:9090 plain",
+            ],
+            "the unhealthy endpoint is never chosen; both others are"
+        );
+        assert!(seen.values().all(|&n| n > 50), "{seen:?}");
+    }
+
+    #[test]
+    fn no_endpoint_and_no_self() {
+        let state = ProxyState::from_yaml("mesh", MESH).unwrap();
+        let me = state.workload_by_uid("wp");
+        let empty = Fronted::Service {
+            service: state
+                .service_by_key("shop/empty.shop.svc.cluster.local")
+                .unwrap(),
+            port: 80,
+            vip: None,
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let e = choose_endpoint(&state, me.as_deref(), &empty, 15008, &mut rng).unwrap_err();
+        assert!(e.to_string().contains("no healthy upstream"), "{e}");
+        let e = choose_endpoint(&state, None, &empty, 15008, &mut rng).unwrap_err();
+        assert!(matches!(e, NoEndpoint::NoSelf), "{e}");
+    }
+
+    #[test]
+    fn a_workload_is_its_own_endpoint() {
+        let state = ProxyState::from_yaml("mesh", MESH).unwrap();
+        let workload = state.workload_by_uid("r2").unwrap();
+        let fronted = Fronted::Workload {
+            workload,
+            port: 9090,
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let c = choose_endpoint(&state, None, &fronted, 15008, &mut rng).unwrap();
+        assert_eq!(c.endpoint.target.to_string(), "10.0.1.2:9090");
+        assert_eq!(c.endpoint.transport, Transport::Plain);
+    }
+}

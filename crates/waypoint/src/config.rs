@@ -1,0 +1,306 @@
+//! The waypoint's environment: Istio's names where they exist (`POD_NAME`,
+//! `POD_NAMESPACE`, `SERVICE_ACCOUNT`, `INSTANCE_IP`, `CLUSTER_ID`, `TRUST_DOMAIN`,
+//! `XDS_ADDRESS`, `CA_ADDRESS`, …), read by the same reader as the node proxy's
+//! (`ambit-meshenv`), and ambit's own for what Istio has no name for.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ambit_identity::SpiffeId;
+use ambit_meshenv::ca::{ca_source, secret_ttl, CaSource};
+use ambit_meshenv::env::Env;
+use ambit_meshenv::xds::{xds_config, XdsConfig};
+use ambit_meshenv::ConfigError;
+use ambit_state::PathNormalization;
+use ambit_wellknown::ports;
+
+/// Everything the waypoint is started with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `POD_NAMESPACE`: the waypoint's namespace (its Gateway's).
+    pub namespace: String,
+    /// `POD_NAME`.
+    pub pod_name: String,
+    /// `GATEWAY_NAME`: the Gateway this pod serves (default: the service account, as
+    /// Istio names a waypoint's service account after its Gateway).
+    pub gateway: String,
+    /// `GATEWAY_CLASS`: its GatewayClass, for policies that target one (default
+    /// `istio-waypoint`).
+    pub gateway_class: String,
+    /// `SERVICE_ACCOUNT`.
+    pub service_account: String,
+    /// `TRUST_DOMAIN` (default `cluster.local`).
+    pub trust_domain: String,
+    /// `CLUSTER_ID` (default `Kubernetes`).
+    pub cluster_id: String,
+    /// `NETWORK`: where authorities and endpoints are looked up.
+    pub network: String,
+    /// The mesh: `LOCAL_XDS_PATH` (a file, re-read when it changes), else `XDS_ADDRESS`.
+    pub mesh: MeshSource,
+    /// `AMBIT_WAYPOINT_CONFIG`: a file or directory of Kubernetes-shaped policy documents.
+    pub policy_path: Option<PathBuf>,
+    /// Where certificates come from.
+    pub ca: CaSource,
+    pub secret_ttl: Duration,
+    /// `AMBIT_HBONE_ADDR` (default `[::]:15008`, or `0.0.0.0:15008` without IPv6).
+    pub hbone_addr: SocketAddr,
+    /// `AMBIT_ADMIN_ADDR` (loopback only, default `127.0.0.1:15000`).
+    pub admin_addr: SocketAddr,
+    /// `AMBIT_STATS_ADDR` (default port 15020).
+    pub stats_addr: SocketAddr,
+    /// `AMBIT_READINESS_ADDR` (default port 15021).
+    pub readiness_addr: SocketAddr,
+    /// `AMBIT_PATH_NORMALIZATION`: MeshConfig's `pathNormalization` (default `BASE`).
+    pub path_normalization: PathNormalization,
+    /// How long in-flight requests may run on after SIGTERM
+    /// (`TERMINATION_GRACE_PERIOD_SECONDS` less 5 s, at least 1 s; default 25 s).
+    pub drain_deadline: Duration,
+    /// `AMBIT_MAX_HBONE_CONNECTIONS`: connections in their handshake, in all (a quarter per
+    /// source).
+    pub max_handshakes: usize,
+    /// `ISTIO_VERSION` for `istio_build`.
+    pub istio_version: String,
+    /// `AMBIT_WORKER_THREADS` (default: the cores available, at most 2, as Istio's
+    /// waypoints run two workers).
+    pub worker_threads: usize,
+}
+
+/// Where the mesh state comes from.
+#[derive(Debug, Clone)]
+pub enum MeshSource {
+    /// `LOCAL_XDS_PATH`: ztunnel's local config file.
+    File(PathBuf),
+    /// `XDS_ADDRESS`: delta xDS from istiod or `ambit control`.
+    Xds(Box<XdsConfig>),
+}
+
+impl Config {
+    /// The waypoint's own SPIFFE identity.
+    pub fn identity(&self) -> SpiffeId {
+        SpiffeId::new(&self.trust_domain, &self.namespace, &self.service_account).unwrap_or_else(
+            |_| {
+                // Checked in `from_env`; unreachable in practice, refused loudly if not.
+                panic!("identity checked at start-up")
+            },
+        )
+    }
+
+    /// Reads the process environment (values that are not UTF-8 are refused where read).
+    pub fn from_process_env() -> Result<Config, ConfigError> {
+        let vars: HashMap<String, String> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
+        Config::from_env(&vars)
+    }
+
+    /// Reads `vars`; an error names the variable, its value and what was expected.
+    pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let env = Env::new(vars);
+        let required = |var: &'static str| -> Result<String, ConfigError> {
+            match env.get(var).map(str::trim) {
+                Some(v) if !v.is_empty() => Ok(v.to_string()),
+                _ => Err(ConfigError::Missing {
+                    var,
+                    because: "running a waypoint (it names the waypoint's pod and identity)",
+                }),
+            }
+        };
+        let namespace = required("POD_NAMESPACE")?;
+        let pod_name = required("POD_NAME")?;
+        let service_account = required("SERVICE_ACCOUNT")?;
+        let gateway = env
+            .get("GATEWAY_NAME")
+            .filter(|g| !g.trim().is_empty())
+            .map_or_else(|| service_account.clone(), |g| g.trim().to_string());
+        let trust_domain = env
+            .get("TRUST_DOMAIN")
+            .filter(|t| !t.is_empty())
+            .unwrap_or("cluster.local")
+            .to_string();
+        if SpiffeId::new(&trust_domain, &namespace, &service_account).is_err() {
+            return Err(ConfigError::Invalid {
+                var: "TRUST_DOMAIN",
+                value: format!("{trust_domain} (POD_NAMESPACE={namespace}, SERVICE_ACCOUNT={service_account})"),
+                expected: "values that make a SPIFFE id spiffe://<trust domain>/ns/<namespace>/sa/<service account>",
+            });
+        }
+        let cluster_id = env
+            .get("CLUSTER_ID")
+            .filter(|c| !c.is_empty())
+            .unwrap_or("Kubernetes")
+            .to_string();
+        let local_path = env
+            .get("LOCAL_XDS_PATH")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        let mesh =
+            match (local_path, env.get("XDS_ADDRESS").filter(|a| !a.is_empty())) {
+                (Some(path), _) => MeshSource::File(path),
+                (None, Some(address)) => MeshSource::Xds(Box::new(xds_config(
+                    &env,
+                    &ambit_grpc::with_scheme(address.trim()),
+                    &cluster_id,
+                )?)),
+                (None, None) => return Err(ConfigError::Missing {
+                    var: "XDS_ADDRESS",
+                    because:
+                        "LOCAL_XDS_PATH is not set (the waypoint needs the mesh from one of them)",
+                }),
+            };
+        let local_ca_dir = env
+            .get("LOCAL_CA_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
+        let ca = ca_source(
+            &env,
+            local_ca_dir.as_ref(),
+            matches!(mesh, MeshSource::File(_)),
+        )?;
+        let ipv6 = env.bool("IPV6_ENABLED", true)?;
+        let wildcard = if ipv6 { "[::]" } else { "0.0.0.0" };
+        let admin_addr = env.addr("AMBIT_ADMIN_ADDR", &format!("127.0.0.1:{}", ports::ADMIN))?;
+        if !admin_addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                var: "AMBIT_ADMIN_ADDR",
+                value: admin_addr.to_string(),
+                expected: "a loopback address: the admin endpoint can shut the waypoint down",
+            });
+        }
+        let path_normalization = match env.get("AMBIT_PATH_NORMALIZATION") {
+            None => PathNormalization::default(),
+            Some(v) => PathNormalization::from_name(v.trim()).ok_or(ConfigError::Invalid {
+                var: "AMBIT_PATH_NORMALIZATION",
+                value: v.to_string(),
+                expected: "NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES",
+            })?,
+        };
+        let grace = env
+            .parse::<u64>("TERMINATION_GRACE_PERIOD_SECONDS", "a number of seconds")?
+            .unwrap_or(30);
+        let max_handshakes = env
+            .parse::<usize>("AMBIT_MAX_HBONE_CONNECTIONS", "a number of connections")?
+            .unwrap_or(1024)
+            .max(4);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let worker_threads = env
+            .parse::<usize>("AMBIT_WORKER_THREADS", "a number of threads from 1")?
+            .unwrap_or(cores.min(2))
+            .max(1);
+        Ok(Config {
+            namespace,
+            pod_name,
+            gateway,
+            gateway_class: env
+                .get("GATEWAY_CLASS")
+                .filter(|c| !c.trim().is_empty())
+                .unwrap_or("istio-waypoint")
+                .trim()
+                .to_string(),
+            worker_threads,
+            service_account,
+            trust_domain,
+            cluster_id,
+            network: env.get("NETWORK").unwrap_or_default().to_string(),
+            mesh,
+            policy_path: env
+                .get("AMBIT_WAYPOINT_CONFIG")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
+            ca,
+            secret_ttl: secret_ttl(&env)?,
+            hbone_addr: env.addr("AMBIT_HBONE_ADDR", &format!("{wildcard}:{}", ports::HBONE))?,
+            admin_addr,
+            stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:{}", ports::STATS))?,
+            readiness_addr: env.addr(
+                "AMBIT_READINESS_ADDR",
+                &format!("{wildcard}:{}", ports::READINESS),
+            )?,
+            path_normalization,
+            drain_deadline: Duration::from_secs(grace.saturating_sub(5).max(1)),
+            max_handshakes,
+            istio_version: ambit_runtime::version::istio_version(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut v: HashMap<String, String> = [
+            ("POD_NAMESPACE", "shop"),
+            ("POD_NAME", "waypoint-0"),
+            ("SERVICE_ACCOUNT", "waypoint"),
+            ("LOCAL_XDS_PATH", "/mesh.yaml"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, val) in pairs {
+            if val.is_empty() {
+                v.remove(*k);
+            } else {
+                v.insert(k.to_string(), val.to_string());
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn defaults_follow_istio() {
+        let c = Config::from_env(&vars(&[])).unwrap();
+        assert_eq!(
+            c.identity().to_string(),
+            "spiffe://cluster.local/ns/shop/sa/waypoint"
+        );
+        assert_eq!(c.gateway, "waypoint");
+        assert_eq!(c.hbone_addr.port(), 15008);
+        assert_eq!(c.admin_addr.to_string(), "127.0.0.1:15000");
+        assert_eq!(c.stats_addr.port(), 15020);
+        assert_eq!(c.readiness_addr.port(), 15021);
+        assert_eq!(c.drain_deadline, Duration::from_secs(25));
+        assert!(matches!(c.ca, CaSource::Ephemeral));
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("POD_NAMESPACE", "")], "POD_NAMESPACE"),
+            (&[("SERVICE_ACCOUNT", "")], "SERVICE_ACCOUNT"),
+            (&[("LOCAL_XDS_PATH", "")], "XDS_ADDRESS"),
+            (&[("AMBIT_ADMIN_ADDR", "0.0.0.0:15000")], "AMBIT_ADMIN_ADDR"),
+            (
+                &[("AMBIT_PATH_NORMALIZATION", "SOME")],
+                "AMBIT_PATH_NORMALIZATION",
+            ),
+            (
+                &[("TERMINATION_GRACE_PERIOD_SECONDS", "soon")],
+                "TERMINATION_GRACE_PERIOD_SECONDS",
+            ),
+            (&[("TRUST_DOMAIN", "bad/domain")], "TRUST_DOMAIN"),
+        ];
+        for (pairs, var) in cases {
+            let e = Config::from_env(&vars(pairs)).unwrap_err().to_string();
+            assert!(e.contains(var), "{pairs:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn xds_when_no_local_file() {
+        let c = Config::from_env(&vars(&[
+            ("LOCAL_XDS_PATH", ""),
+            ("XDS_ADDRESS", "istiod.istio-system.svc:15012"),
+        ]))
+        .unwrap();
+        match c.mesh {
+            MeshSource::Xds(x) => {
+                assert_eq!(x.channel.address, "https://istiod.istio-system.svc:15012")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(c.ca, CaSource::Remote(_)));
+    }
+}

@@ -1,0 +1,325 @@
+//! Istio's request metrics as a waypoint reports them (`reporter="waypoint"`, reference
+//! waypoint.md §4.1): `istio_requests_total`, `istio_request_duration_milliseconds`,
+//! `istio_request_bytes`, `istio_response_bytes`, and `istio_tcp_*` for opaque ports.
+//! Series whose source or destination workload has left the mesh are dropped
+//! ([`Metrics::forget_gone`]), so cardinality follows the mesh, not its history.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Istio's label set, values as the reference says where they come from.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub reporter: &'static str,
+    pub source_workload: String,
+    pub source_canonical_service: String,
+    pub source_canonical_revision: String,
+    pub source_workload_namespace: String,
+    pub source_principal: String,
+    pub source_app: String,
+    pub source_version: String,
+    pub source_cluster: String,
+    pub destination_service: String,
+    pub destination_service_namespace: String,
+    pub destination_service_name: String,
+    pub destination_workload: String,
+    pub destination_canonical_service: String,
+    pub destination_canonical_revision: String,
+    pub destination_workload_namespace: String,
+    pub destination_principal: String,
+    pub destination_app: String,
+    pub destination_version: String,
+    pub destination_cluster: String,
+    pub request_protocol: &'static str,
+    pub response_code: String,
+    pub grpc_response_status: String,
+    pub response_flags: &'static str,
+    pub connection_security_policy: &'static str,
+}
+
+/// The labels of `istio_tcp_*` (no response code).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub reporter: &'static str,
+    pub source_workload: String,
+    pub source_canonical_service: String,
+    pub source_canonical_revision: String,
+    pub source_workload_namespace: String,
+    pub source_principal: String,
+    pub source_app: String,
+    pub source_version: String,
+    pub source_cluster: String,
+    pub destination_service: String,
+    pub destination_service_namespace: String,
+    pub destination_service_name: String,
+    pub destination_workload: String,
+    pub destination_canonical_service: String,
+    pub destination_canonical_revision: String,
+    pub destination_workload_namespace: String,
+    pub destination_principal: String,
+    pub destination_app: String,
+    pub destination_version: String,
+    pub destination_cluster: String,
+    pub request_protocol: &'static str,
+    pub response_flags: &'static str,
+    pub connection_security_policy: &'static str,
+}
+
+impl From<&RequestLabels> for TcpLabels {
+    fn from(l: &RequestLabels) -> TcpLabels {
+        TcpLabels {
+            reporter: l.reporter,
+            source_workload: l.source_workload.clone(),
+            source_canonical_service: l.source_canonical_service.clone(),
+            source_canonical_revision: l.source_canonical_revision.clone(),
+            source_workload_namespace: l.source_workload_namespace.clone(),
+            source_principal: l.source_principal.clone(),
+            source_app: l.source_app.clone(),
+            source_version: l.source_version.clone(),
+            source_cluster: l.source_cluster.clone(),
+            destination_service: l.destination_service.clone(),
+            destination_service_namespace: l.destination_service_namespace.clone(),
+            destination_service_name: l.destination_service_name.clone(),
+            destination_workload: l.destination_workload.clone(),
+            destination_canonical_service: l.destination_canonical_service.clone(),
+            destination_canonical_revision: l.destination_canonical_revision.clone(),
+            destination_workload_namespace: l.destination_workload_namespace.clone(),
+            destination_principal: l.destination_principal.clone(),
+            destination_app: l.destination_app.clone(),
+            destination_version: l.destination_version.clone(),
+            destination_cluster: l.destination_cluster.clone(),
+            request_protocol: "tcp",
+            response_flags: l.response_flags,
+            connection_security_policy: l.connection_security_policy,
+        }
+    }
+}
+
+fn duration_histogram() -> Histogram {
+    // Istio's default buckets for request durations, in milliseconds.
+    Histogram::new(
+        [
+            0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+            30000.0, 60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
+        ]
+        .into_iter(),
+    )
+}
+
+fn bytes_histogram() -> Histogram {
+    // Powers of ten, 1 B to 1 GB, as Istio's size buckets.
+    Histogram::new((0..10).map(|e| 10f64.powi(e)))
+}
+
+/// The waypoint's request and TCP metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    request_bytes: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    response_bytes: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    tcp_opened: Family<TcpLabels, Counter>,
+    tcp_closed: Family<TcpLabels, Counter>,
+    tcp_sent: Family<TcpLabels, Counter>,
+    tcp_received: Family<TcpLabels, Counter>,
+    /// Every label set written, to drop those of workloads that are gone.
+    seen: Arc<Mutex<HashSet<RequestLabels>>>,
+    seen_tcp: Arc<Mutex<HashSet<TcpLabels>>>,
+    /// `RBAC` denials and refused authorities, ambit's own.
+    pub refused_authorities: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// One finished request.
+#[derive(Debug)]
+pub struct RequestRecord {
+    pub labels: RequestLabels,
+    pub duration_ms: f64,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+            request_bytes: Family::new_with_constructor(bytes_histogram),
+            response_bytes: Family::new_with_constructor(bytes_histogram),
+            tcp_opened: Family::default(),
+            tcp_closed: Family::default(),
+            tcp_sent: Family::default(),
+            tcp_received: Family::default(),
+            seen: Arc::default(),
+            seen_tcp: Arc::default(),
+            refused_authorities: Counter::default(),
+        };
+        registry.register("istio_requests", "Total requests", m.requests.clone());
+        registry.register(
+            "istio_request_duration_milliseconds",
+            "Request duration in milliseconds",
+            m.duration.clone(),
+        );
+        registry.register(
+            "istio_request_bytes",
+            "Request size in bytes",
+            m.request_bytes.clone(),
+        );
+        registry.register(
+            "istio_response_bytes",
+            "Response size in bytes",
+            m.response_bytes.clone(),
+        );
+        registry.register(
+            "istio_tcp_connections_opened",
+            "The total number of TCP connections opened",
+            m.tcp_opened.clone(),
+        );
+        registry.register(
+            "istio_tcp_connections_closed",
+            "The total number of TCP connections closed",
+            m.tcp_closed.clone(),
+        );
+        registry.register(
+            "istio_tcp_sent_bytes",
+            "The size of total bytes sent during response in case of a TCP connection",
+            m.tcp_sent.clone(),
+        );
+        registry.register(
+            "istio_tcp_received_bytes",
+            "The size of total bytes received during request in case of a TCP connection",
+            m.tcp_received.clone(),
+        );
+        registry.register(
+            "ambit_waypoint_refused_authorities",
+            "CONNECT streams refused because their authority is not fronted by this waypoint",
+            m.refused_authorities.clone(),
+        );
+        m
+    }
+
+    /// Counts a finished request.
+    pub fn request(&self, r: RequestRecord) {
+        self.requests.get_or_create(&r.labels).inc();
+        self.duration
+            .get_or_create(&r.labels)
+            .observe(r.duration_ms);
+        self.request_bytes
+            .get_or_create(&r.labels)
+            .observe(r.request_bytes as f64);
+        self.response_bytes
+            .get_or_create(&r.labels)
+            .observe(r.response_bytes as f64);
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(r.labels);
+    }
+
+    /// Counts an opened opaque connection.
+    pub fn tcp_opened(&self, labels: &TcpLabels) {
+        self.tcp_opened.get_or_create(labels).inc();
+        self.seen_tcp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(labels.clone());
+    }
+
+    /// Counts a closed opaque connection and its bytes (`received`: from the client).
+    pub fn tcp_closed(&self, labels: &TcpLabels, received: u64, sent: u64) {
+        self.tcp_closed.get_or_create(labels).inc();
+        self.tcp_received.get_or_create(labels).inc_by(received);
+        self.tcp_sent.get_or_create(labels).inc_by(sent);
+    }
+
+    /// Drops the series of workloads no longer in the mesh: `present(namespace, name)`
+    /// says whether a workload is. Series with an `unknown` side are kept.
+    pub fn forget_gone(&self, present: impl Fn(&str, &str) -> bool) {
+        let gone =
+            |ns: &str, name: &str| ns != "unknown" && name != "unknown" && !present(ns, name);
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|l| {
+                let drop = gone(&l.source_workload_namespace, &l.source_workload)
+                    || gone(&l.destination_workload_namespace, &l.destination_workload);
+                if drop {
+                    self.requests.remove(l);
+                    self.duration.remove(l);
+                    self.request_bytes.remove(l);
+                    self.response_bytes.remove(l);
+                }
+                !drop
+            });
+        self.seen_tcp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|l| {
+                let drop = gone(&l.source_workload_namespace, &l.source_workload)
+                    || gone(&l.destination_workload_namespace, &l.destination_workload);
+                if drop {
+                    self.tcp_opened.remove(l);
+                    self.tcp_closed.remove(l);
+                    self.tcp_sent.remove(l);
+                    self.tcp_received.remove(l);
+                }
+                !drop
+            });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(r: &Registry) -> String {
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, r).unwrap();
+        s
+    }
+
+    #[test]
+    fn gone_workloads_lose_their_series() {
+        let mut r = Registry::default();
+        let m = Metrics::register(&mut r);
+        let labels = |src: &str| RequestLabels {
+            reporter: "waypoint",
+            source_workload: src.into(),
+            source_workload_namespace: "shop".into(),
+            destination_workload: "reviews".into(),
+            destination_workload_namespace: "shop".into(),
+            response_code: "200".into(),
+            request_protocol: "http",
+            response_flags: "-",
+            connection_security_policy: "mutual_tls",
+            ..RequestLabels::default()
+        };
+        for src in ["a", "b"] {
+            m.request(RequestRecord {
+                labels: labels(src),
+                duration_ms: 1.0,
+                request_bytes: 10,
+                response_bytes: 20,
+            });
+        }
+        let before = text(&r);
+        assert!(before.contains("source_workload=\"a\""), "{before}");
+        assert!(before.contains("source_workload=\"b\""), "{before}");
+        assert!(before.contains("istio_requests_total{"), "{before}");
+        m.forget_gone(|_, name| name != "a");
+        let after = text(&r);
+        assert!(!after.contains("source_workload=\"a\""), "{after}");
+        assert!(after.contains("source_workload=\"b\""), "{after}");
+    }
+}

@@ -1,0 +1,346 @@
+//! Onward connections: HBONE to `podIP:15008` with the waypoint's own identity (the
+//! endpoint's identity verified), or plaintext to an endpoint outside the mesh; and,
+//! inside them, pooled HTTP connections so that each request is balanced on its own while
+//! no request pays for a new tunnel.
+//!
+//! HTTP/2 upstream: one multiplexed connection per endpoint, made again when it closes.
+//! HTTP/1.1 upstream: idle connections per endpoint, each handed back once its response
+//! has been read to the end (hyper's `ready`), at most [`MAX_IDLE_H1`] kept.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ambit_hbone::{Authority, ConnectRequest, HboneError, Pool, PoolKey, TraceParent};
+use ambit_identity::{CertManager, SpiffeId};
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// The body type carried both ways.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Idle HTTP/1.1 connections kept per endpoint.
+pub const MAX_IDLE_H1: usize = 64;
+/// How long a new onward tunnel and its HTTP handshake may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to reach an endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// HBONE to `next_hop` (the pod's node proxy port), CONNECT to the target; the server
+    /// must present one of `identities`.
+    Hbone {
+        next_hop: SocketAddr,
+        identities: Vec<SpiffeId>,
+    },
+    /// Plain TCP to the target: a workload outside the mesh.
+    Plain,
+}
+
+/// One endpoint and how it is reached.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// `podIP:targetPort`.
+    pub target: SocketAddr,
+    pub transport: Transport,
+}
+
+/// Which HTTP the onward connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Version {
+    Http1,
+    Http2,
+}
+
+/// Why an onward request failed before a response.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The tunnel or TCP connection could not be made: another endpoint may do.
+    #[error("connection failure: {0}")]
+    Connect(String),
+}
+
+impl UpstreamError {}
+
+/// The pools of onward connections.
+pub struct Upstream {
+    hbone: Pool,
+    certs: Arc<CertManager>,
+    identity: SpiffeId,
+    h1: Mutex<HashMap<Endpoint, Vec<http1::SendRequest<Body>>>>,
+    h2: Mutex<HashMap<Endpoint, http2::SendRequest<Body>>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("identity", &self.identity)
+            .field("hbone_connections", &self.hbone.connection_count())
+            .finish()
+    }
+}
+
+impl Upstream {
+    pub fn new(certs: Arc<CertManager>, identity: SpiffeId) -> Arc<Upstream> {
+        Arc::new(Upstream {
+            hbone: Pool::new(ambit_hbone::ClientSettings::default()),
+            certs,
+            identity,
+            h1: Mutex::default(),
+            h2: Mutex::default(),
+        })
+    }
+
+    /// A pooled connection of `version` to `endpoint`, ready for one request. A failure
+    /// here reached nothing: the request may go to another endpoint.
+    pub async fn connect(
+        self: &Arc<Self>,
+        endpoint: &Endpoint,
+        version: Version,
+    ) -> Result<Sender, UpstreamError> {
+        Ok(match version {
+            Version::Http2 => Sender::Http2(self.h2_sender(endpoint).await?),
+            Version::Http1 => Sender::Http1 {
+                sender: self.h1_sender(endpoint).await?,
+                pool: self.clone(),
+                endpoint: endpoint.clone(),
+            },
+        })
+    }
+
+    async fn h2_sender(
+        &self,
+        endpoint: &Endpoint,
+    ) -> Result<http2::SendRequest<Body>, UpstreamError> {
+        if let Some(s) = self
+            .h2
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(endpoint)
+        {
+            if !s.is_closed() {
+                return Ok(s.clone());
+            }
+        }
+        let io = self.open(endpoint).await?;
+        let (sender, conn) = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            http2::Builder::new(TokioExecutor::new()).handshake(TokioIo::new(io)),
+        )
+        .await
+        .map_err(|_| UpstreamError::Connect("HTTP/2 handshake timed out".into()))?
+        .map_err(|e| UpstreamError::Connect(format!("HTTP/2 handshake: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("onward HTTP/2 connection ended: {e}");
+            }
+        });
+        self.h2
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(endpoint.clone(), sender.clone());
+        Ok(sender)
+    }
+
+    async fn h1_sender(
+        &self,
+        endpoint: &Endpoint,
+    ) -> Result<http1::SendRequest<Body>, UpstreamError> {
+        loop {
+            let idle = self
+                .h1
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(endpoint)
+                .and_then(Vec::pop);
+            match idle {
+                Some(s) if s.is_ready() => return Ok(s),
+                Some(_) => continue,
+                None => break,
+            }
+        }
+        let io = self.open(endpoint).await?;
+        let (sender, conn) = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            http1::Builder::new().handshake(TokioIo::new(io)),
+        )
+        .await
+        .map_err(|_| UpstreamError::Connect("HTTP/1.1 handshake timed out".into()))?
+        .map_err(|e| UpstreamError::Connect(format!("HTTP/1.1 handshake: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!("onward HTTP/1.1 connection ended: {e}");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// A new byte stream to the endpoint: a CONNECT stream on a pooled HBONE connection,
+    /// or a TCP connection.
+    pub async fn open(&self, endpoint: &Endpoint) -> Result<Onward, UpstreamError> {
+        match &endpoint.transport {
+            Transport::Plain => {
+                let tcp = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    tokio::net::TcpStream::connect(endpoint.target),
+                )
+                .await
+                .map_err(|_| UpstreamError::Connect("TCP connect timed out".into()))?
+                .map_err(|e| UpstreamError::Connect(format!("TCP connect: {e}")))?;
+                let _ = tcp.set_nodelay(true);
+                Ok(Onward::Tcp(tcp))
+            }
+            Transport::Hbone {
+                next_hop,
+                identities,
+            } => {
+                let stream = self
+                    .hbone_stream(endpoint.target, *next_hop, identities)
+                    .await
+                    .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+                Ok(Onward::Hbone(Box::new(stream)))
+            }
+        }
+    }
+
+    async fn hbone_stream(
+        &self,
+        target: SocketAddr,
+        next_hop: SocketAddr,
+        identities: &[SpiffeId],
+    ) -> Result<ambit_hbone::H2Stream, HboneError> {
+        let key = PoolKey {
+            src_identity: self.identity.to_string(),
+            dst_identities: identities.iter().map(ToString::to_string).collect(),
+            dst: next_hop,
+            src_ip: unspecified(next_hop.ip()),
+        };
+        let request = ConnectRequest {
+            authority: Authority::Addr(target),
+            baggage: None,
+            forwarded: None,
+            traceparent: Some(TraceParent::random()),
+        };
+        let certs = self.certs.clone();
+        let identity = self.identity.clone();
+        let expected = identities.to_vec();
+        let connector = move || async move {
+            let tls = certs
+                .client_config(&identity, &expected)
+                .await
+                .map_err(|e| {
+                    HboneError::Tls(Arc::new(std::io::Error::other(format!(
+                        "no client TLS for {identity}: {e}"
+                    ))))
+                })?;
+            let tcp = tokio::net::TcpStream::connect(next_hop).await?;
+            let _ = tcp.set_nodelay(true);
+            ambit_hbone::tls::connect(ambit_hbone::ReadAhead::new(tcp), tls).await
+        };
+        self.hbone.connect(key, connector, &request).await
+    }
+}
+
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// A connection taken from the pool for one request.
+pub enum Sender {
+    Http2(http2::SendRequest<Body>),
+    Http1 {
+        sender: http1::SendRequest<Body>,
+        pool: Arc<Upstream>,
+        endpoint: Endpoint,
+    },
+}
+
+impl Sender {
+    /// Sends the request; an HTTP/1.1 connection goes back to the pool once its response
+    /// has been read to the end.
+    pub async fn send(
+        self,
+        req: http::Request<Body>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper::Error> {
+        match self {
+            Sender::Http2(mut s) => s.send_request(req).await,
+            Sender::Http1 {
+                mut sender,
+                pool,
+                endpoint,
+            } => {
+                let response = sender.send_request(req).await;
+                tokio::spawn(async move {
+                    if sender.ready().await.is_ok() {
+                        let mut idle = pool.h1.lock().unwrap_or_else(|p| p.into_inner());
+                        let list = idle.entry(endpoint).or_default();
+                        if list.len() < MAX_IDLE_H1 {
+                            list.push(sender);
+                        }
+                    }
+                });
+                response
+            }
+        }
+    }
+}
+
+/// An onward byte stream.
+pub enum Onward {
+    Hbone(Box<ambit_hbone::H2Stream>),
+    Tcp(tokio::net::TcpStream),
+}
+
+impl AsyncRead for Onward {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+            Onward::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Onward {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+            Onward::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+            Onward::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+            Onward::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
