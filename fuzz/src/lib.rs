@@ -20,6 +20,7 @@ pub mod hbone_server;
 pub mod ipset_save;
 pub mod iptables_save;
 pub mod local_config;
+pub mod manifests;
 pub mod pod_cgroup;
 pub mod socks5_request;
 pub mod spiffe_id;

@@ -551,6 +551,51 @@ fn local_config_seeds() {
 }
 
 #[test]
+fn manifests_seeds() {
+    use manifests::Outcome;
+    replay(
+        "manifests",
+        manifests::run,
+        vec![
+            (
+                "policies.yaml",
+                Outcome {
+                    policies: vec![
+                        "istio-system/audit-all".into(),
+                        "shop/deny-admin".into(),
+                        "shop/ext".into(),
+                        "shop/reviews".into(),
+                    ],
+                    skipped: 2,
+                    errors: vec![],
+                },
+            ),
+            // A bad document is refused alone; a second `shop/fine` is refused, the first kept.
+            (
+                "one_bad_document.yaml",
+                Outcome {
+                    policies: vec!["shop/fine".into()],
+                    skipped: 0,
+                    errors: vec![
+                        "fuzz:6:40: spec.rules[0].to[0].operation.methods[0]: method \"get\" is not upper case; methods are compared case-sensitively and a request whose method is not upper case is refused, so it can never match; write \"GET\"".into(),
+                        "fuzz:18:1: did not find expected node content, while parsing a flow node".into(),
+                        "fuzz:21:18: metadata.name: AuthorizationPolicy shop/fine is defined again; the first definition (fuzz:8) is kept".into(),
+                    ],
+                },
+            ),
+            (
+                "not_utf8.yaml",
+                Outcome {
+                    policies: vec![],
+                    skipped: 0,
+                    errors: vec!["fuzz:3:18: not UTF-8 text; manifests are UTF-8".into()],
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
 fn pod_cgroup_seeds() {
     use pod_cgroup::Outcome;
     let pod = Outcome {
