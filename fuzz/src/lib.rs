@@ -22,6 +22,7 @@ pub mod iptables_save;
 pub mod local_config;
 pub mod manifests;
 pub mod pod_cgroup;
+pub mod request_authz;
 pub mod socks5_request;
 pub mod spiffe_id;
 pub mod x509_cert;

@@ -972,3 +972,55 @@ fn xds_resource_seeds() {
         ],
     );
 }
+
+#[test]
+fn request_authz_seeds() {
+    use request_authz::Outcome;
+    let decided = |path: &str, verdict: Result<(), &str>| Outcome {
+        path: Ok(path.into()),
+        verdict: verdict.map_err(|d| format!("rbac_access_denied_matched_policy[{d}]")),
+    };
+    let refused = |variant: &str, verdict: Result<(), &str>| Outcome {
+        path: Err(variant.into()),
+        verdict: verdict.map_err(|d| format!("rbac_access_denied_matched_policy[{d}]")),
+    };
+    replay(
+        "request_authz",
+        request_authz::run,
+        vec![
+            ("allowed_read", decided("/api/v1/items", Ok(()))),
+            (
+                "denied_dot_dot",
+                decided("/admin/x", Err("ns[default]-policy[deny-admin]-rule[0]")),
+            ),
+            ("refused_nul", refused("Nul", Err("none"))),
+            (
+                "merge_slashes_blocked",
+                decided(
+                    "/api/v1/items",
+                    Err("ns[default]-policy[deny-header]-rule[0]"),
+                ),
+            ),
+            (
+                "decode_slashes_admin",
+                decided(
+                    "/admin/panel",
+                    Err("ns[default]-policy[deny-admin]-rule[0]"),
+                ),
+            ),
+            (
+                "base_keeps_encoded_slash",
+                decided("/admin%2Fpanel", Ok(())),
+            ),
+            ("jwt_admin", decided("/x", Ok(()))),
+            (
+                "prod_from_outside",
+                decided(
+                    "/public/x",
+                    Err("ns[default]-policy[deny-prod-outside]-rule[0]"),
+                ),
+            ),
+            ("not_origin_form", refused("NotOriginForm", Err("none"))),
+        ],
+    );
+}
