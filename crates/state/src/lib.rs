@@ -1,8 +1,9 @@
-//! The mesh model of ambit's node proxy: workloads, services and authorization policies
-//! (the L4 fields evaluated, the L7 attributes typed), loaded from ztunnel's local
-//! configuration YAML (`LOCAL_XDS_PATH` / `LOCAL_XDS`), kept in a [`ProxyState`] store
-//! with the lookups the data path needs, the outbound routing decision ([`route()`]) and
-//! L4 RBAC ([`ProxyState::authorize`]).
+//! The mesh model of ambit's proxies: workloads, services and authorization policies,
+//! loaded from ztunnel's local configuration YAML (`LOCAL_XDS_PATH` / `LOCAL_XDS`), kept in
+//! a [`ProxyState`] store with the lookups the data path needs, the outbound routing
+//! decision ([`route()`]), and RBAC: of connections on their L4 fields for the node proxy
+//! ([`ProxyState::authorize`]), and of HTTP requests on every field for the waypoint
+//! ([`authorize_request`], after [`normalize_path`]).
 //!
 //! Sans-IO: nothing here opens a socket, reads a file or looks at the clock.
 #![forbid(unsafe_code)]
