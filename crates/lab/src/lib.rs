@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod control;
 pub mod kube;
+pub mod l7;
 pub mod mesh;
 pub mod pcap;
 pub mod peer;

@@ -37,6 +37,9 @@ pub struct Config {
     pub cluster_id: String,
     /// `NETWORK`: where authorities and endpoints are looked up.
     pub network: String,
+    /// `INSTANCE_IP`: the pod's address, the source of onward connections (so the
+    /// destination's node proxy sees the waypoint at its own address).
+    pub instance_ip: Option<std::net::IpAddr>,
     /// The mesh: `LOCAL_XDS_PATH` (a file, re-read when it changes), else `XDS_ADDRESS`.
     pub mesh: MeshSource,
     /// `AMBIT_WAYPOINT_CONFIG`: a file or directory of Kubernetes-shaped policy documents.
@@ -203,6 +206,7 @@ impl Config {
             trust_domain,
             cluster_id,
             network: env.get("NETWORK").unwrap_or_default().to_string(),
+            instance_ip: env.parse("INSTANCE_IP", "the pod's IP address")?,
             mesh,
             policy_path: env
                 .get("AMBIT_WAYPOINT_CONFIG")

@@ -69,7 +69,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         cfg: cfg.clone(),
         state: state.clone(),
         policies,
-        upstream: Upstream::new(certs.clone(), identity.clone()),
+        upstream: Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip),
         metrics: metrics.clone(),
         dry_run,
         identity: identity.clone(),

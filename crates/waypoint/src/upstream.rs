@@ -72,6 +72,8 @@ pub struct Upstream {
     hbone: Pool,
     certs: Arc<CertManager>,
     identity: SpiffeId,
+    /// The address onward connections come from (`INSTANCE_IP`), if set.
+    source_ip: Option<IpAddr>,
     h1: Mutex<HashMap<Endpoint, Vec<http1::SendRequest<Body>>>>,
     h2: Mutex<HashMap<Endpoint, http2::SendRequest<Body>>>,
 }
@@ -86,11 +88,16 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    pub fn new(certs: Arc<CertManager>, identity: SpiffeId) -> Arc<Upstream> {
+    pub fn new(
+        certs: Arc<CertManager>,
+        identity: SpiffeId,
+        source_ip: Option<IpAddr>,
+    ) -> Arc<Upstream> {
         Arc::new(Upstream {
             hbone: Pool::new(ambit_hbone::ClientSettings::default()),
             certs,
             identity,
+            source_ip,
             h1: Mutex::default(),
             h2: Mutex::default(),
         })
@@ -187,7 +194,7 @@ impl Upstream {
             Transport::Plain => {
                 let tcp = tokio::time::timeout(
                     CONNECT_TIMEOUT,
-                    tokio::net::TcpStream::connect(endpoint.target),
+                    tcp_connect(endpoint.target, self.source_ip),
                 )
                 .await
                 .map_err(|_| UpstreamError::Connect("TCP connect timed out".into()))?
@@ -218,7 +225,7 @@ impl Upstream {
             src_identity: self.identity.to_string(),
             dst_identities: identities.iter().map(ToString::to_string).collect(),
             dst: next_hop,
-            src_ip: unspecified(next_hop.ip()),
+            src_ip: self.source_ip.unwrap_or_else(|| unspecified(next_hop.ip())),
         };
         let request = ConnectRequest {
             authority: Authority::Addr(target),
@@ -229,6 +236,7 @@ impl Upstream {
         let certs = self.certs.clone();
         let identity = self.identity.clone();
         let expected = identities.to_vec();
+        let source_ip = self.source_ip;
         let connector = move || async move {
             let tls = certs
                 .client_config(&identity, &expected)
@@ -238,12 +246,27 @@ impl Upstream {
                         "no client TLS for {identity}: {e}"
                     ))))
                 })?;
-            let tcp = tokio::net::TcpStream::connect(next_hop).await?;
+            let tcp = tcp_connect(next_hop, source_ip).await?;
             let _ = tcp.set_nodelay(true);
             ambit_hbone::tls::connect(ambit_hbone::ReadAhead::new(tcp), tls).await
         };
         self.hbone.connect(key, connector, &request).await
     }
+}
+
+/// A TCP connection to `dst`, from `source` when given and of the same family.
+async fn tcp_connect(
+    dst: SocketAddr,
+    source: Option<IpAddr>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = match dst {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    if let Some(ip) = source.filter(|ip| ip.is_ipv4() == dst.is_ipv4()) {
+        socket.bind(SocketAddr::new(ip, 0))?;
+    }
+    socket.connect(dst).await
 }
 
 fn unspecified(like: IpAddr) -> IpAddr {

@@ -1,0 +1,158 @@
+//! `ambit waypoint` end to end, as root: the lab's two nodes with ambit's node proxies,
+//! the waypoint pod in the server node and the `echo` service behind it with two
+//! endpoints, one in the mesh (HBONE through the server's node proxy) and one outside it
+//! (plaintext). Real HTTP/1.1 and HTTP/2 clients in the client node dial the service's
+//! VIP as unmodified apps do (`ambit_lab::l7`).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use ambit_lab::l7::{L7Lab, PLAIN_POD, SERVER_POD, TCP_PORT, WAYPOINT_ID};
+use ambit_lab::mesh::{metric_sum, SERVICE_HOST};
+
+const CLIENT_ID: &str = "spiffe://cluster.local/ns/default/sa/client";
+
+/// DELETE is refused on the `echo` service's HTTP port (a DENY rule with only HTTP fields
+/// would refuse every opaque TCP tunnel too, as Istio ignores the HTTP fields there: hence
+/// the port); only the client may use the waypoint at all.
+const POLICIES: &str = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-delete, namespace: default}
+spec:
+  targetRefs: [{kind: Service, group: "", name: echo}]
+  action: DENY
+  rules: [{to: [{operation: {methods: ["DELETE"], ports: ["80"]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: only-the-client, namespace: default}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  action: ALLOW
+  rules: [{from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]}]
+"#;
+
+fn launch(tag: &str) -> L7Lab {
+    L7Lab::launch(tag, Path::new(env!("CARGO_BIN_EXE_ambit")), POLICIES).unwrap()
+}
+
+#[test]
+fn requests_through_the_waypoint() {
+    let lab = launch("wp-l7");
+
+    // HTTP/1.1, keep-alive: allowed, refused by the L7 policy, allowed again on the same
+    // connection.
+    let replies = lab
+        .http1(&[
+            ("GET", "/a/../items?x=1"),
+            ("DELETE", "/items"),
+            ("POST", "/items"),
+        ])
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.waypoint_log()));
+    assert_eq!(replies[0].status, 200, "{replies:?}");
+    let words: Vec<&str> = replies[0].body.split(' ').collect();
+    assert_eq!(
+        words[1..4],
+        ["GET", "/items?x=1", "4"],
+        "the app gets the normalised path, the query and the body: {replies:?}"
+    );
+    assert!(
+        words[4].len() == 36,
+        "the waypoint set an x-request-id: {replies:?}"
+    );
+    assert_eq!(replies[1].status, 403, "{replies:?}");
+    assert_eq!(replies[1].body, "RBAC: access denied");
+    assert_eq!(replies[2].status, 200, "{replies:?}");
+
+    // HTTP/2: forty requests on ONE client connection spread over both endpoints.
+    let replies = lab
+        .h2("GET", "/spread", 40)
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.waypoint_log()));
+    assert!(replies.iter().all(|r| r.status == 200), "{replies:?}");
+    let pods: BTreeSet<&str> = replies.iter().filter_map(|r| r.pod()).collect();
+    assert_eq!(
+        pods,
+        BTreeSet::from([PLAIN_POD, SERVER_POD]),
+        "each request is balanced on its own"
+    );
+    let refused = lab.h2("DELETE", "/x", 1).unwrap();
+    assert_eq!(refused[0].status, 403);
+
+    // The declared-TCP port is carried opaque: a server-first protocol works.
+    let banner = {
+        use tokio::io::AsyncReadExt;
+        let mut conn = lab.connect(TCP_PORT).unwrap();
+        lab.rt.block_on(async move {
+            let mut buf = vec![0u8; 64];
+            let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+                .await
+                .expect("the banner within 10 s")
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        })
+    };
+    assert!(
+        banner.ends_with(" banner\n"),
+        "{banner:?}\n{}",
+        lab.waypoint_log()
+    );
+
+    // The waypoint's own counts: reporter="waypoint", the client as source.
+    let mut text = String::new();
+    let source = [
+        ("reporter", "waypoint"),
+        ("source_principal", CLIENT_ID),
+        ("source_workload", "client"),
+        ("destination_service", SERVICE_HOST),
+        ("destination_service_name", "echo"),
+    ];
+    ambit_lab::wait_until("the waypoint to count", Duration::from_secs(10), || {
+        text = lab.waypoint_metrics().unwrap_or_default();
+        let ok = [source.as_slice(), &[("response_code", "200")]].concat();
+        let denied = [source.as_slice(), &[("response_code", "403")]].concat();
+        metric_sum(&text, "istio_requests_total", &ok) == 42
+            && metric_sum(&text, "istio_requests_total", &denied) == 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for pod in [SERVER_POD, PLAIN_POD] {
+        let to_pod = [source.as_slice(), &[("destination_workload", pod)]].concat();
+        assert!(
+            metric_sum(&text, "istio_requests_total", &to_pod) > 0,
+            "{pod}: {text}"
+        );
+    }
+    assert!(
+        metric_sum(&text, "istio_tcp_connections_opened_total", &source) >= 1,
+        "{text}"
+    );
+
+    // The server's node proxy saw the waypoint's identity, not the client's.
+    let server = [
+        ("reporter", "destination"),
+        ("source_principal", WAYPOINT_ID),
+        ("source_workload", "waypoint"),
+        ("destination_workload", "server"),
+    ];
+    let server_metrics = lab.nodes.metrics(&lab.nodes.server_ns).unwrap();
+    assert!(
+        metric_sum(
+            &server_metrics,
+            "istio_tcp_connections_opened_total",
+            &server
+        ) >= 1,
+        "{server_metrics}"
+    );
+
+    // What the waypoint holds is shown.
+    let dump = lab.waypoint_config_dump().unwrap();
+    let names: Vec<&str> = dump["waypointPolicies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(names, ["no-delete", "only-the-client"], "{dump}");
+    assert_eq!(dump["waypoint"]["identity"], WAYPOINT_ID);
+}

@@ -1,0 +1,407 @@
+//! A mesh with a real `ambit waypoint`: the two lab nodes (a node proxy each, dedicated
+//! mode), the waypoint pod in the server node, and the `echo` service behind it with two
+//! endpoints: the server pod (HBONE, through its node proxy) and a second pod outside
+//! the mesh (plaintext), both HTTP/1.1 and h2c servers that say which pod answered. Port
+//! 3306 of the service is declared TCP and server-first (a banner before any byte from
+//! the client).
+//!
+//! Clients run in the client node, as unmodified apps: real HTTP/1.1 and HTTP/2
+//! connections to the service's VIP, captured by the client's node proxy.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+use super::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, LINK_DEV, SERVER_IP, SERVICE_PORT};
+use super::peer::NodeProxy;
+use super::waypoint::{WAYPOINT_IP, WAYPOINT_PORT};
+use super::{http_get, wait_until, Lab, Process};
+
+/// The second endpoint of `echo`: a pod outside the mesh, in the server node.
+pub const PLAIN_POD_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 4);
+/// The service port declared TCP (and its target port).
+pub const TCP_PORT: u16 = 3306;
+/// The waypoint's operator ports (the server node's proxy has the usual ones).
+pub const WAYPOINT_STATS: u16 = 15120;
+pub const WAYPOINT_READY: u16 = 15121;
+pub const WAYPOINT_ADMIN: u16 = 15100;
+pub const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
+/// What the app answers with, by pod.
+pub const SERVER_POD: &str = "server";
+pub const PLAIN_POD: &str = "plain";
+
+/// The mesh: [`super::waypoint::waypoint_mesh`]'s client, server and waypoint pods, a
+/// plaintext pod, and `echo` (VIP port 80 undeclared, 3306 declared TCP) behind the
+/// waypoint.
+pub fn l7_mesh() -> String {
+    use super::mesh::{CLIENT_IP, CLIENT_IP6, SERVER_IP6, SERVICE_HOST, SERVICE_VIP};
+    format!(
+        r#"workloads:
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  trustDomain: cluster.local
+  workloadIps: ["{CLIENT_IP}", "{CLIENT_IP6}"]
+  protocol: HBONE
+  node: node1
+  canonicalName: client
+  canonicalRevision: v1
+  workloadName: client
+  services: {{}}
+- uid: cluster1//v1/Pod/default/server
+  name: server
+  namespace: default
+  serviceAccount: server
+  trustDomain: cluster.local
+  workloadIps: ["{SERVER_IP}", "{SERVER_IP6}"]
+  protocol: HBONE
+  node: node2
+  canonicalName: server
+  canonicalRevision: v1
+  workloadName: server
+  services:
+    default/{SERVICE_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+      {TCP_PORT}: {TCP_PORT}
+- uid: cluster1//v1/Pod/default/plain
+  name: plain
+  namespace: default
+  serviceAccount: plain
+  trustDomain: cluster.local
+  workloadIps: ["{PLAIN_POD_IP}"]
+  protocol: NONE
+  node: node2
+  canonicalName: plain
+  canonicalRevision: v1
+  workloadName: plain
+  services:
+    default/{SERVICE_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+      {TCP_PORT}: {TCP_PORT}
+- uid: cluster1//v1/Pod/default/waypoint
+  name: waypoint
+  namespace: default
+  serviceAccount: waypoint
+  trustDomain: cluster.local
+  workloadIps: ["{WAYPOINT_IP}"]
+  protocol: HBONE
+  node: node2
+  canonicalName: waypoint
+  canonicalRevision: v1
+  workloadName: waypoint
+  services: {{}}
+services:
+- name: echo
+  namespace: default
+  hostname: {SERVICE_HOST}
+  vips: ["/{SERVICE_VIP}"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
+    {TCP_PORT}: {TCP_PORT}
+  appProtocols:
+    {TCP_PORT}: TCP
+  waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: {WAYPOINT_PORT}}}
+"#
+    )
+}
+
+/// One HTTP answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Reply {
+    /// The pod that answered (the first word of an app's body), if an app did.
+    pub fn pod(&self) -> Option<&str> {
+        self.body
+            .split(' ')
+            .next()
+            .filter(|p| *p == SERVER_POD || *p == PLAIN_POD)
+    }
+}
+
+/// The running lab.
+pub struct L7Lab {
+    pub nodes: TwoNodes,
+    pub waypoint: Process,
+    pub policies: std::path::PathBuf,
+    /// Runs the apps and the clients.
+    pub rt: tokio::runtime::Runtime,
+}
+
+impl L7Lab {
+    /// Starts the nodes, the apps and `ambit waypoint` (from `ambit`) with `policies` (a
+    /// YAML file of AuthorizationPolicy documents), and waits until the waypoint is ready.
+    pub fn launch(tag: &str, ambit: &Path, policies: &str) -> anyhow::Result<L7Lab> {
+        let proxy = NodeProxy::Ambit(ambit.to_path_buf());
+        let mesh = l7_mesh();
+        let nodes = TwoNodes::launch(TwoNodesSpec {
+            mesh: Some(&mesh),
+            ..TwoNodesSpec::pair(tag, &proxy)
+        })?;
+        for ip in [WAYPOINT_IP, PLAIN_POD_IP] {
+            nodes.lab.exec(
+                &nodes.server_ns,
+                &["ip", "addr", "add", &format!("{ip}/24"), "dev", LINK_DEV],
+            )?;
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        for (ip, name) in [(SERVER_IP, SERVER_POD), (PLAIN_POD_IP, PLAIN_POD)] {
+            let http = bind(&nodes.server_ns, SocketAddr::from((ip, APP_PORT)))?;
+            let tcp = bind(&nodes.server_ns, SocketAddr::from((ip, TCP_PORT)))?;
+            let _guard = rt.enter();
+            let http = tokio::net::TcpListener::from_std(http)?;
+            let tcp = tokio::net::TcpListener::from_std(tcp)?;
+            rt.spawn(serve_app(http, name));
+            rt.spawn(serve_banner(tcp, name));
+        }
+        let policies_path = nodes.lab.dir.path().join("policies.yaml");
+        std::fs::write(&policies_path, policies)?;
+        let env: Vec<(&str, String)> = vec![
+            ("POD_NAME", "waypoint".into()),
+            ("POD_NAMESPACE", "default".into()),
+            ("SERVICE_ACCOUNT", "waypoint".into()),
+            ("INSTANCE_IP", WAYPOINT_IP.to_string()),
+            ("LOCAL_XDS_PATH", nodes.config_path.display().to_string()),
+            ("LOCAL_CA_DIR", nodes.ca_dir.display().to_string()),
+            ("AMBIT_WAYPOINT_CONFIG", policies_path.display().to_string()),
+            (
+                "AMBIT_HBONE_ADDR",
+                SocketAddr::from((WAYPOINT_IP, WAYPOINT_PORT)).to_string(),
+            ),
+            ("AMBIT_ADMIN_ADDR", format!("127.0.0.1:{WAYPOINT_ADMIN}")),
+            ("AMBIT_STATS_ADDR", format!("127.0.0.1:{WAYPOINT_STATS}")),
+            (
+                "AMBIT_READINESS_ADDR",
+                format!("127.0.0.1:{WAYPOINT_READY}"),
+            ),
+            ("TERMINATION_GRACE_PERIOD_SECONDS", "15".into()),
+            ("RUST_LOG", "info".into()),
+        ];
+        let waypoint = nodes
+            .lab
+            .spawn(&nodes.server_ns, "waypoint", ambit, &["waypoint"], &env)?;
+        let ready: SocketAddr = ([127, 0, 0, 1], WAYPOINT_READY).into();
+        let up = wait_until(
+            "the waypoint to report ready",
+            Duration::from_secs(20),
+            || {
+                !nodes.lab.is_running(waypoint.pid)
+                    || matches!(
+                        http_get(&nodes.server_ns, ready, "/healthz/ready"),
+                        Ok((200, _))
+                    )
+            },
+        );
+        if up.is_err() || !nodes.lab.is_running(waypoint.pid) {
+            let log = std::fs::read_to_string(&waypoint.log).unwrap_or_default();
+            bail!("the waypoint did not become ready; its log:\n{log}");
+        }
+        Ok(L7Lab {
+            nodes,
+            waypoint,
+            policies: policies_path,
+            rt,
+        })
+    }
+
+    /// The waypoint's Prometheus text.
+    pub fn waypoint_metrics(&self) -> anyhow::Result<String> {
+        let (status, body) = http_get(
+            &self.nodes.server_ns,
+            ([127, 0, 0, 1], WAYPOINT_STATS).into(),
+            "/stats/prometheus",
+        )?;
+        anyhow::ensure!(status == 200, "waypoint metrics: {status}");
+        Ok(body)
+    }
+
+    /// The waypoint's `/config_dump`.
+    pub fn waypoint_config_dump(&self) -> anyhow::Result<serde_json::Value> {
+        let (status, body) = http_get(
+            &self.nodes.server_ns,
+            ([127, 0, 0, 1], WAYPOINT_ADMIN).into(),
+            "/config_dump",
+        )?;
+        anyhow::ensure!(status == 200, "waypoint config dump: {status}");
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    /// The waypoint's log so far.
+    pub fn waypoint_log(&self) -> String {
+        std::fs::read_to_string(&self.waypoint.log).unwrap_or_default()
+    }
+
+    /// A connection from the client node to the service's VIP at `port`, as an app makes
+    /// it (the client's node proxy captures it).
+    pub fn connect(&self, port: u16) -> anyhow::Result<tokio::net::TcpStream> {
+        use super::mesh::SERVICE_VIP;
+        let s = self
+            .nodes
+            .connect_from_client(SocketAddr::from((SERVICE_VIP, port)))?;
+        s.set_nonblocking(true)?;
+        let _guard = self.rt.enter();
+        Ok(tokio::net::TcpStream::from_std(s)?)
+    }
+
+    /// Requests on one HTTP/1.1 connection, one after the other (keep-alive).
+    pub fn http1(&self, requests: &[(&str, &str)]) -> anyhow::Result<Vec<Reply>> {
+        let stream = self.connect(SERVICE_PORT)?;
+        let requests: Vec<(String, String)> = requests
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        self.rt.block_on(async move {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .context("HTTP/1.1 handshake")?;
+            tokio::spawn(conn);
+            let mut replies = Vec::new();
+            for (method, path) in requests {
+                sender.ready().await.context("connection ready")?;
+                let req = request(&method, &path)?;
+                let resp = sender.send_request(req).await.context("HTTP/1.1 request")?;
+                replies.push(reply(resp).await?);
+            }
+            Ok(replies)
+        })
+    }
+
+    /// `n` requests (`concurrency` at a time) on ONE HTTP/2 connection.
+    pub fn h2(&self, method: &str, path: &str, n: usize) -> anyhow::Result<Vec<Reply>> {
+        let stream = self.connect(SERVICE_PORT)?;
+        let (method, path) = (method.to_string(), path.to_string());
+        self.rt.block_on(async move {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .context("HTTP/2 handshake")?;
+            tokio::spawn(conn);
+            let mut tasks = Vec::new();
+            for _ in 0..n {
+                let mut sender = sender.clone();
+                let req = request(&method, &path)?;
+                tasks.push(tokio::spawn(async move {
+                    let resp = sender.send_request(req).await.context("HTTP/2 request")?;
+                    reply(resp).await
+                }));
+            }
+            let mut replies = Vec::new();
+            for t in tasks {
+                replies.push(t.await??);
+            }
+            Ok(replies)
+        })
+    }
+}
+
+fn bind(ns: &str, addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+    let l = Lab::in_netns(ns, || std::net::TcpListener::bind(addr))
+        .with_context(|| format!("binding {addr} in {ns}"))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+fn request(method: &str, path: &str) -> anyhow::Result<http::Request<Full<Bytes>>> {
+    Ok(http::Request::builder()
+        .method(method)
+        .uri(format!(
+            "http://{}:{SERVICE_PORT}{path}",
+            super::mesh::SERVICE_HOST
+        ))
+        .header(
+            "host",
+            format!("{}:{SERVICE_PORT}", super::mesh::SERVICE_HOST),
+        )
+        .body(Full::new(Bytes::from_static(b"ping")))?)
+}
+
+async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Reply> {
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(Reply {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        headers,
+    })
+}
+
+/// The app: HTTP/1.1 or h2c (prior knowledge), answering `<pod> <method> <path>` and the
+/// request body's length; `/slow` answers after a second.
+async fn serve_app(listener: tokio::net::TcpListener, name: &'static str) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(
+                move |req: http::Request<hyper::body::Incoming>| async move {
+                    let method = req.method().to_string();
+                    let path = req
+                        .uri()
+                        .path_and_query()
+                        .map_or("/", |p| p.as_str())
+                        .to_string();
+                    if path.starts_with("/slow") {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    let request_id = req
+                        .headers()
+                        .get("x-request-id")
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                        .unwrap_or_default();
+                    let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
+                    let text = format!("{name} {method} {path} {} {request_id}", body.unwrap_or(0));
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                        text,
+                    ))))
+                },
+            );
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// A server-first protocol: a banner naming the pod, then an echo.
+async fn serve_banner(listener: tokio::net::TcpListener, name: &'static str) {
+    use tokio::io::AsyncWriteExt;
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            if stream
+                .write_all(format!("{name} banner\n").as_bytes())
+                .await
+                .is_ok()
+            {
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+    }
+}
