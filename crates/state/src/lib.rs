@@ -35,8 +35,8 @@ pub use policy::{
     PolicyScope, RbacMatch, Rule, ServiceAccountMatch, StringMatch, TextKey, Values, L7_ATTRIBUTES,
 };
 pub use rbac::{
-    authorize_observed, authorize_request, matches as policy_matches, Allowed, Denied,
-    MatchedRule, RbacContext, RbacObserver, RequestAttributes, RequestAuth, Unobserved,
+    authorize_observed, authorize_request, matches as policy_matches, Allowed, Denied, MatchedRule,
+    RbacContext, RbacObserver, RequestAttributes, RequestAuth, Unobserved,
 };
 pub use request_path::{normalize_path, Normalized, PathError, PathNormalization};
 pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
