@@ -62,7 +62,13 @@ fn requests_through_the_waypoint() {
         words[4].len() == 36,
         "the waypoint set an x-request-id: {replies:?}"
     );
-    assert_eq!(replies[1].status, 403, "{replies:?}");
+    assert_eq!(
+        replies[1].status,
+        403,
+        "{replies:?}\n{}\n{}",
+        lab.waypoint_log(),
+        lab.waypoint_config_dump().unwrap()
+    );
     assert_eq!(replies[1].body, "RBAC: access denied");
     assert_eq!(replies[2].status, 200, "{replies:?}");
 
@@ -155,4 +161,90 @@ fn requests_through_the_waypoint() {
         .collect();
     assert_eq!(names, ["no-delete", "only-the-client"], "{dump}");
     assert_eq!(dump["waypoint"]["identity"], WAYPOINT_ID);
+}
+
+/// A CONNECT is taken only for what this waypoint fronts: the service's VIP and hostname;
+/// a pod without a waypoint, an unknown address or another port's service are refused
+/// with 400, and counted.
+#[test]
+fn an_authority_the_waypoint_does_not_front_is_refused() {
+    use ambit_lab::mesh::{CLIENT_IP, SERVICE_PORT, SERVICE_VIP};
+    let lab = launch("wp-front");
+    let cases = [
+        (format!("{SERVICE_VIP}:{SERVICE_PORT}"), 200),
+        (format!("{SERVICE_HOST}:{SERVICE_PORT}"), 200),
+        (format!("{CLIENT_IP}:8080"), 400),
+        ("10.99.9.9:80".to_string(), 400),
+        ("nowhere.default.svc.cluster.local:80".to_string(), 400),
+    ];
+    for (authority, want) in &cases {
+        let got = lab
+            .hbone_connect(CLIENT_ID, authority)
+            .unwrap_or_else(|e| panic!("{authority}: {e:#}\n{}", lab.waypoint_log()));
+        assert_eq!(got, *want, "{authority}");
+    }
+    let text = lab.waypoint_metrics().unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "ambit_waypoint_refused_authorities_total 3"),
+        "{text}"
+    );
+    assert!(
+        lab.waypoint_log().contains("does not use this waypoint"),
+        "{}",
+        lab.waypoint_log()
+    );
+}
+
+/// SIGTERM while requests are in flight: each finishes with its answer (no 5xx), and the
+/// waypoint exits cleanly within its drain deadline.
+#[test]
+fn sigterm_under_load_finishes_in_flight_requests() {
+    use std::sync::atomic::Ordering;
+    let lab = std::sync::Arc::new(launch("wp-drain"));
+    let h2 = {
+        let lab = lab.clone();
+        std::thread::spawn(move || lab.h2("GET", "/slow", 20))
+    };
+    let h1 = {
+        let lab = lab.clone();
+        std::thread::spawn(move || lab.http1(&[("GET", "/slow"), ("GET", "/slow")]))
+    };
+    ambit_lab::wait_until(
+        "the requests to reach the apps",
+        Duration::from_secs(10),
+        || lab.slow_started.load(Ordering::SeqCst) >= 21,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", lab.waypoint_log()));
+    let status = lab
+        .nodes
+        .lab
+        .signal_and_wait(
+            lab.waypoint.pid,
+            nix::sys::signal::Signal::SIGTERM,
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.waypoint_log()));
+    let h2 = h2
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.waypoint_log()));
+    assert_eq!(h2.len(), 20);
+    assert!(h2.iter().all(|r| r.status == 200), "{h2:?}");
+    // The second HTTP/1.1 request was sent after the drain began, on a connection the
+    // waypoint then closes: answered, or refused by a closed connection, never a 5xx.
+    match h1.join().unwrap() {
+        Ok(replies) => assert!(replies.iter().all(|r| r.status == 200), "{replies:?}"),
+        Err(e) => assert!(
+            !format!("{e:#}").contains(" 50"),
+            "{e:#}\n{}",
+            lab.waypoint_log()
+        ),
+    }
+    assert!(status.success(), "{status:?}\n{}", lab.waypoint_log());
+    assert!(
+        lab.waypoint_log().contains("shutdown complete"),
+        "{}",
+        lab.waypoint_log()
+    );
 }

@@ -10,6 +10,8 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -136,6 +138,8 @@ pub struct L7Lab {
     pub policies: std::path::PathBuf,
     /// Runs the apps and the clients.
     pub rt: tokio::runtime::Runtime,
+    /// `/slow` requests the apps have begun answering.
+    pub slow_started: Arc<AtomicUsize>,
 }
 
 impl L7Lab {
@@ -158,13 +162,14 @@ impl L7Lab {
             .worker_threads(2)
             .enable_all()
             .build()?;
+        let slow_started = Arc::new(AtomicUsize::new(0));
         for (ip, name) in [(SERVER_IP, SERVER_POD), (PLAIN_POD_IP, PLAIN_POD)] {
             let http = bind(&nodes.server_ns, SocketAddr::from((ip, APP_PORT)))?;
             let tcp = bind(&nodes.server_ns, SocketAddr::from((ip, TCP_PORT)))?;
             let _guard = rt.enter();
             let http = tokio::net::TcpListener::from_std(http)?;
             let tcp = tokio::net::TcpListener::from_std(tcp)?;
-            rt.spawn(serve_app(http, name));
+            rt.spawn(serve_app(http, name, slow_started.clone()));
             rt.spawn(serve_banner(tcp, name));
         }
         let policies_path = nodes.lab.dir.path().join("policies.yaml");
@@ -214,6 +219,7 @@ impl L7Lab {
             waypoint,
             policies: policies_path,
             rt,
+            slow_started,
         })
     }
 
@@ -307,6 +313,45 @@ impl L7Lab {
     }
 }
 
+impl L7Lab {
+    /// Opens a CONNECT with `authority` straight to the waypoint's HBONE port, from the
+    /// server node, presenting `identity` (a certificate of the lab's CA): the answer's
+    /// status (200 when it is taken).
+    pub fn hbone_connect(&self, identity: &str, authority: &str) -> anyhow::Result<u16> {
+        use ambit_hbone::{ClientSettings, ConnectRequest, HboneError, Pool, PoolKey};
+        let ca = ambit_identity::CertificateAuthority::from_plugin_dir(&self.nodes.ca_dir)?;
+        let id = ambit_identity::SpiffeId::parse(identity)?;
+        let cert = ca.issue(&id, Duration::from_secs(3600))?;
+        let waypoint_id = ambit_identity::SpiffeId::parse(WAYPOINT_ID)?;
+        let tls = ambit_identity::tls::client_config(&cert, std::slice::from_ref(&waypoint_id))?;
+        let dst = SocketAddr::from((WAYPOINT_IP, WAYPOINT_PORT));
+        let tcp = Lab::in_netns(&self.nodes.server_ns, || {
+            std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(10))
+        })?;
+        tcp.set_nonblocking(true)?;
+        let authority = ambit_hbone::parse_authority(authority)?;
+        self.rt.block_on(async move {
+            let tcp = tokio::net::TcpStream::from_std(tcp)?;
+            let pool = Pool::new(ClientSettings::default());
+            let key = PoolKey {
+                src_identity: id.to_string(),
+                dst_identities: vec![waypoint_id.to_string()],
+                dst,
+                src_ip: dst.ip(),
+            };
+            let connect = move || async move { ambit_hbone::tls::connect(tcp, tls).await };
+            match pool
+                .connect(key, connect, &ConnectRequest::new(authority))
+                .await
+            {
+                Ok(_) => Ok(200),
+                Err(HboneError::Status(s)) => Ok(s.as_u16()),
+                Err(e) => Err(anyhow::anyhow!("HBONE to the waypoint: {e}")),
+            }
+        })
+    }
+}
+
 fn bind(ns: &str, addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
     let l = Lab::in_netns(ns, || std::net::TcpListener::bind(addr))
         .with_context(|| format!("binding {addr} in {ns}"))?;
@@ -350,40 +395,49 @@ async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Re
 
 /// The app: HTTP/1.1 or h2c (prior knowledge), answering `<pod> <method> <path>` and the
 /// request body's length; `/slow` answers after a second.
-async fn serve_app(listener: tokio::net::TcpListener, name: &'static str) {
+async fn serve_app(
+    listener: tokio::net::TcpListener,
+    name: &'static str,
+    slow_started: Arc<AtomicUsize>,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
+        let slow_started = slow_started.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(
-                move |req: http::Request<hyper::body::Incoming>| async move {
-                    let method = req.method().to_string();
-                    let path = req
-                        .uri()
-                        .path_and_query()
-                        .map_or("/", |p| p.as_str())
-                        .to_string();
-                    if path.starts_with("/slow") {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    let request_id = req
-                        .headers()
-                        .get("x-request-id")
-                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                        .unwrap_or_default();
-                    let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
-                    let text = format!("{name} {method} {path} {} {request_id}", body.unwrap_or(0));
-                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
-                        text,
-                    ))))
-                },
-            );
+            let service =
+                hyper::service::service_fn(move |req| answer(name, req, slow_started.clone()));
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
     }
+}
+
+async fn answer(
+    name: &'static str,
+    req: http::Request<hyper::body::Incoming>,
+    slow_started: Arc<AtomicUsize>,
+) -> Result<http::Response<Full<Bytes>>, std::convert::Infallible> {
+    let method = req.method().to_string();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    if path.starts_with("/slow") {
+        slow_started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
+    let text = format!("{name} {method} {path} {} {request_id}", body.unwrap_or(0));
+    Ok(http::Response::new(Full::new(Bytes::from(text))))
 }
 
 /// A server-first protocol: a banner naming the pod, then an echo.
