@@ -760,3 +760,15 @@ fn bytes_that_are_not_utf8_are_one_refusal() {
         ["p.yaml:2:7: not UTF-8 text; manifests are UTF-8"]
     );
 }
+
+/// A syntax error's own positions (where the construct it broke began) count from the
+/// start of the file, as the position reported with it does.
+#[test]
+fn syntax_errors_count_lines_from_the_file() {
+    let p = parse(&format!("{HEAD}---\nkind: x\nmetadata:\n  name: 'open\n"));
+    assert_eq!(p.policies.len(), 1);
+    assert_eq!(
+        p.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["p.yaml:10:1: found unexpected end of stream, while scanning a quoted scalar at line 9 column 9"]
+    );
+}
