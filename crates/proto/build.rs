@@ -10,6 +10,7 @@ const FILES: &[&str] = &[
     "google/rpc/status.proto",
     "envoy/config/core/v3/base.proto",
     "envoy/service/discovery/v3/discovery.proto",
+    "ambit/waypoint/v1/policy.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

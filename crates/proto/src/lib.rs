@@ -1,10 +1,12 @@
 //! Protobuf types of the wires ambit shares with Istio: the `istio.workload.Address` and
 //! `istio.security.Authorization` xDS resources, the delta aggregated discovery service of
 //! `envoy.service.discovery.v3` (with `envoy.config.core.v3.Node` and `google.rpc.Status`),
-//! and the `istio.v1.auth` certificate service.
+//! and the `istio.v1.auth` certificate service; and ambit's own xDS resource for its
+//! waypoints, `ambit.waypoint.v1.AuthorizationPolicy`.
 //!
 //! The `.proto` files in `proto/` are ambit's own, written from the field tables in our
-//! reference notes; package, message and field names and numbers are Istio's and Envoy's.
+//! reference notes; package, message and field names and numbers are Istio's and Envoy's
+//! (`ambit/waypoint/v1/policy.proto` is ambit's alone, with the reasons for its form).
 //! Code is generated at build time by prost and tonic from descriptors compiled by protox,
 //! so no system `protoc` is needed.
 #![forbid(unsafe_code)]
@@ -41,6 +43,14 @@ pub mod envoy {
     }
 }
 
+pub mod ambit {
+    pub mod waypoint {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/ambit.waypoint.v1.rs"));
+        }
+    }
+}
+
 pub mod google {
     pub mod rpc {
         include!(concat!(env!("OUT_DIR"), "/google.rpc.rs"));
@@ -58,6 +68,10 @@ pub use istio::workload::{Address, Service, Workload};
 pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
 /// Type URL of the L4 authorization policy resource.
 pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authorization";
+/// Type URL of ambit's own resource for its waypoints: one AuthorizationPolicy attached by
+/// `targetRefs`, translated (`ambit.waypoint.v1.AuthorizationPolicy`, named
+/// `namespace/name`). Only waypoints subscribe to it.
+pub const WAYPOINT_POLICY_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.AuthorizationPolicy";
 /// The delta ADS method path.
 pub const DELTA_ADS_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";

@@ -334,3 +334,57 @@ fn certificate_request_uses_istio_field_numbers() {
         crate::IstioCertificateResponse::decode(&[0x0a, 1, b'x', 0x0a, 1, b'y'][..]).unwrap();
     assert_eq!(resp.cert_chain, vec!["x".to_string(), "y".to_string()]);
 }
+
+/// ambit's own waypoint policy: its field numbers and enum values are the wire contract
+/// between `ambit control` and ambit's waypoints of other versions, so they are pinned
+/// here byte by byte.
+#[test]
+fn waypoint_policy_fields_decode_from_hand_built_bytes() {
+    use crate::ambit::waypoint::v1 as wp;
+    let target = cat(&[vec![0x08, 0x03], len_field(&[0x12], b"se")]); // kind = 1: SERVICE_ENTRY, name = 2
+    let bytes = cat(&[
+        len_field(&[0x0a], b"p"),                            // name = 1
+        len_field(&[0x12], b"ns"),                           // namespace = 2
+        vec![0x18, 0x04],                                    // action = 3: CUSTOM
+        len_field(&[0x22], b"ext"),                          // provider = 4
+        vec![0x28, 0x01],                                    // dry_run = 5
+        len_field(&[0x32], &target),                         // targets = 6
+        len_field(&[0x32], &[0x08, 0x04, 0x12, 0x01, b'c']), // GATEWAY_CLASS "c"
+        len_field(&[0x3a], b"[[[{}]]]"),                     // rules_json = 7
+    ]);
+    let p = wp::AuthorizationPolicy::decode(bytes.as_slice()).unwrap();
+    assert_eq!((p.name.as_str(), p.namespace.as_str()), ("p", "ns"));
+    assert_eq!(p.action, wp::Action::Custom as i32);
+    assert_eq!(p.provider, "ext");
+    assert!(p.dry_run);
+    assert_eq!(p.targets.len(), 2);
+    assert_eq!(p.targets[0].kind, wp::target::Kind::ServiceEntry as i32);
+    assert_eq!(p.targets[0].name, "se");
+    assert_eq!(p.targets[1].kind, wp::target::Kind::GatewayClass as i32);
+    assert_eq!(p.rules_json, b"[[[{}]]]");
+    // Every value of both enums, and 0 as the unspecified one.
+    let actions = [
+        (wp::Action::Unspecified, 0),
+        (wp::Action::Allow, 1),
+        (wp::Action::Deny, 2),
+        (wp::Action::Audit, 3),
+        (wp::Action::Custom, 4),
+    ];
+    for (a, n) in actions {
+        assert_eq!(a as i32, n, "{a:?}");
+    }
+    let kinds = [
+        (wp::target::Kind::Unspecified, 0),
+        (wp::target::Kind::Gateway, 1),
+        (wp::target::Kind::Service, 2),
+        (wp::target::Kind::ServiceEntry, 3),
+        (wp::target::Kind::GatewayClass, 4),
+    ];
+    for (k, n) in kinds {
+        assert_eq!(k as i32, n, "{k:?}");
+    }
+    assert_eq!(
+        crate::WAYPOINT_POLICY_TYPE,
+        "type.googleapis.com/ambit.waypoint.v1.AuthorizationPolicy"
+    );
+}
