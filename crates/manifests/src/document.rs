@@ -41,9 +41,23 @@ pub(crate) fn read(
     seg: Segment<'_>,
     options: &ParseOptions,
 ) -> Document {
-    let shift = |line: usize, column: usize| Position {
-        line: line + seg.first_line - 1,
-        column,
+    // The parser places the end of a text that does not end in a newline on a line of
+    // its own after it; we place it at the end of the last line.
+    let last_line = seg.text.split('\n').count();
+    let last_len = seg
+        .text
+        .rsplit('\n')
+        .next()
+        .map_or(0, |l| l.chars().count());
+    let shift = |line: usize, column: usize| {
+        let (line, column) = match line > last_line {
+            true => (last_line, last_len + 1),
+            false => (line, column),
+        };
+        Position {
+            line: line + seg.first_line - 1,
+            column,
+        }
     };
     let refuse = |kind, position: Option<Position>, field: String, message: String| {
         Document::Refused(ManifestError {

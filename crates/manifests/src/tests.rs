@@ -771,4 +771,13 @@ fn syntax_errors_count_lines_from_the_file() {
         p.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
         ["p.yaml:10:1: found unexpected end of stream, while scanning a quoted scalar at line 9 column 9"]
     );
+    // Cut short without a final newline: the end is placed at the end of the last line.
+    let p = parse("apiVersion: v1\nkind: [\n---\napiVersion: v1\nkind: [");
+    assert_eq!(
+        p.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "p.yaml:3:1: did not find expected node content, while parsing a flow node",
+            "p.yaml:5:8: did not find expected node content, while parsing a flow node"
+        ]
+    );
 }
