@@ -248,3 +248,78 @@ fn sigterm_under_load_finishes_in_flight_requests() {
         lab.waypoint_log()
     );
 }
+
+/// An HTTP/1.1 upgrade passes through: the app's 101, then bytes both ways on the same
+/// connection; and each request leaves an access log line with Istio's fields.
+#[test]
+fn upgrades_pass_through_and_requests_are_logged() {
+    use ambit_lab::mesh::{SERVICE_PORT, SERVICE_VIP};
+    use std::io::{BufRead, BufReader, Write};
+    let lab = launch("wp-upgrade");
+    let mut s = lab
+        .nodes
+        .connect_from_client(std::net::SocketAddr::from((SERVICE_VIP, SERVICE_PORT)))
+        .unwrap();
+    s.write_all(
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nConnection: Upgrade\r\nUpgrade: echo\r\nUser-Agent: lab-test\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    assert!(
+        status.starts_with("HTTP/1.1 101"),
+        "{status:?}\n{}",
+        lab.waypoint_log()
+    );
+    // The rest of the head, then the upgraded stream.
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut hello = String::new();
+    r.read_line(&mut hello).unwrap();
+    assert!(hello.ends_with(" upgraded\n"), "{hello:?}");
+    s.write_all(b"over the upgrade\n").unwrap();
+    let mut echoed = String::new();
+    r.read_line(&mut echoed).unwrap();
+    assert_eq!(echoed, "over the upgrade\n");
+    drop((r, s));
+
+    let replies = lab.http1(&[("GET", "/logged")]).unwrap();
+    assert_eq!(replies[0].status, 200);
+    let mut log = String::new();
+    ambit_lab::wait_until("the access line", Duration::from_secs(10), || {
+        log = lab.waypoint_log();
+        log.lines()
+            .any(|l| l.contains("\taccess\t") && l.contains("path=/logged"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("\taccess\t") && l.contains("path=/logged"))
+        .unwrap();
+    for field in [
+        "method=GET",
+        "protocol=\"HTTP/1.1\"",
+        "response_code=200",
+        "response_flags=\"-\"",
+        &format!("authority={SERVICE_HOST}:{SERVICE_PORT}"),
+        &format!("src.identity={CLIENT_ID}"),
+        &format!("upstream_cluster=inbound-vip|{SERVICE_PORT}|http|{SERVICE_HOST}"),
+    ] {
+        assert!(line.contains(field), "{field}: {line}");
+    }
+    assert!(
+        log.lines().any(|l| l.contains("\taccess\t")
+            && l.contains("path=/ws")
+            && l.contains("response_code=101")),
+        "{log}"
+    );
+}

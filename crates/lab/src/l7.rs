@@ -194,6 +194,7 @@ impl L7Lab {
             ),
             ("TERMINATION_GRACE_PERIOD_SECONDS", "15".into()),
             ("RUST_LOG", "info".into()),
+            ("AMBIT_ACCESS_LOG", "true".into()),
         ];
         let waypoint = nodes
             .lab
@@ -409,7 +410,7 @@ async fn serve_app(
             let service =
                 hyper::service::service_fn(move |req| answer(name, req, slow_started.clone()));
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }
@@ -417,9 +418,29 @@ async fn serve_app(
 
 async fn answer(
     name: &'static str,
-    req: http::Request<hyper::body::Incoming>,
+    mut req: http::Request<hyper::body::Incoming>,
     slow_started: Arc<AtomicUsize>,
 ) -> Result<http::Response<Full<Bytes>>, std::convert::Infallible> {
+    // `Upgrade: echo`: 101, then every byte echoed after the pod's name.
+    if req.headers().get("upgrade").is_some_and(|v| v == "echo") {
+        let upgraded = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            if let Ok(io) = upgraded.await {
+                let mut io = TokioIo::new(io);
+                let _ = io.write_all(format!("{name} upgraded\n").as_bytes()).await;
+                let (mut r, mut w) = tokio::io::split(io);
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+        let mut resp = http::Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut()
+            .insert("upgrade", http::HeaderValue::from_static("echo"));
+        resp.headers_mut()
+            .insert("connection", http::HeaderValue::from_static("upgrade"));
+        return Ok(resp);
+    }
     let method = req.method().to_string();
     let path = req
         .uri()

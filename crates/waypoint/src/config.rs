@@ -65,6 +65,9 @@ pub struct Config {
     pub max_handshakes: usize,
     /// `ISTIO_VERSION` for `istio_build`.
     pub istio_version: String,
+    /// `AMBIT_ACCESS_LOG`: one `access` line per request (default off, as Istio's
+    /// waypoints log nothing until `accessLogFile` is set).
+    pub access_log: bool,
     /// `AMBIT_WORKER_THREADS` (default: the cores available, at most 2, as Istio's
     /// waypoints run two workers).
     pub worker_threads: usize,
@@ -202,6 +205,7 @@ impl Config {
                 .trim()
                 .to_string(),
             worker_threads,
+            access_log: env.bool("AMBIT_ACCESS_LOG", false)?,
             service_account,
             trust_domain,
             cluster_id,

@@ -107,22 +107,23 @@ async fn handle(
     mut req: Request<Incoming>,
     version: Version,
 ) -> Response<Body> {
-    let start = Instant::now();
-    let request_bytes = Arc::new(AtomicU64::new(0));
-    let mut labels = down.labels();
+    let mut finish = Finish {
+        wp: wp.clone(),
+        labels: down.labels(),
+        start: Instant::now(),
+        request_bytes: Arc::new(AtomicU64::new(0)),
+        access: wp
+            .cfg
+            .access_log
+            .then(|| crate::access::Entry::of(&req, &down)),
+        upstream: None,
+    };
     let state = wp.state.get();
     // Istio: a method that is not upper case, or a path that cannot be normalised, is the
     // client's error.
     let method = req.method().as_str();
     if method.bytes().any(|b| b.is_ascii_lowercase()) {
-        return local_reply(
-            &wp,
-            labels,
-            start,
-            StatusCode::BAD_REQUEST,
-            "-",
-            "invalid method",
-        );
+        return finish.reply(StatusCode::BAD_REQUEST, "-", "invalid method");
     }
     let raw_target = req
         .uri()
@@ -133,20 +134,20 @@ async fn handle(
         Ok(n) => n,
         Err(e) => {
             tracing::debug!(target = %raw_target, "refused: {e}");
-            return local_reply(
-                &wp,
-                labels,
-                start,
-                StatusCode::BAD_REQUEST,
-                "-",
-                "Bad Request",
-            );
+            return finish.reply(StatusCode::BAD_REQUEST, "-", "Bad Request");
         }
     };
     let forwarded_target = normalized.path_and_query().into_owned();
     let path = normalized.path.to_string();
     let host = request_host(&req);
     ensure_request_id(req.headers_mut());
+    if let Some(a) = &mut finish.access {
+        a.request_id = header_text(req.headers(), "x-request-id");
+    }
+    // An HTTP/1.1 upgrade (WebSocket and the like) is passed through: the upstream's 101
+    // joins the two connections.
+    let upgrade = (version == Version::Http1 && is_upgrade(req.headers()))
+        .then(|| hyper::upgrade::on(&mut req));
 
     match authz::authorize_request(&wp, &state, &down, &req, &path, &host) {
         Verdict::Allow => {}
@@ -158,33 +159,32 @@ async fn handle(
                 details = %details,
                 "request denied"
             );
-            return local_reply(
-                &wp,
-                labels,
-                start,
-                StatusCode::FORBIDDEN,
-                "-",
-                "RBAC: access denied",
-            );
+            return finish.reply(StatusCode::FORBIDDEN, "-", "RBAC: access denied");
         }
     }
 
     // Onward: the request with its target normalised, hop-by-hop headers dropped.
     let (mut parts, body) = req.into_parts();
+    let kept_upgrade = upgrade.is_some().then(|| {
+        (
+            parts.headers.get(http::header::UPGRADE).cloned(),
+            parts.headers.get(http::header::CONNECTION).cloned(),
+        )
+    });
     strip_hop_by_hop(&mut parts.headers);
+    if let Some((upgrade_value, _)) = kept_upgrade {
+        if let Some(v) = upgrade_value {
+            parts.headers.insert(http::header::UPGRADE, v);
+        }
+        parts.headers.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("upgrade"),
+        );
+    }
     let authority = host.clone();
     parts.uri = match onward_uri(version, &authority, &forwarded_target) {
         Some(u) => u,
-        None => {
-            return local_reply(
-                &wp,
-                labels,
-                start,
-                StatusCode::BAD_REQUEST,
-                "-",
-                "Bad Request",
-            )
-        }
+        None => return finish.reply(StatusCode::BAD_REQUEST, "-", "Bad Request"),
     };
     if version == Version::Http1 && !parts.headers.contains_key(http::header::HOST) {
         if let Ok(v) = HeaderValue::from_str(&authority) {
@@ -197,7 +197,7 @@ async fn handle(
     };
     let body = Counted::new(
         body.map_err(BoxError::from).boxed_unsync(),
-        request_bytes.clone(),
+        finish.request_bytes.clone(),
         None,
     );
     let mut body = Some(body.boxed_unsync());
@@ -207,18 +207,12 @@ async fn handle(
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(fronted = %down.fronted.describe(), "{e}");
-                return local_reply(
-                    &wp,
-                    labels,
-                    start,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "UH",
-                    "no healthy upstream",
-                );
+                return finish.reply(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
             }
         };
         let Choice { endpoint, workload } = choice;
-        crate::tunnel::destination_labels(&mut labels, &down.fronted, workload.as_deref());
+        crate::tunnel::destination_labels(&mut finish.labels, &down.fronted, workload.as_deref());
+        finish.upstream = Some(endpoint.target);
         let sender = match wp.upstream.connect(&endpoint, version).await {
             Ok(s) => s,
             Err(e) => {
@@ -229,29 +223,28 @@ async fn handle(
         };
         let req = Request::from_parts(parts, body.take().unwrap_or_else(empty));
         return match sender.send(req).await {
-            Ok(response) => {
+            Ok(mut response) => {
+                if let (Some(downstream), StatusCode::SWITCHING_PROTOCOLS) =
+                    (upgrade, response.status())
+                {
+                    let upstream = hyper::upgrade::on(&mut response);
+                    tokio::spawn(join_upgraded(downstream, upstream));
+                }
                 let (parts, body) = response.into_parts();
-                labels.response_code = parts.status.as_u16().to_string();
-                let record = Recorder {
-                    wp: wp.clone(),
-                    labels,
-                    start,
-                    request_bytes,
-                };
+                finish.labels.response_code = parts.status.as_u16().to_string();
+                if let Some(a) = &mut finish.access {
+                    a.status = parts.status.as_u16();
+                }
                 let body = Counted::new(
                     body.map_err(BoxError::from).boxed_unsync(),
                     Arc::new(AtomicU64::new(0)),
-                    Some(record),
+                    Some(finish),
                 );
                 Response::from_parts(parts, body.boxed_unsync())
             }
             Err(e) => {
                 tracing::debug!(endpoint = %endpoint.target, "onward request failed: {e}");
-                local_reply(
-                    &wp,
-                    labels,
-                    start,
-                    StatusCode::SERVICE_UNAVAILABLE,
+                finish.reply(StatusCode::SERVICE_UNAVAILABLE,
                     "UC",
                     "upstream connect error or disconnect/reset before headers. reset reason: connection termination",
                 )
@@ -260,11 +253,7 @@ async fn handle(
     }
     let why = last_failure.map_or_else(String::new, |e| e.to_string());
     tracing::debug!(fronted = %down.fronted.describe(), "every connect attempt failed: {why}");
-    local_reply(
-        &wp,
-        labels,
-        start,
-        StatusCode::SERVICE_UNAVAILABLE,
+    finish.reply(StatusCode::SERVICE_UNAVAILABLE,
         "UF",
         "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
     )
@@ -351,63 +340,106 @@ fn ensure_request_id(headers: &mut HeaderMap) {
     }
 }
 
-/// A reply made here (refusal or upstream failure), counted like a forwarded one.
-fn local_reply(
-    wp: &Arc<Waypoint>,
-    mut labels: RequestLabels,
-    start: Instant,
-    status: StatusCode,
-    flags: &'static str,
-    body: &'static str,
-) -> Response<Body> {
-    labels.response_code = status.as_u16().to_string();
-    labels.response_flags = flags;
-    wp.metrics.request(RequestRecord {
-        labels,
-        duration_ms: start.elapsed().as_secs_f64() * 1000.0,
-        request_bytes: 0,
-        response_bytes: body.len() as u64,
-    });
-    let mut response = Response::new(
-        Full::new(Bytes::from_static(body.as_bytes()))
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    response
-}
-
-/// Records a forwarded request's metrics when its response body ends or is dropped.
-struct Recorder {
+/// What a request's metrics and access log line are made of, recorded once it ends.
+struct Finish {
     wp: Arc<Waypoint>,
     labels: RequestLabels,
     start: Instant,
     request_bytes: Arc<AtomicU64>,
+    /// The access log line's fields, when the log is on.
+    access: Option<crate::access::Entry>,
+    /// The endpoint the request went to.
+    upstream: Option<std::net::SocketAddr>,
 }
 
-impl Recorder {
+impl Finish {
+    /// A reply made here (refusal or upstream failure), counted like a forwarded one.
+    fn reply(
+        mut self,
+        status: StatusCode,
+        flags: &'static str,
+        body: &'static str,
+    ) -> Response<Body> {
+        self.labels.response_code = status.as_u16().to_string();
+        self.labels.response_flags = flags;
+        if let Some(a) = &mut self.access {
+            a.status = status.as_u16();
+            a.details = Some(body);
+        }
+        self.record(body.len() as u64);
+        let mut response = Response::new(
+            Full::new(Bytes::from_static(body.as_bytes()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        response
+    }
+
     fn record(self, response_bytes: u64) {
+        let duration = self.start.elapsed();
+        let request_bytes = self.request_bytes.load(Ordering::Relaxed);
+        if let Some(a) = &self.access {
+            a.log(
+                &self.labels,
+                self.upstream,
+                request_bytes,
+                response_bytes,
+                duration,
+            );
+        }
         self.wp.metrics.request(RequestRecord {
             labels: self.labels,
-            duration_ms: self.start.elapsed().as_secs_f64() * 1000.0,
-            request_bytes: self.request_bytes.load(Ordering::Relaxed),
+            duration_ms: duration.as_secs_f64() * 1000.0,
+            request_bytes,
             response_bytes,
         });
     }
+}
+
+/// Joins an upgraded client connection to the upgraded upstream one.
+async fn join_upgraded(downstream: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    let (Ok(down), Ok(up)) = tokio::join!(downstream, upstream) else {
+        return tracing::debug!("an upgrade did not complete on both sides");
+    };
+    let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+    if let Err(e) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
+        tracing::debug!("upgraded connection ended: {e}");
+    }
+}
+
+/// An HTTP/1.1 upgrade request: `Connection: upgrade` and an `Upgrade` header.
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(http::header::UPGRADE)
+        && headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// A header's value as text (`-` when absent or not text), for the access log.
+pub fn header_text(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string()
 }
 
 /// A body that counts its bytes and, for a response, records the request when it ends.
 struct Counted {
     inner: Body,
     bytes: Arc<AtomicU64>,
-    recorder: Option<Recorder>,
+    recorder: Option<Finish>,
 }
 
 impl Counted {
-    fn new(inner: Body, bytes: Arc<AtomicU64>, recorder: Option<Recorder>) -> Counted {
+    fn new(inner: Body, bytes: Arc<AtomicU64>, recorder: Option<Finish>) -> Counted {
         Counted {
             inner,
             bytes,

@@ -10,10 +10,12 @@
 //! - [`http`]: HTTP/1.1 and HTTP/2 requests, each normalised, authorized ([`authz`]),
 //!   balanced on its own ([`balance`]) and sent on a pooled onward connection
 //!   ([`upstream`]);
-//! - [`metrics`]: Istio's request and TCP metrics with `reporter="waypoint"`;
+//! - [`metrics`]: Istio's request and TCP metrics with `reporter="waypoint"`, and
+//!   [`access`]: the access log;
 //! - [`admin`]: `/config_dump` on localhost.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod admin;
 pub mod authz;
 pub mod balance;
