@@ -265,20 +265,28 @@ impl L7Lab {
 
     /// Requests on one HTTP/1.1 connection, one after the other (keep-alive).
     pub fn http1(&self, requests: &[(&str, &str)]) -> anyhow::Result<Vec<Reply>> {
-        let stream = self.connect(SERVICE_PORT)?;
-        let requests: Vec<(String, String)> = requests
+        let requests = requests
             .iter()
-            .map(|(m, p)| (m.to_string(), p.to_string()))
-            .collect();
+            .map(|(m, p)| request(m, p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.send_http1(requests)
+    }
+
+    /// [`L7Lab::http1`] with requests built by the caller ([`request`] makes one to the
+    /// service; add headers to it).
+    pub fn send_http1(
+        &self,
+        requests: Vec<http::Request<Full<Bytes>>>,
+    ) -> anyhow::Result<Vec<Reply>> {
+        let stream = self.connect(SERVICE_PORT)?;
         self.rt.block_on(async move {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
                 .context("HTTP/1.1 handshake")?;
             tokio::spawn(conn);
             let mut replies = Vec::new();
-            for (method, path) in requests {
+            for req in requests {
                 sender.ready().await.context("connection ready")?;
-                let req = request(&method, &path)?;
                 let resp = sender.send_request(req).await.context("HTTP/1.1 request")?;
                 replies.push(reply(resp).await?);
             }
@@ -360,7 +368,8 @@ fn bind(ns: &str, addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
     Ok(l)
 }
 
-fn request(method: &str, path: &str) -> anyhow::Result<http::Request<Full<Bytes>>> {
+/// A request to the `echo` service (body `ping`).
+pub fn request(method: &str, path: &str) -> anyhow::Result<http::Request<Full<Bytes>>> {
     Ok(http::Request::builder()
         .method(method)
         .uri(format!(
