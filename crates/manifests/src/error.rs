@@ -14,10 +14,11 @@ pub struct Position {
 /// What kind of refusal, and so who fixes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
-    /// The file or directory could not be read (missing, unreadable, too large, not
-    /// UTF-8): the deployment's to fix (the mount, the path given).
+    /// The file or directory could not be read (missing, unreadable, too large): the
+    /// deployment's to fix (the mount, the path given).
     Read,
-    /// The document is not YAML: its author's to fix; the other documents still load.
+    /// The document is not YAML (or the file not UTF-8 text): its author's to fix; the
+    /// other documents still load.
     Syntax,
     /// The document is YAML but not an object we accept (a missing `kind`, an unknown
     /// field, a value that can never match, a target a waypoint cannot have): its author's
