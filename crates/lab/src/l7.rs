@@ -26,6 +26,10 @@ use super::{http_get, wait_until, Lab, Process};
 
 /// The second endpoint of `echo`: a pod outside the mesh, in the server node.
 pub const PLAIN_POD_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 4);
+/// `echo-direct`: the same endpoints as `echo` without a waypoint (the path the waypoint
+/// is measured against).
+pub const DIRECT_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+pub const DIRECT_HOST: &str = "echo-direct.default.svc.cluster.local";
 /// The service port declared TCP (and its target port).
 pub const TCP_PORT: u16 = 3306;
 /// The waypoint's operator ports (the server node's proxy has the usual ones).
@@ -71,6 +75,8 @@ pub fn l7_mesh() -> String {
     default/{SERVICE_HOST}:
       {SERVICE_PORT}: {APP_PORT}
       {TCP_PORT}: {TCP_PORT}
+    default/{DIRECT_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
 - uid: cluster1//v1/Pod/default/plain
   name: plain
   namespace: default
@@ -86,6 +92,8 @@ pub fn l7_mesh() -> String {
     default/{SERVICE_HOST}:
       {SERVICE_PORT}: {APP_PORT}
       {TCP_PORT}: {TCP_PORT}
+    default/{DIRECT_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
 - uid: cluster1//v1/Pod/default/waypoint
   name: waypoint
   namespace: default
@@ -109,6 +117,12 @@ services:
   appProtocols:
     {TCP_PORT}: TCP
   waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: {WAYPOINT_PORT}}}
+- name: echo-direct
+  namespace: default
+  hostname: {DIRECT_HOST}
+  vips: ["/{DIRECT_VIP}"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
 "#
     )
 }
@@ -146,6 +160,16 @@ impl L7Lab {
     /// Starts the nodes, the apps and `ambit waypoint` (from `ambit`) with `policies` (a
     /// YAML file of AuthorizationPolicy documents), and waits until the waypoint is ready.
     pub fn launch(tag: &str, ambit: &Path, policies: &str) -> anyhow::Result<L7Lab> {
+        Self::launch_with_env(tag, ambit, policies, &[])
+    }
+
+    /// [`L7Lab::launch`] with more environment for the waypoint (overriding the lab's).
+    pub fn launch_with_env(
+        tag: &str,
+        ambit: &Path,
+        policies: &str,
+        extra_env: &[(&str, String)],
+    ) -> anyhow::Result<L7Lab> {
         let proxy = NodeProxy::Ambit(ambit.to_path_buf());
         let mesh = l7_mesh();
         let nodes = TwoNodes::launch(TwoNodesSpec {
@@ -196,6 +220,8 @@ impl L7Lab {
             ("RUST_LOG", "info".into()),
             ("AMBIT_ACCESS_LOG", "true".into()),
         ];
+        let mut env = env;
+        env.extend(extra_env.iter().cloned());
         let waypoint = nodes
             .lab
             .spawn(&nodes.server_ns, "waypoint", ambit, &["waypoint"], &env)?;
@@ -254,10 +280,12 @@ impl L7Lab {
     /// A connection from the client node to the service's VIP at `port`, as an app makes
     /// it (the client's node proxy captures it).
     pub fn connect(&self, port: u16) -> anyhow::Result<tokio::net::TcpStream> {
-        use super::mesh::SERVICE_VIP;
-        let s = self
-            .nodes
-            .connect_from_client(SocketAddr::from((SERVICE_VIP, port)))?;
+        self.connect_to(SocketAddr::from((super::mesh::SERVICE_VIP, port)))
+    }
+
+    /// A connection from the client node to `dst`, as an app makes it.
+    pub fn connect_to(&self, dst: SocketAddr) -> anyhow::Result<tokio::net::TcpStream> {
+        let s = self.nodes.connect_from_client(dst)?;
         s.set_nonblocking(true)?;
         let _guard = self.rt.enter();
         Ok(tokio::net::TcpStream::from_std(s)?)

@@ -1,0 +1,431 @@
+//! The waypoint's benchmark driver: the L7 lab (`ambit_lab::l7`: two nodes with a node
+//! proxy each, `ambit waypoint` in the server node, the `echo` service behind it and
+//! `echo-direct`, the same endpoints without a waypoint), measured in interleaved rounds:
+//!
+//! - requests/s of 1 KiB HTTP/1.1 (8 keep-alive connections) and HTTP/2 (one connection,
+//!   16 streams), closed loop, through the waypoint and without it, and the waypoint's CPU
+//!   per request (requests/s per waypoint core);
+//! - latency of 1 KiB requests paced at a fixed rate on one keep-alive connection, p50 and
+//!   p99, through the waypoint and without it;
+//! - the waypoint's CPU and RSS at 1000 requests/s (HTTP/1.1, 4 connections);
+//! - RSS of a waypoint holding 5,000 services and 5,000 policies.
+//!
+//! ```text
+//! bench_waypoint --ambit target/release/ambit --out FILE [--rounds 3] [--seconds 5]
+//! ```
+//! Needs root (network namespaces). Everything it creates is removed when it ends.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ambit_lab::l7::{L7Lab, DIRECT_HOST, DIRECT_VIP};
+use ambit_lab::mesh::{SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+struct Args {
+    ambit: PathBuf,
+    out: PathBuf,
+    rounds: usize,
+    seconds: u64,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut a = Args {
+        ambit: PathBuf::from("target/release/ambit"),
+        out: PathBuf::from("target/bench-waypoint.md"),
+        rounds: 3,
+        seconds: 5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().with_context(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--ambit" => a.ambit = v()?.into(),
+            "--out" => a.out = v()?.into(),
+            "--rounds" => a.rounds = v()?.parse()?,
+            "--seconds" => a.seconds = v()?.parse()?,
+            "-h" | "--help" => {
+                println!("bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N]");
+                std::process::exit(0);
+            }
+            other => anyhow::bail!("unknown argument {other}"),
+        }
+    }
+    Ok(a)
+}
+
+/// The two paths measured.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    Waypoint,
+    Direct,
+}
+
+impl Path {
+    fn dst(self) -> SocketAddr {
+        match self {
+            Path::Waypoint => SocketAddr::from((SERVICE_VIP, SERVICE_PORT)),
+            Path::Direct => SocketAddr::from((DIRECT_VIP, SERVICE_PORT)),
+        }
+    }
+    fn host(self) -> &'static str {
+        match self {
+            Path::Waypoint => SERVICE_HOST,
+            Path::Direct => DIRECT_HOST,
+        }
+    }
+}
+
+fn request(path: Path, body: &Bytes) -> http::Request<Full<Bytes>> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}:{SERVICE_PORT}/bench", path.host()))
+        .header("host", format!("{}:{SERVICE_PORT}", path.host()))
+        .body(Full::new(body.clone()))
+        .expect("a valid request")
+}
+
+/// Closed-loop load for `secs`: HTTP/1.1 over `conns` connections, or HTTP/2 with
+/// `streams` concurrent requests on one connection. Returns completed requests/s.
+fn load(
+    lab: &L7Lab,
+    path: Path,
+    h2: bool,
+    conns: usize,
+    streams: usize,
+    secs: u64,
+) -> anyhow::Result<f64> {
+    let body = Bytes::from(vec![b'x'; 1024]);
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut streams_io = Vec::new();
+    for _ in 0..if h2 { 1 } else { conns } {
+        streams_io.push(lab.connect_to(path.dst())?);
+    }
+    let start = Instant::now();
+    lab.rt.block_on(async {
+        let mut tasks = Vec::new();
+        for io in streams_io {
+            if h2 {
+                let (sender, conn) =
+                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+                        .await?;
+                tokio::spawn(conn);
+                for _ in 0..streams {
+                    let (mut sender, done, body) = (sender.clone(), done.clone(), body.clone());
+                    tasks.push(tokio::spawn(async move {
+                        while Instant::now() < deadline {
+                            let r = sender.send_request(request(path, &body)).await?;
+                            anyhow::ensure!(r.status() == 200, "status {}", r.status());
+                            r.into_body().collect().await?;
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(())
+                    }));
+                }
+            } else {
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+                tokio::spawn(conn);
+                let (done, body) = (done.clone(), body.clone());
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < deadline {
+                        sender.ready().await?;
+                        let r = sender.send_request(request(path, &body)).await?;
+                        anyhow::ensure!(r.status() == 200, "status {}", r.status());
+                        r.into_body().collect().await?;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
+                }));
+            }
+        }
+        for t in tasks {
+            t.await??;
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Requests paced at `rate`/s over `conns` HTTP/1.1 connections for `secs`: each
+/// request's latency.
+fn paced(
+    lab: &L7Lab,
+    path: Path,
+    rate: u64,
+    conns: usize,
+    secs: u64,
+) -> anyhow::Result<Vec<Duration>> {
+    let body = Bytes::from(vec![b'x'; 1024]);
+    let mut ios = Vec::new();
+    for _ in 0..conns {
+        ios.push(lab.connect_to(path.dst())?);
+    }
+    lab.rt.block_on(async {
+        let mut tasks = Vec::new();
+        let per_conn = Duration::from_secs_f64(conns as f64 / rate as f64);
+        let count = rate * secs / conns as u64;
+        for (i, io) in ios.into_iter().enumerate() {
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+            tokio::spawn(conn);
+            let body = body.clone();
+            tasks.push(tokio::spawn(async move {
+                // Staggered so the connections' requests interleave evenly.
+                tokio::time::sleep(per_conn.mul_f64(i as f64 / conns as f64)).await;
+                let mut tick = tokio::time::interval(per_conn);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut samples = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    tick.tick().await;
+                    let t = Instant::now();
+                    sender.ready().await?;
+                    let r = sender.send_request(request(path, &body)).await?;
+                    anyhow::ensure!(r.status() == 200, "status {}", r.status());
+                    r.into_body().collect().await?;
+                    samples.push(t.elapsed());
+                }
+                Ok(samples)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        anyhow::Ok(all)
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn spread(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+fn fmt(v: &[f64], unit: &str, digits: usize) -> String {
+    let (lo, hi) = spread(v);
+    format!(
+        "{:.*} ({:.*}–{:.*}) {unit}",
+        digits,
+        median(v.to_vec()),
+        digits,
+        lo,
+        digits,
+        hi
+    )
+}
+
+/// A waypoint holding `n` services (each behind it) and `n` policies (one per service),
+/// started beside the lab's: its RSS once ready.
+fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Result<u64> {
+    use std::fmt::Write;
+    let mut mesh = ambit_lab::l7::l7_mesh();
+    for i in 0..n {
+        let (a, b) = (i / 250, i % 250);
+        let _ = write!(
+            mesh,
+            "- name: s{i}\n  namespace: default\n  hostname: s{i}.default.svc.cluster.local\n  vips: [\"/10.97.{a}.{}\"]\n  ports: {{80: 8080}}\n  waypoint: {{destination: \"/{}\", hboneMtlsPort: 15009}}\n",
+            b + 1,
+            ambit_lab::waypoint::WAYPOINT_IP
+        );
+    }
+    let mut policies = String::new();
+    for i in 0..n {
+        let _ = write!(
+            policies,
+            "---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: p{i}, namespace: default}}\nspec:\n  targetRefs: [{{kind: Service, group: \"\", name: s{i}}}]\n  action: ALLOW\n  rules: [{{from: [{{source: {{principals: [\"cluster.local/ns/default/sa/client\"]}}}}], to: [{{operation: {{methods: [\"GET\"], paths: [\"/api/{i}/*\"]}}}}]}}]\n"
+        );
+    }
+    let dir = lab.policies.parent().context("the lab's directory")?;
+    let mesh_path = dir.join("scale-mesh.yaml");
+    let policies_path = dir.join("scale-policies.yaml");
+    std::fs::write(&mesh_path, mesh)?;
+    std::fs::write(&policies_path, policies)?;
+    let env: Vec<(&str, String)> = vec![
+        ("POD_NAME", "waypoint".into()),
+        ("POD_NAMESPACE", "default".into()),
+        ("SERVICE_ACCOUNT", "waypoint".into()),
+        ("LOCAL_XDS_PATH", mesh_path.display().to_string()),
+        ("LOCAL_CA_DIR", lab.nodes.ca_dir.display().to_string()),
+        ("AMBIT_WAYPOINT_CONFIG", policies_path.display().to_string()),
+        ("AMBIT_HBONE_ADDR", "127.0.0.1:25008".into()),
+        ("AMBIT_ADMIN_ADDR", "127.0.0.1:25000".into()),
+        ("AMBIT_STATS_ADDR", "127.0.0.1:25020".into()),
+        ("AMBIT_READINESS_ADDR", "127.0.0.1:25021".into()),
+    ];
+    let p = lab.nodes.lab.spawn(
+        &lab.nodes.server_ns,
+        "waypoint-scale",
+        ambit,
+        &["waypoint"],
+        &env,
+    )?;
+    let ready: SocketAddr = ([127, 0, 0, 1], 25021).into();
+    ambit_lab::wait_until(
+        "the scale waypoint to be ready",
+        Duration::from_secs(60),
+        || {
+            matches!(
+                ambit_lab::http_get(&lab.nodes.server_ns, ready, "/healthz/ready"),
+                Ok((200, _))
+            )
+        },
+    )?;
+    let dump = ambit_lab::http_get(
+        &lab.nodes.server_ns,
+        ([127, 0, 0, 1], 25000).into(),
+        "/config_dump",
+    )?
+    .1;
+    let v: serde_json::Value = serde_json::from_str(&dump)?;
+    anyhow::ensure!(
+        v["waypointPolicies"].as_array().map_or(0, |a| a.len()) == n,
+        "the scale waypoint holds {} policies, not {n}",
+        v["waypointPolicies"].as_array().map_or(0, |a| a.len())
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let rss = common::status_kib(p.pid, "VmRSS")?;
+    Ok(rss)
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = args()?;
+    let ambit = std::fs::canonicalize(&a.ambit).with_context(|| a.ambit.display().to_string())?;
+    // No access log: Istio's waypoints write none unless asked.
+    let lab = L7Lab::launch_with_env(
+        "bench-wp",
+        &ambit,
+        "",
+        &[("AMBIT_ACCESS_LOG", "false".into())],
+    )?;
+    let wp = lab.waypoint.pid;
+    let idle_rss = common::status_kib(wp, "VmRSS")?;
+    let secs = a.seconds;
+
+    let mut h1 = [Vec::new(), Vec::new()];
+    let mut h2 = [Vec::new(), Vec::new()];
+    let mut h1_per_core = Vec::new();
+    let mut h2_per_core = Vec::new();
+    let mut p50 = [Vec::new(), Vec::new()];
+    let mut p99 = [Vec::new(), Vec::new()];
+    let mut cpu_1000 = Vec::new();
+    let mut rss_1000 = Vec::new();
+    for round in 0..a.rounds {
+        // Alternate which path goes first.
+        let order = if round % 2 == 0 {
+            [Path::Waypoint, Path::Direct]
+        } else {
+            [Path::Direct, Path::Waypoint]
+        };
+        for path in order {
+            let i = (path == Path::Direct) as usize;
+            let before = common::cpu_seconds(wp)?;
+            let rate = load(&lab, path, false, 8, 0, secs)?;
+            let cpu = common::cpu_seconds(wp)? - before;
+            h1[i].push(rate);
+            if path == Path::Waypoint {
+                h1_per_core.push(rate * secs as f64 / cpu);
+            }
+            let before = common::cpu_seconds(wp)?;
+            let rate = load(&lab, path, true, 1, 16, secs)?;
+            let cpu = common::cpu_seconds(wp)? - before;
+            h2[i].push(rate);
+            if path == Path::Waypoint {
+                h2_per_core.push(rate * secs as f64 / cpu);
+            }
+            let mut lat = paced(&lab, path, 500, 1, secs)?;
+            lat.sort();
+            p50[i].push(lat[lat.len() / 2].as_secs_f64() * 1e6);
+            p99[i].push(lat[lat.len() * 99 / 100].as_secs_f64() * 1e6);
+        }
+        let before = common::cpu_seconds(wp)?;
+        let t = Instant::now();
+        paced(&lab, Path::Waypoint, 1000, 4, secs.max(10))?;
+        cpu_1000.push((common::cpu_seconds(wp)? - before) / t.elapsed().as_secs_f64());
+        rss_1000.push(common::status_kib(wp, "VmRSS")? as f64 / 1024.0);
+        eprintln!("round {}/{} done", round + 1, a.rounds);
+    }
+    let peak = common::status_kib(wp, "VmHWM")?;
+    let scale_rss = rss_at_scale(&lab, &ambit, 5000)?;
+    let added =
+        |v: &[Vec<f64>; 2]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w - d).collect() };
+    let ratio =
+        |v: &[Vec<f64>; 2]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w / d).collect() };
+    let mut out = String::new();
+    out.push_str(&format!(
+        "## Waypoint (`bench_waypoint`)\n\n{} interleaved rounds, {secs} s per load run; client pod → node proxy → `ambit waypoint` → node proxy → server (HBONE both sides), against `echo-direct` (the same endpoints, no waypoint). 1 KiB request bodies; HTTP/1.1 over 8 keep-alive connections, HTTP/2 with 16 streams on one connection, closed loop. Medians (lowest–highest).\n\n",
+        a.rounds
+    ));
+    out.push_str("| figure | through the waypoint | without it | waypoint / without |\n|---|---:|---:|---:|\n");
+    out.push_str(&format!(
+        "| HTTP/1.1 requests/s | {} | {} | {} |\n",
+        fmt(&h1[0], "", 0),
+        fmt(&h1[1], "", 0),
+        fmt(&ratio(&h1), "×", 2)
+    ));
+    out.push_str(&format!(
+        "| HTTP/2 requests/s | {} | {} | {} |\n",
+        fmt(&h2[0], "", 0),
+        fmt(&h2[1], "", 0),
+        fmt(&ratio(&h2), "×", 2)
+    ));
+    out.push_str(&format!(
+        "| p50 at 500 requests/s, one connection | {} | {} | added {} |\n",
+        fmt(&p50[0], "µs", 0),
+        fmt(&p50[1], "µs", 0),
+        fmt(&added(&p50), "µs", 0)
+    ));
+    out.push_str(&format!(
+        "| p99 at 500 requests/s, one connection | {} | {} | added {} |\n",
+        fmt(&p99[0], "µs", 0),
+        fmt(&p99[1], "µs", 0),
+        fmt(&added(&p99), "µs", 0)
+    ));
+    out.push_str("\n| the waypoint itself | figure |\n|---|---:|\n");
+    out.push_str(&format!(
+        "| HTTP/1.1 requests/s per waypoint core | {} |\n",
+        fmt(&h1_per_core, "", 0)
+    ));
+    out.push_str(&format!(
+        "| HTTP/2 requests/s per waypoint core | {} |\n",
+        fmt(&h2_per_core, "", 0)
+    ));
+    out.push_str(&format!(
+        "| CPU at 1000 requests/s (HTTP/1.1, 4 connections) | {} |\n",
+        fmt(&cpu_1000, "vCPU", 3)
+    ));
+    out.push_str(&format!(
+        "| RSS at 1000 requests/s | {} |\n",
+        fmt(&rss_1000, "MiB", 1)
+    ));
+    out.push_str(&format!(
+        "| RSS idle after start | {:.1} MiB |\n",
+        idle_rss as f64 / 1024.0
+    ));
+    out.push_str(&format!(
+        "| peak RSS (VmHWM) over the run | {:.1} MiB |\n",
+        peak as f64 / 1024.0
+    ));
+    out.push_str(&format!(
+        "| RSS holding 5,000 services and 5,000 policies | {:.1} MiB |\n",
+        scale_rss as f64 / 1024.0
+    ));
+    println!("{out}");
+    std::fs::write(&a.out, &out)?;
+    eprintln!("written to {}", a.out.display());
+    Ok(())
+}
