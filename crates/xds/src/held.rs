@@ -33,10 +33,10 @@ use ipnet::IpNet;
 use crate::shape::{Counts, PolicyCounts, ServiceCounts, Text, WorkloadCounts};
 
 /// Bytes of a `String`, `Vec` or `Arc` pointer (the slots of the maps below).
-const STRING: usize = size_of::<String>();
-const PTR: usize = size_of::<usize>();
+pub(crate) const STRING: usize = size_of::<String>();
+pub(crate) const PTR: usize = size_of::<usize>();
 /// An `Arc`'s two counters, in the same block as its value.
-const ARC_COUNTS: usize = 2 * PTR;
+pub(crate) const ARC_COUNTS: usize = 2 * PTR;
 /// The store's `OnceLock<EndpointIndex>` behind an `Arc` (two `Vec`s and the lock's
 /// state; the type is private to the store, so its size is written out, rounded up).
 const ENDPOINT_INDEX: usize = 64;
@@ -51,7 +51,7 @@ pub(crate) const fn block(n: usize) -> u64 {
 }
 
 /// `count` blocks of `bytes` bytes in all.
-fn blocks(count: usize, bytes: usize) -> u64 {
+pub(crate) fn blocks(count: usize, bytes: usize) -> u64 {
     if count == 0 {
         0
     } else {
@@ -65,12 +65,12 @@ fn text(t: Text) -> u64 {
 
 /// `lists` lists of `n` items of `size` in all, filled by pushes: each at most twice
 /// its length and at least 4 slots.
-fn grown(lists: usize, n: usize, size: usize) -> u64 {
+pub(crate) fn grown(lists: usize, n: usize, size: usize) -> u64 {
     blocks(lists, size * (4 * lists + 2 * n))
 }
 
 /// A B-tree leaf and internal node for entries of `kv` bytes.
-const fn leaf(kv: usize) -> usize {
+pub(crate) const fn leaf(kv: usize) -> usize {
     2 * PTR + 11 * kv
 }
 const fn internal(kv: usize) -> usize {
@@ -78,7 +78,7 @@ const fn internal(kv: usize) -> usize {
 }
 
 /// One more entry of a B-tree of `kv`-byte entries: a fifth of a node.
-fn btree_entry(kv: usize) -> u64 {
+pub(crate) fn btree_entry(kv: usize) -> u64 {
     block(internal(kv)).div_ceil(5)
 }
 

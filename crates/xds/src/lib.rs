@@ -1,6 +1,6 @@
 //! ambit's delta xDS client, generic over the resource types a process subscribes to;
-//! the node proxy's two (`istio.workload.Address`, `istio.security.Authorization`) are
-//! here too.
+//! the node proxy's two (`istio.workload.Address`, `istio.security.Authorization`) and the
+//! waypoint's policies (`ambit.waypoint.v1.AuthorizationPolicy`) are here too.
 //!
 //! - [`resource`]: what the client needs of one resource type ([`ResourceType`]);
 //! - [`delta`]: the sans-IO delta ADS state machine over a set of types (requests,
@@ -8,6 +8,8 @@
 //! - [`batch`]: the changes one response makes to its type's store;
 //! - [`address`], [`authorization`]: the node proxy's types, into `ambit-state`'s
 //!   `ProxyState`;
+//! - [`waypoint`]: ambit's own type for its waypoints (`ambit.waypoint.v1.AuthorizationPolicy`,
+//!   the policies attached by `targetRefs`), into a store of the waypoint's;
 //! - [`convert`]: `istio.workload.Address` / `istio.security.Authorization` to the
 //!   `ambit-state` model and back;
 //! - [`node`]: the node id and metadata the proxy sends, from its environment;
@@ -38,6 +40,7 @@ pub mod resource;
 pub mod shape;
 #[cfg(test)]
 mod test_type;
+pub mod waypoint;
 pub mod wire;
 
 pub use address::{AddressOp, Addresses};
@@ -56,4 +59,8 @@ pub use delta::{
 pub use reject::{Rejection, Undecodable};
 pub use resource::{Decoded, Holds, Measured, Readiness, ResourceType, Slot};
 pub use shape::{Limit, ShapeError};
+pub use waypoint::{
+    to_proto_waypoint_policy, waypoint_policy_from_proto, WaypointPolicies, WaypointPolicyOp,
+    WaypointPolicyStore, MAX_HELD_WAYPOINT_POLICIES,
+};
 pub use wire::WireError;
