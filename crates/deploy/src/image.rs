@@ -102,6 +102,7 @@ pub struct OciImage {
 #[derive(Debug, Clone)]
 pub struct Images {
     pub ztunnel: OciImage,
+    pub waypoint: OciImage,
     pub cni: OciImage,
 }
 
@@ -124,6 +125,7 @@ pub fn build(binary: &Path, out: &Path, tag: &str) -> Result<Images> {
     };
     Ok(Images {
         ztunnel: image("ambit-ztunnel"),
+        waypoint: image("ambit-waypoint"),
         cni: image("ambit-cni"),
     })
 }

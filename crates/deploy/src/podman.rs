@@ -133,6 +133,28 @@ pub struct PodmanRun {
 }
 
 impl PodmanRun {
+    /// `image` with nothing added: the image's own user, entrypoint and arguments, a
+    /// writable root, podman's default capabilities, no mounts, no network. For a pod no
+    /// chart renders (a waypoint's, say): set the fields as its pod spec would.
+    pub fn new(image: &str) -> Self {
+        PodmanRun {
+            image: image.to_string(),
+            cap_add: Vec::new(),
+            cap_drop: Vec::new(),
+            user: None,
+            read_only: false,
+            privileged: false,
+            no_new_privileges: false,
+            mounts: Vec::new(),
+            volume_dirs: BTreeMap::new(),
+            env: Vec::new(),
+            network_ns: None,
+            entrypoint: None,
+            args: Vec::new(),
+            name: None,
+        }
+    }
+
     /// The container `spec` on `image`. `config_maps` holds the data of the ConfigMaps
     /// `envFrom` names (each must be there); a volume's directory is created as
     /// `host_root/<volume>`.
@@ -424,6 +446,21 @@ impl Container {
                 detail: format!("not \"<running> <exit code>\": {text:?}"),
             }),
         }
+    }
+
+    /// Its first process's id on the host (0 once it stopped).
+    pub fn pid(&self) -> Result<u32> {
+        let out = run(
+            &format!("podman inspect {}", self.name),
+            self.podman
+                .command()
+                .args(["inspect", "--format={{.State.Pid}}", &self.name]),
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim().parse().map_err(|_| Error::Output {
+            what: "podman inspect".into(),
+            detail: format!("not a process id: {text:?}"),
+        })
     }
 
     /// Its stdout and stderr so far, interleaved.
