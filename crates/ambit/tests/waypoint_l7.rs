@@ -427,3 +427,42 @@ spec:
         "every request matched the dry-run policy, none was refused by it: {text}"
     );
 }
+
+/// A policy document refused with no good version to stand in for it leaves the waypoint
+/// denying everything (a DENY with a typo must never become an allow); fixed, it opens;
+/// broken again, its last good version stays.
+#[test]
+fn a_refused_policy_fails_closed_and_its_last_good_version_stays() {
+    let bad = POLICIES.replace("[\"DELETE\"]", "[\"delete\"]");
+    let lab = L7Lab::launch("wp-refused", Path::new(env!("CARGO_BIN_EXE_ambit")), &bad).unwrap();
+    let status = |method: &str| lab.http1(&[(method, "/x")]).unwrap()[0].status;
+    assert_eq!(status("GET"), 403, "{}", lab.waypoint_log());
+    assert!(
+        lab.waypoint_log()
+            .contains("spec.rules[0].to[0].operation.methods[0]"),
+        "{}",
+        lab.waypoint_log()
+    );
+    std::fs::write(&lab.policies, POLICIES).unwrap();
+    ambit_lab::wait_until(
+        "the fixed policies to load",
+        Duration::from_secs(10),
+        || status("GET") == 200,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", lab.waypoint_log()));
+    assert_eq!(status("DELETE"), 403);
+    std::fs::write(&lab.policies, &bad).unwrap();
+    ambit_lab::wait_until(
+        "the broken version to be refused",
+        Duration::from_secs(10),
+        || {
+            lab.waypoint_log()
+                .matches("a refused version: the last good one stays")
+                .count()
+                >= 1
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", lab.waypoint_log()));
+    assert_eq!(status("GET"), 200);
+    assert_eq!(status("DELETE"), 403, "the last good DENY still applies");
+}

@@ -34,13 +34,36 @@ pub(crate) enum Document {
     Refused(ManifestError),
 }
 
-/// Reads the document `index` of `source`.
+/// Reads the document `index` of `source`; a refusal names the object when the document
+/// names one.
 pub(crate) fn read(
     source: &str,
     index: usize,
     seg: Segment<'_>,
     options: &ParseOptions,
 ) -> Document {
+    match read_document(source, index, seg, options) {
+        Document::Refused(mut e) => {
+            e.object = object_named(seg.text, options);
+            Document::Refused(e)
+        }
+        other => other,
+    }
+}
+
+/// `namespace/name` from a document's `metadata`, if it parses that far.
+fn object_named(text: &str, options: &ParseOptions) -> Option<String> {
+    let value: Value = yaml_serde::from_str(text).ok()?;
+    let metadata = value.get("metadata")?;
+    let name = metadata.get("name")?.as_str()?;
+    let namespace = match metadata.get("namespace") {
+        Some(n) => n.as_str()?,
+        None => &options.default_namespace,
+    };
+    Some(format!("{namespace}/{name}"))
+}
+
+fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOptions) -> Document {
     // The parser places the end of a text that does not end in a newline on a line of
     // its own after it; we place it at the end of the last line.
     let last_line = seg.text.split('\n').count();
@@ -61,6 +84,7 @@ pub(crate) fn read(
     };
     let refuse = |kind, position: Option<Position>, field: String, message: String| {
         Document::Refused(ManifestError {
+            object: None,
             kind,
             source: source.to_string(),
             position: Some(position.unwrap_or(Position {

@@ -41,6 +41,9 @@ pub struct ManifestError {
     /// document or file as a whole).
     pub field: String,
     pub message: String,
+    /// The refused object's `namespace/name`, when the document got as far as naming one
+    /// (so that a reader can keep that object's last good version in its place).
+    pub object: Option<String>,
 }
 
 impl fmt::Display for ManifestError {
@@ -117,6 +120,7 @@ mod tests {
     #[test]
     fn shows_source_position_field_and_message() {
         let e = |position, field: &str| ManifestError {
+            object: None,
             kind: ErrorKind::Invalid,
             source: "p.yaml".into(),
             position,

@@ -96,6 +96,7 @@ impl Collector {
                     .count()
                     + 1;
                 self.parsed.errors.push(ManifestError {
+                    object: None,
                     kind: ErrorKind::Syntax,
                     source: source.to_string(),
                     position: Some(Position { line, column }),
@@ -142,6 +143,7 @@ impl Collector {
         let key = format!("{namespace}/{name}");
         if let Some(first) = self.seen.get(&key) {
             self.parsed.errors.push(ManifestError {
+                object: None,
                 kind: ErrorKind::Duplicate,
                 source: origin.source.clone(),
                 position: Some(name_at),

@@ -86,6 +86,7 @@ fn read_file(c: &mut Collector, path: &Path, options: &ParseOptions) {
 
 fn read_error(source: &str, message: String) -> ManifestError {
     ManifestError {
+        object: None,
         kind: ErrorKind::Read,
         source: source.to_string(),
         position: None,

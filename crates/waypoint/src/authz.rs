@@ -22,6 +22,9 @@ use crate::Waypoint;
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     pub policies: Vec<Arc<WaypointPolicy>>,
+    /// Set when a refused document's policy has no good version to stand in for it
+    /// ([`crate::policies`]): every request is denied, saying why, until it is fixed.
+    pub fail_closed: Option<String>,
 }
 
 /// Who this waypoint is, for attachment.
@@ -39,12 +42,17 @@ pub struct Applying {
     pub evaluated: Vec<Arc<WaypointPolicy>>,
     /// The first CUSTOM policy that applies (`namespace/name`, provider).
     pub custom: Option<(String, String)>,
+    /// Why everything is denied (a refused policy without a last good version).
+    pub fail_closed: Option<String>,
 }
 
 impl PolicySet {
     /// The policies attached to what `fronted` is, for the waypoint `me`.
     pub fn applying(&self, me: &Attachment<'_>, fronted: &Fronted) -> Applying {
-        let mut out = Applying::default();
+        let mut out = Applying {
+            fail_closed: self.fail_closed.clone(),
+            ..Applying::default()
+        };
         for p in &self.policies {
             if !p.targets.iter().any(|t| attaches(t, me, fronted)) {
                 continue;
@@ -105,6 +113,15 @@ fn attachment(wp: &Waypoint) -> Attachment<'_> {
     }
 }
 
+fn refused_policy_denial(why: &str) -> Verdict {
+    tracing::warn!(
+        "denied: a policy document was refused and has no last good version to stand in for it; fix it: {why}"
+    );
+    Verdict::Deny {
+        details: "rbac_access_denied_matched_policy[none]".into(),
+    }
+}
+
 fn custom_denial(custom: &(String, String)) -> Verdict {
     tracing::warn!(
         policy = %custom.0,
@@ -136,6 +153,9 @@ pub fn authorize_request(
 ) -> Verdict {
     let policies = wp.policies.get();
     let applying = policies.applying(&attachment(wp), &down.fronted);
+    if let Some(why) = &applying.fail_closed {
+        return refused_policy_denial(why);
+    }
     if let Some(custom) = &applying.custom {
         return custom_denial(custom);
     }
@@ -166,6 +186,9 @@ pub fn authorize_request(
 pub fn authorize_connection(wp: &Waypoint, _state: &ProxyState, down: &Downstream) -> Verdict {
     let policies = wp.policies.get();
     let applying = policies.applying(&attachment(wp), &down.fronted);
+    if let Some(why) = &applying.fail_closed {
+        return refused_policy_denial(why);
+    }
     if let Some(custom) = &applying.custom {
         return custom_denial(custom);
     }
@@ -250,6 +273,7 @@ spec:
                 .into_iter()
                 .map(|p| Arc::new(p.value))
                 .collect(),
+            fail_closed: None,
         };
         let me = Attachment {
             namespace: "shop",

@@ -7,6 +7,7 @@
 //!   with the node proxy's admission limits, the operator ports, the drain;
 //! - [`tunnel`]: one CONNECT: [`front`] decides whether this waypoint serves its authority,
 //!   then the port's protocol decides between [`http`] and [`tcp`];
+//! - [`policies`]: what a policy load comes to, failing closed on a refused document;
 //! - [`http`]: HTTP/1.1 and HTTP/2 requests, each normalised, authorized ([`authz`]),
 //!   balanced on its own ([`balance`]) and sent on a pooled onward connection
 //!   ([`upstream`]);
@@ -23,6 +24,7 @@ pub mod config;
 pub mod front;
 pub mod http;
 pub mod metrics;
+pub mod policies;
 pub mod run;
 pub mod tcp;
 pub mod tunnel;

@@ -60,7 +60,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     start_mesh(&cfg, &state, xds_metrics, state_ready)?;
     let policies = Shared::new(PolicySet::default());
     if let Some(path) = &cfg.policy_path {
-        let first = load_policies(path);
+        let first = load_policies(path, None);
         policies.replace(first);
         spawn_policy_watch(path.clone(), policies.clone());
     }
@@ -275,9 +275,10 @@ fn spawn_mesh_watch(path: PathBuf, state: Shared<ProxyState>) {
     });
 }
 
-/// Reads the policy documents; each bad one is reported with its file, line and field and
-/// left out (the others load).
-pub fn load_policies(path: &Path) -> PolicySet {
+/// Reads the policy documents after `previous`: each bad one is reported with its file,
+/// line and field and stands at its last good version, or fails closed
+/// ([`crate::policies::merge`]).
+pub fn load_policies(path: &Path, previous: Option<&PolicySet>) -> PolicySet {
     let parsed = ambit_manifests::load_path(path, &ambit_manifests::ParseOptions::default());
     for e in &parsed.errors {
         tracing::error!("policy refused: {e}");
@@ -290,19 +291,22 @@ pub fn load_policies(path: &Path) -> PolicySet {
             s.value.reason
         );
     }
+    let refused = parsed.errors.len();
+    let (set, outcome) = crate::policies::merge(parsed, previous);
+    for key in &outcome.kept {
+        tracing::warn!(policy = %key, "a refused version: the last good one stays");
+    }
+    if let Some(why) = &outcome.fail_closed {
+        tracing::error!("every request is denied until the policies are fixed: {why}");
+    }
     tracing::info!(
         path = %path.display(),
-        policies = parsed.policies.len(),
-        refused = parsed.errors.len(),
+        policies = set.policies.len(),
+        refused,
+        fail_closed = set.fail_closed.is_some(),
         "policies loaded"
     );
-    PolicySet {
-        policies: parsed
-            .policies
-            .into_iter()
-            .map(|p| Arc::new(p.value))
-            .collect(),
-    }
+    set
 }
 
 fn spawn_policy_watch(path: PathBuf, policies: Shared<PolicySet>) {
@@ -315,7 +319,8 @@ fn spawn_policy_watch(path: PathBuf, policies: Shared<PolicySet>) {
                 continue;
             }
             last = now;
-            policies.replace(load_policies(&path));
+            let previous = policies.get();
+            policies.replace(load_policies(&path, Some(&previous)));
         }
     });
 }
