@@ -1,16 +1,20 @@
 //! The mesh model (`ambit_state`) as xDS resources: `istio.workload.Address` for workloads
 //! (named by uid) and services (named `namespace/hostname`), `istio.security.Authorization`
-//! for policies (named `namespace/name`). The field mapping is `ambit_xds`'s, the one
-//! conversion between the model and the protos that the node proxy decodes with too.
+//! for policies (named `namespace/name`), and the waypoints' policies read from manifests
+//! as `ambit.waypoint.v1.AuthorizationPolicy` (named `namespace/name`). The field mapping
+//! is `ambit_xds`'s, the one conversion between the model and the protos that the node
+//! proxy and the waypoint decode with too.
 //!
 //! Resource bytes are deterministic: a workload's `services` map is a `HashMap` in the
 //! generated code, whose iteration order changes between runs, so its entries are encoded
 //! by hand in key order. Equal resources therefore have equal bytes, and the version (a
 //! SHA-256 of the bytes) changes only when the content does, across restarts too.
 
+use ambit_manifests::WaypointPolicy;
 use ambit_proto::istio::workload as pw;
-use ambit_proto::{Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use ambit_proto::{Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE, WAYPOINT_POLICY_TYPE};
 use ambit_state::{Authorization, Service, Workload};
+use ambit_xds::{ResourceType, WaypointPolicies, WaypointPolicyOp};
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
 
@@ -75,6 +79,31 @@ pub fn policy_resource(p: &Authorization) -> Resource {
         AUTHORIZATION_TYPE,
         ambit_xds::to_proto_authorization(p).encode_to_vec(),
     )
+}
+
+/// A waypoint's policy as an `ambit.waypoint.v1.AuthorizationPolicy` resource named
+/// `namespace/name`, checked as a waypoint whose root namespace is `root_namespace` will
+/// check it (its shape, its decoding, and that it decodes to this very policy). The error
+/// says why a waypoint would refuse it.
+pub fn waypoint_policy_resource(
+    p: &WaypointPolicy,
+    root_namespace: &str,
+) -> Result<Resource, String> {
+    let name = p.authorization.key();
+    let body = ambit_xds::to_proto_waypoint_policy(p)
+        .map_err(|e| e.to_string())?
+        .encode_to_vec();
+    let ty = WaypointPolicies {
+        root_namespace: root_namespace.to_string(),
+        ..WaypointPolicies::default()
+    };
+    ty.measure(&name, &body).map_err(|e| e.to_string())?;
+    let decoded = ty.decode(&body).map_err(|e| e.to_string())?;
+    match decoded.op {
+        WaypointPolicyOp::Put(back) if *back == *p && decoded.key == name => {}
+        _ => return Err("its wire form does not decode to the same policy".into()),
+    }
+    Ok(resource(name, WAYPOINT_POLICY_TYPE, body))
 }
 
 fn resource(name: String, type_url: &str, value: Vec<u8>) -> Resource {

@@ -1,9 +1,33 @@
-//! The mesh served: every `*.yaml`/`*.yml` file of a directory in the local-config schema,
-//! merged, turned into xDS resources.
+//! The mesh served: every `*.yaml`/`*.yml` file of a directory, merged, turned into xDS
+//! resources.
+//!
+//! A file is one of two kinds, told apart by its text:
+//! - Kubernetes-shaped manifests (many documents, each with `apiVersion` and `kind`): a
+//!   file with a line that starts, at its first column, with `apiVersion:` or `kind:`
+//!   (a top-level key in block style). Read by `ambit_manifests` as the waypoint reads
+//!   its files: each AuthorizationPolicy that attaches by `targetRefs` is translated once
+//!   and served as `ambit.waypoint.v1.AuthorizationPolicy` (named `namespace/name`), to
+//!   the clients that ask for that type only (waypoints). A policy that attaches by
+//!   `selector` or to a whole namespace, and other kinds, are skipped and listed (they
+//!   are not served: write ztunnel's policies in the local-config schema).
+//! - Every other file: the local-config schema (`LOCAL_XDS_PATH`'s): workloads and
+//!   services (`istio.workload.Address`) and L4 policies (`istio.security.Authorization`).
+//!
+//! The bad-file rule is the same for both: a refused document (with its file, line,
+//! column and field) refuses the whole change, and the last good mesh, every policy at
+//! its last good version, keeps being served. Serving the rest without the refused
+//! document could drop a DENY its author meant, so nothing of a change is served until
+//! all of it reads. At start there is no last good mesh: a bad document stops the
+//! control server from starting (fail closed: no waypoint is ready without it). Each
+//! policy is also checked as a waypoint will check it (its wire form decoded by
+//! `ambit_xds`'s own type), so what is served is never NACKed for its content by a
+//! waypoint with the same root namespace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use ambit_manifests::{Located, ManifestError, ParseOptions, WaypointPolicy};
+use ambit_proto::Resource;
 use ambit_state::{parse_local_config, ConfigError, LocalConfig, ProxyState};
 
 use crate::convert;
@@ -53,6 +77,28 @@ pub enum MeshError {
     /// files).
     #[error("the mesh files together are not valid: {0}")]
     Merged(ConfigError),
+    /// A manifest document refused, with its file, line, column and field (the first
+    /// of `more` + 1).
+    #[error("{first}{}", more_errors(*more))]
+    Manifest {
+        first: Box<ManifestError>,
+        more: usize,
+    },
+    /// A policy read from a manifest that its waypoints would refuse over xDS (a value
+    /// the wire form cannot carry, or over its limits).
+    #[error("{origin}: AuthorizationPolicy {key} cannot be served to waypoints: {reason}")]
+    Unservable {
+        origin: String,
+        key: String,
+        reason: String,
+    },
+}
+
+fn more_errors(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        n => format!(" (and {n} more refused documents)"),
+    }
 }
 
 /// The mesh as loaded.
@@ -60,6 +106,12 @@ pub enum MeshError {
 pub struct Mesh {
     /// The merged configuration (workload uids filled in).
     pub config: LocalConfig,
+    /// The waypoints' policies read from manifest files, in reading order.
+    pub waypoint_policies: Vec<Located<WaypointPolicy>>,
+    /// Their resources, encoded and checked once.
+    pub waypoint_resources: Vec<Resource>,
+    /// Manifest documents read but not served (`file:line: what: why`).
+    pub skipped: Vec<String>,
     /// The files read, in order.
     pub files: Vec<PathBuf>,
     /// node → SPIFFE ids of the workloads configured on it (node authorization of the CA).
@@ -79,8 +131,17 @@ impl Mesh {
         for p in &self.config.policies {
             s.insert(ambit_proto::AUTHORIZATION_TYPE, convert::policy_resource(p));
         }
+        for r in &self.waypoint_resources {
+            s.insert(ambit_proto::WAYPOINT_POLICY_TYPE, r.clone());
+        }
         s
     }
+}
+
+/// True for a file of Kubernetes-shaped manifests (see the module docs).
+pub fn is_manifest_file(text: &str) -> bool {
+    text.lines()
+        .any(|l| l.starts_with("apiVersion:") || l.starts_with("kind:"))
 }
 
 /// The YAML files of `dir`, sorted by name, with their contents. Hidden files (editors'
@@ -126,9 +187,11 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, String)>, MeshError> {
     Ok(out)
 }
 
-/// Parses and merges mesh files (as [`read_dir`] returns them).
-pub fn build(files: &[(PathBuf, String)]) -> Result<Mesh, MeshError> {
+/// Parses and merges mesh files (as [`read_dir`] returns them); manifests are read with
+/// `options` (the root namespace, the namespace of an object that names none).
+pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh, MeshError> {
     let mut merged = LocalConfig::default();
+    let mut manifests = Manifests::default();
     let mut workload_at: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut service_at: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut policy_at: BTreeMap<String, PathBuf> = BTreeMap::new();
@@ -136,6 +199,10 @@ pub fn build(files: &[(PathBuf, String)]) -> Result<Mesh, MeshError> {
     let mut deferred = Vec::new();
     for (path, text) in files {
         let origin = path.display().to_string();
+        if is_manifest_file(text) {
+            manifests.add(path, text, options)?;
+            continue;
+        }
         let cfg = match parse_local_config(&origin, text) {
             Ok(cfg) => cfg,
             Err(ConfigError::UnknownPolicy(u)) => {
@@ -201,6 +268,30 @@ pub fn build(files: &[(PathBuf, String)]) -> Result<Mesh, MeshError> {
         }
     }
     ProxyState::from_config(merged.clone()).map_err(MeshError::Merged)?;
+    // One AuthorizationPolicy per namespace and name, whichever schema says it.
+    for (key, path) in &manifests.at {
+        if let Some(first) = policy_at.get(key) {
+            return Err(MeshError::Duplicate {
+                kind: "AuthorizationPolicy",
+                name: key.clone(),
+                first: first.clone(),
+                second: path.clone(),
+            });
+        }
+    }
+    let waypoint_resources = manifests
+        .policies
+        .iter()
+        .map(|p| {
+            convert::waypoint_policy_resource(&p.value, &options.root_namespace).map_err(|reason| {
+                MeshError::Unservable {
+                    origin: p.origin.to_string(),
+                    key: p.value.authorization.key(),
+                    reason,
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut node_identities: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for w in &merged.workloads {
         if !w.node.is_empty() {
@@ -212,9 +303,55 @@ pub fn build(files: &[(PathBuf, String)]) -> Result<Mesh, MeshError> {
     }
     Ok(Mesh {
         config: merged,
+        waypoint_policies: manifests.policies,
+        waypoint_resources,
+        skipped: manifests.skipped,
         files: files.iter().map(|(p, _)| p.clone()).collect(),
         node_identities,
     })
+}
+
+/// What the manifest files come to, as they are read.
+#[derive(Default)]
+struct Manifests {
+    policies: Vec<Located<WaypointPolicy>>,
+    skipped: Vec<String>,
+    /// `namespace/name` → the file that defines it.
+    at: BTreeMap<String, PathBuf>,
+}
+
+impl Manifests {
+    /// Reads one file; its first refused document refuses the mesh.
+    fn add(&mut self, path: &Path, text: &str, options: &ParseOptions) -> Result<(), MeshError> {
+        let parsed = ambit_manifests::parse_documents(&path.display().to_string(), text, options);
+        let mut errors = parsed.errors.into_iter();
+        if let Some(first) = errors.next() {
+            return Err(MeshError::Manifest {
+                first: Box::new(first),
+                more: errors.count(),
+            });
+        }
+        for p in parsed.policies {
+            let key = p.value.authorization.key();
+            if let Some(first) = self.at.get(&key) {
+                return Err(MeshError::Duplicate {
+                    kind: "AuthorizationPolicy",
+                    name: key,
+                    first: first.clone(),
+                    second: path.to_path_buf(),
+                });
+            }
+            self.at.insert(key, path.to_path_buf());
+            self.policies.push(p);
+        }
+        self.skipped.extend(
+            parsed
+                .skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.origin, s.value)),
+        );
+        Ok(())
+    }
 }
 
 fn invalid(origin: &str, item: &str, message: String) -> ConfigError {
@@ -228,13 +365,17 @@ fn invalid(origin: &str, item: &str, message: String) -> ConfigError {
 }
 
 /// Reads and builds the mesh of `dir`.
-pub fn load(dir: &Path) -> Result<Mesh, MeshError> {
-    build(&read_dir(dir)?)
+pub fn load(dir: &Path, options: &ParseOptions) -> Result<Mesh, MeshError> {
+    build(&read_dir(dir)?, options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn build_(files: &[(PathBuf, String)]) -> Result<Mesh, MeshError> {
+        build(files, &ParseOptions::default())
+    }
 
     fn files(list: &[(&str, &str)]) -> Vec<(PathBuf, String)> {
         list.iter()
@@ -247,7 +388,7 @@ mod tests {
 
     #[test]
     fn files_merge_and_may_refer_to_each_other() {
-        let mesh = build(&files(&[("/m/a.yaml", A), ("/m/b.yaml", B)])).unwrap();
+        let mesh = build_(&files(&[("/m/a.yaml", A), ("/m/b.yaml", B)])).unwrap();
         assert_eq!(mesh.config.workloads.len(), 1);
         assert_eq!(mesh.config.workloads[0].uid, "Kubernetes//v1/Pod/ns/a");
         assert_eq!(
@@ -264,14 +405,14 @@ mod tests {
 
     #[test]
     fn a_policy_defined_nowhere_is_reported_with_the_file_and_line() {
-        let err = build(&files(&[("/m/a.yaml", A)])).unwrap_err().to_string();
+        let err = build_(&files(&[("/m/a.yaml", A)])).unwrap_err().to_string();
         assert!(err.contains("/m/a.yaml: line 7"), "{err}");
         assert!(err.contains("ns/deny"), "{err}");
     }
 
     #[test]
     fn duplicates_across_files_name_both_files() {
-        let err = build(&files(&[
+        let err = build_(&files(&[
             ("/m/a.yaml", A),
             ("/m/b.yaml", B),
             ("/m/c.yaml", B),
@@ -282,7 +423,7 @@ mod tests {
             err.contains("/m/b.yaml") && err.contains("/m/c.yaml"),
             "{err}"
         );
-        let err = build(&files(&[
+        let err = build_(&files(&[
             ("/m/a.yaml", A),
             ("/m/a2.yml", A),
             ("/m/b.yaml", B),
@@ -298,11 +439,127 @@ mod tests {
     #[test]
     fn a_bad_field_is_reported_with_file_line_and_field() {
         let bad = "workloads:\n- name: a\n  namespace: ns\n  protocol: HBONEE\n";
-        let err = build(&files(&[("/m/bad.yaml", bad)]))
+        let err = build_(&files(&[("/m/bad.yaml", bad)]))
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("/m/bad.yaml: line 4"), "{err}");
         assert!(err.contains("workloads[0].protocol"), "{err}");
+    }
+
+    const POLICIES: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: reviews, namespace: ns}\nspec:\n  targetRefs: [{kind: Service, name: reviews}]\n  action: DENY\n  rules: [{to: [{operation: {paths: [/admin]}}]}]\n---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: ztunnel-only, namespace: ns}\nspec:\n  selector: {matchLabels: {app: a}}\n";
+
+    #[test]
+    fn a_file_of_manifests_is_told_from_local_config() {
+        let table = [
+            ("apiVersion: v1\nkind: X\n", true),
+            ("# a comment\n---\nkind: AuthorizationPolicy\n", true),
+            (POLICIES, true),
+            (A, false),
+            (B, false),
+            // Only a top-level key counts.
+            ("workloads:\n- name: a\n  kind: x\n", false),
+            ("", false),
+        ];
+        for (text, manifest) in table {
+            assert_eq!(is_manifest_file(text), manifest, "{text}");
+        }
+    }
+
+    /// Manifests beside local config: the waypoints' policies served as their own type,
+    /// decoding to what the file says; ztunnel's types as before; skipped documents
+    /// listed.
+    #[test]
+    fn manifests_are_served_as_the_waypoints_own_type() {
+        let mesh = build_(&files(&[
+            ("/m/a.yaml", A),
+            ("/m/b.yaml", B),
+            ("/m/policies.yaml", POLICIES),
+        ]))
+        .unwrap();
+        assert_eq!(mesh.waypoint_policies.len(), 1);
+        assert_eq!(
+            mesh.waypoint_policies[0].origin.to_string(),
+            "/m/policies.yaml:1"
+        );
+        assert_eq!(mesh.skipped.len(), 1);
+        assert!(
+            mesh.skipped[0].starts_with("/m/policies.yaml:9: security.istio.io/v1 AuthorizationPolicy ns/ztunnel-only: selects workloads"),
+            "{:?}",
+            mesh.skipped
+        );
+        let snap = mesh.snapshot(1);
+        let served = snap.resources(ambit_proto::WAYPOINT_POLICY_TYPE).unwrap();
+        assert_eq!(served.keys().collect::<Vec<_>>(), ["ns/reviews"]);
+        let any = served["ns/reviews"].resource.clone().unwrap();
+        assert_eq!(any.type_url, ambit_proto::WAYPOINT_POLICY_TYPE);
+        let decoded = <ambit_xds::WaypointPolicies as ambit_xds::ResourceType>::decode(
+            &ambit_xds::WaypointPolicies::default(),
+            &any.value,
+        )
+        .unwrap();
+        assert_eq!(
+            decoded.op,
+            ambit_xds::WaypointPolicyOp::Put(std::sync::Arc::new(
+                mesh.waypoint_policies[0].value.clone()
+            ))
+        );
+        // ztunnel's types are what the local config says, untouched by the manifests.
+        assert_eq!(
+            snap.resources(ambit_proto::AUTHORIZATION_TYPE)
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(snap.resources(ambit_proto::ADDRESS_TYPE).unwrap().len(), 2);
+        // Without manifests, the type is served empty.
+        let plain = build_(&files(&[("/m/a.yaml", A), ("/m/b.yaml", B)])).unwrap();
+        let snap = plain.snapshot(1);
+        assert!(snap
+            .resources(ambit_proto::WAYPOINT_POLICY_TYPE)
+            .unwrap()
+            .is_empty());
+    }
+
+    /// Each mesh and the start of its refusal: a bad document with its file, line, column
+    /// and field; a policy defined twice, naming both files; one no waypoint could take.
+    #[test]
+    fn a_bad_manifest_refuses_the_mesh_naming_file_line_and_field() {
+        let bad_method = POLICIES.replace("paths: [/admin]", "methods: [get]");
+        let long_target =
+            POLICIES.replace("name: reviews}]", &format!("name: {}}}]", "r".repeat(5000)));
+        let second_bad = format!("{bad_method}---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: x}}\nspec: {{action: NOPE}}\n");
+        let local_policy = B.replace("name: deny", "name: reviews");
+        let table: Vec<(Vec<(&str, &str)>, &str)> = vec![
+            (
+                vec![("/m/p.yaml", bad_method.as_str())],
+                "/m/p.yaml:7:40: spec.rules[0].to[0].operation.methods[0]: ",
+            ),
+            (
+                vec![("/m/p.yaml", second_bad.as_str())],
+                "/m/p.yaml:7:40: spec.rules[0].to[0].operation.methods[0]: ",
+            ),
+            (
+                vec![("/m/p.yaml", POLICIES), ("/m/q.yaml", POLICIES)],
+                "AuthorizationPolicy \"ns/reviews\" is defined in both /m/p.yaml and /m/q.yaml",
+            ),
+            (
+                vec![("/m/b.yaml", local_policy.as_str()), ("/m/p.yaml", POLICIES)],
+                "AuthorizationPolicy \"ns/reviews\" is defined in both /m/b.yaml and /m/p.yaml",
+            ),
+            (
+                vec![("/m/p.yaml", long_target.as_str())],
+                "/m/p.yaml:1: AuthorizationPolicy ns/reviews cannot be served to waypoints: targets[0].name: 5000 bytes",
+            ),
+        ];
+        for (list, want) in table {
+            let err = build_(&files(&list)).unwrap_err().to_string();
+            assert!(err.starts_with(want), "\n  got  {err}\n  want {want}...");
+        }
+        // Every refused document is counted.
+        let err = build_(&files(&[("/m/p.yaml", &second_bad)]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.ends_with("(and 1 more refused documents)"), "{err}");
     }
 
     #[test]
@@ -318,9 +575,9 @@ mod tests {
             .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["a.yml", "b.yaml"]);
-        load(dir.path()).unwrap();
+        load(dir.path(), &ParseOptions::default()).unwrap();
         assert!(matches!(
-            load(&dir.path().join("missing")),
+            load(&dir.path().join("missing"), &ParseOptions::default()),
             Err(MeshError::ReadDir { .. })
         ));
     }

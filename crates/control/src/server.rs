@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use ambit_grpc::server::{self, RequestLimits, ServeOptions};
 use ambit_identity::{CaError, CertificateAuthority};
+use ambit_manifests::ParseOptions;
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -89,6 +90,11 @@ pub struct ControlConfig {
     /// Lifetime of the serving certificate (renewed at half of it).
     pub serving_cert_ttl: Duration,
     pub limits: SessionLimits,
+    /// How manifest files of the mesh directory are read: Istio's root namespace (the
+    /// only one whose policies may target a GatewayClass) and the namespace of an object
+    /// that names none. A waypoint must use the same root namespace, or it refuses the
+    /// GatewayClass policies served (a NACK says so).
+    pub manifests: ParseOptions,
 }
 
 impl ControlConfig {
@@ -112,6 +118,7 @@ impl ControlConfig {
             max_cert_ttl: Duration::from_secs(7 * 24 * 3600),
             serving_cert_ttl: Duration::from_secs(24 * 3600),
             limits: SessionLimits::default(),
+            manifests: ParseOptions::default(),
         }
     }
 }
@@ -329,8 +336,12 @@ impl Shared {
             generation,
             resources = snapshot.len(),
             files = mesh.files.len(),
+            waypoint_policies = mesh.waypoint_policies.len(),
             "serving the mesh"
         );
+        for skipped in &mesh.skipped {
+            tracing::info!("not served: {skipped}");
+        }
         self.mesh_tx
             .send_replace(Arc::new(MeshState { mesh, snapshot }));
     }
@@ -356,7 +367,7 @@ impl Control {
                 dir: config.mesh_dir.clone(),
                 source: std::io::Error::other(e),
             })??;
-        let first = mesh::build(&files)?;
+        let first = mesh::build(&files, &config.manifests)?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -516,6 +527,7 @@ impl Control {
                 "generation": mesh.snapshot.generation,
                 "files": mesh.mesh.files,
                 "resources": resources,
+                "skipped": mesh.mesh.skipped,
                 "error": status.mesh_error,
             },
             "tokens": {
@@ -688,7 +700,7 @@ async fn watch_loop(
         match read {
             Ok(Ok(files)) if files != last_files => {
                 last_read_error = None;
-                match mesh::build(&files) {
+                match mesh::build(&files, &shared.config.manifests) {
                     Ok(m) => {
                         lock(&shared.status).mesh_error = None;
                         shared.publish(m);

@@ -7,9 +7,11 @@
 //! rejects it would be sent it forever). A response is always sent for the first request
 //! of a type, even an empty one, because ztunnel's readiness waits for one of each type.
 //!
-//! Unknown type URLs are ignored (no response; counted and listed in the debug view):
-//! ztunnel only asks for the two Istio types, and an empty answer to a type we do not serve
-//! would claim "you have everything" for something we know nothing about.
+//! Only the types a client asks for are ever sent to it: a ztunnel asks for the two Istio
+//! types and never hears of `ambit.waypoint.v1.AuthorizationPolicy`, which ambit's
+//! waypoints ask for. Unknown type URLs are ignored (no response; counted and listed in
+//! the debug view): an empty answer to a type we do not serve would claim "you have
+//! everything" for something we know nothing about.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -19,7 +21,11 @@ use prost::Message;
 use serde::Serialize;
 
 /// The type URLs this server answers.
-pub const SERVED_TYPES: [&str; 2] = [ambit_proto::ADDRESS_TYPE, ambit_proto::AUTHORIZATION_TYPE];
+pub const SERVED_TYPES: [&str; 3] = [
+    ambit_proto::ADDRESS_TYPE,
+    ambit_proto::AUTHORIZATION_TYPE,
+    ambit_proto::WAYPOINT_POLICY_TYPE,
+];
 
 /// The resources of one type, by name.
 pub type TypeResources = BTreeMap<String, Arc<Resource>>;
@@ -840,6 +846,49 @@ mod tests {
         c.on_request(initial(ADDRESS_TYPE, &[]), &s).unwrap();
         let out = c.on_snapshot(&snap(2, &[("a", "1")], &[("p", "2")]));
         assert!(out.is_empty());
+    }
+
+    /// A ztunnel subscribes to the two Istio types: the waypoints' policies are never
+    /// sent to it, at its first request or when they change, while a waypoint that asks
+    /// for them gets them (and their removal) like any type.
+    #[test]
+    fn waypoint_policies_go_only_to_clients_that_ask_for_them() {
+        use ambit_proto::WAYPOINT_POLICY_TYPE;
+        let with = |generation: u64, policies: &[(&str, &str)]| {
+            let mut s = snap(generation, &[("a", "1")], &[("p", "1")]);
+            for (n, v) in policies {
+                s.insert(WAYPOINT_POLICY_TYPE, res(n, v));
+            }
+            s
+        };
+        let s1 = with(1, &[("shop/reviews", "1")]);
+        let mut ztunnel = session();
+        let mut waypoint = session();
+        let mut sent = Vec::new();
+        for t in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+            sent.extend(ztunnel.on_request(initial(t, &[]), &s1).unwrap().responses);
+        }
+        let first = waypoint
+            .on_request(initial(WAYPOINT_POLICY_TYPE, &[]), &s1)
+            .unwrap()
+            .responses;
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].type_url, WAYPOINT_POLICY_TYPE);
+        assert_eq!(names(&first[0]), ["shop/reviews"]);
+        // A policy changes, one is added, then all are removed.
+        let s2 = with(2, &[("shop/reviews", "2"), ("shop/deny", "1")]).with_changes_from(&s1);
+        sent.extend(ztunnel.on_snapshot(&s2));
+        let out = waypoint.on_snapshot(&s2);
+        assert_eq!(names(&out[0]), ["shop/deny", "shop/reviews"]);
+        let s3 = with(3, &[]).with_changes_from(&s2);
+        sent.extend(ztunnel.on_snapshot(&s3));
+        let out = waypoint.on_snapshot(&s3);
+        assert_eq!(out[0].removed_resources, ["shop/deny", "shop/reviews"]);
+        assert!(
+            sent.iter().all(|r| r.type_url != WAYPOINT_POLICY_TYPE),
+            "{sent:?}"
+        );
+        assert_eq!(sent.len(), 2, "one first response of each Istio type only");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! `ambit control` on loopback with real tonic clients over TLS: the delta ADS stream
-//! (snapshot, ACK, push after a file change, a bad file refused while the old state stays)
-//! and the CA (signed, refused for another node's identity, unknown token, two SANs).
+//! (snapshot, ACK, push after a file change, a bad file refused while the old state stays),
+//! the waypoints' policies from manifests (to ambit's own xDS client as a waypoint runs
+//! it, never to a ztunnel) and the CA (signed, refused for another node's identity,
+//! unknown token, two SANs).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use ambit_proto::envoy::service::discovery::v3::DiscoveryRequest;
 use ambit_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use ambit_proto::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, IstioCertificateRequest, Node, ADDRESS_TYPE,
-    AUTHORIZATION_TYPE,
+    AUTHORIZATION_TYPE, WAYPOINT_POLICY_TYPE,
 };
 use rustls::pki_types::ServerName;
 use tokio::sync::mpsc;
@@ -593,4 +595,272 @@ async fn an_oversized_request_is_refused_and_others_are_served() {
 /// The Prometheus text has exactly this sample line (so `_total 2` is not met by 20).
 fn has_sample(text: &str, line: &str) -> bool {
     text.lines().any(|l| l == line)
+}
+
+// ----- the waypoints' policies ------------------------------------------------------------
+
+/// ambit's xDS client over the TLS channel, with a token, as a waypoint runs it.
+struct TokenTransport {
+    channel: Channel,
+    token: &'static str,
+}
+
+impl ambit_xds::XdsTransport for TokenTransport {
+    fn channel(&self) -> Result<Channel, String> {
+        Ok(self.channel.clone())
+    }
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, String> {
+        Ok(with_token(message, self.token))
+    }
+}
+
+const POLICIES: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews, namespace: default}
+spec:
+  targetRefs: [{kind: Service, name: reviews}]
+  action: DENY
+  rules: [{to: [{operation: {paths: [/admin]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ztunnel-only, namespace: default}
+spec:
+  selector: {matchLabels: {app: reviews}}
+"#;
+
+/// What a waypoint holds from xDS: addresses and its policies, each batch applied to its
+/// type's store.
+#[derive(Default)]
+struct Held {
+    state: ambit_state::ProxyState,
+    policies: ambit_xds::WaypointPolicyStore,
+    ready: bool,
+}
+
+type Shared = Arc<std::sync::Mutex<Held>>;
+
+/// A waypoint's xDS client (addresses and the waypoints' policies), running until dropped.
+fn waypoint_client(fx: &Fixture) -> (Shared, tokio::task::JoinHandle<()>) {
+    use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, WaypointPolicies, XdsClient};
+    let held: Shared = Arc::default();
+    let delta = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
+        .subscribe(Addresses::default())
+        .subscribe(WaypointPolicies::default());
+    let transport = TokenTransport {
+        channel: channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1"),
+        token: NODE1_TOKEN,
+    };
+    let (on_ready, sink) = (held.clone(), held.clone());
+    let client = XdsClient::new(transport, delta).on_ready(move || {
+        on_ready.lock().unwrap().ready = true;
+    });
+    let task = tokio::spawn(client.run(move |batch| {
+        let mut h = sink.lock().unwrap();
+        let Held {
+            state, policies, ..
+        } = &mut *h;
+        if let Err(other) = batch.try_apply(policies) {
+            other.apply(state);
+        }
+    }));
+    (held, task)
+}
+
+/// The paths the DENY policy `default/reviews` a waypoint holds matches.
+fn reviews_paths(held: &Shared) -> Option<Vec<String>> {
+    let h = held.lock().unwrap();
+    let p = h.policies.get("default/reviews")?;
+    let l7 = p.authorization.rules[0][0][0].l7.as_deref()?;
+    Some(l7.paths.as_ref()?.iter().map(|p| p.to_text()).collect())
+}
+
+/// A waypoint's client gets the policies of the mesh directory's manifests beside the
+/// addresses and is ready; a change reaches it; a bad document is refused with its file,
+/// line and field while the last good version keeps being served (to it and to a new
+/// waypoint); a ztunnel, subscribed to its two types, is never sent the waypoints' type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waypoints_get_their_policies_and_ztunnels_never_do() {
+    let fx = start().await;
+    std::fs::write(fx.mesh.join("policies.yaml"), POLICIES).unwrap();
+    eventually("the manifests served", || {
+        fx.control.debug_json()["mesh"]["resources"][WAYPOINT_POLICY_TYPE] == 1
+    })
+    .await;
+    assert!(fx.control.debug_json()["mesh"]["skipped"][0]
+        .as_str()
+        .unwrap()
+        .contains(
+            "policies.yaml:9: security.istio.io/v1 AuthorizationPolicy default/ztunnel-only"
+        ));
+
+    let root = fx.control.root_pem();
+    let mut ztunnel = Ads::open(channel(fx.control.local_addr(), &root, "127.0.0.1")).await;
+    ztunnel.initial().await;
+    let (waypoint, task) = waypoint_client(&fx);
+    eventually("the waypoint ready with its policy", || {
+        waypoint.lock().unwrap().ready && reviews_paths(&waypoint).is_some()
+    })
+    .await;
+    {
+        let h = waypoint.lock().unwrap();
+        assert_eq!(h.policies.len(), 1);
+        let p = h.policies.get("default/reviews").unwrap();
+        assert_eq!(p.action, ambit_manifests::WaypointAction::Deny);
+        assert!(h
+            .state
+            .workload_by_uid("c1//v1/Pod/default/client")
+            .is_some());
+    }
+    assert_eq!(reviews_paths(&waypoint).unwrap(), ["/admin"]);
+
+    // An update changes the policy the waypoint holds.
+    std::fs::write(
+        fx.mesh.join("policies.yaml"),
+        POLICIES.replace("paths: [/admin]", "paths: [/admin, /debug]"),
+    )
+    .unwrap();
+    eventually("the update at the waypoint", || {
+        reviews_paths(&waypoint).is_some_and(|p| p == ["/admin", "/debug"])
+    })
+    .await;
+
+    // A bad version of it: refused with file, line and field; the last good one stays.
+    let generation = fx.control.mesh_generation();
+    std::fs::write(
+        fx.mesh.join("policies.yaml"),
+        POLICIES.replace("paths: [/admin]", "methods: [get]"),
+    )
+    .unwrap();
+    eventually("the bad document reported", || {
+        fx.control.mesh_error().is_some()
+    })
+    .await;
+    let err = fx.control.mesh_error().unwrap();
+    assert!(
+        err.contains("policies.yaml:7:40: spec.rules[0].to[0].operation.methods[0]: method \"get\" is not upper case"),
+        "{err}"
+    );
+    assert_eq!(fx.control.mesh_generation(), generation);
+    assert_eq!(reviews_paths(&waypoint).unwrap(), ["/admin", "/debug"]);
+    // A new waypoint gets the last good version too.
+    let (late, late_task) = waypoint_client(&fx);
+    eventually("the late waypoint ready", || late.lock().unwrap().ready).await;
+    assert_eq!(reviews_paths(&late).unwrap(), ["/admin", "/debug"]);
+    late_task.abort();
+
+    // The policy is removed: the waypoint hears of it.
+    std::fs::remove_file(fx.mesh.join("policies.yaml")).unwrap();
+    eventually("the removal at the waypoint", || {
+        waypoint.lock().unwrap().policies.is_empty()
+    })
+    .await;
+    assert!(fx.control.mesh_error().is_none());
+
+    // The ztunnel was sent nothing of all that: its next response is the address change
+    // made now (responses on a stream come in order).
+    std::fs::write(fx.mesh.join("b.yaml"), EXTRA).unwrap();
+    let r = ztunnel.next().await;
+    assert_eq!(r.type_url, ADDRESS_TYPE);
+    assert_eq!(names(&r), ["c1//v1/Pod/default/late"]);
+    let d = fx.control.debug_json();
+    let ztunnel_types = d["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["types"].get(WAYPOINT_POLICY_TYPE).is_none())
+        .expect("the ztunnel's session")["types"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(ztunnel_types, [AUTHORIZATION_TYPE, ADDRESS_TYPE]);
+    task.abort();
+    fx.control.shutdown().await;
+}
+
+/// A waypoint that NACKs the type: recorded per nonce with its message and counted, the
+/// rejected version not sent again until it changes, as for ztunnel's types; an unknown
+/// token is refused before anything of the type is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_of_the_waypoints_type_is_recorded_and_tokens_are_checked() {
+    let fx = start().await;
+    std::fs::write(fx.mesh.join("policies.yaml"), POLICIES).unwrap();
+    eventually("the manifests served", || {
+        fx.control.debug_json()["mesh"]["resources"][WAYPOINT_POLICY_TYPE] == 1
+    })
+    .await;
+    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1");
+    let subscribe = DeltaDiscoveryRequest {
+        node: Some(Node {
+            id: "waypoint~10.0.0.9~waypoint.default~default.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        type_url: WAYPOINT_POLICY_TYPE.into(),
+        ..Default::default()
+    };
+
+    // Without a known token: UNAUTHENTICATED, nothing sent.
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(subscribe.clone()).await.unwrap();
+    let status = AggregatedDiscoveryServiceClient::new(ch.clone())
+        .delta_aggregated_resources(with_token(ReceiverStream::new(rx), "nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(subscribe).await.unwrap();
+    let mut stream = AggregatedDiscoveryServiceClient::new(ch)
+        .delta_aggregated_resources(with_token(ReceiverStream::new(rx), NODE1_TOKEN))
+        .await
+        .unwrap()
+        .into_inner();
+    let r = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.type_url, WAYPOINT_POLICY_TYPE);
+    assert_eq!(names(&r), ["default/reviews"]);
+    tx.send(DeltaDiscoveryRequest {
+        type_url: WAYPOINT_POLICY_TYPE.into(),
+        response_nonce: r.nonce.clone(),
+        error_detail: Some(ambit_proto::Status {
+            code: 0,
+            message: "default/reviews: no".into(),
+            details: vec![],
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    eventually("the NACK in /debug", || {
+        fx.control.debug_json()["clients"][0]["types"][WAYPOINT_POLICY_TYPE]["ack"]["state"]
+            == "nacked"
+    })
+    .await;
+    let d = fx.control.debug_json();
+    let t = &d["clients"][0]["types"][WAYPOINT_POLICY_TYPE];
+    assert_eq!(t["nacks"][0]["message"], "default/reviews: no");
+    assert_eq!(t["ack"]["nonce"], r.nonce.as_str());
+    assert!(has_sample(
+        &fx.control.metrics_text(),
+        "ambit_control_xds_nacks_total 1"
+    ));
+    // A change of the policy is sent; the rejected version was not sent again before it.
+    std::fs::write(
+        fx.mesh.join("policies.yaml"),
+        POLICIES.replace("paths: [/admin]", "paths: [/admin, /debug]"),
+    )
+    .unwrap();
+    let r2 = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(&r2), ["default/reviews"]);
+    assert_ne!(r2.resources[0].version, r.resources[0].version);
+    fx.control.shutdown().await;
 }
