@@ -57,13 +57,13 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
 
     let state = Shared::new(ProxyState::new());
-    start_mesh(&cfg, &state, xds_metrics, state_ready)?;
     let policies = Shared::new(PolicySet::default());
     if let Some(path) = &cfg.policy_path {
         let first = load_policies(path, None);
         policies.replace(first);
         spawn_policy_watch(path.clone(), policies.clone());
     }
+    start_mesh(&cfg, &state, &policies, xds_metrics, state_ready)?;
 
     let wp = Arc::new(Waypoint {
         cfg: cfg.clone(),
@@ -199,10 +199,13 @@ fn cert_manager(cfg: &Config) -> anyhow::Result<Arc<CertManager>> {
 }
 
 /// The mesh state: ztunnel's local config file (re-read when it changes; a bad file keeps
-/// the last good state) or delta xDS.
+/// the last good state) or delta xDS. Over xDS, without a local policy path, the policies
+/// come from the control plane too (ambit's own type, `ambit.waypoint.v1.AuthorizationPolicy`,
+/// which `ambit control` serves).
 fn start_mesh(
     cfg: &Arc<Config>,
     state: &Shared<ProxyState>,
+    policies: &Shared<PolicySet>,
     metrics: ambit_xds::XdsMetrics,
     ready: BlockReady,
 ) -> anyhow::Result<()> {
@@ -218,12 +221,32 @@ fn start_mesh(
             let channel = GrpcChannel::new(xds.channel.clone())
                 .with_context(|| format!("XDS_ADDRESS={}", xds.channel.address))?;
             tracing::info!(address = %xds.channel.address, node = %xds.node.node_id(), "xDS: connecting to the control plane");
-            let client =
-                ambit_xds::XdsClient::new(channel, ambit_xds::DeltaClient::new(xds.node.to_node()))
-                    .with_metrics(metrics)
-                    .on_ready(move || drop(ready));
-            let sink = state.clone();
-            tokio::spawn(client.run(move |batch| sink.update(|s| batch.apply(s))));
+            let limits = ambit_xds::Limits::default();
+            let mut delta = ambit_xds::DeltaClient::subscribing(xds.node.to_node(), limits)
+                .subscribe(ambit_xds::Addresses {
+                    budget: limits.max_held_addresses,
+                });
+            let from_xds = cfg.policy_path.is_none();
+            if from_xds {
+                delta = delta.subscribe(ambit_xds::WaypointPolicies::default());
+            }
+            let client = ambit_xds::XdsClient::new(channel, delta)
+                .with_metrics(metrics)
+                .on_ready(move || drop(ready));
+            let (mesh, policies) = (state.clone(), policies.clone());
+            let mut held = ambit_xds::WaypointPolicyStore::default();
+            tokio::spawn(client.run(move |batch| {
+                match batch.downcast::<ambit_xds::WaypointPolicies>() {
+                    Ok(typed) => {
+                        typed.apply(&mut held);
+                        policies.replace(PolicySet {
+                            policies: held.to_vec(),
+                            fail_closed: None,
+                        });
+                    }
+                    Err(batch) => mesh.update(|s| batch.apply(s)),
+                }
+            }));
             Ok(())
         }
     }
