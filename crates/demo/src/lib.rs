@@ -1,14 +1,15 @@
 //! `ambit demo`: a whole mesh on this machine in network namespaces (the lab in
 //! `ambit-lab`), real traffic through the node proxies over HBONE, and a short report of
 //! what crossed the wire. In-pod mode by default ([`shared`]: the node agent, the CNI chain,
-//! a service, a policy, DNS, a waypoint); dedicated mode with `--dedicated`
-//! ([`dedicated`]). Never linked into a node binary: the `ambit` binary has it only with
-//! its `demo` feature.
+//! a service, a policy, DNS, and HTTP through a real waypoint, [`waypoint`]); dedicated mode
+//! with `--dedicated` ([`dedicated`]). Never linked into a node binary: the `ambit` binary
+//! has it only with its `demo` feature.
 #![forbid(unsafe_code)]
 
 mod dedicated;
 mod report;
 mod shared;
+mod waypoint;
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {

@@ -1,6 +1,8 @@
 //! The in-pod (shared mode) demo: two nodes, each with the node agent and a node proxy in
-//! shared mode; three pods created through a real CNI chain; real traffic within a node
-//! and across nodes, and what crossed the wires.
+//! shared mode; four pods created through a real CNI chain; real traffic within a node
+//! and across nodes, and what crossed the wires; then HTTP through a real waypoint
+//! (`ambit waypoint`, this same binary): an L7 policy, each request balanced over a
+//! service's endpoints on both nodes, and what the destinations and the waypoint counted.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -8,13 +10,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use ambit_identity::SpiffeId;
 use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_lab::mesh::{metric_sum, EchoMode};
 use ambit_lab::peer::NodeProxy;
-use ambit_lab::waypoint::{TestWaypoint, WaypointRoute};
 
 use crate::report::{control_summary, doubled_echo};
+use crate::waypoint::{
+    REVIEWS_APP_PORT, REVIEWS_HOST, REVIEWS_POLICY, REVIEWS_PORT, REVIEWS_VIP, WAYPOINT_IP,
+};
 
 const APP_PORT: u16 = 8080;
 const ECHO_HOST: &str = "echo.default.svc.cluster.local";
@@ -22,26 +25,18 @@ const ECHO_VIP: [u8; 4] = [10, 96, 0, 10];
 const ECHO_PORT: u16 = 80;
 /// How many connections the client sends to the service VIP.
 const VIP_CONNECTIONS: usize = 20;
-const REVIEWS_HOST: &str = "reviews.default.svc.cluster.local";
-const REVIEWS_VIP: [u8; 4] = [10, 96, 0, 20];
-/// The waypoint "pod": an extra address of node2's link, where the test waypoint listens
-/// on 15008 (in shared mode the node proxy serves 15008 only inside pods).
-const WAYPOINT_IP: [u8; 4] = [10, 78, 0, 3];
-const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
 
-/// What the demo adds to the pods' workloads: a service backed by a pod on each node, and
-/// a DENY policy for one client.
+/// What the demo adds to the pods' workloads: the waypoint pod, two services backed by a
+/// pod on each node (`reviews` behind the waypoint), and a DENY policy for one client.
 fn semantics_yaml() -> String {
     let vip = std::net::Ipv4Addr::from(ECHO_VIP);
-    let reviews_vip = std::net::Ipv4Addr::from(REVIEWS_VIP);
-    let waypoint_ip = std::net::Ipv4Addr::from(WAYPOINT_IP);
     format!(
         r#"- uid: cluster1//v1/Pod/default/waypoint
   name: waypoint
   namespace: default
   serviceAccount: waypoint
   trustDomain: cluster.local
-  workloadIps: ["{waypoint_ip}"]
+  workloadIps: ["{WAYPOINT_IP}"]
   protocol: HBONE
   node: node2
   canonicalName: waypoint
@@ -55,9 +50,9 @@ services:
 - name: reviews
   namespace: default
   hostname: {REVIEWS_HOST}
-  vips: ["/{reviews_vip}"]
-  ports: {{{ECHO_PORT}: {APP_PORT}}}
-  waypoint: {{destination: "/{waypoint_ip}", hboneMtlsPort: 15008}}
+  vips: ["/{REVIEWS_VIP}"]
+  ports: {{{REVIEWS_PORT}: {REVIEWS_APP_PORT}}}
+  waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: 15008}}
 policies:
 - name: deny-intruder
   namespace: default
@@ -81,53 +76,21 @@ fn exchange(conn: &mut std::net::TcpStream, payload: &[u8]) -> anyhow::Result<Ve
     }
 }
 
-/// The test waypoint on node2, as the `reviews` service's waypoint.
-fn start_waypoint(cluster: &Cluster) -> anyhow::Result<TestWaypoint> {
-    let node = &cluster.nodes[1];
-    let waypoint_ip = std::net::Ipv4Addr::from(WAYPOINT_IP);
-    cluster.lab.exec(
-        &node.ns,
-        &[
-            "ip",
-            "addr",
-            "add",
-            &format!("{waypoint_ip}/24"),
-            "dev",
-            "eth0",
-        ],
-    )?;
-    let ca = ambit_identity::CertificateAuthority::from_plugin_dir(&cluster.ca_dir)?;
-    let cert = ca.issue(&SpiffeId::parse(WAYPOINT_ID)?, Duration::from_secs(3600))?;
-    let server = cluster.pod("server");
-    TestWaypoint::start(
-        &cluster.lab,
-        &node.ns,
-        SocketAddr::from((WAYPOINT_IP, 15008)),
-        cert,
-        vec![WaypointRoute {
-            authority: SocketAddr::from((REVIEWS_VIP, ECHO_PORT)),
-            pod: SocketAddr::from((server.ip, APP_PORT)),
-            pod_identity: SpiffeId::parse(&format!(
-                "spiffe://cluster.local/ns/default/sa/{}",
-                server.service_account
-            ))?,
-            via: None,
-        }],
-    )
-}
-
 pub fn run(keep: bool) -> anyhow::Result<()> {
     let ambit = std::env::current_exe().context("locating the ambit binary")?;
     println!(
         "building two nodes (agent + node proxy each), `ambit control` on node2, and four pods through the CNI chain..."
     );
     let echo_key = format!("default/{ECHO_HOST}");
+    let reviews_key = format!("default/{REVIEWS_HOST}");
     let pods = [
         PodSpec::new("client", 0),
-        PodSpec::new("neighbour", 0).endpoint_of(&echo_key, &[]),
+        PodSpec::new("neighbour", 0)
+            .endpoint_of(&echo_key, &[])
+            .endpoint_of(&reviews_key, &[]),
         PodSpec::new("server", 1)
             .endpoint_of(&echo_key, &[])
-            .endpoint_of(&format!("default/{REVIEWS_HOST}"), &[]),
+            .endpoint_of(&reviews_key, &[]),
         PodSpec::new("intruder", 0),
     ];
     let extra_yaml = semantics_yaml();
@@ -146,6 +109,9 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     ambit_lab::remove_on_signal(cluster.lab.cleanup_handle());
     let seen_server = cluster.serve_app("server", APP_PORT, EchoMode::Double)?;
     let seen_neighbour = cluster.serve_app("neighbour", APP_PORT, EchoMode::Double)?;
+    for pod in ["neighbour", "server"] {
+        cluster.serve_http(pod, REVIEWS_APP_PORT)?;
+    }
     let bridge = cluster.lab.capture(&cluster.nodes[0].ns, "cni0").ok();
     let link = cluster.lab.capture(&cluster.nodes[0].ns, "eth0").ok();
     if bridge.is_none() || link.is_none() {
@@ -227,20 +193,12 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         bail!("the intruder got an answer past the DENY policy: {denied:?}");
     }
 
-    // The waypoint: traffic to `reviews` goes to it first, and it forwards to the pod
-    // with its own identity.
-    let waypoint = start_waypoint(&cluster)?;
-    let reviews = SocketAddr::from((REVIEWS_VIP, ECHO_PORT));
-    let mut conn = cluster.connect_from("client", reviews)?;
-    let back = exchange(&mut conn, b"via the waypoint")?;
-    if back != b"via the waypointvia the waypoint" {
-        bail!("{REVIEWS_HOST} ({reviews}) through the waypoint: got {back:?}");
-    }
-    let record = waypoint
-        .records()
-        .into_iter()
-        .next()
-        .context("the waypoint saw nothing")?;
+    // The waypoint: HTTP to `reviews` goes through `ambit waypoint`, which authorizes
+    // each request and balances it over the service's endpoints on both nodes.
+    let policy = cluster.lab.dir.path().join("waypoint-policies.yaml");
+    std::fs::write(&policy, REVIEWS_POLICY)?;
+    let waypoint = cluster.start_waypoint(1, "waypoint", WAYPOINT_IP, &policy)?;
+    let l7 = crate::waypoint::through(&cluster, &waypoint)?;
 
     let mut wires = Vec::new();
     for (name, capture) in [("node1 bridge cni0", bridge), ("node1 link eth0", link)] {
@@ -298,26 +256,8 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     println!(
         "  client: dig echo -> {dns_record} (the DNS proxy in the pod: `echo` expanded to {ECHO_HOST}); connected to {resolved}:{ECHO_PORT}"
     );
-    println!(
-        "  client -> {REVIEWS_HOST} ({reviews}): through the waypoint at {}, which saw CONNECT {} from {}, then went on to {} as {WAYPOINT_ID}",
-        waypoint.addr,
-        record.authority,
-        record.peer_identity.as_deref().unwrap_or("no identity"),
-        record
-            .forwarded_to
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "nowhere".into()),
-    );
-    let from_waypoint = metric_sum(
-        &cluster.metrics(1)?,
-        "istio_tcp_connections_opened_total",
-        &[
-            ("reporter", "destination"),
-            ("source_principal", WAYPOINT_ID),
-            ("destination_workload", "server"),
-        ],
-    );
-    println!("  node2 counted {from_waypoint} connection(s) to server from the waypoint's identity, over mTLS");
+    println!();
+    l7.print(&waypoint);
     println!();
     for (name, segments, ports, clear) in &wires {
         println!(
@@ -367,6 +307,20 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         println!(
             "  ambit agent --events-socket {} list",
             cluster.nodes[0].events_socket().display()
+        );
+        let reviews = format!("http://{REVIEWS_VIP}{}", "/reviews/1");
+        println!("  ip netns exec {client} curl -s {reviews}             # through the waypoint: allowed");
+        println!(
+            "  ip netns exec {client} curl -s -X DELETE {reviews}   # refused by its policy: 403"
+        );
+        println!(
+            "  ip netns exec {} curl -s 127.0.0.1:{}/stats/prometheus | grep 'reporter=\"waypoint\"'",
+            cluster.nodes[waypoint.node].ns,
+            ambit_lab::l7::WAYPOINT_STATS
+        );
+        println!(
+            "  edit {}   # the waypoint's policy, re-read when it changes",
+            policy.display()
         );
         if let Some(plane) = &cluster.control {
             println!(

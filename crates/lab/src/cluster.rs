@@ -1,7 +1,11 @@
 //! In-pod mode on one machine: "nodes" as network namespaces joined by a veth pair, each
 //! running the node agent and a node proxy in shared mode; "pods" as network namespaces
 //! wired by a real CNI chain (containernetworking-plugins `bridge` + `host-local`, then
-//! `ambit-cni`) driven the way a container runtime drives it.
+//! `ambit-cni`) driven the way a container runtime drives it. [`waypoint`] adds a waypoint
+//! pod; `http` serves and sends HTTP in the pods.
+
+mod http;
+pub mod waypoint;
 
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -114,6 +118,8 @@ pub struct Cluster {
     pub control: Option<ControlPlane>,
     /// Kubernetes mode ([`Cluster::launch_kubernetes`]): the API server the agents watch.
     pub kube: Option<KubeLab>,
+    /// Runs the HTTP apps and clients (`http`), made on first use.
+    rt: std::sync::OnceLock<tokio::runtime::Runtime>,
 }
 
 /// What a [`Cluster`] runs: the nodes' proxies (one per node; the agent and the CNI plugin
@@ -376,6 +382,7 @@ impl Cluster {
                 .collect(),
             control,
             kube,
+            rt: std::sync::OnceLock::new(),
         };
         for i in 0..node_count {
             cluster.start_agent(i)?;

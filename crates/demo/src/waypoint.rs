@@ -1,0 +1,191 @@
+//! The demo's waypoint: HTTP to the `reviews` service goes through `ambit waypoint` (this
+//! same binary, started by the lab as a pod of node2, configured by `ambit control`). It
+//! shows an L7 AuthorizationPolicy (a GET allowed, a DELETE and another client refused
+//! 403), one HTTP/2 connection's requests balanced one by one over the service's endpoints
+//! on both nodes, the waypoint's identity at the destinations, and the waypoint's own
+//! `reporter="waypoint"` counts. Each is checked; a miss stops the demo.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::bail;
+
+use ambit_lab::cluster::waypoint::WaypointPod;
+use ambit_lab::cluster::Cluster;
+use ambit_lab::l7::Reply;
+use ambit_lab::mesh::metric_sum;
+
+pub(crate) const REVIEWS_HOST: &str = "reviews.default.svc.cluster.local";
+pub(crate) const REVIEWS_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+pub(crate) const REVIEWS_PORT: u16 = 80;
+/// The HTTP app of `reviews`' endpoints (neighbour on node1, server on node2).
+pub(crate) const REVIEWS_APP_PORT: u16 = 9080;
+/// The waypoint pod: an extra address of node2's link, where `ambit waypoint` listens on
+/// 15008 (in shared mode the node proxy serves 15008 only inside pods).
+pub(crate) const WAYPOINT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 3);
+pub(crate) const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
+/// The waypoint's policy: on `reviews`, only the client, and only GET.
+pub(crate) const REVIEWS_POLICY: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-read-only, namespace: default}
+spec:
+  targetRefs: [{kind: Service, group: "", name: reviews}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
+    to: [{operation: {methods: ["GET"]}}]
+"#;
+/// How many requests the client sends on its one HTTP/2 connection.
+const H2_REQUESTS: usize = 20;
+const PATH: &str = "/reviews/1";
+
+/// What went through the waypoint, and what was counted of it.
+pub(crate) struct Seen {
+    get: Reply,
+    delete: Reply,
+    intruder: Reply,
+    /// The HTTP/2 connection's requests answered by neighbour (node1) and server (node2).
+    spread: (usize, usize),
+    /// Connections from the waypoint's identity counted by node1's proxy (to neighbour)
+    /// and node2's (to server).
+    at_destinations: (u64, u64),
+    /// The waypoint's `istio_requests_total`: 200s to neighbour and to server, and 403s.
+    counted: (u64, u64, u64),
+}
+
+/// The app's answer names its pod first.
+fn pod(reply: &Reply) -> Option<&str> {
+    reply
+        .body
+        .split(' ')
+        .next()
+        .filter(|p| *p == "neighbour" || *p == "server")
+}
+
+/// Sends the demo's requests through the waypoint and reads what was counted.
+pub(crate) fn through(cluster: &Cluster, waypoint: &WaypointPod) -> anyhow::Result<Seen> {
+    let vip = SocketAddr::from((REVIEWS_VIP, REVIEWS_PORT));
+    let mut replies = cluster.http1_from(
+        "client",
+        vip,
+        REVIEWS_HOST,
+        &[("GET", PATH), ("DELETE", PATH)],
+    )?;
+    let (get, delete) = match (replies.pop(), replies.pop()) {
+        (Some(delete), Some(get)) => (get, delete),
+        _ => bail!("client -> {REVIEWS_HOST}: two requests sent, not two answers"),
+    };
+    if get.status != 200 || pod(&get).is_none() {
+        bail!("client GET {PATH} through the waypoint: expected 200 from an app, got {get:?}");
+    }
+    if delete.status != 403 {
+        bail!("client DELETE {PATH}: expected 403 from the waypoint's policy, got {delete:?}");
+    }
+    let intruder = cluster
+        .http1_from("intruder", vip, REVIEWS_HOST, &[("GET", PATH)])?
+        .pop();
+    let intruder = match intruder {
+        Some(r) if r.status == 403 => r,
+        other => {
+            bail!("intruder GET {PATH}: expected 403 from the waypoint's policy, got {other:?}")
+        }
+    };
+
+    let replies = cluster.h2_from("client", vip, REVIEWS_HOST, ("GET", PATH), H2_REQUESTS)?;
+    let on = |name: &str| replies.iter().filter(|r| pod(r) == Some(name)).count();
+    let spread = (on("neighbour"), on("server"));
+    if spread.0 + spread.1 != H2_REQUESTS || replies.iter().any(|r| r.status != 200) {
+        bail!("{H2_REQUESTS} GETs on one HTTP/2 connection: not all answered 200 by an app: {replies:?}");
+    }
+    if spread.0 == 0 || spread.1 == 0 {
+        bail!("{H2_REQUESTS} GETs on one HTTP/2 connection all went to one endpoint: {spread:?}");
+    }
+
+    let from_waypoint = |node: usize, workload: &str| -> anyhow::Result<u64> {
+        Ok(metric_sum(
+            &cluster.metrics(node)?,
+            "istio_tcp_connections_opened_total",
+            &[
+                ("reporter", "destination"),
+                ("source_principal", WAYPOINT_ID),
+                ("destination_workload", workload),
+            ],
+        ))
+    };
+    let at_destinations = (from_waypoint(0, "neighbour")?, from_waypoint(1, "server")?);
+    if at_destinations.0 == 0 || at_destinations.1 == 0 {
+        bail!("the destinations' node proxies did not see the waypoint's identity: {at_destinations:?}");
+    }
+
+    // The waypoint counts a request when its response ends: allow it a moment.
+    let mut text = String::new();
+    let count = |text: &str, code: &str, workload: Option<&str>| {
+        let mut labels = vec![("reporter", "waypoint"), ("response_code", code)];
+        labels.extend(workload.map(|w| ("destination_workload", w)));
+        metric_sum(text, "istio_requests_total", &labels)
+    };
+    let counted = ambit_lab::wait_until(
+        "the waypoint to count every request",
+        Duration::from_secs(10),
+        || {
+            text = cluster.waypoint_metrics(waypoint).unwrap_or_default();
+            count(&text, "200", None) == 1 + H2_REQUESTS as u64 && count(&text, "403", None) == 2
+        },
+    );
+    if counted.is_err() {
+        bail!(
+            "the waypoint did not count 200 x{} and 403 x2:\n{text}",
+            1 + H2_REQUESTS
+        );
+    }
+    Ok(Seen {
+        get,
+        delete,
+        intruder,
+        spread,
+        at_destinations,
+        counted: (
+            count(&text, "200", Some("neighbour")),
+            count(&text, "200", Some("server")),
+            count(&text, "403", None),
+        ),
+    })
+}
+
+impl Seen {
+    pub(crate) fn print(&self, waypoint: &WaypointPod) {
+        let vip = SocketAddr::from((REVIEWS_VIP, REVIEWS_PORT));
+        println!(
+            "  waypoint: ambit waypoint at {} (node{}) as {}; mesh and certificate from ambit control; policy default/reviews-read-only (ALLOW GET from client) on reviews",
+            waypoint.hbone_addr(),
+            waypoint.node + 1,
+            waypoint.identity,
+        );
+        println!(
+            "  client -> {REVIEWS_HOST} ({vip}), HTTP/1.1 via the waypoint: GET {PATH} -> {} (answered by {}), DELETE {PATH} -> {} {:?}",
+            self.get.status,
+            pod(&self.get).unwrap_or("?"),
+            self.delete.status,
+            self.delete.body,
+        );
+        println!(
+            "  intruder -> reviews: GET {PATH} -> {} (not the client)",
+            self.intruder.status
+        );
+        println!(
+            "  client -> reviews, ONE HTTP/2 connection, {H2_REQUESTS} requests: {} to neighbour (node1), {} to server (node2), each balanced by the waypoint",
+            self.spread.0, self.spread.1
+        );
+        println!(
+            "  the destinations saw the waypoint's identity, not the client's: node1 counted {} connection(s) to neighbour from {WAYPOINT_ID}, node2 counted {} to server, over mTLS",
+            self.at_destinations.0, self.at_destinations.1
+        );
+        println!(
+            "  waypoint metrics (reporter=\"waypoint\"): istio_requests_total 200: {} (neighbour {}, server {}), 403: {}",
+            self.counted.0 + self.counted.1,
+            self.counted.0,
+            self.counted.1,
+            self.counted.2
+        );
+    }
+}
