@@ -974,6 +974,22 @@ fn xds_resource_seeds() {
 }
 
 #[test]
+fn xds_waypoint_policy_seeds() {
+    replay(
+        "xds_waypoint_policy",
+        ambit_xds::fuzzing::waypoint_policy_body,
+        vec![
+            ("policy", Ok("shop/reviews".into())),
+            ("custom", Ok("shop/ext".into())),
+            ("not_a_file", Err("rulesJson[0][0][0].paths: a to field beside a from field (principals) in one match object; each belongs to its own clause".into())),
+            ("bad_value", Err("rulesJson[0][0][0].paths[0]: path \"admin\" does not start with \"/\", so it can never match; write \"/admin\"".into())),
+            ("no_action", Err("action: 0 is not ALLOW, DENY, AUDIT or CUSTOM (a missing action is refused, never read as ALLOW)".into())),
+            ("garbage", Err("cannot decode ambit.waypoint.v1.AuthorizationPolicy: a field runs past the end of its message".into())),
+        ],
+    );
+}
+
+#[test]
 fn request_authz_seeds() {
     use request_authz::Outcome;
     let decided = |path: &str, verdict: Result<(), &str>| Outcome {

@@ -1,5 +1,6 @@
-//! The bodies of the `xds_delta` and `xds_resource` fuzz targets, here so that they are
-//! built and tested with the crate (the fuzz crate only calls them).
+//! The bodies of the `xds_delta`, `xds_resource` and `xds_waypoint_policy` fuzz targets,
+//! here so that they are built and tested with the crate (the fuzz crate only calls
+//! them).
 
 use ambit_proto::istio::security as psec;
 use ambit_proto::istio::workload as pw;
@@ -331,10 +332,117 @@ fn address_within_limits(a: &pw::Address) {
     }
 }
 
+// ----- xds_waypoint_policy -----------------------------------------------------------------
+
+/// Input: any bytes, the body of an `ambit.waypoint.v1.AuthorizationPolicy` resource.
+///
+/// Checks: the shape walk and the decoding never panic; a body decoded is one the walk
+/// accepted, named by its `namespace/name`, and its policy encodes to a body that
+/// decodes to it again (what the wire form accepts, it carries exactly); through the
+/// delta client, the body is accepted only if the walk and the decoding accepted it,
+/// and is then held in a waypoint's store under its name; a refusal is a NACK that
+/// names it. Returns `namespace/name`, or the NACK's text after the name.
+pub fn waypoint_policy_body(body: &[u8]) -> Result<String, String> {
+    use std::sync::Arc;
+
+    use crate::resource::ResourceType;
+    use crate::waypoint::{
+        to_proto_waypoint_policy, WaypointPolicies, WaypointPolicyOp, WaypointPolicyStore,
+    };
+    use ambit_proto::WAYPOINT_POLICY_TYPE;
+
+    let ty = WaypointPolicies::default();
+    let measured = ty.measure("ns/fixed", body);
+    let decoded = measured.as_ref().ok().map(|_| ty.decode(body));
+    let name = match &decoded {
+        Some(Ok(d)) => {
+            let WaypointPolicyOp::Put(p) = &d.op else {
+                panic!("a decoded body is a put")
+            };
+            assert_eq!(d.key, p.authorization.key());
+            let again = to_proto_waypoint_policy(p)
+                .expect("a decoded policy encodes")
+                .encode_to_vec();
+            let back = ty.decode(&again).expect("its own encoding decodes");
+            assert_eq!(back.op, WaypointPolicyOp::Put(Arc::clone(p)));
+            d.key.clone()
+        }
+        _ => "ns/fixed".to_string(),
+    };
+    let mut client = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
+        .subscribe(WaypointPolicies::default());
+    let h = client.handle(DeltaDiscoveryResponse {
+        type_url: WAYPOINT_POLICY_TYPE.into(),
+        nonce: "n".into(),
+        resources: vec![Resource {
+            name: name.clone(),
+            version: "1".into(),
+            resource: Some(prost_types::Any {
+                type_url: WAYPOINT_POLICY_TYPE.into(),
+                value: body.to_vec(),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    match h.rejected.first() {
+        None => {
+            assert!(
+                matches!(decoded, Some(Ok(_))),
+                "accepted what the type refuses"
+            );
+            let mut store = WaypointPolicyStore::default();
+            assert!(h.batch.try_apply(&mut store).is_ok());
+            assert!(store.get(&name).is_some(), "{name} accepted but not held");
+            Ok(name)
+        }
+        Some((n, reason)) => {
+            assert_eq!(*n, name);
+            assert!(h.batch.is_empty());
+            let message = h.reply.error_detail.expect("a NACK").message;
+            assert!(message.starts_with(&name));
+            if let Err(e) = &measured {
+                assert_eq!(e, reason);
+            }
+            Err(reason.to_string())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use ambit_proto::Resource;
+
+    /// The waypoint policy body on a policy a file says, on it with bytes changed, and
+    /// on garbage: accepted, refused with its reason, never a panic.
+    #[test]
+    fn the_waypoint_policy_body_accepts_what_a_file_says() {
+        let parsed = ambit_manifests::parse_documents(
+            "t.yaml",
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: p, namespace: ns}\nspec:\n  targetRefs: [{kind: Service, name: s}]\n  action: DENY\n  rules: [{to: [{operation: {paths: [/admin]}}]}]\n",
+            &ambit_manifests::ParseOptions::default(),
+        );
+        let body = crate::to_proto_waypoint_policy(&parsed.policies[0].value)
+            .unwrap()
+            .encode_to_vec();
+        assert_eq!(waypoint_policy_body(&body), Ok("ns/p".into()));
+        let mut bad = body.clone();
+        let at = bad.windows(6).position(|w| w == b"/admin").unwrap();
+        bad[at] = b'a';
+        assert_eq!(
+            waypoint_policy_body(&bad),
+            Err("rulesJson[0][0][0].paths[0]: path \"aadmin\" does not start with \"/\", so it can never match; write \"/aadmin\"".into())
+        );
+        for i in 0..body.len() {
+            let mut cut = body.clone();
+            cut.truncate(i);
+            let _ = waypoint_policy_body(&cut);
+            let mut flipped = body.clone();
+            flipped[i] ^= 0x55;
+            let _ = waypoint_policy_body(&flipped);
+        }
+    }
 
     /// Mutated valid responses through the target body: it must never panic.
     #[test]
