@@ -16,7 +16,8 @@ use ambit_lab::peer::NodeProxy;
 
 use crate::report::{control_summary, doubled_echo};
 use crate::waypoint::{
-    REVIEWS_APP_PORT, REVIEWS_HOST, REVIEWS_POLICY, REVIEWS_PORT, REVIEWS_VIP, WAYPOINT_IP,
+    REVIEWS_APP_PORT, REVIEWS_HOST, REVIEWS_POLICY, REVIEWS_POLICY_FILE, REVIEWS_PORT, REVIEWS_VIP,
+    WAYPOINT_IP,
 };
 
 const APP_PORT: u16 = 8080;
@@ -195,9 +196,9 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
 
     // The waypoint: HTTP to `reviews` goes through `ambit waypoint`, which authorizes
     // each request and balances it over the service's endpoints on both nodes.
-    let policy = cluster.lab.dir.path().join("waypoint-policies.yaml");
-    std::fs::write(&policy, REVIEWS_POLICY)?;
-    let waypoint = cluster.start_waypoint(1, "waypoint", WAYPOINT_IP, &policy)?;
+    // Its policy is served by ambit control, as istiod serves a waypoint's.
+    cluster.serve_manifests(REVIEWS_POLICY_FILE, REVIEWS_POLICY)?;
+    let waypoint = cluster.start_waypoint(1, "waypoint", WAYPOINT_IP, None)?;
     let l7 = crate::waypoint::through(&cluster, &waypoint)?;
 
     let mut wires = Vec::new();
@@ -318,11 +319,11 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             cluster.nodes[waypoint.node].ns,
             ambit_lab::l7::WAYPOINT_STATS
         );
-        println!(
-            "  edit {}   # the waypoint's policy, re-read when it changes",
-            policy.display()
-        );
         if let Some(plane) = &cluster.control {
+            println!(
+                "  edit {}   # the waypoint's policy, served by ambit control",
+                plane.mesh_dir.join(REVIEWS_POLICY_FILE).display()
+            );
             println!(
                 "  ip netns exec {} curl -s {}/debug   # what ambit control sent each node proxy",
                 plane.ns,

@@ -1,9 +1,9 @@
 //! The demo's waypoint: HTTP to the `reviews` service goes through `ambit waypoint` (this
-//! same binary, started by the lab as a pod of node2, configured by `ambit control`). It
-//! shows an L7 AuthorizationPolicy (a GET allowed, a DELETE and another client refused
-//! 403), one HTTP/2 connection's requests balanced one by one over the service's endpoints
-//! on both nodes, the waypoint's identity at the destinations, and the waypoint's own
-//! `reporter="waypoint"` counts. Each is checked; a miss stops the demo.
+//! same binary, started by the lab as a pod of node2; its mesh, certificate and policy
+//! from `ambit control`). It shows an L7 AuthorizationPolicy (a GET allowed, a DELETE and
+//! another client refused 403), one HTTP/2 connection's requests balanced one by one over
+//! the service's endpoints on both nodes, the waypoint's identity at the destinations, and
+//! the waypoint's own `reporter="waypoint"` counts. Each is checked; a miss stops the demo.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -24,7 +24,9 @@ pub(crate) const REVIEWS_APP_PORT: u16 = 9080;
 /// 15008 (in shared mode the node proxy serves 15008 only inside pods).
 pub(crate) const WAYPOINT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 3);
 pub(crate) const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
-/// The waypoint's policy: on `reviews`, only the client, and only GET.
+/// The waypoint's policy (a file of ambit control's mesh directory): on `reviews`, only
+/// the client, and only GET.
+pub(crate) const REVIEWS_POLICY_FILE: &str = "reviews-policy.yaml";
 pub(crate) const REVIEWS_POLICY: &str = r#"apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
 metadata: {name: reviews-read-only, namespace: default}
@@ -156,7 +158,7 @@ impl Seen {
     pub(crate) fn print(&self, waypoint: &WaypointPod) {
         let vip = SocketAddr::from((REVIEWS_VIP, REVIEWS_PORT));
         println!(
-            "  waypoint: ambit waypoint at {} (node{}) as {}; mesh and certificate from ambit control; policy default/reviews-read-only (ALLOW GET from client) on reviews",
+            "  waypoint: ambit waypoint at {} (node{}) as {}; mesh, certificate and policy default/reviews-read-only (ALLOW GET from client, on reviews) from ambit control",
             waypoint.hbone_addr(),
             waypoint.node + 1,
             waypoint.identity,

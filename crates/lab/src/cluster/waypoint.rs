@@ -2,7 +2,9 @@
 //! pod outside the CNI chain, as a waypoint's is never captured), configured as Istio
 //! configures one: from the control server when the cluster has one (delta xDS and its CA,
 //! with a token bound to the waypoint's identity, as a pod's service-account token is),
-//! else from the cluster's mesh file and CA directory; its policies from a file.
+//! else from the cluster's mesh file and CA directory. Its policies come from a file, or
+//! from the control server, which serves the AuthorizationPolicy manifests of its mesh
+//! directory ([`Cluster::serve_manifests`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -34,15 +36,16 @@ impl WaypointPod {
 impl Cluster {
     /// Starts `ambit waypoint` as pod `name` (service account `name`, namespace `default`;
     /// the mesh must hold a workload of that name at `ip`) at `ip` on node `node`'s link,
-    /// enforcing the AuthorizationPolicy documents of `policies`, and waits until it is
-    /// ready. Its operator ports are on the node's loopback: admin
-    /// [`WAYPOINT_ADMIN`], stats [`WAYPOINT_STATS`], readiness [`WAYPOINT_READY`].
+    /// and waits until it is ready. It enforces the AuthorizationPolicy documents of the
+    /// file `policies`, or without one those the control server serves. Its operator ports
+    /// are on the node's loopback: admin [`WAYPOINT_ADMIN`], stats [`WAYPOINT_STATS`],
+    /// readiness [`WAYPOINT_READY`].
     pub fn start_waypoint(
         &self,
         node: usize,
         name: &str,
         ip: Ipv4Addr,
-        policies: &Path,
+        policies: Option<&Path>,
     ) -> anyhow::Result<WaypointPod> {
         let ns = &self.nodes[node].ns;
         self.lab.exec(
@@ -78,7 +81,6 @@ impl Cluster {
             ("SERVICE_ACCOUNT", name.to_string()),
             ("CLUSTER_ID", "cluster1".to_string()),
             ("INSTANCE_IP", ip.to_string()),
-            ("AMBIT_WAYPOINT_CONFIG", policies.display().to_string()),
             (
                 "AMBIT_HBONE_ADDR",
                 SocketAddr::from((ip, 15008)).to_string(),
@@ -92,6 +94,9 @@ impl Cluster {
             ("TERMINATION_GRACE_PERIOD_SECONDS", "15".to_string()),
             ("RUST_LOG", "info".to_string()),
         ]);
+        if let Some(p) = policies {
+            env.push(("AMBIT_WAYPOINT_CONFIG", p.display().to_string()));
+        }
         let process = self.lab.spawn(
             ns,
             &format!("waypoint-{name}"),
@@ -133,6 +138,49 @@ impl Cluster {
             bail!("the waypoint's /stats/prometheus answered {status}");
         }
         Ok(body)
+    }
+}
+
+impl Cluster {
+    /// Adds `yaml` (Kubernetes-shaped manifests: a waypoint's AuthorizationPolicies) to the
+    /// control server's mesh directory as `file`, and waits until the server serves the
+    /// mesh with it; its refusal is an error.
+    pub fn serve_manifests(&self, file: &str, yaml: &str) -> anyhow::Result<()> {
+        let plane = self
+            .control
+            .as_ref()
+            .context("serving manifests needs the cluster's control server")?;
+        let mesh = |debug: &serde_json::Value| {
+            let generation = debug.pointer("/mesh/generation").and_then(|g| g.as_u64());
+            let error = debug
+                .pointer("/mesh/error")
+                .and_then(|e| e.as_str().map(str::to_string));
+            (generation, error)
+        };
+        let (before, _) = mesh(&plane.debug()?);
+        let before = before.context("the control server's /debug has no mesh.generation")?;
+        // Written aside and renamed, so the server never reads half a file.
+        let tmp = plane.mesh_dir.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml)?;
+        std::fs::rename(&tmp, plane.mesh_dir.join(file))?;
+        let mut error = None;
+        wait_until(
+            "the control server to serve the new manifests",
+            Duration::from_secs(20),
+            || match plane.debug().map(|d| mesh(&d)) {
+                Ok((_, Some(e))) => {
+                    error = Some(e);
+                    true
+                }
+                Ok((Some(g), None)) => g > before,
+                _ => false,
+            },
+        )
+        .with_context(|| format!("ambit control's log:\n{}", plane.log()))?;
+        match error {
+            Some(e) => bail!("ambit control refused {file}: {e}"),
+            None => Ok(()),
+        }
     }
 }
 
