@@ -47,6 +47,11 @@ enum Command {
         /// The kind of proxy.
         #[arg(value_parser = ["ztunnel", "waypoint"], default_value = "ztunnel")]
         kind: String,
+        /// pilot-agent's flags as Istio's templates pass them (`--domain`,
+        /// `--serviceCluster`, `--proxyLogLevel`, ...): accepted and ignored, since ambit is
+        /// configured from the environment.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        ignored: Vec<String>,
     },
     /// Build a two-node mesh in network namespaces on this machine, send real traffic
     /// through it and report what happened. Needs root, and a binary built with the `demo`
@@ -134,7 +139,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Waypoint => ambit_waypoint::main(),
-        Command::Proxy { kind } if kind == "waypoint" => ambit_waypoint::main(),
+        Command::Proxy { kind, .. } if kind == "waypoint" => ambit_waypoint::main(),
         Command::Ztunnel | Command::Proxy { .. } => ambit_ztunnel::main(),
         Command::Agent(args) => match agent_cli::run(*args, matches.subcommand_matches("agent")) {
             Ok(()) => ExitCode::SUCCESS,

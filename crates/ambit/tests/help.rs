@@ -133,9 +133,20 @@ fn install_cni_names_an_unknown_flag_as_written() {
 #[test]
 fn the_waypoint_names_a_missing_variable() {
     let names = Names::new("waypoint-env");
-    let cases: [(&str, &[&str]); 3] = [
+    let cases: [(&str, &[&str]); 4] = [
         ("ambit", &["waypoint"]),
         ("ambit", &["proxy", "waypoint"]),
+        // As Istio's waypoint template runs its image: pilot-agent's flags are ignored.
+        (
+            "ambit",
+            &[
+                "proxy",
+                "waypoint",
+                "--domain",
+                "shop.svc.cluster.local",
+                "--proxyLogLevel=warning",
+            ],
+        ),
         ("waypoint", &[]),
     ];
     for (name, args) in cases {

@@ -129,6 +129,23 @@ fn requests_through_the_waypoint() {
             "{pod}: {text}"
         );
     }
+    // Only the endpoint reached over HBONE proved an identity.
+    let principal = |pod: &str, principal: &str| {
+        let l = [
+            source.as_slice(),
+            &[
+                ("destination_workload", pod),
+                ("destination_principal", principal),
+            ],
+        ]
+        .concat();
+        metric_sum(&text, "istio_requests_total", &l)
+    };
+    assert!(
+        principal(SERVER_POD, "spiffe://cluster.local/ns/default/sa/server") > 0,
+        "{text}"
+    );
+    assert!(principal(PLAIN_POD, "unknown") > 0, "{text}");
     assert!(
         metric_sum(&text, "istio_tcp_connections_opened_total", &source) >= 1,
         "{text}"

@@ -99,7 +99,10 @@ pub fn destination_labels(l: &mut RequestLabels, fronted: &Fronted, endpoint: Op
         .map(|w| w.canonical_revision.clone())
         .filter(|r| !r.is_empty())
         .unwrap_or_else(unknown);
-    l.destination_principal = w.map_or_else(unknown, |w| w.identity().to_string());
+    // Only an endpoint reached over HBONE proves an identity.
+    l.destination_principal = w
+        .filter(|w| w.protocol == ambit_state::TunnelProtocol::Hbone)
+        .map_or_else(unknown, |w| w.identity().to_string());
     l.destination_app = w.map_or_else(unknown, |w| w.canonical_name.clone());
     l.destination_version = w.map_or_else(unknown, |w| w.canonical_revision.clone());
     l.destination_cluster = w.map_or_else(unknown, |w| w.cluster_id.clone());
@@ -125,6 +128,17 @@ pub async fn handle(
     let me = wp.me(&state);
     let fronted = match front(&state, &wp.cfg.network, me.as_deref(), &connect.authority) {
         Ok(f) => f,
+        Err(crate::front::NotFronted::NoSelf) => {
+            tracing::warn!(
+                authority = %connect.authority,
+                "CONNECT refused: no workload in the mesh state is this waypoint (POD_NAMESPACE={}, POD_NAME={}, SERVICE_ACCOUNT={}); check that they name the waypoint's pod as the control plane knows it",
+                wp.cfg.namespace,
+                wp.cfg.pod_name,
+                wp.cfg.service_account
+            );
+            wp.metrics.refused_authorities.inc();
+            return incoming.reject(http::StatusCode::SERVICE_UNAVAILABLE);
+        }
         Err(e) => {
             wp.metrics.refused_authorities.inc();
             tracing::info!(
