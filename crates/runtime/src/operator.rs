@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode, Uri};
 use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
 
 use crate::http::{text, with_type, Handler};
 use crate::logging::LogHandle;
@@ -211,6 +212,40 @@ fn percent_decode(s: &str) -> Option<String> {
         });
     }
     String::from_utf8(out).ok()
+}
+
+/// The admin endpoints that change the process, as every ambit process serves them:
+/// `/quitquitquit` (POST: a message on `shutdown`) and `/logging` (POST, see [`logging`]),
+/// both behind [`refused_unless_from_the_node`]. `None` for any other path.
+pub fn process_control(
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    logs: Option<&LogHandle>,
+    shutdown: &mpsc::Sender<()>,
+) -> Option<crate::http::Answer> {
+    let path = uri.path();
+    if path != "/quitquitquit" && path != "/logging" {
+        return None;
+    }
+    if method != Method::POST {
+        return Some(text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n"));
+    }
+    if let Some(refused) = refused_unless_from_the_node(headers) {
+        return Some(refused);
+    }
+    Some(if path == "/quitquitquit" {
+        let _ = shutdown.try_send(());
+        text(StatusCode::OK, "shutdown now\n")
+    } else {
+        match logs {
+            Some(logs) => logging(logs, uri.query()),
+            None => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "logging is not configurable here\n",
+            ),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -12,7 +12,7 @@ use ambit_identity::CertManager;
 use ambit_manifests::{PolicyTarget, WaypointAction};
 use ambit_runtime::http::{text, with_type, Handler};
 use ambit_runtime::logging::LogHandle;
-use ambit_runtime::operator::{logging, refused_unless_from_the_node};
+use ambit_runtime::operator::process_control;
 
 use crate::Waypoint;
 
@@ -23,6 +23,9 @@ pub fn admin_handler(
     shutdown: mpsc::Sender<()>,
 ) -> Handler {
     Arc::new(move |method, uri, headers| {
+        if let Some(answer) = process_control(method, uri, headers, logs.as_ref(), &shutdown) {
+            return answer;
+        }
         match uri.path() {
         "/" => text(
             StatusCode::OK,
@@ -32,31 +35,6 @@ pub fn admin_handler(
             let body = serde_json::to_string_pretty(&config_dump(&wp, &certs))
                 .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
             with_type(StatusCode::OK, "application/json", body)
-        }
-        "/quitquitquit" => {
-            if method != Method::POST {
-                return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
-            }
-            if let Some(refused) = refused_unless_from_the_node(headers) {
-                return refused;
-            }
-            let _ = shutdown.try_send(());
-            text(StatusCode::OK, "shutdown now\n")
-        }
-        "/logging" => {
-            if method != Method::POST {
-                return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
-            }
-            if let Some(refused) = refused_unless_from_the_node(headers) {
-                return refused;
-            }
-            match &logs {
-                Some(logs) => logging(logs, uri.query()),
-                None => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "logging is not configurable here\n",
-                ),
-            }
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }

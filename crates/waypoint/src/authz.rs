@@ -142,6 +142,19 @@ fn authorizations(applying: &Applying) -> Vec<&Authorization> {
         .collect()
 }
 
+/// The policies the evaluator decides on for this stream, or the denial that needs no
+/// evaluation (a refused policy without a stand-in, a CUSTOM policy).
+fn evaluated(wp: &Waypoint, down: &Downstream) -> Result<Applying, Verdict> {
+    let applying = wp.policies.get().applying(&attachment(wp), &down.fronted);
+    if let Some(why) = &applying.fail_closed {
+        return Err(refused_policy_denial(why));
+    }
+    if let Some(custom) = &applying.custom {
+        return Err(custom_denial(custom));
+    }
+    Ok(applying)
+}
+
 /// The verdict on one HTTP request (`path` already normalised, `host` as received).
 pub fn authorize_request(
     wp: &Waypoint,
@@ -151,14 +164,10 @@ pub fn authorize_request(
     path: &str,
     host: &str,
 ) -> Verdict {
-    let policies = wp.policies.get();
-    let applying = policies.applying(&attachment(wp), &down.fronted);
-    if let Some(why) = &applying.fail_closed {
-        return refused_policy_denial(why);
-    }
-    if let Some(custom) = &applying.custom {
-        return custom_denial(custom);
-    }
+    let applying = match evaluated(wp, down) {
+        Ok(a) => a,
+        Err(denied) => return denied,
+    };
     let attrs = RequestAttributes {
         method: req.method().as_str(),
         path,
@@ -184,14 +193,10 @@ pub fn authorize_request(
 
 /// The verdict on an opaque tunnel: L4 fields only.
 pub fn authorize_connection(wp: &Waypoint, _state: &ProxyState, down: &Downstream) -> Verdict {
-    let policies = wp.policies.get();
-    let applying = policies.applying(&attachment(wp), &down.fronted);
-    if let Some(why) = &applying.fail_closed {
-        return refused_policy_denial(why);
-    }
-    if let Some(custom) = &applying.custom {
-        return custom_denial(custom);
-    }
+    let applying = match evaluated(wp, down) {
+        Ok(a) => a,
+        Err(denied) => return denied,
+    };
     match ambit_state::authorize_observed(&authorizations(&applying), &context(down), &*wp.dry_run)
     {
         Ok(()) => Verdict::Allow,

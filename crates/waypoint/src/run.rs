@@ -277,24 +277,28 @@ fn modified(path: &Path) -> Option<SystemTime> {
     }
 }
 
-fn spawn_mesh_watch(path: PathBuf, state: Shared<ProxyState>) {
+/// Calls `changed` whenever `path` (a file, or any file of a directory) changes.
+fn spawn_watch(path: PathBuf, mut changed: impl FnMut(&Path) + Send + 'static) {
     tokio::spawn(async move {
         let mut last = modified(&path);
         loop {
             tokio::time::sleep(WATCH_EVERY).await;
             let now = modified(&path);
-            if now == last {
-                continue;
-            }
-            last = now;
-            match read_mesh(&path) {
-                Ok(s) => {
-                    state.replace(s);
-                    tracing::info!(path = %path.display(), "mesh reloaded");
-                }
-                Err(e) => tracing::error!("{e:#}; keeping the last good mesh"),
+            if now != last {
+                last = now;
+                changed(&path);
             }
         }
+    });
+}
+
+fn spawn_mesh_watch(path: PathBuf, state: Shared<ProxyState>) {
+    spawn_watch(path, move |path| match read_mesh(path) {
+        Ok(s) => {
+            state.replace(s);
+            tracing::info!(path = %path.display(), "mesh reloaded");
+        }
+        Err(e) => tracing::error!("{e:#}; keeping the last good mesh"),
     });
 }
 
@@ -333,18 +337,9 @@ pub fn load_policies(path: &Path, previous: Option<&PolicySet>) -> PolicySet {
 }
 
 fn spawn_policy_watch(path: PathBuf, policies: Shared<PolicySet>) {
-    tokio::spawn(async move {
-        let mut last = modified(&path);
-        loop {
-            tokio::time::sleep(WATCH_EVERY).await;
-            let now = modified(&path);
-            if now == last {
-                continue;
-            }
-            last = now;
-            let previous = policies.get();
-            policies.replace(load_policies(&path, Some(&previous)));
-        }
+    spawn_watch(path, move |path| {
+        let previous = policies.get();
+        policies.replace(load_policies(path, Some(&previous)));
     });
 }
 

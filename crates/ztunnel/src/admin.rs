@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use tokio::sync::mpsc;
 
 use ambit_identity::CertManager;
@@ -12,7 +12,7 @@ use ambit_nodeproxy::SharedState;
 use crate::config::Config;
 use ambit_runtime::http::{text, with_type, Handler};
 use ambit_runtime::logging::LogHandle;
-use ambit_runtime::operator::{logging, refused_unless_from_the_node};
+use ambit_runtime::operator::process_control;
 pub use ambit_runtime::operator::{metrics_handler, readiness_handler, without_empty_families};
 
 pub struct AdminContext {
@@ -29,6 +29,11 @@ pub struct AdminContext {
 pub fn admin_handler(ctx: AdminContext) -> Handler {
     let ctx = Arc::new(ctx);
     Arc::new(move |method, uri, headers| {
+        if let Some(answer) =
+            process_control(method, uri, headers, ctx.logs.as_ref(), &ctx.shutdown)
+        {
+            return answer;
+        }
         match uri.path() {
         "/" => text(
             StatusCode::OK,
@@ -38,28 +43,6 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
             let body = serde_json::to_string_pretty(&config_dump(&ctx))
                 .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
             with_type(StatusCode::OK, "application/json", body)
-        }
-        "/quitquitquit" => {
-            if method != Method::POST {
-                return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
-            }
-            if let Some(refused) = refused_unless_from_the_node(headers) {
-                return refused;
-            }
-            let _ = ctx.shutdown.try_send(());
-            text(StatusCode::OK, "shutdown now\n")
-        }
-        "/logging" => {
-            if method != Method::POST {
-                return text(StatusCode::METHOD_NOT_ALLOWED, "use POST\n");
-            }
-            if let Some(refused) = refused_unless_from_the_node(headers) {
-                return refused;
-            }
-            let Some(logs) = &ctx.logs else {
-                return text(StatusCode::INTERNAL_SERVER_ERROR, "logging is not configurable here\n");
-            };
-            logging(logs, uri.query())
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
@@ -94,6 +77,7 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
 mod tests {
     use super::*;
     use ambit_runtime::readiness::Ready;
+    use http::Method;
     use http::{HeaderMap, HeaderValue, Uri};
     use prometheus_client::registry::Registry;
 
