@@ -193,7 +193,7 @@ impl L7Lab {
             let _guard = rt.enter();
             let http = tokio::net::TcpListener::from_std(http)?;
             let tcp = tokio::net::TcpListener::from_std(tcp)?;
-            rt.spawn(serve_app(http, name, slow_started.clone()));
+            rt.spawn(serve_app(http, name.into(), slow_started.clone()));
             rt.spawn(serve_banner(tcp, name));
         }
         let policies_path = nodes.lab.dir.path().join("policies.yaml");
@@ -411,7 +411,8 @@ pub fn request(method: &str, path: &str) -> anyhow::Result<http::Request<Full<By
         .body(Full::new(Bytes::from_static(b"ping")))?)
 }
 
-async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Reply> {
+/// An answer read whole.
+pub(crate) async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Reply> {
     let status = resp.status().as_u16();
     let headers = resp
         .headers()
@@ -433,19 +434,20 @@ async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Re
 
 /// The app: HTTP/1.1 or h2c (prior knowledge), answering `<pod> <method> <path>` and the
 /// request body's length; `/slow` answers after a second.
-async fn serve_app(
+pub(crate) async fn serve_app(
     listener: tokio::net::TcpListener,
-    name: &'static str,
+    name: Arc<str>,
     slow_started: Arc<AtomicUsize>,
 ) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let slow_started = slow_started.clone();
+        let (name, slow_started) = (name.clone(), slow_started.clone());
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req| answer(name, req, slow_started.clone()));
+            let service = hyper::service::service_fn(move |req| {
+                answer(name.clone(), req, slow_started.clone())
+            });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
@@ -454,7 +456,7 @@ async fn serve_app(
 }
 
 async fn answer(
-    name: &'static str,
+    name: Arc<str>,
     mut req: http::Request<hyper::body::Incoming>,
     slow_started: Arc<AtomicUsize>,
 ) -> Result<http::Response<Full<Bytes>>, std::convert::Infallible> {

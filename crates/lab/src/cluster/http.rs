@@ -7,11 +7,11 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use anyhow::Context;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use super::Cluster;
-use crate::l7::Reply;
+use crate::l7::{reply, serve_app, Reply};
 use crate::Lab;
 
 impl Cluster {
@@ -39,7 +39,7 @@ impl Cluster {
         let rt = self.runtime()?;
         let _guard = rt.enter();
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        rt.spawn(serve_app(listener, pod.to_string()));
+        rt.spawn(serve_app(listener, pod.into(), Default::default()));
         Ok(())
     }
 
@@ -128,51 +128,4 @@ fn request(method: &str, host: &str, path: &str) -> anyhow::Result<http::Request
         .uri(format!("http://{host}{path}"))
         .header("host", host)
         .body(Full::new(Bytes::new()))?)
-}
-
-async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow::Result<Reply> {
-    let status = resp.status().as_u16();
-    let headers = resp
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
-    let body = resp.into_body().collect().await?.to_bytes();
-    Ok(Reply {
-        status,
-        body: String::from_utf8_lossy(&body).into_owned(),
-        headers,
-    })
-}
-
-async fn serve_app(listener: tokio::net::TcpListener, pod: String) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            return;
-        };
-        let pod = pod.clone();
-        tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let text = format!(
-                        "{pod} {} {}",
-                        req.method(),
-                        req.uri().path_and_query().map_or("/", |p| p.as_str())
-                    );
-                    async move {
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                            Bytes::from(text),
-                        )))
-                    }
-                });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }
