@@ -6,12 +6,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use http::Request;
+use http::{HeaderMap, Request};
 use hyper::body::Incoming;
 
-use crate::http::header_text;
+use crate::downstream::Downstream;
 use crate::metrics::RequestLabels;
-use crate::tunnel::Downstream;
 
 /// What the line says beyond the metric labels, taken as the request arrives.
 #[derive(Debug, Clone)]
@@ -101,6 +100,15 @@ impl Entry {
             "request complete"
         );
     }
+}
+
+/// A header's value as text (`-` when absent or not text), for the access log.
+pub fn header_text(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string()
 }
 
 /// `2006-01-02T15:04:05.000Z`, as Envoy writes `START_TIME`.

@@ -14,8 +14,8 @@ use ambit_manifests::{PolicyTarget, WaypointAction, WaypointPolicy};
 use ambit_state::{Authorization, ProxyState, RbacContext, RequestAttributes};
 use hyper::body::Incoming;
 
+use crate::downstream::Downstream;
 use crate::front::Fronted;
-use crate::tunnel::Downstream;
 use crate::Waypoint;
 
 /// The waypoint's policies, as loaded.

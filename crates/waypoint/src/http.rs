@@ -4,7 +4,6 @@
 //! bodies are Envoy's where users see them (reference waypoint.md §2.2, §3.4).
 
 use std::convert::Infallible;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,8 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::authz::{self, Verdict};
 use crate::balance::{choose, Choice};
+use crate::downstream::Downstream;
 use crate::metrics::{RequestLabels, RequestRecord};
-use crate::tunnel::Downstream;
 use crate::upstream::{Body, BoxError, Version};
 use crate::Waypoint;
 use ambit_runtime::drain::DrainWatcher;
@@ -37,9 +36,6 @@ pub const MAX_STREAMS: u32 = 100;
 /// Connect attempts per request, the first included (Istio's default retry: connect
 /// failures retried on another endpoint, twice).
 pub const CONNECT_ATTEMPTS: usize = 3;
-
-/// The HTTP/2 client preface.
-pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Serves HTTP on `io` until the client closes or the drain ends it gracefully.
 pub async fn serve<IO>(
@@ -142,7 +138,7 @@ async fn handle(
     let host = request_host(&req);
     ensure_request_id(req.headers_mut());
     if let Some(a) = &mut finish.access {
-        a.request_id = header_text(req.headers(), "x-request-id");
+        a.request_id = crate::access::header_text(req.headers(), "x-request-id");
     }
     // An HTTP/1.1 upgrade (WebSocket and the like) is passed through: the upstream's 101
     // joins the two connections.
@@ -211,7 +207,11 @@ async fn handle(
             }
         };
         let Choice { endpoint, workload } = choice;
-        crate::tunnel::destination_labels(&mut finish.labels, &down.fronted, workload.as_deref());
+        crate::downstream::destination_labels(
+            &mut finish.labels,
+            &down.fronted,
+            workload.as_deref(),
+        );
         finish.upstream = Some(endpoint.target);
         let sender = match wp.upstream.connect(&endpoint, version).await {
             Ok(s) => s,
@@ -422,15 +422,6 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// A header's value as text (`-` when absent or not text), for the access log.
-pub fn header_text(headers: &HeaderMap, name: &str) -> String {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_string()
-}
-
 /// A body that counts its bytes and, for a response, records the request when it ends.
 struct Counted {
     inner: Body,
@@ -490,75 +481,9 @@ impl http_body::Body for Counted {
     }
 }
 
-/// Whether the first bytes of a stream are HTTP: the HTTP/2 preface (or a prefix of it
-/// while fewer bytes have arrived), or an HTTP/1 request line's method and space.
-/// `None`: not yet known.
-pub fn sniff(first: &[u8]) -> Option<Sniffed> {
-    if first.is_empty() {
-        return None;
-    }
-    let n = first.len().min(H2_PREFACE.len());
-    if first[..n] == H2_PREFACE[..n] {
-        return (n == H2_PREFACE.len()).then_some(Sniffed::Http2);
-    }
-    // An HTTP/1 method is a token of letters; a space ends it.
-    for (i, &b) in first.iter().enumerate().take(16) {
-        if b == b' ' {
-            return Some(if i > 0 {
-                Sniffed::Http1
-            } else {
-                Sniffed::Other
-            });
-        }
-        if !b.is_ascii_alphabetic() {
-            return Some(Sniffed::Other);
-        }
-    }
-    if first.len() >= 16 {
-        Some(Sniffed::Other)
-    } else {
-        None
-    }
-}
-
-/// What the first bytes showed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sniffed {
-    Http1,
-    Http2,
-    Other,
-}
-
-/// The peer address as Istio labels show it.
-pub fn ip_label(ip: IpAddr) -> String {
-    ip.to_canonical().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sniff_table() {
-        let cases: &[(&[u8], Option<Sniffed>)] = &[
-            (b"", None),
-            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Some(Sniffed::Http2)),
-            (b"PRI * HTTP", None),
-            (b"GET / HTTP/1.1\r\n", Some(Sniffed::Http1)),
-            (b"DELETE /x HTTP/1.1", Some(Sniffed::Http1)),
-            (b"GE", None),
-            (b"\x16\x03\x01", Some(Sniffed::Other)),
-            (b" GET", Some(Sniffed::Other)),
-            (b"SSH-2.0-OpenSSH", Some(Sniffed::Other)),
-            (b"ABCDEFGHIJKLMNOPQ", Some(Sniffed::Other)),
-            // Could still be an extension method.
-            (b"PRX", None),
-            (b"PRX / HTTP/1.1", Some(Sniffed::Http1)),
-        ];
-        for (bytes, want) in cases {
-            assert_eq!(sniff(bytes), *want, "{:?}", String::from_utf8_lossy(bytes));
-        }
-    }
 
     #[test]
     fn hop_by_hop_headers_are_dropped() {

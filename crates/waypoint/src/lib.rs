@@ -6,7 +6,8 @@
 //! - [`run`]: the process: certificates, mesh state, policies, the HBONE listener on 15008
 //!   with the node proxy's admission limits, the operator ports, the drain;
 //! - [`tunnel`]: one CONNECT: [`front`] decides whether this waypoint serves its authority,
-//!   then the port's protocol decides between [`http`] and [`tcp`];
+//!   then the port's protocol (or the first bytes) decides between [`http`] and [`tcp`];
+//!   [`downstream`] is what every request of the tunnel shares;
 //! - [`policies`]: what a policy load comes to, failing closed on a refused document;
 //! - [`http`]: HTTP/1.1 and HTTP/2 requests, each normalised, authorized ([`authz`]),
 //!   balanced on its own ([`balance`]) and sent on a pooled onward connection
@@ -21,6 +22,7 @@ pub mod admin;
 pub mod authz;
 pub mod balance;
 pub mod config;
+pub mod downstream;
 pub mod front;
 pub mod http;
 pub mod metrics;

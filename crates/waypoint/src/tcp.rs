@@ -10,8 +10,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::authz::{self, Verdict};
 use crate::balance::choose;
+use crate::downstream::{destination_labels, Downstream};
 use crate::metrics::TcpLabels;
-use crate::tunnel::{destination_labels, Downstream};
 use crate::upstream::Onward;
 use crate::Waypoint;
 

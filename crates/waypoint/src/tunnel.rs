@@ -3,19 +3,16 @@
 //! port's protocol: HTTP (declared, or sniffed on undeclared ports) or an opaque tunnel
 //! with L4 policy only (declared TCP, or undeclared bytes that are not HTTP).
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use ambit_hbone::server::IncomingConnect;
 use ambit_identity::SpiffeId;
 use ambit_runtime::drain::DrainWatcher;
-use ambit_state::Workload;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
-use crate::front::{front, Carriage, Fronted};
-use crate::http::{sniff, Sniffed};
-use crate::metrics::RequestLabels;
+use crate::downstream::Downstream;
+use crate::front::{front, Carriage};
 use crate::upstream::Version;
 use crate::Waypoint;
 
@@ -23,90 +20,6 @@ use crate::Waypoint;
 const SNIFF_BYTES: usize = 24;
 /// How long a client may take to send its first bytes on a port that is sniffed.
 const SNIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Who sent a tunnel and where it goes: the same for every request in it.
-#[derive(Debug)]
-pub struct Downstream {
-    /// The HBONE peer: the client workload's address.
-    pub peer_ip: IpAddr,
-    /// The HBONE peer's verified identity.
-    pub peer_identity: Option<SpiffeId>,
-    /// The peer's workload, found by its address and identity.
-    pub source: Option<Arc<Workload>>,
-    pub fronted: Fronted,
-    /// The CONNECT's `:authority` destination IP (the VIP or pod IP dialed), if an IP.
-    pub destination_ip: Option<IpAddr>,
-}
-
-impl Downstream {
-    /// The source half of the metric labels, and the fronted service.
-    pub fn labels(&self) -> RequestLabels {
-        let unknown = || "unknown".to_string();
-        let src = self.source.as_deref();
-        let mut l = RequestLabels {
-            reporter: "waypoint",
-            source_workload: src.map_or_else(unknown, |w| w.workload_name.clone()),
-            source_canonical_service: src.map_or_else(unknown, |w| w.canonical_name.clone()),
-            source_canonical_revision: src
-                .map(|w| w.canonical_revision.clone())
-                .filter(|r| !r.is_empty())
-                .unwrap_or_else(|| "latest".into()),
-            source_workload_namespace: self
-                .peer_identity
-                .as_ref()
-                .map_or_else(unknown, |i| i.namespace().to_string()),
-            source_principal: self
-                .peer_identity
-                .as_ref()
-                .map_or_else(unknown, |i| i.to_string()),
-            source_app: src.map_or_else(unknown, |w| w.canonical_name.clone()),
-            source_version: src.map_or_else(unknown, |w| w.canonical_revision.clone()),
-            source_cluster: src.map_or_else(unknown, |w| w.cluster_id.clone()),
-            request_protocol: "http",
-            response_flags: "-",
-            connection_security_policy: "mutual_tls",
-            ..RequestLabels::default()
-        };
-        destination_labels(&mut l, &self.fronted, None);
-        l
-    }
-}
-
-/// Fills the destination half of `l`: the service being served, and the chosen
-/// endpoint's workload when there is one.
-pub fn destination_labels(l: &mut RequestLabels, fronted: &Fronted, endpoint: Option<&Workload>) {
-    let unknown = || "unknown".to_string();
-    match fronted.service() {
-        Some(s) => {
-            l.destination_service = s.hostname.clone();
-            l.destination_service_name = s.name.clone();
-            l.destination_service_namespace = s.namespace.clone();
-        }
-        None => {
-            l.destination_service = unknown();
-            l.destination_service_name = unknown();
-            l.destination_service_namespace = unknown();
-        }
-    }
-    let w = endpoint.or(match fronted {
-        Fronted::Workload { workload, .. } => Some(workload.as_ref()),
-        Fronted::Service { .. } => None,
-    });
-    l.destination_workload = w.map_or_else(unknown, |w| w.workload_name.clone());
-    l.destination_workload_namespace = w.map_or_else(unknown, |w| w.namespace.clone());
-    l.destination_canonical_service = w.map_or_else(unknown, |w| w.canonical_name.clone());
-    l.destination_canonical_revision = w
-        .map(|w| w.canonical_revision.clone())
-        .filter(|r| !r.is_empty())
-        .unwrap_or_else(unknown);
-    // Only an endpoint reached over HBONE proves an identity.
-    l.destination_principal = w
-        .filter(|w| w.protocol == ambit_state::TunnelProtocol::Hbone)
-        .map_or_else(unknown, |w| w.identity().to_string());
-    l.destination_app = w.map_or_else(unknown, |w| w.canonical_name.clone());
-    l.destination_version = w.map_or_else(unknown, |w| w.canonical_revision.clone());
-    l.destination_cluster = w.map_or_else(unknown, |w| w.cluster_id.clone());
-}
 
 /// Handles one CONNECT stream.
 pub async fn handle(
@@ -194,6 +107,48 @@ pub async fn handle(
     }
 }
 
+/// The HTTP/2 client preface.
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the first bytes of a stream are HTTP: the HTTP/2 preface (or a prefix of it
+/// while fewer bytes have arrived), or an HTTP/1 request line's method and space.
+/// `None`: not yet known.
+pub fn sniff(first: &[u8]) -> Option<Sniffed> {
+    if first.is_empty() {
+        return None;
+    }
+    let n = first.len().min(H2_PREFACE.len());
+    if first[..n] == H2_PREFACE[..n] {
+        return (n == H2_PREFACE.len()).then_some(Sniffed::Http2);
+    }
+    // An HTTP/1 method is a token of letters; a space ends it.
+    for (i, &b) in first.iter().enumerate().take(16) {
+        if b == b' ' {
+            return Some(if i > 0 {
+                Sniffed::Http1
+            } else {
+                Sniffed::Other
+            });
+        }
+        if !b.is_ascii_alphabetic() {
+            return Some(Sniffed::Other);
+        }
+    }
+    if first.len() >= 16 {
+        Some(Sniffed::Other)
+    } else {
+        None
+    }
+}
+
+/// What the first bytes showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sniffed {
+    Http1,
+    Http2,
+    Other,
+}
+
 /// Reads until the first bytes tell HTTP from other traffic (or the stream ends).
 async fn read_first<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Bytes> {
     let mut buf = BytesMut::with_capacity(SNIFF_BYTES);
@@ -264,6 +219,28 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewound<S> {
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    #[test]
+    fn sniff_table() {
+        let cases: &[(&[u8], Option<Sniffed>)] = &[
+            (b"", None),
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Some(Sniffed::Http2)),
+            (b"PRI * HTTP", None),
+            (b"GET / HTTP/1.1\r\n", Some(Sniffed::Http1)),
+            (b"DELETE /x HTTP/1.1", Some(Sniffed::Http1)),
+            (b"GE", None),
+            (b"\x16\x03\x01", Some(Sniffed::Other)),
+            (b" GET", Some(Sniffed::Other)),
+            (b"SSH-2.0-OpenSSH", Some(Sniffed::Other)),
+            (b"ABCDEFGHIJKLMNOPQ", Some(Sniffed::Other)),
+            // Could still be an extension method.
+            (b"PRX", None),
+            (b"PRX / HTTP/1.1", Some(Sniffed::Http1)),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(sniff(bytes), *want, "{:?}", String::from_utf8_lossy(bytes));
+        }
+    }
 
     #[tokio::test]
     async fn rewound_gives_the_prefix_first() {
