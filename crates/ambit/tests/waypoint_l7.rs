@@ -483,3 +483,53 @@ fn a_refused_policy_fails_closed_and_its_last_good_version_stays() {
     assert_eq!(status("GET"), 200);
     assert_eq!(status("DELETE"), 403, "the last good DENY still applies");
 }
+
+/// A connect failure is retried on an endpoint not yet tried, so a service with one dead
+/// endpoint of two still answers every request; a service with no endpoint gets Envoy's
+/// 503 `no healthy upstream`, counted with the flag `UH`.
+#[test]
+fn failed_connects_are_retried_elsewhere_and_no_endpoint_is_503() {
+    use ambit_lab::l7::{EMPTY_HOST, EMPTY_VIP, FLAKY_HOST, FLAKY_VIP};
+    use ambit_lab::mesh::SERVICE_PORT;
+    let lab = launch("wp-retry");
+    let to = |host: &str| {
+        let mut r = ambit_lab::l7::request("GET", "/").unwrap();
+        *r.uri_mut() = format!("http://{host}:{SERVICE_PORT}/").parse().unwrap();
+        r.headers_mut()
+            .insert("host", http::HeaderValue::from_str(host).unwrap());
+        r
+    };
+    let replies = lab
+        .send_http1_to(
+            std::net::SocketAddr::from((FLAKY_VIP, SERVICE_PORT)),
+            (0..30).map(|_| to(FLAKY_HOST)).collect(),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.waypoint_log()));
+    assert!(
+        replies
+            .iter()
+            .all(|r| r.status == 200 && r.pod() == Some(PLAIN_POD)),
+        "{replies:?}"
+    );
+    let empty = lab
+        .send_http1_to(
+            std::net::SocketAddr::from((EMPTY_VIP, SERVICE_PORT)),
+            vec![to(EMPTY_HOST)],
+        )
+        .unwrap();
+    assert_eq!(empty[0].status, 503, "{empty:?}");
+    assert_eq!(empty[0].body, "no healthy upstream");
+    let text = lab.waypoint_metrics().unwrap();
+    let flagged = |service: &str, code: &str, flags: &str| {
+        let l = [
+            ("reporter", "waypoint"),
+            ("destination_service_name", service),
+            ("response_code", code),
+            ("response_flags", flags),
+        ];
+        metric_sum(&text, "istio_requests_total", &l)
+    };
+    assert_eq!(flagged("flaky", "200", "-"), 30, "{text}");
+    assert_eq!(flagged("flaky", "503", "UF"), 0, "{text}");
+    assert_eq!(flagged("empty", "503", "UH"), 1, "{text}");
+}

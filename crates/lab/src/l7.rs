@@ -30,6 +30,14 @@ pub const PLAIN_POD_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 4);
 /// is measured against).
 pub const DIRECT_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
 pub const DIRECT_HOST: &str = "echo-direct.default.svc.cluster.local";
+/// `flaky`: behind the waypoint, one good endpoint (the plaintext pod) and one whose
+/// address refuses every connection ([`DEAD_POD_IP`]).
+pub const FLAKY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
+pub const FLAKY_HOST: &str = "flaky.default.svc.cluster.local";
+pub const DEAD_POD_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 5);
+/// `empty`: behind the waypoint, no endpoint at all.
+pub const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 13);
+pub const EMPTY_HOST: &str = "empty.default.svc.cluster.local";
 /// The service port declared TCP (and its target port).
 pub const TCP_PORT: u16 = 3306;
 /// The waypoint's operator ports (the server node's proxy has the usual ones).
@@ -94,6 +102,22 @@ pub fn l7_mesh() -> String {
       {TCP_PORT}: {TCP_PORT}
     default/{DIRECT_HOST}:
       {SERVICE_PORT}: {APP_PORT}
+    default/{FLAKY_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+- uid: cluster1//v1/Pod/default/dead
+  name: dead
+  namespace: default
+  serviceAccount: dead
+  trustDomain: cluster.local
+  workloadIps: ["{DEAD_POD_IP}"]
+  protocol: NONE
+  node: node2
+  canonicalName: dead
+  canonicalRevision: v1
+  workloadName: dead
+  services:
+    default/{FLAKY_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
 - uid: cluster1//v1/Pod/default/waypoint
   name: waypoint
   namespace: default
@@ -116,6 +140,20 @@ services:
     {TCP_PORT}: {TCP_PORT}
   appProtocols:
     {TCP_PORT}: TCP
+  waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: {WAYPOINT_PORT}}}
+- name: flaky
+  namespace: default
+  hostname: {FLAKY_HOST}
+  vips: ["/{FLAKY_VIP}"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
+  waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: {WAYPOINT_PORT}}}
+- name: empty
+  namespace: default
+  hostname: {EMPTY_HOST}
+  vips: ["/{EMPTY_VIP}"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
   waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: {WAYPOINT_PORT}}}
 - name: echo-direct
   namespace: default
@@ -176,7 +214,9 @@ impl L7Lab {
             mesh: Some(&mesh),
             ..TwoNodesSpec::pair(tag, &proxy)
         })?;
-        for ip in [WAYPOINT_IP, PLAIN_POD_IP] {
+        // The dead pod's address is there, with nothing listening: connections to it are
+        // refused at once.
+        for ip in [WAYPOINT_IP, PLAIN_POD_IP, DEAD_POD_IP] {
             nodes.lab.exec(
                 &nodes.server_ns,
                 &["ip", "addr", "add", &format!("{ip}/24"), "dev", LINK_DEV],
@@ -306,7 +346,19 @@ impl L7Lab {
         &self,
         requests: Vec<http::Request<Full<Bytes>>>,
     ) -> anyhow::Result<Vec<Reply>> {
-        let stream = self.connect(SERVICE_PORT)?;
+        self.send_http1_to(
+            SocketAddr::from((super::mesh::SERVICE_VIP, SERVICE_PORT)),
+            requests,
+        )
+    }
+
+    /// [`L7Lab::send_http1`] on a connection to `dst`.
+    pub fn send_http1_to(
+        &self,
+        dst: SocketAddr,
+        requests: Vec<http::Request<Full<Bytes>>>,
+    ) -> anyhow::Result<Vec<Reply>> {
+        let stream = self.connect_to(dst)?;
         self.rt.block_on(async move {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await

@@ -97,18 +97,44 @@ fn endpoint_of(
     Endpoint { target, transport }
 }
 
-/// [`choose_endpoint`] for the running waypoint.
+/// Draws over the endpoints for a retry before settling for one already tried.
+const RETRY_DRAWS: usize = 8;
+
+/// [`choose_endpoint`] avoiding the endpoints in `tried` (a retry goes elsewhere when it
+/// can, as Envoy's retries skip the hosts already tried); with every endpoint tried, one
+/// of them again.
+pub fn choose_avoiding(
+    state: &ProxyState,
+    me: Option<&Workload>,
+    fronted: &Fronted,
+    hbone_port: u16,
+    tried: &[SocketAddr],
+    rng: &mut impl rand::Rng,
+) -> Result<Choice, NoEndpoint> {
+    let mut choice = choose_endpoint(state, me, fronted, hbone_port, rng)?;
+    for _ in 1..RETRY_DRAWS {
+        if !tried.contains(&choice.endpoint.target) {
+            break;
+        }
+        choice = choose_endpoint(state, me, fronted, hbone_port, rng)?;
+    }
+    Ok(choice)
+}
+
+/// [`choose_avoiding`] for the running waypoint.
 pub fn choose(
     wp: &crate::Waypoint,
     state: &ProxyState,
     fronted: &Fronted,
+    tried: &[SocketAddr],
 ) -> Result<Choice, NoEndpoint> {
     let me = wp.me(state);
-    choose_endpoint(
+    choose_avoiding(
         state,
         me.as_deref(),
         fronted,
         ambit_wellknown::ports::HBONE,
+        tried,
         &mut rand::thread_rng(),
     )
 }
@@ -201,6 +227,33 @@ services:
             "the unhealthy endpoint is never chosen; both others are"
         );
         assert!(seen.values().all(|&n| n > 50), "{seen:?}");
+    }
+
+    #[test]
+    fn a_retry_goes_to_an_endpoint_not_tried() {
+        let state = ProxyState::from_yaml("mesh", MESH).unwrap();
+        let me = state.workload_by_uid("wp");
+        let service = state
+            .service_by_key("shop/reviews.shop.svc.cluster.local")
+            .unwrap();
+        let fronted = Fronted::Service {
+            service,
+            port: 80,
+            vip: None,
+        };
+        let tried: Vec<SocketAddr> = vec!["10.0.1.1:8080".parse().unwrap()];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for _ in 0..100 {
+            let c =
+                choose_avoiding(&state, me.as_deref(), &fronted, 15008, &tried, &mut rng).unwrap();
+            assert_eq!(c.endpoint.target.to_string(), "10.0.1.2:9090");
+        }
+        // Every endpoint tried: one of them again rather than none.
+        let all: Vec<SocketAddr> = vec![
+            "10.0.1.1:8080".parse().unwrap(),
+            "10.0.1.2:9090".parse().unwrap(),
+        ];
+        assert!(choose_avoiding(&state, me.as_deref(), &fronted, 15008, &all, &mut rng).is_ok());
     }
 
     #[test]

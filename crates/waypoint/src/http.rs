@@ -198,8 +198,9 @@ async fn handle(
     );
     let mut body = Some(body.boxed_unsync());
     let mut last_failure = None;
+    let mut tried = Vec::with_capacity(CONNECT_ATTEMPTS);
     for _ in 0..CONNECT_ATTEMPTS {
-        let choice = match choose(&wp, &state, &down.fronted) {
+        let choice = match choose(&wp, &state, &down.fronted, &tried) {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(fronted = %down.fronted.describe(), "{e}");
@@ -217,6 +218,7 @@ async fn handle(
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(endpoint = %endpoint.target, "onward connect failed: {e}");
+                tried.push(endpoint.target);
                 last_failure = Some(e);
                 continue;
             }

@@ -53,8 +53,9 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
         tracing::info!(source = %down.peer_ip, fronted = %down.fronted.describe(), details = %details, "opaque tunnel denied");
         return None;
     }
+    let mut tried = Vec::with_capacity(crate::http::CONNECT_ATTEMPTS);
     for _ in 0..crate::http::CONNECT_ATTEMPTS {
-        let choice = match choose(wp, &state, &down.fronted) {
+        let choice = match choose(wp, &state, &down.fronted, &tried) {
             Ok(c) => c,
             Err(e) => {
                 tracing::info!(fronted = %down.fronted.describe(), "opaque tunnel: {e}");
@@ -64,7 +65,10 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
         destination_labels(&mut labels, &down.fronted, choice.workload.as_deref());
         match wp.upstream.open(&choice.endpoint).await {
             Ok(onward) => return Some((onward, TcpLabels::from(&labels))),
-            Err(e) => tracing::debug!(endpoint = %choice.endpoint.target, "opaque tunnel: {e}"),
+            Err(e) => {
+                tracing::debug!(endpoint = %choice.endpoint.target, "opaque tunnel: {e}");
+                tried.push(choice.endpoint.target);
+            }
         }
     }
     None
