@@ -15,6 +15,7 @@
 //! ```
 //! Needs root (network namespaces). Everything it creates is removed when it ends.
 
+mod bare_l7;
 mod common;
 
 use std::net::SocketAddr;
@@ -62,24 +63,33 @@ fn args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
-/// The two paths measured.
+/// The paths measured.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Path {
     Waypoint,
     Direct,
+    /// Through the bare reverse proxy (the design's ceiling) where the waypoint stands.
+    Bare,
 }
+
+/// The bare proxy's address in the server node, and its service.
+const BARE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 0, 6);
+const BARE_VIP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 14);
+const BARE_HOST: &str = "echo-bare.default.svc.cluster.local";
 
 impl Path {
     fn dst(self) -> SocketAddr {
         match self {
             Path::Waypoint => SocketAddr::from((SERVICE_VIP, SERVICE_PORT)),
             Path::Direct => SocketAddr::from((DIRECT_VIP, SERVICE_PORT)),
+            Path::Bare => SocketAddr::from((BARE_VIP, SERVICE_PORT)),
         }
     }
     fn host(self) -> &'static str {
         match self {
             Path::Waypoint => SERVICE_HOST,
             Path::Direct => DIRECT_HOST,
+            Path::Bare => BARE_HOST,
         }
     }
 }
@@ -306,7 +316,93 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
     Ok((loaded, settled))
 }
 
+/// `bench_waypoint --bare-proxy LISTEN CA_DIR`: the bare proxy as its own process, with
+/// the waypoint's identity, to the lab's two endpoints.
+fn bare_proxy(listen: &str, ca_dir: &str) -> anyhow::Result<()> {
+    use ambit_lab::l7::PLAIN_POD_IP;
+    use ambit_lab::mesh::{APP_PORT, SERVER_IP};
+    let ca = ambit_identity::CertificateAuthority::from_plugin_dir(std::path::Path::new(ca_dir))?;
+    let cert = ca.issue(
+        &ambit_identity::SpiffeId::parse(ambit_lab::l7::WAYPOINT_ID)?,
+        Duration::from_secs(86400),
+    )?;
+    let endpoints = vec![
+        bare_l7::Endpoint {
+            target: SocketAddr::from((SERVER_IP, APP_PORT)),
+            identity: Some(ambit_identity::SpiffeId::parse(
+                "spiffe://cluster.local/ns/default/sa/server",
+            )?),
+        },
+        bare_l7::Endpoint {
+            target: SocketAddr::from((PLAIN_POD_IP, APP_PORT)),
+            identity: None,
+        },
+    ];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bare_l7::run(listen.parse()?, cert, endpoints))
+}
+
+/// Puts the bare proxy where a waypoint would stand for `echo-bare`, and waits until a
+/// request through it is answered.
+fn start_bare(lab: &L7Lab) -> anyhow::Result<u32> {
+    use ambit_lab::waypoint::WAYPOINT_PORT;
+    let nodes = &lab.nodes;
+    nodes.lab.exec(
+        &nodes.server_ns,
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{BARE_IP}/24"),
+            "dev",
+            ambit_lab::mesh::LINK_DEV,
+        ],
+    )?;
+    let me = std::env::current_exe()?;
+    let listen = SocketAddr::from((BARE_IP, WAYPOINT_PORT)).to_string();
+    let ca = nodes.ca_dir.display().to_string();
+    let p = nodes.lab.spawn(
+        &nodes.server_ns,
+        "bare-proxy",
+        &me,
+        &["--bare-proxy", &listen, &ca],
+        &[],
+    )?;
+    let mesh = std::fs::read_to_string(&nodes.config_path)?;
+    let workload = format!(
+        "- uid: cluster1//v1/Pod/default/bare\n  name: bare\n  namespace: default\n  serviceAccount: waypoint\n  trustDomain: cluster.local\n  workloadIps: [\"{BARE_IP}\"]\n  protocol: HBONE\n  node: node2\n  workloadName: bare\n  services: {{}}\nservices:\n"
+    );
+    let service = format!(
+        "- name: echo-bare\n  namespace: default\n  hostname: {BARE_HOST}\n  vips: [\"/{BARE_VIP}\"]\n  ports: {{{SERVICE_PORT}: 8080}}\n  waypoint: {{destination: \"/{BARE_IP}\", hboneMtlsPort: {WAYPOINT_PORT}}}\n"
+    );
+    // The top-level `services:` (a workload's own, indented, come before it).
+    let mesh = mesh.replacen("\nservices:\n", &format!("\n{workload}"), 1) + &service;
+    std::fs::write(&nodes.config_path, mesh)?;
+    let through = ambit_lab::wait_until(
+        "a request through the bare proxy",
+        Duration::from_secs(20),
+        || {
+            let req = request(Path::Bare, &Bytes::from_static(b"x"));
+            lab.send_http1_to(Path::Bare.dst(), vec![req])
+                .is_ok_and(|r| r[0].status == 200)
+        },
+    );
+    if let Err(e) = through {
+        let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+        anyhow::bail!("{e}; the bare proxy's log:\n{log}");
+    }
+    Ok(p.pid)
+}
+
 fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--bare-proxy") {
+        let usage = "--bare-proxy LISTEN CA_DIR";
+        return bare_proxy(argv.get(2).context(usage)?, argv.get(3).context(usage)?);
+    }
     let a = args()?;
     let ambit = std::fs::canonicalize(&a.ambit).with_context(|| a.ambit.display().to_string())?;
     // No access log: Istio's waypoints write none unless asked.
@@ -320,8 +416,11 @@ fn main() -> anyhow::Result<()> {
     let idle_rss = common::status_kib(wp, "VmRSS")?;
     let secs = a.seconds;
 
-    let mut h1 = [Vec::new(), Vec::new()];
-    let mut h2 = [Vec::new(), Vec::new()];
+    let bare = start_bare(&lab)?;
+    let mut h1 = [Vec::new(), Vec::new(), Vec::new()];
+    let mut h2 = [Vec::new(), Vec::new(), Vec::new()];
+    let mut bare_h1_per_core = Vec::new();
+    let mut bare_h2_per_core = Vec::new();
     let mut h1_per_core = Vec::new();
     let mut h2_per_core = Vec::new();
     let mut p50 = [Vec::new(), Vec::new()];
@@ -331,25 +430,38 @@ fn main() -> anyhow::Result<()> {
     for round in 0..a.rounds {
         // Alternate which path goes first.
         let order = if round % 2 == 0 {
-            [Path::Waypoint, Path::Direct]
+            [Path::Waypoint, Path::Bare, Path::Direct]
         } else {
-            [Path::Direct, Path::Waypoint]
+            [Path::Direct, Path::Bare, Path::Waypoint]
         };
         for path in order {
-            let i = (path == Path::Direct) as usize;
-            let before = common::cpu_seconds(wp)?;
+            let i = match path {
+                Path::Waypoint => 0,
+                Path::Direct => 1,
+                Path::Bare => 2,
+            };
+            // The CPU of whichever proxy stands in the path.
+            let pid = if path == Path::Bare { bare } else { wp };
+            let before = common::cpu_seconds(pid)?;
             let rate = load(&lab, path, false, 8, 0, secs)?;
-            let cpu = common::cpu_seconds(wp)? - before;
+            let cpu = common::cpu_seconds(pid)? - before;
             h1[i].push(rate);
-            if path == Path::Waypoint {
-                h1_per_core.push(rate * secs as f64 / cpu);
+            match path {
+                Path::Waypoint => h1_per_core.push(rate * secs as f64 / cpu),
+                Path::Bare => bare_h1_per_core.push(rate * secs as f64 / cpu),
+                Path::Direct => {}
             }
-            let before = common::cpu_seconds(wp)?;
+            let before = common::cpu_seconds(pid)?;
             let rate = load(&lab, path, true, 1, 16, secs)?;
-            let cpu = common::cpu_seconds(wp)? - before;
+            let cpu = common::cpu_seconds(pid)? - before;
             h2[i].push(rate);
-            if path == Path::Waypoint {
-                h2_per_core.push(rate * secs as f64 / cpu);
+            match path {
+                Path::Waypoint => h2_per_core.push(rate * secs as f64 / cpu),
+                Path::Bare => bare_h2_per_core.push(rate * secs as f64 / cpu),
+                Path::Direct => {}
+            }
+            if path == Path::Bare {
+                continue;
             }
             let mut lat = paced(&lab, path, 500, 1, secs)?;
             lat.sort();
@@ -368,24 +480,30 @@ fn main() -> anyhow::Result<()> {
     let added =
         |v: &[Vec<f64>; 2]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w - d).collect() };
     let ratio =
-        |v: &[Vec<f64>; 2]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w / d).collect() };
+        |v: &[Vec<f64>; 3]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w / d).collect() };
+    let to_bare =
+        |v: &[Vec<f64>; 3]| -> Vec<f64> { v[0].iter().zip(&v[2]).map(|(w, b)| w / b).collect() };
     let mut out = String::new();
     out.push_str(&format!(
-        "## Waypoint (`bench_waypoint`)\n\n{} interleaved rounds, {secs} s per load run; client pod → node proxy → `ambit waypoint` → node proxy → server (HBONE both sides), against `echo-direct` (the same endpoints, no waypoint). 1 KiB request bodies; HTTP/1.1 over 8 keep-alive connections, HTTP/2 with 16 streams on one connection, closed loop. Medians (lowest–highest).\n\n",
+        "## Waypoint (`bench_waypoint`)\n\n{} interleaved rounds, {secs} s per load run; client pod → node proxy → `ambit waypoint` → node proxy → server (HBONE both sides), against `echo-direct` (the same endpoints, no waypoint) and `echo-bare` (a bare reverse proxy on the same HBONE stack where the waypoint stands, its own process: the design's ceiling). 1 KiB request bodies; HTTP/1.1 over 8 keep-alive connections, HTTP/2 with 16 streams on one connection, closed loop. Medians (lowest–highest).\n\n",
         a.rounds
     ));
-    out.push_str("| figure | through the waypoint | without it | waypoint / without |\n|---|---:|---:|---:|\n");
+    out.push_str("| figure | through the waypoint | without it | through the bare proxy | waypoint / without | waypoint / bare |\n|---|---:|---:|---:|---:|---:|\n");
     out.push_str(&format!(
-        "| HTTP/1.1 requests/s | {} | {} | {} |\n",
+        "| HTTP/1.1 requests/s | {} | {} | {} | {} | {} |\n",
         fmt(&h1[0], "", 0),
         fmt(&h1[1], "", 0),
-        fmt(&ratio(&h1), "×", 2)
+        fmt(&h1[2], "", 0),
+        fmt(&ratio(&h1), "×", 2),
+        fmt(&to_bare(&h1), "×", 2)
     ));
     out.push_str(&format!(
-        "| HTTP/2 requests/s | {} | {} | {} |\n",
+        "| HTTP/2 requests/s | {} | {} | {} | {} | {} |\n",
         fmt(&h2[0], "", 0),
         fmt(&h2[1], "", 0),
-        fmt(&ratio(&h2), "×", 2)
+        fmt(&h2[2], "", 0),
+        fmt(&ratio(&h2), "×", 2),
+        fmt(&to_bare(&h2), "×", 2)
     ));
     out.push_str(&format!(
         "| p50 at 500 requests/s, one connection | {} | {} | added {} |\n",
@@ -407,6 +525,11 @@ fn main() -> anyhow::Result<()> {
     out.push_str(&format!(
         "| HTTP/2 requests/s per waypoint core | {} |\n",
         fmt(&h2_per_core, "", 0)
+    ));
+    out.push_str(&format!(
+        "| HTTP/1.1 / HTTP/2 requests/s per bare-proxy core | {} / {} |\n",
+        fmt(&bare_h1_per_core, "", 0),
+        fmt(&bare_h2_per_core, "", 0)
     ));
     out.push_str(&format!(
         "| CPU at 1000 requests/s (HTTP/1.1, 4 connections) | {} |\n",
