@@ -79,7 +79,7 @@ impl Entry {
             path = %self.path,
             protocol = self.protocol,
             response_code = self.status,
-            response_flags = labels.response_flags,
+            response_flags = labels.traffic.response_flags,
             response_code_details = self.details.unwrap_or("via_upstream"),
             bytes_received,
             bytes_sent,
@@ -92,11 +92,11 @@ impl Entry {
             upstream_cluster = %format!(
                 "inbound-vip|{}|http|{}",
                 self.port,
-                labels.destination_service
+                labels.traffic.destination_service
             ),
             downstream_remote_address = %self.downstream.ip(),
-            src.identity = %labels.source_principal,
-            dst.identity = %labels.destination_principal,
+            src.identity = %labels.traffic.source_principal,
+            dst.identity = %labels.traffic.destination_principal,
             "request complete"
         );
     }

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ambit_manifests::{PolicyTarget, WaypointAction, WaypointPolicy};
-use ambit_state::{Authorization, ProxyState, RbacContext, RequestAttributes};
+use ambit_state::{Authorization, RbacContext, RequestAttributes};
 use hyper::body::Incoming;
 
 use crate::downstream::Downstream;
@@ -158,7 +158,6 @@ fn evaluated(wp: &Waypoint, down: &Downstream) -> Result<Applying, Verdict> {
 /// The verdict on one HTTP request (`path` already normalised, `host` as received).
 pub fn authorize_request(
     wp: &Waypoint,
-    _state: &ProxyState,
     down: &Downstream,
     req: &http::Request<Incoming>,
     path: &str,
@@ -192,7 +191,7 @@ pub fn authorize_request(
 }
 
 /// The verdict on an opaque tunnel: L4 fields only.
-pub fn authorize_connection(wp: &Waypoint, _state: &ProxyState, down: &Downstream) -> Verdict {
+pub fn authorize_connection(wp: &Waypoint, down: &Downstream) -> Verdict {
     let applying = match evaluated(wp, down) {
         Ok(a) => a,
         Err(denied) => return denied,
@@ -209,6 +208,7 @@ pub fn authorize_connection(wp: &Waypoint, _state: &ProxyState, down: &Downstrea
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ambit_state::ProxyState;
 
     const MESH: &str = r#"
 services:

@@ -9,7 +9,7 @@ use ambit_identity::SpiffeId;
 use ambit_state::Workload;
 
 use crate::front::Fronted;
-use crate::metrics::RequestLabels;
+use crate::metrics::{RequestLabels, TrafficLabels};
 
 /// Who sent a tunnel and where it goes: the same for every request in it.
 #[derive(Debug)]
@@ -23,14 +23,21 @@ pub struct Downstream {
     pub fronted: Fronted,
     /// The CONNECT's `:authority` destination IP (the VIP or pod IP dialed), if an IP.
     pub destination_ip: Option<IpAddr>,
+    /// The metric labels the tunnel gives every request: made once, not per request.
+    traffic: TrafficLabels,
 }
 
 impl Downstream {
-    /// The source half of the metric labels, and the fronted service.
-    pub fn labels(&self) -> RequestLabels {
+    pub fn new(
+        peer_ip: IpAddr,
+        peer_identity: Option<SpiffeId>,
+        source: Option<Arc<Workload>>,
+        fronted: Fronted,
+        destination_ip: Option<IpAddr>,
+    ) -> Downstream {
         let unknown = || "unknown".to_string();
-        let src = self.source.as_deref();
-        let mut l = RequestLabels {
+        let src = source.as_deref();
+        let mut traffic = TrafficLabels {
             reporter: "waypoint",
             source_workload: src.map_or_else(unknown, |w| w.workload_name.clone()),
             source_canonical_service: src.map_or_else(unknown, |w| w.canonical_name.clone()),
@@ -38,12 +45,10 @@ impl Downstream {
                 .map(|w| w.canonical_revision.clone())
                 .filter(|r| !r.is_empty())
                 .unwrap_or_else(|| "latest".into()),
-            source_workload_namespace: self
-                .peer_identity
+            source_workload_namespace: peer_identity
                 .as_ref()
                 .map_or_else(unknown, |i| i.namespace().to_string()),
-            source_principal: self
-                .peer_identity
+            source_principal: peer_identity
                 .as_ref()
                 .map_or_else(unknown, |i| i.to_string()),
             source_app: src.map_or_else(unknown, |w| w.canonical_name.clone()),
@@ -52,16 +57,39 @@ impl Downstream {
             request_protocol: "http",
             response_flags: "-",
             connection_security_policy: "mutual_tls",
-            ..RequestLabels::default()
+            ..TrafficLabels::default()
         };
-        destination_labels(&mut l, &self.fronted, None);
-        l
+        destination_labels(&mut traffic, &fronted, None);
+        Downstream {
+            peer_ip,
+            peer_identity,
+            source,
+            fronted,
+            destination_ip,
+            traffic,
+        }
+    }
+
+    /// A request's labels before its endpoint and response are known.
+    pub fn labels(&self) -> RequestLabels {
+        RequestLabels {
+            traffic: self.traffic.clone(),
+            ..RequestLabels::default()
+        }
+    }
+
+    /// An opaque tunnel's labels before its endpoint is known.
+    pub fn tcp_labels(&self) -> TrafficLabels {
+        TrafficLabels {
+            request_protocol: "tcp",
+            ..self.traffic.clone()
+        }
     }
 }
 
 /// Fills the destination half of `l`: the service being served, and the chosen
 /// endpoint's workload when there is one.
-pub fn destination_labels(l: &mut RequestLabels, fronted: &Fronted, endpoint: Option<&Workload>) {
+pub fn destination_labels(l: &mut TrafficLabels, fronted: &Fronted, endpoint: Option<&Workload>) {
     let unknown = || "unknown".to_string();
     match fronted.service() {
         Some(s) => {

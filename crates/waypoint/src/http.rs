@@ -145,7 +145,7 @@ async fn handle(
     let upgrade = (version == Version::Http1 && is_upgrade(req.headers()))
         .then(|| hyper::upgrade::on(&mut req));
 
-    match authz::authorize_request(&wp, &state, &down, &req, &path, &host) {
+    match authz::authorize_request(&wp, &down, &req, &path, &host) {
         Verdict::Allow => {}
         Verdict::Deny { details } => {
             tracing::debug!(
@@ -209,7 +209,7 @@ async fn handle(
         };
         let Choice { endpoint, workload } = choice;
         crate::downstream::destination_labels(
-            &mut finish.labels,
+            &mut finish.labels.traffic,
             &down.fronted,
             workload.as_deref(),
         );
@@ -363,7 +363,7 @@ impl Finish {
         body: &'static str,
     ) -> Response<Body> {
         self.labels.response_code = status.as_u16().to_string();
-        self.labels.response_flags = flags;
+        self.labels.traffic.response_flags = flags;
         if let Some(a) = &mut self.access {
             a.status = status.as_u16();
             a.details = Some(body);

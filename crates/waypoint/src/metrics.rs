@@ -13,92 +13,54 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Istio's label set, values as the reference says where they come from.
+/// Istio's label set shared by every metric, values as the reference says where they come
+/// from: what `istio_tcp_*` carries.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficLabels {
+    pub reporter: &'static str,
+    pub source_workload: String,
+    pub source_canonical_service: String,
+    pub source_canonical_revision: String,
+    pub source_workload_namespace: String,
+    pub source_principal: String,
+    pub source_app: String,
+    pub source_version: String,
+    pub source_cluster: String,
+    pub destination_service: String,
+    pub destination_service_namespace: String,
+    pub destination_service_name: String,
+    pub destination_workload: String,
+    pub destination_canonical_service: String,
+    pub destination_canonical_revision: String,
+    pub destination_workload_namespace: String,
+    pub destination_principal: String,
+    pub destination_app: String,
+    pub destination_version: String,
+    pub destination_cluster: String,
+    pub request_protocol: &'static str,
+    pub response_flags: &'static str,
+    pub connection_security_policy: &'static str,
+}
+
+impl TrafficLabels {
+    /// Whether a side of it names a workload `gone(namespace, name)` says has left.
+    fn names_one_of(&self, gone: impl Fn(&str, &str) -> bool) -> bool {
+        gone(&self.source_workload_namespace, &self.source_workload)
+            || gone(
+                &self.destination_workload_namespace,
+                &self.destination_workload,
+            )
+    }
+}
+
+/// The request metrics' labels: the response and the shared set.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub reporter: &'static str,
-    pub source_workload: String,
-    pub source_canonical_service: String,
-    pub source_canonical_revision: String,
-    pub source_workload_namespace: String,
-    pub source_principal: String,
-    pub source_app: String,
-    pub source_version: String,
-    pub source_cluster: String,
-    pub destination_service: String,
-    pub destination_service_namespace: String,
-    pub destination_service_name: String,
-    pub destination_workload: String,
-    pub destination_canonical_service: String,
-    pub destination_canonical_revision: String,
-    pub destination_workload_namespace: String,
-    pub destination_principal: String,
-    pub destination_app: String,
-    pub destination_version: String,
-    pub destination_cluster: String,
-    pub request_protocol: &'static str,
     pub response_code: String,
     pub grpc_response_status: String,
-    pub response_flags: &'static str,
-    pub connection_security_policy: &'static str,
-}
-
-/// The labels of `istio_tcp_*` (no response code).
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TcpLabels {
-    pub reporter: &'static str,
-    pub source_workload: String,
-    pub source_canonical_service: String,
-    pub source_canonical_revision: String,
-    pub source_workload_namespace: String,
-    pub source_principal: String,
-    pub source_app: String,
-    pub source_version: String,
-    pub source_cluster: String,
-    pub destination_service: String,
-    pub destination_service_namespace: String,
-    pub destination_service_name: String,
-    pub destination_workload: String,
-    pub destination_canonical_service: String,
-    pub destination_canonical_revision: String,
-    pub destination_workload_namespace: String,
-    pub destination_principal: String,
-    pub destination_app: String,
-    pub destination_version: String,
-    pub destination_cluster: String,
-    pub request_protocol: &'static str,
-    pub response_flags: &'static str,
-    pub connection_security_policy: &'static str,
-}
-
-impl From<&RequestLabels> for TcpLabels {
-    fn from(l: &RequestLabels) -> TcpLabels {
-        TcpLabels {
-            reporter: l.reporter,
-            source_workload: l.source_workload.clone(),
-            source_canonical_service: l.source_canonical_service.clone(),
-            source_canonical_revision: l.source_canonical_revision.clone(),
-            source_workload_namespace: l.source_workload_namespace.clone(),
-            source_principal: l.source_principal.clone(),
-            source_app: l.source_app.clone(),
-            source_version: l.source_version.clone(),
-            source_cluster: l.source_cluster.clone(),
-            destination_service: l.destination_service.clone(),
-            destination_service_namespace: l.destination_service_namespace.clone(),
-            destination_service_name: l.destination_service_name.clone(),
-            destination_workload: l.destination_workload.clone(),
-            destination_canonical_service: l.destination_canonical_service.clone(),
-            destination_canonical_revision: l.destination_canonical_revision.clone(),
-            destination_workload_namespace: l.destination_workload_namespace.clone(),
-            destination_principal: l.destination_principal.clone(),
-            destination_app: l.destination_app.clone(),
-            destination_version: l.destination_version.clone(),
-            destination_cluster: l.destination_cluster.clone(),
-            request_protocol: "tcp",
-            response_flags: l.response_flags,
-            connection_security_policy: l.connection_security_policy,
-        }
-    }
+    // Last: the derive hands the encoder on to a flattened field.
+    #[prometheus(flatten)]
+    pub traffic: TrafficLabels,
 }
 
 fn duration_histogram() -> Histogram {
@@ -124,13 +86,13 @@ pub struct Metrics {
     duration: Family<RequestLabels, Histogram, fn() -> Histogram>,
     request_bytes: Family<RequestLabels, Histogram, fn() -> Histogram>,
     response_bytes: Family<RequestLabels, Histogram, fn() -> Histogram>,
-    tcp_opened: Family<TcpLabels, Counter>,
-    tcp_closed: Family<TcpLabels, Counter>,
-    tcp_sent: Family<TcpLabels, Counter>,
-    tcp_received: Family<TcpLabels, Counter>,
+    tcp_opened: Family<TrafficLabels, Counter>,
+    tcp_closed: Family<TrafficLabels, Counter>,
+    tcp_sent: Family<TrafficLabels, Counter>,
+    tcp_received: Family<TrafficLabels, Counter>,
     /// Every label set written, to drop those of workloads that are gone.
     seen: Arc<Mutex<HashSet<RequestLabels>>>,
-    seen_tcp: Arc<Mutex<HashSet<TcpLabels>>>,
+    seen_tcp: Arc<Mutex<HashSet<TrafficLabels>>>,
     /// `RBAC` denials and refused authorities, ambit's own.
     pub refused_authorities: Counter,
 }
@@ -228,7 +190,7 @@ impl Metrics {
     }
 
     /// Counts an opened opaque connection.
-    pub fn tcp_opened(&self, labels: &TcpLabels) {
+    pub fn tcp_opened(&self, labels: &TrafficLabels) {
         self.tcp_opened.get_or_create(labels).inc();
         self.seen_tcp
             .lock()
@@ -237,7 +199,7 @@ impl Metrics {
     }
 
     /// Counts a closed opaque connection and its bytes (`received`: from the client).
-    pub fn tcp_closed(&self, labels: &TcpLabels, received: u64, sent: u64) {
+    pub fn tcp_closed(&self, labels: &TrafficLabels, received: u64, sent: u64) {
         self.tcp_closed.get_or_create(labels).inc();
         self.tcp_received.get_or_create(labels).inc_by(received);
         self.tcp_sent.get_or_create(labels).inc_by(sent);
@@ -252,8 +214,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|l| {
-                let drop = gone(&l.source_workload_namespace, &l.source_workload)
-                    || gone(&l.destination_workload_namespace, &l.destination_workload);
+                let drop = l.traffic.names_one_of(gone);
                 if drop {
                     self.requests.remove(l);
                     self.duration.remove(l);
@@ -266,8 +227,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|l| {
-                let drop = gone(&l.source_workload_namespace, &l.source_workload)
-                    || gone(&l.destination_workload_namespace, &l.destination_workload);
+                let drop = l.names_one_of(gone);
                 if drop {
                     self.tcp_opened.remove(l);
                     self.tcp_closed.remove(l);
@@ -294,15 +254,18 @@ mod tests {
         let mut r = Registry::default();
         let m = Metrics::register(&mut r);
         let labels = |src: &str| RequestLabels {
-            reporter: "waypoint",
-            source_workload: src.into(),
-            source_workload_namespace: "shop".into(),
-            destination_workload: "reviews".into(),
-            destination_workload_namespace: "shop".into(),
+            traffic: TrafficLabels {
+                reporter: "waypoint",
+                source_workload: src.into(),
+                source_workload_namespace: "shop".into(),
+                destination_workload: "reviews".into(),
+                destination_workload_namespace: "shop".into(),
+                request_protocol: "http",
+                response_flags: "-",
+                connection_security_policy: "mutual_tls",
+                ..TrafficLabels::default()
+            },
             response_code: "200".into(),
-            request_protocol: "http",
-            response_flags: "-",
-            connection_security_policy: "mutual_tls",
             ..RequestLabels::default()
         };
         for src in ["a", "b"] {

@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::authz::{self, Verdict};
 use crate::balance::choose;
 use crate::downstream::{destination_labels, Downstream};
-use crate::metrics::TcpLabels;
+use crate::metrics::TrafficLabels;
 use crate::upstream::Onward;
 use crate::Waypoint;
 
@@ -46,10 +46,10 @@ pub async fn carry_accepted<IO>(
     }
 }
 
-async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, TcpLabels)> {
+async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, TrafficLabels)> {
     let state = wp.state.get();
-    let mut labels = down.labels();
-    if let Verdict::Deny { details } = authz::authorize_connection(wp, &state, down) {
+    let mut labels = down.tcp_labels();
+    if let Verdict::Deny { details } = authz::authorize_connection(wp, down) {
         tracing::info!(source = %down.peer_ip, fronted = %down.fronted.describe(), details = %details, "opaque tunnel denied");
         return None;
     }
@@ -64,7 +64,7 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
         };
         destination_labels(&mut labels, &down.fronted, choice.workload.as_deref());
         match wp.upstream.open(&choice.endpoint).await {
-            Ok(onward) => return Some((onward, TcpLabels::from(&labels))),
+            Ok(onward) => return Some((onward, labels.clone())),
             Err(e) => {
                 tracing::debug!(endpoint = %choice.endpoint.target, "opaque tunnel: {e}");
                 tried.push(choice.endpoint.target);
@@ -76,7 +76,7 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
 
 async fn relay<IO>(
     wp: &Arc<Waypoint>,
-    labels: TcpLabels,
+    labels: TrafficLabels,
     mut downstream: IO,
     mut onward: Onward,
     drain: DrainWatcher,

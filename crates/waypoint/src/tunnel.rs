@@ -70,13 +70,13 @@ pub async fn handle(
         ambit_hbone::Authority::Addr(a) => Some(a.ip()),
         ambit_hbone::Authority::Host { .. } => None,
     };
-    let down = Arc::new(Downstream {
+    let down = Arc::new(Downstream::new(
         peer_ip,
         peer_identity,
         source,
         fronted,
         destination_ip,
-    });
+    ));
     drop(state);
     match down.fronted.carriage() {
         Carriage::Opaque => crate::tcp::carry(wp, down, incoming, drain).await,
