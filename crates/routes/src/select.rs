@@ -1,0 +1,297 @@
+//! Choosing the rule for a request: the routes attached to the frontend the client dialled
+//! (a Service and port, never the `Host` header), every match of theirs in the
+//! specification's precedence, the first that holds wins.
+//!
+//! Precedence (HTTPRoute's `matches` documentation, and reference §3.1): an exact path;
+//! then a prefix, longest first; then (implementation-specific in the specification) a
+//! regular expression, longest first, as Istio orders them; then a match with a method;
+//! then more header matches; then more query matches; then the oldest route; then the
+//! route first by `namespace/name`; then the rule, and the match, first in the route.
+//!
+//! HTTPRoutes and GRPCRoutes are never merged: when both kinds attach to one frontend,
+//! the kind of its oldest route (then first by `namespace/name`) is used and the routes
+//! of the other kind are left out, as the specification decides between them on a
+//! Gateway listener.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use crate::model::{Frontend, PathMatch, Route, RouteKind, RouteMatch, Rule, ServiceKey};
+use crate::path::prefix_matches;
+
+/// A request, as far as routes look at it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub method: &'a str,
+    /// The path without the query (normalised as the waypoint normalises it).
+    pub path: &'a str,
+    /// The query, without its `?`.
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+}
+
+/// What the routes say of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection<'t> {
+    /// No route is attached to the frontend: the request goes to the dialled Service and
+    /// port (the implicit default route).
+    NoRoutes,
+    /// Routes are attached and none matches: 404.
+    NotFound,
+    Matched(Matched<'t>),
+}
+
+/// The rule chosen, and which of its matches chose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matched<'t> {
+    pub route: &'t Route,
+    pub rule_index: usize,
+    pub rule: &'t Rule,
+    pub match_index: usize,
+    pub route_match: &'t RouteMatch,
+}
+
+/// One match of one rule, placed in the order of precedence.
+#[derive(Debug, Clone)]
+struct Entry {
+    route: usize,
+    rule: usize,
+    matched: usize,
+    /// `None`: every port of the Service.
+    port: Option<u16>,
+}
+
+/// A route attached to a Service, for choosing the kind used on a frontend.
+#[derive(Debug, Clone)]
+struct Attached {
+    route: usize,
+    port: Option<u16>,
+}
+
+/// Every route of a waypoint, indexed by the Service it attaches to, each Service's
+/// matches in precedence order. Built once per change of the routes.
+#[derive(Debug, Clone, Default)]
+pub struct RouteTable {
+    routes: Vec<Arc<Route>>,
+    by_service: HashMap<ServiceKey, (Vec<Entry>, Vec<Attached>)>,
+}
+
+/// The order of one match: smaller first.
+type SortKey = (
+    u8,
+    std::cmp::Reverse<usize>,
+    bool,
+    std::cmp::Reverse<usize>,
+    std::cmp::Reverse<usize>,
+    (bool, i64),
+    String,
+    usize,
+    usize,
+);
+
+fn sort_key(route: &Route, rule: usize, matched: usize) -> SortKey {
+    let m = &route.rules[rule].matches[matched];
+    let (rank, len) = match &m.path {
+        PathMatch::Exact(p) => (0, p.len()),
+        PathMatch::Prefix(p) => (1, p.len()),
+        PathMatch::Regex(p) => (2, p.as_str().len()),
+    };
+    use std::cmp::Reverse;
+    (
+        rank,
+        Reverse(len),
+        m.method.is_none(),
+        Reverse(m.headers.len()),
+        Reverse(m.query.len()),
+        // Routes with a creation time first, oldest first.
+        route.created.map_or((true, 0), |t| (false, t.0)),
+        route.key(),
+        rule,
+        matched,
+    )
+}
+
+impl RouteTable {
+    pub fn new(routes: impl IntoIterator<Item = Arc<Route>>) -> RouteTable {
+        let routes: Vec<Arc<Route>> = routes.into_iter().collect();
+        let mut by_service: HashMap<ServiceKey, (Vec<Entry>, Vec<Attached>)> = HashMap::new();
+        for (ri, route) in routes.iter().enumerate() {
+            for parent in &route.parents {
+                let (entries, attached) = by_service.entry(parent.service.clone()).or_default();
+                attached.push(Attached {
+                    route: ri,
+                    port: parent.port,
+                });
+                for (rule_i, rule) in route.rules.iter().enumerate() {
+                    for mi in 0..rule.matches.len() {
+                        entries.push(Entry {
+                            route: ri,
+                            rule: rule_i,
+                            matched: mi,
+                            port: parent.port,
+                        });
+                    }
+                }
+            }
+        }
+        for (entries, attached) in by_service.values_mut() {
+            entries.sort_by(|a, b| {
+                sort_key(&routes[a.route], a.rule, a.matched).cmp(&sort_key(
+                    &routes[b.route],
+                    b.rule,
+                    b.matched,
+                ))
+            });
+            attached.sort_by_key(|a| {
+                let r = &routes[a.route];
+                (r.created.map_or((true, 0), |t| (false, t.0)), r.key())
+            });
+        }
+        RouteTable { routes, by_service }
+    }
+
+    /// Every route held, in the order given.
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+
+    /// The routes that apply to `frontend`, in the order they are evaluated (for users to
+    /// see): each route once, the kind used only.
+    pub fn attached(&self, frontend: &Frontend) -> Vec<&Route> {
+        let Some((entries, attached)) = self.by_service.get(&frontend.service) else {
+            return Vec::new();
+        };
+        let Some(kind) = self.kind_used(attached, frontend.port) else {
+            return Vec::new();
+        };
+        let mut seen = Vec::new();
+        for e in entries {
+            let r = &self.routes[e.route];
+            if applies(e.port, frontend.port) && r.kind == kind && !seen.contains(&e.route) {
+                seen.push(e.route);
+            }
+        }
+        seen.into_iter().map(|i| &*self.routes[i]).collect()
+    }
+
+    /// The kind of the oldest route attached to this port of the Service.
+    fn kind_used(&self, attached: &[Attached], port: u16) -> Option<RouteKind> {
+        attached
+            .iter()
+            .find(|a| applies(a.port, port))
+            .map(|a| self.routes[a.route].kind)
+    }
+
+    /// The rule for `request` dialled to `frontend`.
+    pub fn select(&self, frontend: &Frontend, request: &Request<'_>) -> Selection<'_> {
+        let Some((entries, attached)) = self.by_service.get(&frontend.service) else {
+            return Selection::NoRoutes;
+        };
+        let Some(kind) = self.kind_used(attached, frontend.port) else {
+            return Selection::NoRoutes;
+        };
+        for e in entries {
+            if !applies(e.port, frontend.port) {
+                continue;
+            }
+            let route = &*self.routes[e.route];
+            if route.kind != kind {
+                continue;
+            }
+            let rule = &route.rules[e.rule];
+            let m = &rule.matches[e.matched];
+            if matches(m, request) {
+                return Selection::Matched(Matched {
+                    route,
+                    rule_index: e.rule,
+                    rule,
+                    match_index: e.matched,
+                    route_match: m,
+                });
+            }
+        }
+        Selection::NotFound
+    }
+}
+
+fn applies(attached: Option<u16>, dialled: u16) -> bool {
+    attached.is_none_or(|p| p == dialled)
+}
+
+/// True if every condition of `m` holds for `request`.
+pub fn matches(m: &RouteMatch, request: &Request<'_>) -> bool {
+    let path_ok = match &m.path {
+        PathMatch::Exact(p) => p == request.path,
+        PathMatch::Prefix(p) => prefix_matches(p, request.path),
+        PathMatch::Regex(p) => p.is_match(request.path),
+    };
+    path_ok
+        && m.method
+            .as_deref()
+            .is_none_or(|want| want == request.method)
+        && m.headers
+            .iter()
+            .all(|h| header_value(request.headers, &h.name).is_some_and(|v| h.value.matches(&v)))
+        && m.query
+            .iter()
+            .all(|q| query_value(request.query, &q.name).is_some_and(|v| q.value.matches(v)))
+}
+
+/// A header's value; a header sent more than once, its values joined by `,`. A value that
+/// is not text matches nothing.
+fn header_value<'h>(
+    headers: &'h HeaderMap,
+    name: &http::header::HeaderName,
+) -> Option<std::borrow::Cow<'h, str>> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?.to_str().ok()?;
+    let mut joined: Option<String> = None;
+    for v in values {
+        let s = joined.get_or_insert_with(|| first.to_string());
+        s.push(',');
+        s.push_str(v.to_str().ok()?);
+    }
+    Some(joined.map_or(std::borrow::Cow::Borrowed(first), std::borrow::Cow::Owned))
+}
+
+/// The first value of a query parameter, as sent (`a` alone is the empty value).
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_first_as_sent() {
+        assert_eq!(query_value(Some("a=1&b=2&a=3"), "a"), Some("1"));
+        assert_eq!(query_value(Some("a&b=2"), "a"), Some(""));
+        assert_eq!(query_value(Some("a%20b=1"), "a b"), None);
+        assert_eq!(query_value(Some("ab=1"), "a"), None);
+        assert_eq!(query_value(None, "a"), None);
+    }
+
+    #[test]
+    fn repeated_headers_are_joined() {
+        let mut h = HeaderMap::new();
+        h.append("x-v", "a".parse().unwrap());
+        assert_eq!(
+            header_value(&h, &"x-v".parse().unwrap()).as_deref(),
+            Some("a")
+        );
+        h.append("x-v", "b".parse().unwrap());
+        assert_eq!(
+            header_value(&h, &"x-v".parse().unwrap()).as_deref(),
+            Some("a,b")
+        );
+        h.append("x-bin", http::HeaderValue::from_bytes(b"\xff").unwrap());
+        assert_eq!(header_value(&h, &"x-bin".parse().unwrap()), None);
+        assert_eq!(header_value(&h, &"x-none".parse().unwrap()), None);
+    }
+}
