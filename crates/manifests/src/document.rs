@@ -1,12 +1,19 @@
 //! One document: parsed as YAML, its `apiVersion` and `kind` read, and an
-//! AuthorizationPolicy read and translated; any refusal placed at a line and column of
-//! the file (the document's own positions moved by the line it starts at). Sans-IO.
+//! AuthorizationPolicy, HTTPRoute or GRPCRoute read and translated; any refusal placed at
+//! a line and column of the file (the document's own positions moved by the line it
+//! starts at). Sans-IO.
 
+use serde::de::DeserializeOwned;
 use yaml_serde::Value;
 
 use crate::error::{shift_lines, yaml_message, ErrorKind, ManifestError, Position};
 use crate::locate::{field, locate};
 use crate::model::{Located, Origin, SkipReason, Skipped, WaypointPolicy};
+use crate::route_schema::{GrpcRuleSpec, HttpRuleSpec, RouteObject};
+use crate::route_translate::{
+    translate_grpc, translate_http, RouteOutcome, RouteTranslation, GATEWAY_GROUP,
+    GRPC_ROUTE_VERSIONS, HTTP_ROUTE_VERSIONS,
+};
 use crate::schema::Object;
 use crate::split::Segment;
 use crate::translate::{translate, Invalid, Outcome};
@@ -26,9 +33,13 @@ pub(crate) enum Document {
         /// Where `metadata.name` is, to place a duplicate's refusal.
         name_at: Position,
     },
+    Route {
+        route: Located<ambit_routes::Route>,
+        name_at: Position,
+    },
     Skipped {
         skipped: Located<Skipped>,
-        /// For an AuthorizationPolicy, as for a policy.
+        /// For an AuthorizationPolicy or a route, as for a policy.
         name_at: Option<Position>,
     },
     Refused(ManifestError),
@@ -100,6 +111,18 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
         refuse(ErrorKind::Invalid, at, i.path.to_string(), i.message)
     };
 
+    // A document that does not fit its kind's schema: the parser's message, at the field.
+    let refuse_parse = |e: serde_path_to_error::Error<yaml_serde::Error>| {
+        let field = match e.path().to_string() {
+            p if p == "." => String::new(),
+            p => p,
+        };
+        let inner = e.inner();
+        let at = inner.location().map(|l| shift(l.line(), l.column()));
+        let message = yaml_message(inner, &field);
+        refuse(ErrorKind::Invalid, at, field, message)
+    };
+
     // First as any YAML: a syntax error is the parser's own message, its positions moved.
     let value: Value = match yaml_serde::from_str(seg.text) {
         Ok(v) => v,
@@ -142,6 +165,12 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
 
+    /// Which route kind the document is, if one.
+    enum RouteDoc {
+        Http,
+        Grpc,
+    }
+    let mut route_doc = None;
     match (group, kind.as_str()) {
         (SECURITY_GROUP, "AuthorizationPolicy")
             if AUTHORIZATION_POLICY_VERSIONS.contains(&version) => {}
@@ -153,6 +182,22 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
                     AUTHORIZATION_POLICY_VERSIONS.join(", ")
                 ),
             })
+        }
+        (GATEWAY_GROUP, "HTTPRoute" | "GRPCRoute") => {
+            let (versions, doc) = match kind.as_str() {
+                "HTTPRoute" => (HTTP_ROUTE_VERSIONS, RouteDoc::Http),
+                _ => (GRPC_ROUTE_VERSIONS, RouteDoc::Grpc),
+            };
+            if !versions.contains(&version) {
+                return invalid(Invalid {
+                    path: field!["apiVersion"],
+                    message: format!(
+                        "{kind} is read in versions {} of {GATEWAY_GROUP}, not {version:?}",
+                        versions.join(", ")
+                    ),
+                });
+            }
+            route_doc = Some(doc);
         }
         ("", "List") => {
             return invalid(Invalid {
@@ -181,30 +226,78 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
         }
     }
 
-    let de = yaml_serde::Deserializer::from_str(seg.text);
-    let obj = match serde_path_to_error::deserialize::<_, Object>(de) {
+    let origin_line = origin.line;
+    let name_at = || {
+        locate(seg.text, &field!["metadata", "name"])
+            .map(|p| shift(p.line, p.column))
+            .unwrap_or(Position {
+                line: origin_line,
+                column: 1,
+            })
+    };
+
+    if let Some(doc) = route_doc {
+        let created = match map.get("metadata").and_then(|m| m.get("creationTimestamp")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(_) => {
+                return invalid(Invalid {
+                    path: field!["metadata", "creationTimestamp"],
+                    message: "must be a timestamp like 2024-05-01T12:00:00Z".into(),
+                })
+            }
+        };
+        let translated = match doc {
+            RouteDoc::Http => match deserialize::<RouteObject<HttpRuleSpec>>(seg.text) {
+                Ok(obj) => translate_http(obj, created, options),
+                Err(e) => return refuse_parse(e),
+            },
+            RouteDoc::Grpc => match deserialize::<RouteObject<GrpcRuleSpec>>(seg.text) {
+                Ok(obj) => translate_grpc(obj, created, options),
+                Err(e) => return refuse_parse(e),
+            },
+        };
+        let RouteTranslation {
+            namespace,
+            name,
+            outcome,
+        } = match translated {
+            Ok(t) => t,
+            Err(e) => return invalid(e),
+        };
+        return match outcome {
+            RouteOutcome::Route(route) => Document::Route {
+                name_at: name_at(),
+                route: Located {
+                    origin,
+                    value: route,
+                },
+            },
+            RouteOutcome::Skipped(reason) => Document::Skipped {
+                name_at: Some(name_at()),
+                skipped: Located {
+                    origin,
+                    value: Skipped {
+                        api_version,
+                        kind,
+                        namespace: Some(namespace),
+                        name: Some(name),
+                        reason,
+                    },
+                },
+            },
+        };
+    }
+
+    let obj = match deserialize::<Object>(seg.text) {
         Ok(obj) => obj,
-        Err(e) => {
-            let field = match e.path().to_string() {
-                p if p == "." => String::new(),
-                p => p,
-            };
-            let inner = e.inner();
-            let at = inner.location().map(|l| shift(l.line(), l.column()));
-            let message = yaml_message(inner, &field);
-            return refuse(ErrorKind::Invalid, at, field, message);
-        }
+        Err(e) => return refuse_parse(e),
     };
     let translation = match translate(obj, options) {
         Ok(t) => t,
         Err(e) => return invalid(e),
     };
-    let name_at = locate(seg.text, &field!["metadata", "name"])
-        .map(|p| shift(p.line, p.column))
-        .unwrap_or(Position {
-            line: origin.line,
-            column: 1,
-        });
+    let name_at = name_at();
     match translation.outcome {
         Outcome::Policy(policy) => Document::Policy {
             policy: Located {
@@ -227,4 +320,11 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
             name_at: Some(name_at),
         },
     }
+}
+
+/// Reads a document as `T`, keeping the path of the field at fault.
+fn deserialize<T: DeserializeOwned>(
+    text: &str,
+) -> Result<T, serde_path_to_error::Error<yaml_serde::Error>> {
+    serde_path_to_error::deserialize(yaml_serde::Deserializer::from_str(text))
 }

@@ -6,8 +6,12 @@
 //! Istio checks it and translated into a [`WaypointPolicy`]: the state crate's
 //! [`Authorization`](ambit_state::Authorization) (its L7 attributes typed by the state's
 //! own parsers), the action and the targets (`targetRefs`). A policy that attaches by
-//! `selector`, or to a whole namespace, is ztunnel's: skipped, not an error. Other kinds
-//! are skipped with a note.
+//! `selector`, or to a whole namespace, is ztunnel's: skipped, not an error.
+//!
+//! And the Gateway API's `HTTPRoute` (`gateway.networking.k8s.io/v1`, `v1beta1`) and
+//! `GRPCRoute` (`v1`), checked as their CRDs check them and translated into the routes
+//! model ([`ambit_routes::Route`]); a route attached to no Service of its namespace (a
+//! Gateway's) is skipped. Other kinds are skipped with a note.
 //!
 //! A bad document is refused alone, with the file, line, column and field at fault
 //! ([`ManifestError`]); the other documents of the file still load.
@@ -20,6 +24,8 @@ mod error;
 mod load;
 mod locate;
 mod model;
+mod route_schema;
+mod route_translate;
 mod schema;
 mod split;
 mod translate;
@@ -33,6 +39,7 @@ pub use load::{load_path, MAX_FILE_BYTES};
 pub use model::{
     Located, Origin, Parsed, PolicyTarget, SkipReason, Skipped, WaypointAction, WaypointPolicy,
 };
+pub use route_translate::{GATEWAY_GROUP, GRPC_ROUTE_VERSIONS, HTTP_ROUTE_VERSIONS};
 pub use translate::DRY_RUN_ANNOTATION;
 
 use document::Document;
@@ -79,7 +86,7 @@ pub fn parse_bytes(source: &str, bytes: &[u8], options: &ParseOptions) -> Parsed
 #[derive(Debug, Default)]
 pub(crate) struct Collector {
     pub parsed: Parsed,
-    /// `namespace/name` of every AuthorizationPolicy read, and where.
+    /// `kind/namespace/name` of every AuthorizationPolicy and route read, and where.
     seen: HashMap<String, Origin>,
 }
 
@@ -120,14 +127,29 @@ impl Collector {
             Document::Refused(e) => self.parsed.errors.push(e),
             Document::Policy { policy, name_at } => {
                 let a = &policy.value.authorization;
-                if self.first(&a.namespace, &a.name, &policy.origin, name_at) {
+                if self.first(
+                    "AuthorizationPolicy",
+                    &a.namespace,
+                    &a.name,
+                    &policy.origin,
+                    name_at,
+                ) {
                     self.parsed.policies.push(policy);
+                }
+            }
+            Document::Route { route, name_at } => {
+                let r = &route.value;
+                let kind = r.kind.to_string();
+                if self.first(&kind, &r.namespace, &r.name, &route.origin, name_at) {
+                    self.parsed.routes.push(route);
                 }
             }
             Document::Skipped { skipped, name_at } => {
                 let s = &skipped.value;
                 let keep = match (name_at, &s.namespace, &s.name) {
-                    (Some(at), Some(ns), Some(name)) => self.first(ns, name, &skipped.origin, at),
+                    (Some(at), Some(ns), Some(name)) => {
+                        self.first(&s.kind, ns, name, &skipped.origin, at)
+                    }
                     _ => true,
                 };
                 if keep {
@@ -137,11 +159,17 @@ impl Collector {
         }
     }
 
-    /// True for the first AuthorizationPolicy of this namespace and name; a later one is
-    /// refused.
-    fn first(&mut self, namespace: &str, name: &str, origin: &Origin, name_at: Position) -> bool {
+    /// True for the first object of this kind, namespace and name; a later one is refused.
+    fn first(
+        &mut self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        origin: &Origin,
+        name_at: Position,
+    ) -> bool {
         let key = format!("{namespace}/{name}");
-        if let Some(first) = self.seen.get(&key) {
+        if let Some(first) = self.seen.get(&format!("{kind}/{key}")) {
             self.parsed.errors.push(ManifestError {
                 object: None,
                 kind: ErrorKind::Duplicate,
@@ -149,15 +177,17 @@ impl Collector {
                 position: Some(name_at),
                 field: "metadata.name".into(),
                 message: format!(
-                    "AuthorizationPolicy {key} is defined again; the first definition ({first}) is kept"
+                    "{kind} {key} is defined again; the first definition ({first}) is kept"
                 ),
             });
             return false;
         }
-        self.seen.insert(key, origin.clone());
+        self.seen.insert(format!("{kind}/{key}"), origin.clone());
         true
     }
 }
 
+#[cfg(test)]
+mod route_tests;
 #[cfg(test)]
 mod tests;

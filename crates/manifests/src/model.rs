@@ -101,6 +101,9 @@ pub enum SkipReason {
     NamespaceWide,
     /// A kind this crate does not read (yet).
     UnsupportedKind,
+    /// An HTTPRoute or GRPCRoute with no `parentRefs` a waypoint serves (a Service of its
+    /// own namespace): one for a Gateway, say, is the Gateway's.
+    NoServiceParent,
 }
 
 impl fmt::Display for SkipReason {
@@ -113,6 +116,9 @@ impl fmt::Display for SkipReason {
                 "has no targetRefs: it applies to the namespace's workloads, enforced by ztunnel, not by a waypoint"
             }
             SkipReason::UnsupportedKind => "a kind the waypoint does not read",
+            SkipReason::NoServiceParent => {
+                "attaches to no Service of its own namespace (parentRefs of kind Service, group \"\"): not a mesh route a waypoint serves"
+            }
         })
     }
 }
@@ -129,12 +135,14 @@ impl fmt::Display for Skipped {
     }
 }
 
-/// What a text (or a file, or a directory) came to: every policy and skipped document
+/// What a text (or a file, or a directory) came to: every policy, route and skipped document
 /// with its origin, and every refusal. A bad document is refused alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Parsed {
     pub policies: Vec<Located<WaypointPolicy>>,
+    /// HTTPRoutes and GRPCRoutes attached to Services (mesh routes), each once.
+    pub routes: Vec<Located<ambit_routes::Route>>,
     pub skipped: Vec<Located<Skipped>>,
     pub errors: Vec<ManifestError>,
 }
@@ -143,6 +151,7 @@ impl Parsed {
     /// Adds what `other` read after what this holds.
     pub fn extend(&mut self, other: Parsed) {
         self.policies.extend(other.policies);
+        self.routes.extend(other.routes);
         self.skipped.extend(other.skipped);
         self.errors.extend(other.errors);
     }

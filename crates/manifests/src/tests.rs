@@ -512,8 +512,8 @@ kind: AuthorizationPolicy
 metadata: {name: whole-namespace, namespace: shop}
 spec: {}
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
 metadata: {name: r, namespace: shop}
 spec: {whatever: [1, 2]}
 ---
@@ -531,7 +531,7 @@ spec: {whatever: [1, 2]}
         vec![
             ("security.istio.io/v1 AuthorizationPolicy shop/by-selector: selects workloads (spec.selector): enforced by their ztunnel, not by a waypoint".to_string(), 0, 1),
             ("security.istio.io/v1beta1 AuthorizationPolicy shop/whole-namespace: has no targetRefs: it applies to the namespace's workloads, enforced by ztunnel, not by a waypoint".to_string(), 1, 8),
-            ("gateway.networking.k8s.io/v1 HTTPRoute shop/r: a kind the waypoint does not read".to_string(), 2, 13),
+            ("gateway.networking.k8s.io/v1alpha2 TCPRoute shop/r: a kind the waypoint does not read".to_string(), 2, 13),
         ]
     );
     assert_eq!(

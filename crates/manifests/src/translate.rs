@@ -131,7 +131,7 @@ pub(crate) fn translate(obj: Object, options: &ParseOptions) -> Result<Translati
 }
 
 /// A Kubernetes name: a DNS-1123 subdomain (`dots`) or label, at most `max` long.
-fn check_dns(s: &str, max: usize, dots: bool) -> Result<(), String> {
+pub(crate) fn check_dns(s: &str, max: usize, dots: bool) -> Result<(), String> {
     let allowed =
         |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.');
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());

@@ -130,8 +130,9 @@ pub struct Route {
     pub created: Option<CreationTime>,
     /// The Service frontends it attaches to; never empty.
     pub parents: Vec<ParentRef>,
-    /// `parentRefs` entries a waypoint does not honour, each with why (shown to users).
-    pub ignored_parents: Vec<String>,
+    /// What of the route as written is not honoured, each with why (shown to users): a
+    /// `parentRefs` entry a waypoint does not serve, a mirror to an invalid backend.
+    pub notes: Vec<String>,
     pub rules: Vec<Rule>,
 }
 

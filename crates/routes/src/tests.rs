@@ -111,7 +111,7 @@ fn route(
                 port: *port,
             })
             .collect(),
-        ignored_parents: vec![],
+        notes: vec![],
         rules,
     })
 }
