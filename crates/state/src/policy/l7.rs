@@ -339,6 +339,27 @@ impl Serialize for FieldRef<'_> {
 }
 
 impl L7Attributes {
+    pub(super) fn shrink_to_fit(&mut self) {
+        fn shrink<T>(v: &mut Option<Vec<T>>) {
+            if let Some(v) = v {
+                v.shrink_to_fit();
+            }
+        }
+        shrink(&mut self.paths);
+        shrink(&mut self.not_paths);
+        shrink(&mut self.methods);
+        shrink(&mut self.not_methods);
+        shrink(&mut self.hosts);
+        shrink(&mut self.not_hosts);
+        shrink(&mut self.request_principals);
+        shrink(&mut self.not_request_principals);
+        shrink(&mut self.headers);
+        shrink(&mut self.not_headers);
+        shrink(&mut self.remote_ips);
+        shrink(&mut self.not_remote_ips);
+        shrink(&mut self.when);
+    }
+
     /// Every attribute with its camelCase name, in [`super::L7_ATTRIBUTES`] order.
     pub(super) fn fields(&self) -> [(&'static str, Option<FieldRef<'_>>); 13] {
         fn paths(v: &Option<Vec<PathMatch>>) -> Option<FieldRef<'_>> {

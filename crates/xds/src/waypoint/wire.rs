@@ -108,7 +108,7 @@ pub fn waypoint_policy_from_proto(
         .map(|(i, t)| target(i, t, &p.namespace))
         .collect::<Result<Vec<_>, _>>()?;
     let rules = rules(&p.rules_json)?;
-    let policy = WaypointPolicy {
+    let mut policy = WaypointPolicy {
         authorization: Authorization {
             name: p.name,
             namespace: p.namespace,
@@ -126,6 +126,7 @@ pub fn waypoint_policy_from_proto(
         targets,
     };
     super::manifest::check(&policy, root_namespace)?;
+    policy.authorization.shrink_to_fit();
     Ok(policy)
 }
 
