@@ -566,8 +566,20 @@ fn manifests_seeds() {
                         "shop/ext".into(),
                         "shop/reviews".into(),
                     ],
-                    skipped: 2,
+                    routes: vec!["HTTPRoute shop/reviews".into()],
+                    skipped: 1,
                     errors: vec![],
+                },
+            ),
+            // Routes: every filter and match kind, a GRPCRoute, a Gateway's route skipped,
+            // a redirect beside backends refused.
+            (
+                "routes.yaml",
+                Outcome {
+                    policies: vec![],
+                    routes: vec!["GRPCRoute shop/echo".into(), "HTTPRoute shop/reviews".into()],
+                    skipped: 1,
+                    errors: vec!["fuzz:64:14: spec.rules[0].filters: a RequestRedirect filter cannot be used together with backendRefs".into()],
                 },
             ),
             // A bad document is refused alone; a second `shop/fine` is refused, the first kept.
@@ -575,6 +587,7 @@ fn manifests_seeds() {
                 "one_bad_document.yaml",
                 Outcome {
                     policies: vec!["shop/fine".into()],
+                    routes: vec![],
                     skipped: 0,
                     errors: vec![
                         "fuzz:6:40: spec.rules[0].to[0].operation.methods[0]: method \"get\" is not upper case; methods are compared case-sensitively and a request whose method is not upper case is refused, so it can never match; write \"GET\"".into(),
@@ -587,6 +600,7 @@ fn manifests_seeds() {
                 "not_utf8.yaml",
                 Outcome {
                     policies: vec![],
+                    routes: vec![],
                     skipped: 0,
                     errors: vec!["fuzz:3:18: not UTF-8 text; manifests are UTF-8".into()],
                 },
