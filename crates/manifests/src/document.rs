@@ -6,7 +6,7 @@
 use serde::de::DeserializeOwned;
 use yaml_serde::Value;
 
-use crate::error::{shift_lines, yaml_message, ErrorKind, ManifestError, Position};
+use crate::error::{shift_lines, yaml_message, ErrorKind, ManifestError, ObjectRef, Position};
 use crate::locate::{field, locate};
 use crate::model::{Located, Origin, SkipReason, Skipped, WaypointPolicy};
 use crate::route_schema::{GrpcRuleSpec, HttpRuleSpec, RouteObject};
@@ -62,8 +62,8 @@ pub(crate) fn read(
     }
 }
 
-/// `namespace/name` from a document's `metadata`, if it parses that far.
-fn object_named(text: &str, options: &ParseOptions) -> Option<String> {
+/// The kind and `metadata` name of a document, if it parses that far.
+fn object_named(text: &str, options: &ParseOptions) -> Option<ObjectRef> {
     let value: Value = yaml_serde::from_str(text).ok()?;
     let metadata = value.get("metadata")?;
     let name = metadata.get("name")?.as_str()?;
@@ -71,7 +71,14 @@ fn object_named(text: &str, options: &ParseOptions) -> Option<String> {
         Some(n) => n.as_str()?,
         None => &options.default_namespace,
     };
-    Some(format!("{namespace}/{name}"))
+    Some(ObjectRef {
+        kind: value
+            .get("kind")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
 }
 
 fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOptions) -> Document {

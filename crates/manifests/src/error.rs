@@ -41,9 +41,32 @@ pub struct ManifestError {
     /// document or file as a whole).
     pub field: String,
     pub message: String,
-    /// The refused object's `namespace/name`, when the document got as far as naming one
-    /// (so that a reader can keep that object's last good version in its place).
-    pub object: Option<String>,
+    /// The refused object, when the document got as far as naming one (so that a reader
+    /// can keep that object's last good version in its place).
+    pub object: Option<ObjectRef>,
+}
+
+/// What a refused document named itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    /// `kind`, when the document has one: a refused HTTPRoute must not be taken for an
+    /// AuthorizationPolicy of the same name.
+    pub kind: Option<String>,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// `namespace/name`, the key objects of one kind are known by.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// True when it is, or could be, an object of `kind` (a document without a `kind`
+    /// could be anything).
+    pub fn may_be(&self, kind: &str) -> bool {
+        self.kind.as_deref().is_none_or(|k| k == kind)
+    }
 }
 
 impl fmt::Display for ManifestError {

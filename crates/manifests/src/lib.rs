@@ -34,7 +34,7 @@ mod values;
 use std::collections::HashMap;
 
 pub use document::{AUTHORIZATION_POLICY_VERSIONS, SECURITY_GROUP};
-pub use error::{ErrorKind, ManifestError, Position};
+pub use error::{ErrorKind, ManifestError, ObjectRef, Position};
 pub use load::{load_path, MAX_FILE_BYTES};
 pub use model::{
     Located, Origin, Parsed, PolicyTarget, SkipReason, Skipped, WaypointAction, WaypointPolicy,

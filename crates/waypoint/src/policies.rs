@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ambit_manifests::{ErrorKind, Parsed};
+use ambit_manifests::{ErrorKind, ObjectRef, Parsed};
+
+const POLICY_KIND: &str = "AuthorizationPolicy";
 
 use crate::authz::PolicySet;
 
@@ -60,16 +62,21 @@ pub fn merge(parsed: Parsed, previous: Option<&PolicySet>) -> (PolicySet, Outcom
         if e.kind == ErrorKind::Duplicate {
             continue;
         }
-        let last_good = e.object.as_ref().and_then(|key| {
+        // A refused route or other kind is its reader's business, not the policies'.
+        if e.object.as_ref().is_some_and(|o| !o.may_be(POLICY_KIND)) {
+            continue;
+        }
+        let key = e.object.as_ref().map(ObjectRef::key);
+        let last_good = key.as_ref().and_then(|key| {
             previous?
                 .policies
                 .iter()
                 .find(|p| &p.authorization.key() == key)
                 .cloned()
         });
-        match (last_good, &e.object) {
-            (Some(p), Some(key)) if !loaded.contains(key) => {
-                out.kept.push(key.clone());
+        match (last_good, key) {
+            (Some(p), Some(key)) if !loaded.contains(&key) => {
+                out.kept.push(key);
                 policies.push(p);
             }
             (Some(_), Some(_)) => {}
@@ -157,6 +164,27 @@ spec:
         let (fixed, o) = merge(parse(GOOD), Some(&set));
         assert_eq!(o.fail_closed, None);
         assert!(fixed.fail_closed.is_none());
+    }
+
+    #[test]
+    fn a_refused_route_is_not_taken_for_a_policy() {
+        // An HTTPRoute named like no policy, refused (its path does not start with `/`):
+        // the routes' reader reports it; the policies stay open.
+        let route = "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: canary, namespace: shop}\nspec:\n  parentRefs: [{group: \"\", kind: Service, name: reviews}]\n  rules: [{matches: [{path: {type: PathPrefix, value: v1}}]}]\n";
+        let parsed = parse(&format!("{GOOD}{route}"));
+        assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+        let (set, o) = merge(parsed, None);
+        assert_eq!(o.fail_closed, None);
+        assert_eq!(keys(&set), ["shop/deny-delete", "shop/other"]);
+        // A policy of that name refused: closed, as before.
+        let policy = GOOD
+            .split("---")
+            .next()
+            .unwrap()
+            .replace("deny-delete", "canary")
+            .replace("[\"DELETE\"]", "[\"delete\"]");
+        let (_, o) = merge(parse(&format!("{GOOD}---{policy}")), None);
+        assert!(o.fail_closed.is_some(), "{o:?}");
     }
 
     #[test]
