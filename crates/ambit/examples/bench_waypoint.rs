@@ -11,7 +11,7 @@
 //! - RSS of a waypoint holding 5,000 services and 5,000 policies.
 //!
 //! ```text
-//! bench_waypoint --ambit target/release/ambit --out FILE [--rounds 3] [--seconds 5]
+//! bench_waypoint --ambit target/release/ambit --out FILE [--rounds 3] [--seconds 5] [--workers N]
 //! ```
 //! Needs root (network namespaces). Everything it creates is removed when it ends.
 
@@ -36,6 +36,8 @@ struct Args {
     out: PathBuf,
     rounds: usize,
     seconds: u64,
+    /// The waypoint's `AMBIT_WORKER_THREADS` (its own default when unset).
+    workers: Option<usize>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -44,6 +46,7 @@ fn args() -> anyhow::Result<Args> {
         out: PathBuf::from("target/bench-waypoint.md"),
         rounds: 3,
         seconds: 5,
+        workers: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -53,8 +56,11 @@ fn args() -> anyhow::Result<Args> {
             "--out" => a.out = v()?.into(),
             "--rounds" => a.rounds = v()?.parse()?,
             "--seconds" => a.seconds = v()?.parse()?,
+            "--workers" => a.workers = Some(v()?.parse()?),
             "-h" | "--help" => {
-                println!("bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N]");
+                println!(
+                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N]"
+                );
                 std::process::exit(0);
             }
             other => anyhow::bail!("unknown argument {other}"),
@@ -406,12 +412,11 @@ fn main() -> anyhow::Result<()> {
     let a = args()?;
     let ambit = std::fs::canonicalize(&a.ambit).with_context(|| a.ambit.display().to_string())?;
     // No access log: Istio's waypoints write none unless asked.
-    let lab = L7Lab::launch_with_env(
-        "bench-wp",
-        &ambit,
-        "",
-        &[("AMBIT_ACCESS_LOG", "false".into())],
-    )?;
+    let mut env = vec![("AMBIT_ACCESS_LOG", "false".to_string())];
+    if let Some(n) = a.workers {
+        env.push(("AMBIT_WORKER_THREADS", n.to_string()));
+    }
+    let lab = L7Lab::launch_with_env("bench-wp", &ambit, "", &env)?;
     let wp = lab.waypoint.pid;
     let idle_rss = common::status_kib(wp, "VmRSS")?;
     let secs = a.seconds;
@@ -423,9 +428,10 @@ fn main() -> anyhow::Result<()> {
     let mut bare_h2_per_core = Vec::new();
     let mut h1_per_core = Vec::new();
     let mut h2_per_core = Vec::new();
-    let mut p50 = [Vec::new(), Vec::new()];
-    let mut p99 = [Vec::new(), Vec::new()];
+    let mut p50 = [Vec::new(), Vec::new(), Vec::new()];
+    let mut p99 = [Vec::new(), Vec::new(), Vec::new()];
     let mut cpu_1000 = Vec::new();
+    let mut bare_cpu_1000 = Vec::new();
     let mut rss_1000 = Vec::new();
     for round in 0..a.rounds {
         // Alternate which path goes first.
@@ -460,9 +466,6 @@ fn main() -> anyhow::Result<()> {
                 Path::Bare => bare_h2_per_core.push(rate * secs as f64 / cpu),
                 Path::Direct => {}
             }
-            if path == Path::Bare {
-                continue;
-            }
             let mut lat = paced(&lab, path, 500, 1, secs)?;
             lat.sort();
             p50[i].push(lat[lat.len() / 2].as_secs_f64() * 1e6);
@@ -473,19 +476,28 @@ fn main() -> anyhow::Result<()> {
         paced(&lab, Path::Waypoint, 1000, 4, secs.max(10))?;
         cpu_1000.push((common::cpu_seconds(wp)? - before) / t.elapsed().as_secs_f64());
         rss_1000.push(common::status_kib(wp, "VmRSS")? as f64 / 1024.0);
+        // The same load through the bare proxy: the design's floor for that figure.
+        let before = common::cpu_seconds(bare)?;
+        let t = Instant::now();
+        paced(&lab, Path::Bare, 1000, 4, secs.max(10))?;
+        bare_cpu_1000.push((common::cpu_seconds(bare)? - before) / t.elapsed().as_secs_f64());
         eprintln!("round {}/{} done", round + 1, a.rounds);
     }
     let peak = common::status_kib(wp, "VmHWM")?;
     let (scale_loaded, scale_settled) = rss_at_scale(&lab, &ambit, 5000)?;
-    let added =
-        |v: &[Vec<f64>; 2]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w - d).collect() };
+    // What path `i` adds over the direct one, round by round.
+    let added = |v: &[Vec<f64>; 3], i: usize| -> Vec<f64> {
+        v[i].iter().zip(&v[1]).map(|(w, d)| w - d).collect()
+    };
     let ratio =
         |v: &[Vec<f64>; 3]| -> Vec<f64> { v[0].iter().zip(&v[1]).map(|(w, d)| w / d).collect() };
     let to_bare =
         |v: &[Vec<f64>; 3]| -> Vec<f64> { v[0].iter().zip(&v[2]).map(|(w, b)| w / b).collect() };
     let mut out = String::new();
     out.push_str(&format!(
-        "## Waypoint (`bench_waypoint`)\n\n{} interleaved rounds, {secs} s per load run; client pod → node proxy → `ambit waypoint` → node proxy → server (HBONE both sides), against `echo-direct` (the same endpoints, no waypoint) and `echo-bare` (a bare reverse proxy on the same HBONE stack where the waypoint stands, its own process: the design's ceiling). 1 KiB request bodies; HTTP/1.1 over 8 keep-alive connections, HTTP/2 with 16 streams on one connection, closed loop. Medians (lowest–highest).\n\n",
+        "## Waypoint (`bench_waypoint`)\n\nThe waypoint's worker threads: {}. {} interleaved rounds, {secs} s per load run; client pod → node proxy → `ambit waypoint` → node proxy → server (HBONE both sides), against `echo-direct` (the same endpoints, no waypoint) and `echo-bare` (a bare reverse proxy on the same HBONE stack where the waypoint stands, its own process: the design's ceiling). 1 KiB request bodies; HTTP/1.1 over 8 keep-alive connections, HTTP/2 with 16 streams on one connection, closed loop. Medians (lowest–highest).\n\n",
+        a.workers
+            .map_or("its default".to_string(), |n| n.to_string()),
         a.rounds
     ));
     out.push_str("| figure | through the waypoint | without it | through the bare proxy | waypoint / without | waypoint / bare |\n|---|---:|---:|---:|---:|---:|\n");
@@ -505,18 +517,16 @@ fn main() -> anyhow::Result<()> {
         fmt(&ratio(&h2), "×", 2),
         fmt(&to_bare(&h2), "×", 2)
     ));
-    out.push_str(&format!(
-        "| p50 at 500 requests/s, one connection | {} | {} | added {} |\n",
-        fmt(&p50[0], "µs", 0),
-        fmt(&p50[1], "µs", 0),
-        fmt(&added(&p50), "µs", 0)
-    ));
-    out.push_str(&format!(
-        "| p99 at 500 requests/s, one connection | {} | {} | added {} |\n",
-        fmt(&p99[0], "µs", 0),
-        fmt(&p99[1], "µs", 0),
-        fmt(&added(&p99), "µs", 0)
-    ));
+    for (name, v) in [("p50", &p50), ("p99", &p99)] {
+        out.push_str(&format!(
+            "| {name} at 500 requests/s, one connection | {} | {} | {} | added {} | bare added {} |\n",
+            fmt(&v[0], "µs", 0),
+            fmt(&v[1], "µs", 0),
+            fmt(&v[2], "µs", 0),
+            fmt(&added(v, 0), "µs", 0),
+            fmt(&added(v, 2), "µs", 0)
+        ));
+    }
     out.push_str("\n| the waypoint itself | figure |\n|---|---:|\n");
     out.push_str(&format!(
         "| HTTP/1.1 requests/s per waypoint core | {} |\n",
@@ -534,6 +544,10 @@ fn main() -> anyhow::Result<()> {
     out.push_str(&format!(
         "| CPU at 1000 requests/s (HTTP/1.1, 4 connections) | {} |\n",
         fmt(&cpu_1000, "vCPU", 3)
+    ));
+    out.push_str(&format!(
+        "| the bare proxy's CPU at the same load | {} |\n",
+        fmt(&bare_cpu_1000, "vCPU", 3)
     ));
     out.push_str(&format!(
         "| RSS at 1000 requests/s | {} |\n",
