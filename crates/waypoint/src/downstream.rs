@@ -3,13 +3,17 @@
 //! fronts; and the metric labels both halves give.
 
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ambit_identity::SpiffeId;
 use ambit_state::Workload;
 
 use crate::front::Fronted;
-use crate::metrics::{RequestLabels, TrafficLabels};
+use crate::metrics::{Metrics, RequestLabels, RequestSeries, TrafficLabels};
+
+/// The most request series a tunnel keeps for reuse (endpoints × response codes × flags
+/// it has seen); past it, a request looks its series up in the families.
+const MAX_HELD_SERIES: usize = 64;
 
 /// Who sent a tunnel and where it goes: the same for every request in it.
 #[derive(Debug)]
@@ -25,6 +29,31 @@ pub struct Downstream {
     pub destination_ip: Option<IpAddr>,
     /// The metric labels the tunnel gives every request: made once, not per request.
     traffic: TrafficLabels,
+    /// The request series this tunnel has recorded into, by what varies per request.
+    series: Mutex<Vec<(Outcome, RequestSeries)>>,
+}
+
+/// What a request's series depends on beyond its tunnel.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The endpoint's workload, when the request got as far as choosing one.
+    pub destination: Option<Arc<Workload>>,
+    pub response_code: u16,
+    pub response_flags: &'static str,
+}
+
+impl PartialEq for Outcome {
+    fn eq(&self, other: &Self) -> bool {
+        // The same workload version: a changed workload is a new `Arc`, and so new labels.
+        let same_destination = match (&self.destination, &other.destination) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_destination
+            && self.response_code == other.response_code
+            && self.response_flags == other.response_flags
+    }
 }
 
 impl Downstream {
@@ -67,14 +96,51 @@ impl Downstream {
             fronted,
             destination_ip,
             traffic,
+            series: Mutex::default(),
         }
     }
 
-    /// A request's labels before its endpoint and response are known.
-    pub fn labels(&self) -> RequestLabels {
-        RequestLabels {
+    /// A finished request's labels.
+    pub fn request_labels(&self, outcome: &Outcome) -> RequestLabels {
+        let mut labels = RequestLabels {
             traffic: self.traffic.clone(),
+            response_code: outcome.response_code.to_string(),
             ..RequestLabels::default()
+        };
+        destination_labels(
+            &mut labels.traffic,
+            &self.fronted,
+            outcome.destination.as_deref(),
+        );
+        labels.traffic.response_flags = outcome.response_flags;
+        labels
+    }
+
+    /// Counts a finished request in its series, found among those this tunnel holds
+    /// (dropping them all once the metrics have forgotten any series) or looked up.
+    pub fn record(
+        &self,
+        metrics: &Metrics,
+        outcome: &Outcome,
+        duration_ms: f64,
+        request_bytes: u64,
+        response_bytes: u64,
+    ) {
+        let generation = metrics.generation();
+        let mut held = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if held
+            .first()
+            .is_some_and(|(_, s)| s.generation != generation)
+        {
+            held.clear();
+        }
+        if let Some((_, s)) = held.iter().find(|(o, _)| o == outcome) {
+            return s.record(duration_ms, request_bytes, response_bytes);
+        }
+        let series = metrics.series(self.request_labels(outcome));
+        series.record(duration_ms, request_bytes, response_bytes);
+        if held.len() < MAX_HELD_SERIES {
+            held.push((outcome.clone(), series));
         }
     }
 
@@ -121,4 +187,77 @@ pub fn destination_labels(l: &mut TrafficLabels, fronted: &Fronted, endpoint: Op
     l.destination_app = w.map_or_else(unknown, |w| w.canonical_name.clone());
     l.destination_version = w.map_or_else(unknown, |w| w.canonical_revision.clone());
     l.destination_cluster = w.map_or_else(unknown, |w| w.cluster_id.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ambit_state::Service;
+    use prometheus_client::registry::Registry;
+
+    fn workload(name: &str) -> Arc<Workload> {
+        let mut w = Workload::new(name, "shop");
+        w.workload_name = name.into();
+        w.canonical_name = name.into();
+        Arc::new(w)
+    }
+
+    /// `istio_requests_total` for `destination_workload`, as exposed.
+    fn count(r: &Registry, destination: &str, code: u16) -> Option<u64> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, r).unwrap();
+        text.lines()
+            .find(|l| {
+                l.starts_with("istio_requests_total{")
+                    && l.contains(&format!("destination_workload=\"{destination}\""))
+                    && l.contains(&format!("response_code=\"{code}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn held_series_count_as_looked_up_ones_and_follow_forgotten_workloads() {
+        let mut r = Registry::default();
+        let m = Metrics::register(&mut r);
+        let fronted = Fronted::Service {
+            service: Arc::new(Service::new(
+                "reviews",
+                "shop",
+                "reviews.shop.svc.cluster.local",
+            )),
+            port: 80,
+            vip: None,
+        };
+        let down = Downstream::new("10.0.0.1".parse().unwrap(), None, None, fronted, None);
+        let (v1, v2) = (workload("reviews-v1"), workload("reviews-v2"));
+        let outcome = |w: &Arc<Workload>, code| Outcome {
+            destination: Some(w.clone()),
+            response_code: code,
+            response_flags: "-",
+        };
+        for _ in 0..3 {
+            down.record(&m, &outcome(&v1, 200), 1.0, 10, 20);
+        }
+        down.record(&m, &outcome(&v1, 503), 1.0, 10, 20);
+        down.record(&m, &outcome(&v2, 200), 1.0, 10, 20);
+        assert_eq!(count(&r, "reviews-v1", 200), Some(3));
+        assert_eq!(count(&r, "reviews-v1", 503), Some(1));
+        assert_eq!(count(&r, "reviews-v2", 200), Some(1));
+        // The same series a fresh lookup finds: one line, not two.
+        m.request(crate::metrics::RequestRecord {
+            labels: down.request_labels(&outcome(&v1, 200)),
+            duration_ms: 1.0,
+            request_bytes: 10,
+            response_bytes: 20,
+        });
+        assert_eq!(count(&r, "reviews-v1", 200), Some(4));
+
+        // v1 leaves: its series go. Were the tunnel to keep recording into the handles it
+        // held, those counts would never be reported; it looks the series up again.
+        m.forget_gone(|_, name| name != "reviews-v1");
+        assert_eq!(count(&r, "reviews-v1", 200), None);
+        down.record(&m, &outcome(&v1, 200), 1.0, 10, 20);
+        assert_eq!(count(&r, "reviews-v1", 200), Some(1));
+        assert_eq!(count(&r, "reviews-v2", 200), Some(1));
+    }
 }

@@ -19,8 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::authz::{self, Verdict};
 use crate::balance::{choose, Choice};
-use crate::downstream::Downstream;
-use crate::metrics::{RequestLabels, RequestRecord};
+use crate::downstream::{Downstream, Outcome};
 use crate::upstream::{Body, BoxError, Version};
 use crate::Waypoint;
 use ambit_runtime::drain::DrainWatcher;
@@ -105,7 +104,12 @@ async fn handle(
 ) -> Response<Body> {
     let mut finish = Finish {
         wp: wp.clone(),
-        labels: down.labels(),
+        down: down.clone(),
+        outcome: Outcome {
+            destination: None,
+            response_code: 0,
+            response_flags: "-",
+        },
         start: Instant::now(),
         request_bytes: Arc::new(AtomicU64::new(0)),
         access: wp
@@ -208,11 +212,7 @@ async fn handle(
             }
         };
         let Choice { endpoint, workload } = choice;
-        crate::downstream::destination_labels(
-            &mut finish.labels.traffic,
-            &down.fronted,
-            workload.as_deref(),
-        );
+        finish.outcome.destination = workload;
         finish.upstream = Some(endpoint.target);
         let sender = match wp.upstream.connect(&endpoint, version).await {
             Ok(s) => s,
@@ -233,7 +233,7 @@ async fn handle(
                     tokio::spawn(join_upgraded(downstream, upstream));
                 }
                 let (parts, body) = response.into_parts();
-                finish.labels.response_code = parts.status.as_u16().to_string();
+                finish.outcome.response_code = parts.status.as_u16();
                 if let Some(a) = &mut finish.access {
                     a.status = parts.status.as_u16();
                 }
@@ -345,7 +345,9 @@ fn ensure_request_id(headers: &mut HeaderMap) {
 /// What a request's metrics and access log line are made of, recorded once it ends.
 struct Finish {
     wp: Arc<Waypoint>,
-    labels: RequestLabels,
+    down: Arc<Downstream>,
+    /// The endpoint chosen and the response, as they become known.
+    outcome: Outcome,
     start: Instant,
     request_bytes: Arc<AtomicU64>,
     /// The access log line's fields, when the log is on.
@@ -362,8 +364,8 @@ impl Finish {
         flags: &'static str,
         body: &'static str,
     ) -> Response<Body> {
-        self.labels.response_code = status.as_u16().to_string();
-        self.labels.traffic.response_flags = flags;
+        self.outcome.response_code = status.as_u16();
+        self.outcome.response_flags = flags;
         if let Some(a) = &mut self.access {
             a.status = status.as_u16();
             a.details = Some(body);
@@ -386,19 +388,20 @@ impl Finish {
         let request_bytes = self.request_bytes.load(Ordering::Relaxed);
         if let Some(a) = &self.access {
             a.log(
-                &self.labels,
+                &self.down.request_labels(&self.outcome),
                 self.upstream,
                 request_bytes,
                 response_bytes,
                 duration,
             );
         }
-        self.wp.metrics.request(RequestRecord {
-            labels: self.labels,
-            duration_ms: duration.as_secs_f64() * 1000.0,
+        self.down.record(
+            &self.wp.metrics,
+            &self.outcome,
+            duration.as_secs_f64() * 1000.0,
             request_bytes,
             response_bytes,
-        });
+        );
     }
 }
 

@@ -5,6 +5,7 @@
 //! ([`Metrics::forget_gone`]), so cardinality follows the mesh, not its history.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -93,6 +94,9 @@ pub struct Metrics {
     /// Every label set written, to drop those of workloads that are gone.
     seen: Arc<Mutex<HashSet<RequestLabels>>>,
     seen_tcp: Arc<Mutex<HashSet<TrafficLabels>>>,
+    /// Bumped when [`Metrics::forget_gone`] drops series, so that handles held for reuse
+    /// ([`RequestSeries`]) are known to be stale.
+    generation: Arc<AtomicU64>,
     /// `RBAC` denials and refused authorities, ambit's own.
     pub refused_authorities: Counter,
 }
@@ -112,6 +116,29 @@ pub struct RequestRecord {
     pub response_bytes: u64,
 }
 
+/// One label set's four request metrics, looked up once: they share their values with
+/// the families', so a tunnel can keep them and record without hashing its labels again
+/// (the labels are some twenty strings; hashing them four times per request was a
+/// measurable part of its cost).
+#[derive(Clone, Debug)]
+pub struct RequestSeries {
+    requests: Counter,
+    duration: Histogram,
+    request_bytes: Histogram,
+    response_bytes: Histogram,
+    /// [`Metrics::generation`] when it was looked up.
+    pub generation: u64,
+}
+
+impl RequestSeries {
+    pub fn record(&self, duration_ms: f64, request_bytes: u64, response_bytes: u64) {
+        self.requests.inc();
+        self.duration.observe(duration_ms);
+        self.request_bytes.observe(request_bytes as f64);
+        self.response_bytes.observe(response_bytes as f64);
+    }
+}
+
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Metrics {
         let m = Metrics {
@@ -125,6 +152,7 @@ impl Metrics {
             tcp_received: Family::default(),
             seen: Arc::default(),
             seen_tcp: Arc::default(),
+            generation: Arc::default(),
             refused_authorities: Counter::default(),
         };
         registry.register("istio_requests", "Total requests", m.requests.clone());
@@ -173,20 +201,33 @@ impl Metrics {
 
     /// Counts a finished request.
     pub fn request(&self, r: RequestRecord) {
-        self.requests.get_or_create(&r.labels).inc();
-        self.duration
-            .get_or_create(&r.labels)
-            .observe(r.duration_ms);
-        self.request_bytes
-            .get_or_create(&r.labels)
-            .observe(r.request_bytes as f64);
-        self.response_bytes
-            .get_or_create(&r.labels)
-            .observe(r.response_bytes as f64);
+        self.series(r.labels)
+            .record(r.duration_ms, r.request_bytes, r.response_bytes);
+    }
+
+    /// The series of `labels`, made if new.
+    pub fn series(&self, labels: RequestLabels) -> RequestSeries {
+        // Read before the lookups: a drop racing with them leaves the handles stale by
+        // this number, never current by a newer one.
+        let generation = self.generation();
+        let series = RequestSeries {
+            requests: self.requests.get_or_create(&labels).clone(),
+            duration: self.duration.get_or_create(&labels).clone(),
+            request_bytes: self.request_bytes.get_or_create(&labels).clone(),
+            response_bytes: self.response_bytes.get_or_create(&labels).clone(),
+            generation,
+        };
         self.seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(r.labels);
+            .insert(labels);
+        series
+    }
+
+    /// Changes whenever series are dropped: a held [`RequestSeries`] of an older
+    /// generation may no longer be reported.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Counts an opened opaque connection.
@@ -210,12 +251,14 @@ impl Metrics {
     pub fn forget_gone(&self, present: impl Fn(&str, &str) -> bool) {
         let gone =
             |ns: &str, name: &str| ns != "unknown" && name != "unknown" && !present(ns, name);
+        let mut dropped = false;
         self.seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|l| {
                 let drop = l.traffic.names_one_of(gone);
                 if drop {
+                    dropped = true;
                     self.requests.remove(l);
                     self.duration.remove(l);
                     self.request_bytes.remove(l);
@@ -236,6 +279,9 @@ impl Metrics {
                 }
                 !drop
             });
+        if dropped {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
