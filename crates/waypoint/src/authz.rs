@@ -7,6 +7,7 @@
 //! does not have, so a CUSTOM policy that applies denies every request, as Istio does for
 //! a provider it cannot find.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -18,13 +19,18 @@ use crate::downstream::Downstream;
 use crate::front::Fronted;
 use crate::Waypoint;
 
-/// The waypoint's policies, as loaded.
+/// The waypoint's policies, as loaded, indexed by what they target.
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
     pub policies: Vec<Arc<WaypointPolicy>>,
     /// Set when a refused document's policy has no good version to stand in for it
     /// ([`crate::policies`]): every request is denied, saying why, until it is fixed.
     pub fail_closed: Option<String>,
+    /// Service or ServiceEntry name → (its namespace, the policy's index), so that a
+    /// request looks at the few policies of its service, not at every one loaded.
+    by_service: HashMap<String, Vec<(String, usize)>>,
+    /// The policies with a Gateway or GatewayClass target, checked for every request.
+    wide: Vec<usize>,
 }
 
 /// Who this waypoint is, for attachment.
@@ -47,13 +53,54 @@ pub struct Applying {
 }
 
 impl PolicySet {
-    /// The policies attached to what `fronted` is, for the waypoint `me`.
+    pub fn new(policies: Vec<Arc<WaypointPolicy>>, fail_closed: Option<String>) -> PolicySet {
+        let mut by_service: HashMap<String, Vec<(String, usize)>> = HashMap::new();
+        let mut wide = Vec::new();
+        for (i, p) in policies.iter().enumerate() {
+            for t in &p.targets {
+                match t {
+                    PolicyTarget::Service { namespace, name }
+                    | PolicyTarget::ServiceEntry { namespace, name } => {
+                        by_service
+                            .entry(name.clone())
+                            .or_default()
+                            .push((namespace.clone(), i));
+                    }
+                    PolicyTarget::Gateway { .. } | PolicyTarget::GatewayClass { .. } => {
+                        wide.push(i)
+                    }
+                }
+            }
+        }
+        PolicySet {
+            policies,
+            fail_closed,
+            by_service,
+            wide,
+        }
+    }
+
+    /// The policies attached to what `fronted` is, for the waypoint `me`, in the order
+    /// they were loaded.
     pub fn applying(&self, me: &Attachment<'_>, fronted: &Fronted) -> Applying {
         let mut out = Applying {
             fail_closed: self.fail_closed.clone(),
             ..Applying::default()
         };
-        for p in &self.policies {
+        let mut candidates: Vec<usize> = self.wide.clone();
+        if let Some(s) = fronted.service() {
+            candidates.extend(
+                self.by_service
+                    .get(&s.name)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(namespace, _)| *namespace == s.namespace)
+                    .map(|(_, i)| *i),
+            );
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        for p in candidates.into_iter().map(|i| &self.policies[i]) {
             if !p.targets.iter().any(|t| attaches(t, me, fronted)) {
                 continue;
             }
@@ -257,6 +304,32 @@ spec:
   action: CUSTOM
   provider: {name: my-authz}
   rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-of-another-namespace, namespace: books}
+spec:
+  targetRefs: [{kind: Service, group: "", name: reviews}]
+  action: DENY
+  rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: both-ways, namespace: shop}
+spec:
+  targetRefs:
+  - {kind: Service, group: "", name: reviews}
+  - {kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}
+  action: DENY
+  rules: [{to: [{operation: {methods: ["PATCH"]}}]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: late-gateway, namespace: shop}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  action: DENY
+  rules: [{to: [{operation: {methods: ["PUT"]}}]}]
 "#;
 
     fn names(a: &Applying) -> Vec<String> {
@@ -272,14 +345,14 @@ spec:
             &ambit_manifests::ParseOptions::default(),
         );
         assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let set = PolicySet {
-            policies: parsed
+        let set = PolicySet::new(
+            parsed
                 .policies
                 .into_iter()
                 .map(|p| Arc::new(p.value))
                 .collect(),
-            fail_closed: None,
-        };
+            None,
+        );
         let me = Attachment {
             namespace: "shop",
             gateway: "waypoint",
@@ -290,11 +363,24 @@ spec:
             port: 80,
             vip: None,
         };
+        // In the order loaded, each once, and never a policy for another namespace's
+        // service of the same name.
         let reviews = set.applying(&me, &service("reviews.shop.svc.cluster.local"));
-        assert_eq!(names(&reviews), ["shop/on-gateway", "shop/on-reviews"]);
+        assert_eq!(
+            names(&reviews),
+            [
+                "shop/on-gateway",
+                "shop/on-reviews",
+                "shop/both-ways",
+                "shop/late-gateway"
+            ]
+        );
         assert_eq!(reviews.custom, None);
         let ratings = set.applying(&me, &service("ratings.shop.svc.cluster.local"));
-        assert_eq!(names(&ratings), ["shop/on-gateway"]);
+        assert_eq!(
+            names(&ratings),
+            ["shop/on-gateway", "shop/both-ways", "shop/late-gateway"]
+        );
         assert_eq!(
             ratings.custom,
             Some(("shop/ext".to_string(), "my-authz".to_string()))
@@ -306,6 +392,9 @@ spec:
         };
         let reviews_elsewhere =
             set.applying(&elsewhere, &service("reviews.shop.svc.cluster.local"));
-        assert_eq!(names(&reviews_elsewhere), ["shop/on-reviews"]);
+        assert_eq!(
+            names(&reviews_elsewhere),
+            ["shop/on-reviews", "shop/both-ways"]
+        );
     }
 }

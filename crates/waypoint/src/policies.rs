@@ -41,13 +41,7 @@ pub fn merge(parsed: Parsed, previous: Option<&PolicySet>) -> (PolicySet, Outcom
             }
             _ => {
                 out.fail_closed = Some(why.clone());
-                (
-                    PolicySet {
-                        policies: Vec::new(),
-                        fail_closed: Some(why),
-                    },
-                    out,
-                )
+                (PolicySet::new(Vec::new(), Some(why)), out)
             }
         };
     }
@@ -85,13 +79,7 @@ pub fn merge(parsed: Parsed, previous: Option<&PolicySet>) -> (PolicySet, Outcom
     }
     let fail_closed = (!unknown.is_empty()).then(|| unknown.join("; "));
     out.fail_closed = fail_closed.clone();
-    (
-        PolicySet {
-            policies,
-            fail_closed,
-        },
-        out,
-    )
+    (PolicySet::new(policies, fail_closed), out)
 }
 
 #[cfg(test)]

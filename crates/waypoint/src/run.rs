@@ -239,10 +239,7 @@ fn start_mesh(
                 match batch.downcast::<ambit_xds::WaypointPolicies>() {
                     Ok(typed) => {
                         typed.apply(&mut held);
-                        policies.replace(PolicySet {
-                            policies: held.to_vec(),
-                            fail_closed: None,
-                        });
+                        policies.replace(PolicySet::new(held.to_vec(), None));
                     }
                     Err(batch) => mesh.update(|s| batch.apply(s)),
                 }
