@@ -305,7 +305,7 @@ fn spawn_mesh_watch(path: PathBuf, state: Shared<ProxyState>) {
 pub fn load_policies(path: &Path, previous: Option<&PolicySet>) -> PolicySet {
     let parsed = ambit_manifests::load_path(path, &ambit_manifests::ParseOptions::default());
     for e in &parsed.errors {
-        tracing::error!("policy refused: {e}");
+        tracing::error!("document refused: {e}");
     }
     for s in &parsed.skipped {
         tracing::info!(
