@@ -280,23 +280,14 @@ pub(crate) fn translate_http(
     created: Option<&str>,
     options: &ParseOptions,
 ) -> Result<RouteTranslation, Invalid> {
-    let head = head(&obj, created, options)?;
-    let rules_spec = obj.spec.and_then(|s| s.rules);
-    check_rules(
-        rules_spec.as_ref(),
-        |r| r.matches.as_ref().map_or(1, |m| m.len().max(1)),
-        |r| r.name.as_ref().map(|n| n.0.as_str()),
-    )?;
-    let mut notes = Vec::new();
-    let rules = match rules_spec {
-        None => vec![default_rule()],
-        Some(rules) => rules
-            .into_iter()
-            .enumerate()
-            .map(|(i, r)| http_rule(field!["spec", "rules", i], r, &head.namespace, &mut notes))
-            .collect::<Result<_, _>>()?,
-    };
-    Ok(finish(head, RouteKind::Http, rules, notes))
+    translate_route(
+        obj,
+        created,
+        options,
+        RouteKind::Http,
+        |r| (r.matches.as_ref().map(Vec::len), r.name.as_ref()),
+        http_rule,
+    )
 }
 
 /// Checks and translates a GRPCRoute.
@@ -305,12 +296,32 @@ pub(crate) fn translate_grpc(
     created: Option<&str>,
     options: &ParseOptions,
 ) -> Result<RouteTranslation, Invalid> {
+    translate_route(
+        obj,
+        created,
+        options,
+        RouteKind::Grpc,
+        |r| (r.matches.as_ref().map(Vec::len), r.name.as_ref()),
+        grpc_rule,
+    )
+}
+
+/// What both kinds share: the head, the rules' count and names, each rule by `rule`.
+/// `shape` gives a rule's number of matches (if written) and its name.
+fn translate_route<R>(
+    obj: RouteObject<R>,
+    created: Option<&str>,
+    options: &ParseOptions,
+    kind: RouteKind,
+    shape: impl Fn(&R) -> (Option<usize>, Option<&Text>),
+    rule: impl Fn(FieldPath, R, &str, &mut Vec<String>) -> Result<Rule, Invalid>,
+) -> Result<RouteTranslation, Invalid> {
     let head = head(&obj, created, options)?;
     let rules_spec = obj.spec.and_then(|s| s.rules);
     check_rules(
         rules_spec.as_ref(),
-        |r| r.matches.as_ref().map_or(1, |m| m.len().max(1)),
-        |r| r.name.as_ref().map(|n| n.0.as_str()),
+        |r| shape(r).0.map_or(1, |n| n.max(1)),
+        |r| shape(r).1.map(|n| n.0.as_str()),
     )?;
     let mut notes = Vec::new();
     let rules = match rules_spec {
@@ -318,10 +329,10 @@ pub(crate) fn translate_grpc(
         Some(rules) => rules
             .into_iter()
             .enumerate()
-            .map(|(i, r)| grpc_rule(field!["spec", "rules", i], r, &head.namespace, &mut notes))
+            .map(|(i, r)| rule(field!["spec", "rules", i], r, &head.namespace, &mut notes))
             .collect::<Result<_, _>>()?,
     };
-    Ok(finish(head, RouteKind::Grpc, rules, notes))
+    Ok(finish(head, kind, rules, notes))
 }
 
 /// The rule of a route written without rules: every request, no backend (so 500).
