@@ -10,10 +10,13 @@
 //!   given (so it is testable), or why the answer is 500.
 //! - [`replace_prefix`], [`parse_duration`], [`grpc_path_match`]: the specification's
 //!   path prefix rewriting, duration format and gRPC match mapping.
+//! - [`apply_headers`], [`redirect_location`], [`modified_path`]: what a rule's header
+//!   modifiers, redirect and rewrite make of a request.
 //!
 //! Sans-IO: no sockets, no clocks, no randomness of its own.
 #![forbid(unsafe_code)]
 
+mod apply;
 mod backend;
 mod duration;
 mod grpc;
@@ -22,6 +25,7 @@ mod path;
 mod pattern;
 mod select;
 
+pub use apply::{apply_headers, modified_path, redirect_location, RedirectSource};
 pub use backend::{pick, Action, Failure};
 pub use duration::parse_duration;
 pub use grpc::{grpc_path_match, GrpcMatchError, GrpcMatchType};
