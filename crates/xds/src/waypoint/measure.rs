@@ -17,8 +17,9 @@
 //! `RbacMatch` with room for its L7 attributes), and below a match object's fields
 //! every list (and the `headers` maps) as a list of the largest value type the model
 //! has. Every string is charged as a heap block of its length, and one that could be a
-//! path template or a claim's path as the segments it could split into. Lists are
-//! charged as filled by pushes ([`crate::held`]'s rules). The store's part: the
+//! path template or a claim's path as the segments it could split into. The rules'
+//! lists are charged at their length, as the reader shrinks them; a path template's
+//! segments and a claim's path as filled by pushes ([`crate::held`]'s rules). The store's part: the
 //! policy's `Arc`, names, targets, its entry under `namespace/name`, and the waypoint's
 //! pointer to it. `tests/waypoint_held.rs` checks it against a counting allocator.
 
@@ -261,12 +262,15 @@ impl JsonCounts {
         }
     }
 
-    /// A list at `depth` ended with `n` entries of `size` bytes (filled by pushes).
+    /// A list at `depth` ended with `n` entries of `size` bytes. Held at its length: the
+    /// reader gives back the room pushes left (`Authorization::shrink_to_fit`).
     fn list(&mut self, depth: usize, n: usize, size: usize) {
         if depth >= 4 {
             self.value_lists += 1;
         }
-        self.held += grown(1, n, size);
+        if n > 0 {
+            self.held += block(n * size);
+        }
     }
 
     /// The `n`th entry (from 1) of a list at `depth`.
