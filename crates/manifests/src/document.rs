@@ -62,23 +62,25 @@ pub(crate) fn read(
     }
 }
 
-/// The kind and `metadata` name of a document, if it parses that far.
+/// The kind and `metadata` name of a document, as far as it parses: each part on its own,
+/// so that a route refused for its name is still known to be a route.
 fn object_named(text: &str, options: &ParseOptions) -> Option<ObjectRef> {
     let value: Value = yaml_serde::from_str(text).ok()?;
-    let metadata = value.get("metadata")?;
-    let name = metadata.get("name")?.as_str()?;
-    let namespace = match metadata.get("namespace") {
-        Some(n) => n.as_str()?,
-        None => &options.default_namespace,
-    };
-    Some(ObjectRef {
-        kind: value
-            .get("kind")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-    })
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|k| !k.is_empty())
+        .map(str::to_string);
+    let key = (|| {
+        let metadata = value.get("metadata")?;
+        let name = metadata.get("name")?.as_str()?;
+        let namespace = match metadata.get("namespace") {
+            Some(n) => n.as_str()?,
+            None => &options.default_namespace,
+        };
+        Some(format!("{namespace}/{name}"))
+    })();
+    (kind.is_some() || key.is_some()).then_some(ObjectRef { kind, key })
 }
 
 fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOptions) -> Document {

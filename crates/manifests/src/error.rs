@@ -41,31 +41,26 @@ pub struct ManifestError {
     /// document or file as a whole).
     pub field: String,
     pub message: String,
-    /// The refused object, when the document got as far as naming one (so that a reader
-    /// can keep that object's last good version in its place).
+    /// What the refused document says it is, as far as it parses (so that a reader can
+    /// tell whose refusal it is, and keep that object's last good version in its place).
     pub object: Option<ObjectRef>,
 }
 
-/// What a refused document named itself.
+/// What a refused document says it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectRef {
-    /// `kind`, when the document has one: a refused HTTPRoute must not be taken for an
+    /// A non-empty `kind`, when written: a refused HTTPRoute must not be taken for an
     /// AuthorizationPolicy of the same name.
     pub kind: Option<String>,
-    pub namespace: String,
-    pub name: String,
+    /// `namespace/name` from `metadata` (the namespace defaulted), when it names one.
+    pub key: Option<String>,
 }
 
 impl ObjectRef {
-    /// `namespace/name`, the key objects of one kind are known by.
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-
-    /// True when it is, or could be, an object of `kind` (a document without a `kind`
-    /// could be anything).
-    pub fn may_be(&self, kind: &str) -> bool {
-        self.kind.as_deref().is_none_or(|k| k == kind)
+    /// True for a route (HTTPRoute, GRPCRoute): its refusal is the routes' reader's
+    /// business. Anything else, a document without a kind included, could be a policy.
+    pub fn is_route(&self) -> bool {
+        matches!(self.kind.as_deref(), Some("HTTPRoute" | "GRPCRoute"))
     }
 }
 

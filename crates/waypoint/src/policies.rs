@@ -8,8 +8,6 @@ use std::sync::Arc;
 
 use ambit_manifests::{ErrorKind, ObjectRef, Parsed};
 
-const POLICY_KIND: &str = "AuthorizationPolicy";
-
 use crate::authz::PolicySet;
 
 /// What a load did, for the log.
@@ -56,11 +54,11 @@ pub fn merge(parsed: Parsed, previous: Option<&PolicySet>) -> (PolicySet, Outcom
         if e.kind == ErrorKind::Duplicate {
             continue;
         }
-        // A refused route or other kind is its reader's business, not the policies'.
-        if e.object.as_ref().is_some_and(|o| !o.may_be(POLICY_KIND)) {
+        // A refused route is the routes' business; anything else could be a policy.
+        if e.object.as_ref().is_some_and(ObjectRef::is_route) {
             continue;
         }
-        let key = e.object.as_ref().map(ObjectRef::key);
+        let key = e.object.as_ref().and_then(|o| o.key.clone());
         let last_good = key.as_ref().and_then(|key| {
             previous?
                 .policies
@@ -173,6 +171,21 @@ spec:
             .replace("[\"DELETE\"]", "[\"delete\"]");
         let (_, o) = merge(parse(&format!("{GOOD}---{policy}")), None);
         assert!(o.fail_closed.is_some(), "{o:?}");
+        // A route refused before it names itself is still a route.
+        let nameless = route.replace("{name: canary, namespace: shop}", "{namespace: shop}");
+        let (set, o) = merge(parse(&format!("{GOOD}{nameless}")), None);
+        assert_eq!(o.fail_closed, None);
+        assert_eq!(keys(&set), ["shop/deny-delete", "shop/other"]);
+        // An empty kind, or a List (which may hold policies), is not known to be a route.
+        for other in [
+            "---\napiVersion: security.istio.io/v1\nkind: \"\"\nmetadata: {name: x, namespace: shop}\n",
+            "---\napiVersion: v1\nkind: List\nmetadata: {name: x, namespace: shop}\nitems: []\n",
+        ] {
+            let parsed = parse(&format!("{GOOD}{other}"));
+            assert_eq!(parsed.errors.len(), 1, "{other}: {:?}", parsed.errors);
+            let (_, o) = merge(parsed, None);
+            assert!(o.fail_closed.is_some(), "{other}: {o:?}");
+        }
     }
 
     #[test]
