@@ -139,9 +139,12 @@ impl Downstream {
         }
         let series = metrics.series(self.request_labels(outcome));
         series.record(duration_ms, request_bytes, response_bytes);
-        if held.len() < MAX_HELD_SERIES {
-            held.push((outcome.clone(), series));
+        // Full (a long-lived tunnel whose endpoints changed many times): start again
+        // rather than keep old workloads alive and miss for good.
+        if held.len() >= MAX_HELD_SERIES {
+            held.clear();
         }
+        held.push((outcome.clone(), series));
     }
 
     /// An opaque tunnel's labels before its endpoint is known.

@@ -251,21 +251,22 @@ impl Metrics {
     pub fn forget_gone(&self, present: impl Fn(&str, &str) -> bool) {
         let gone =
             |ns: &str, name: &str| ns != "unknown" && name != "unknown" && !present(ns, name);
-        let mut dropped = false;
-        self.seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|l| {
-                let drop = l.traffic.names_one_of(gone);
-                if drop {
-                    dropped = true;
-                    self.requests.remove(l);
-                    self.duration.remove(l);
-                    self.request_bytes.remove(l);
-                    self.response_bytes.remove(l);
-                }
-                !drop
-            });
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        // Marked stale before any is removed, so that tunnels holding them look them up
+        // again from here on (a request already past its check can still count into one).
+        if seen.iter().any(|l| l.traffic.names_one_of(gone)) {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        seen.retain(|l| {
+            let drop = l.traffic.names_one_of(gone);
+            if drop {
+                self.requests.remove(l);
+                self.duration.remove(l);
+                self.request_bytes.remove(l);
+                self.response_bytes.remove(l);
+            }
+            !drop
+        });
         self.seen_tcp
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -279,9 +280,6 @@ impl Metrics {
                 }
                 !drop
             });
-        if dropped {
-            self.generation.fetch_add(1, Ordering::AcqRel);
-        }
     }
 }
 
