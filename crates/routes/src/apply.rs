@@ -21,19 +21,14 @@ pub fn apply_headers(m: &HeaderModifier, headers: &mut HeaderMap) {
         }
     }
     for (name, value) in &m.add {
-        let joined = {
-            let present: Vec<&str> = headers
-                .get_all(name)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            if present.is_empty() {
-                value.clone()
-            } else {
-                format!("{},{value}", present.join(","))
-            }
-        };
-        if let Ok(v) = HeaderValue::from_str(&joined) {
+        // Joined as bytes: a value there that is not text is kept, not dropped.
+        let mut joined: Vec<u8> = Vec::new();
+        for v in headers.get_all(name) {
+            joined.extend_from_slice(v.as_bytes());
+            joined.push(b',');
+        }
+        joined.extend_from_slice(value.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&joined) {
             headers.insert(name.clone(), v);
         }
     }
@@ -118,9 +113,14 @@ mod tests {
         h.append("x-add", HeaderValue::from_static("b"));
         h.insert("x-gone", HeaderValue::from_static("1"));
         h.insert("x-kept", HeaderValue::from_static("k"));
+        h.insert("x-opaque", HeaderValue::from_bytes(b"caf\xe9").unwrap());
         let m = HeaderModifier {
             set: vec![(name("x-set"), "new".into()), (name("x-fresh"), "f".into())],
-            add: vec![(name("x-add"), "c".into()), (name("x-new"), "n".into())],
+            add: vec![
+                (name("x-add"), "c".into()),
+                (name("x-new"), "n".into()),
+                (name("x-opaque"), "d".into()),
+            ],
             remove: vec![name("x-gone"), name("x-absent")],
         };
         apply_headers(&m, &mut h);
@@ -132,6 +132,8 @@ mod tests {
         assert_eq!(all("x-new"), ["n"]);
         assert!(all("x-gone").is_empty());
         assert_eq!(all("x-kept"), ["k"]);
+        let opaque: Vec<&[u8]> = h.get_all("x-opaque").iter().map(|v| v.as_bytes()).collect();
+        assert_eq!(opaque, [b"caf\xe9,d".as_slice()]);
     }
 
     fn redirect(scheme: Option<&str>, host: Option<&str>, port: Option<u16>) -> Redirect {
