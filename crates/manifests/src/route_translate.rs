@@ -348,34 +348,52 @@ fn default_rule() -> Rule {
     }
 }
 
+/// A rule's matches, each read by `read`: at most `max`; none written is one match of
+/// every request.
+fn rule_matches<M>(
+    p: &FieldPath,
+    spec: Option<Vec<M>>,
+    max: usize,
+    read: fn(FieldPath, M) -> Result<RouteMatch, Invalid>,
+) -> Result<Vec<RouteMatch>, Invalid> {
+    match spec {
+        Some(m) if m.len() > max => Err(invalid(
+            p.at(field!["matches"]),
+            format!("at most {max} matches"),
+        )),
+        Some(m) if !m.is_empty() => m
+            .into_iter()
+            .enumerate()
+            .map(|(j, m)| read(p.at(field!["matches", j]), m))
+            .collect(),
+        _ => Ok(vec![RouteMatch::default()]),
+    }
+}
+
+/// A rule's `backendRefs`, at most [`MAX_BACKEND_REFS`].
+fn backend_refs(
+    p: &FieldPath,
+    spec: Option<Vec<BackendRefSpec>>,
+) -> Result<Vec<BackendRefSpec>, Invalid> {
+    let spec = spec.unwrap_or_default();
+    if spec.len() > MAX_BACKEND_REFS {
+        return Err(invalid(
+            p.at(field!["backendRefs"]),
+            format!("at most {MAX_BACKEND_REFS} backendRefs"),
+        ));
+    }
+    Ok(spec)
+}
+
 fn http_rule(
     p: FieldPath,
     r: HttpRuleSpec,
     namespace: &str,
     notes: &mut Vec<String>,
 ) -> Result<Rule, Invalid> {
-    let matches = match r.matches {
-        Some(m) if m.len() > MAX_HTTP_MATCHES => {
-            return Err(invalid(
-                p.at(field!["matches"]),
-                format!("at most {MAX_HTTP_MATCHES} matches"),
-            ))
-        }
-        Some(m) if !m.is_empty() => m
-            .into_iter()
-            .enumerate()
-            .map(|(j, m)| http_match(p.at(field!["matches", j]), m))
-            .collect::<Result<Vec<_>, _>>()?,
-        _ => vec![RouteMatch::default()],
-    };
+    let matches = rule_matches(&p, r.matches, MAX_HTTP_MATCHES, http_match)?;
     let filters_spec = r.filters.unwrap_or_default();
-    let backends_spec = r.backend_refs.unwrap_or_default();
-    if backends_spec.len() > MAX_BACKEND_REFS {
-        return Err(invalid(
-            p.at(field!["backendRefs"]),
-            format!("at most {MAX_BACKEND_REFS} backendRefs"),
-        ));
-    }
+    let backends_spec = backend_refs(&p, r.backend_refs)?;
     let fp = p.at(field!["filters"]);
     let mut unsupported = None;
     let filters = filters(
@@ -511,27 +529,8 @@ fn grpc_rule(
     namespace: &str,
     notes: &mut Vec<String>,
 ) -> Result<Rule, Invalid> {
-    let matches = match r.matches {
-        Some(m) if m.len() > MAX_GRPC_MATCHES => {
-            return Err(invalid(
-                p.at(field!["matches"]),
-                format!("at most {MAX_GRPC_MATCHES} matches"),
-            ))
-        }
-        Some(m) if !m.is_empty() => m
-            .into_iter()
-            .enumerate()
-            .map(|(j, m)| grpc_match(p.at(field!["matches", j]), m))
-            .collect::<Result<Vec<_>, _>>()?,
-        _ => vec![RouteMatch::default()],
-    };
-    let backends_spec = r.backend_refs.unwrap_or_default();
-    if backends_spec.len() > MAX_BACKEND_REFS {
-        return Err(invalid(
-            p.at(field!["backendRefs"]),
-            format!("at most {MAX_BACKEND_REFS} backendRefs"),
-        ));
-    }
+    let matches = rule_matches(&p, r.matches, MAX_GRPC_MATCHES, grpc_match)?;
+    let backends_spec = backend_refs(&p, r.backend_refs)?;
     let mut unsupported = None;
     let filters = filters(
         &p.at(field!["filters"]),
