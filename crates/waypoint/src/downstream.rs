@@ -247,12 +247,8 @@ mod tests {
         assert_eq!(count(&r, "reviews-v1", 503), Some(1));
         assert_eq!(count(&r, "reviews-v2", 200), Some(1));
         // The same series a fresh lookup finds: one line, not two.
-        m.request(crate::metrics::RequestRecord {
-            labels: down.request_labels(&outcome(&v1, 200)),
-            duration_ms: 1.0,
-            request_bytes: 10,
-            response_bytes: 20,
-        });
+        m.series(down.request_labels(&outcome(&v1, 200)))
+            .record(1.0, 10, 20);
         assert_eq!(count(&r, "reviews-v1", 200), Some(4));
 
         // v1 leaves: its series go. Were the tunnel to keep recording into the handles it

@@ -107,15 +107,6 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// One finished request.
-#[derive(Debug)]
-pub struct RequestRecord {
-    pub labels: RequestLabels,
-    pub duration_ms: f64,
-    pub request_bytes: u64,
-    pub response_bytes: u64,
-}
-
 /// One label set's four request metrics, looked up once: they share their values with
 /// the families', so a tunnel can keep them and record without hashing its labels again
 /// (the labels are some twenty strings; hashing them four times per request was a
@@ -197,12 +188,6 @@ impl Metrics {
             m.refused_authorities.clone(),
         );
         m
-    }
-
-    /// Counts a finished request.
-    pub fn request(&self, r: RequestRecord) {
-        self.series(r.labels)
-            .record(r.duration_ms, r.request_bytes, r.response_bytes);
     }
 
     /// The series of `labels`, made if new.
@@ -313,12 +298,7 @@ mod tests {
             ..RequestLabels::default()
         };
         for src in ["a", "b"] {
-            m.request(RequestRecord {
-                labels: labels(src),
-                duration_ms: 1.0,
-                request_bytes: 10,
-                response_bytes: 20,
-            });
+            m.series(labels(src)).record(1.0, 10, 20);
         }
         let before = text(&r);
         assert!(before.contains("source_workload=\"a\""), "{before}");
