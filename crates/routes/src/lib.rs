@@ -32,7 +32,7 @@ pub use grpc::{grpc_path_match, GrpcMatchError, GrpcMatchType};
 pub use model::*;
 pub use path::{normalize_prefix, prefix_matches, replace_prefix};
 pub use pattern::{Pattern, PatternError, MAX_COMPILED_BYTES, MAX_PATTERN_CHARS};
-pub use select::{matches, Matched, Request, RouteTable, Selection};
+pub use select::{matches, Matched, Refusal, Request, RouteTable, Selection};
 
 #[cfg(test)]
 mod tests;

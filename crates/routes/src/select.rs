@@ -53,6 +53,15 @@ pub struct Matched<'t> {
     pub route_match: &'t RouteMatch,
 }
 
+/// A route, or a match of one, that a frontend does not use, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `namespace/name`.
+    pub route: String,
+    pub kind: RouteKind,
+    pub why: String,
+}
+
 /// One match of one rule, placed in the order of precedence.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -174,6 +183,98 @@ impl RouteTable {
             }
         }
         seen.into_iter().map(|i| &*self.routes[i]).collect()
+    }
+
+    /// The Services that have routes attached, in no particular order.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.by_service.keys()
+    }
+
+    /// The ports routes name for `service` (those attached to every port are not listed).
+    pub fn ports_named(&self, service: &ServiceKey) -> Vec<u16> {
+        let mut ports: Vec<u16> = self
+            .by_service
+            .get(service)
+            .into_iter()
+            .flat_map(|(_, attached)| attached.iter().filter_map(|a| a.port))
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
+    /// Every match that applies to `frontend`, in the order they are evaluated.
+    pub fn evaluation(&self, frontend: &Frontend) -> Vec<Matched<'_>> {
+        let Some((entries, attached)) = self.by_service.get(&frontend.service) else {
+            return Vec::new();
+        };
+        let Some(kind) = self.kind_used(attached, frontend.port) else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter(|e| applies(e.port, frontend.port) && self.routes[e.route].kind == kind)
+            .map(|e| {
+                let route = &*self.routes[e.route];
+                let rule = &route.rules[e.rule];
+                Matched {
+                    route,
+                    rule_index: e.rule,
+                    rule,
+                    match_index: e.matched,
+                    route_match: &rule.matches[e.matched],
+                }
+            })
+            .collect()
+    }
+
+    /// What users should be told of `frontend`'s routes: matches that can never be chosen
+    /// (one the same, evaluated before, always wins), and routes of the other kind left
+    /// out (HTTPRoutes and GRPCRoutes are never merged).
+    pub fn refusals(&self, frontend: &Frontend) -> Vec<Refusal> {
+        let order = self.evaluation(frontend);
+        let mut out = Vec::new();
+        for (i, m) in order.iter().enumerate() {
+            if let Some(first) = order[..i].iter().find(|e| e.route_match == m.route_match) {
+                out.push(Refusal {
+                    route: m.route.key(),
+                    kind: m.route.kind,
+                    why: format!(
+                        "rule {} match {} conflicts with {} {} rule {} match {}, which is evaluated first and matches the same requests",
+                        m.rule_index,
+                        m.match_index,
+                        first.route.kind,
+                        first.route.key(),
+                        first.rule_index,
+                        first.match_index
+                    ),
+                });
+            }
+        }
+        let Some((_, attached)) = self.by_service.get(&frontend.service) else {
+            return out;
+        };
+        let Some(kind) = self.kind_used(attached, frontend.port) else {
+            return out;
+        };
+        let mut left_out: Vec<&Route> = attached
+            .iter()
+            .filter(|a| applies(a.port, frontend.port))
+            .map(|a| &*self.routes[a.route])
+            .filter(|r| r.kind != kind)
+            .collect();
+        left_out.dedup_by_key(|r| r.key());
+        for r in left_out {
+            out.push(Refusal {
+                route: r.key(),
+                kind: r.kind,
+                why: format!(
+                    "not used: an older {kind} is attached to this port, and {kind}s and {}s are never merged on one",
+                    r.kind
+                ),
+            });
+        }
+        out
     }
 
     /// The kind of the oldest route attached to this port of the Service.

@@ -516,3 +516,55 @@ fn http_and_grpc_routes_are_not_merged() {
     );
     assert_eq!(table.attached(&frontend("echo", 80)).len(), 1);
 }
+
+/// What users are shown: the evaluation order, a match that another evaluated first
+/// always wins over, and a route of the other kind left out.
+#[test]
+fn evaluation_order_and_refusals() {
+    let older = route(
+        "older",
+        Some(1),
+        &[("echo", None)],
+        vec![rule("older", vec![prefix("/api"), exact("/health")])],
+    );
+    let newer = route(
+        "newer",
+        Some(2),
+        &[("echo", Some(80))],
+        vec![
+            rule("shadowed", vec![prefix("/api/")]),
+            rule("distinct", vec![prefix("/api").method("POST")]),
+        ],
+    );
+    let mut g = (*route("grpc", Some(3), &[("echo", Some(80))], vec![])).clone();
+    g.kind = RouteKind::Grpc;
+    let table = RouteTable::new([newer, older, Arc::new(g)]);
+    let f = frontend("echo", 80);
+    let order: Vec<String> = table
+        .evaluation(&f)
+        .iter()
+        .map(|m| format!("{}#{}.{}", m.route.name, m.rule_index, m.match_index))
+        .collect();
+    assert_eq!(
+        order,
+        ["older#0.1", "newer#1.0", "older#0.0", "newer#0.0"],
+        "exact, then a prefix with a method, then equal prefixes oldest first"
+    );
+    let refusals = table.refusals(&f);
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    assert_eq!(refusals[0].route, "shop/newer");
+    assert!(
+        refusals[0]
+            .why
+            .contains("rule 0 match 0 conflicts with HTTPRoute shop/older rule 0 match 0"),
+        "{}",
+        refusals[0].why
+    );
+    assert_eq!(
+        (refusals[1].route.as_str(), refusals[1].kind),
+        ("shop/grpc", RouteKind::Grpc)
+    );
+    // Another port of the Service sees only the route attached to every port.
+    assert!(table.refusals(&frontend("echo", 81)).is_empty());
+    assert_eq!(table.ports_named(&svc("shop", "echo")), [80]);
+}

@@ -85,6 +85,10 @@ pub fn config_dump(wp: &Waypoint, certs: &CertManager) -> Value {
     if let Some(m) = dump.as_object_mut() {
         m.insert("waypointPolicies".into(), Value::Array(policies));
         m.insert(
+            "waypointRoutes".into(),
+            crate::route_status::dump(&wp.routes.get(), &wp.state.get(), &wp.cfg.cluster_domain),
+        );
+        m.insert(
             "certificates".into(),
             serde_json::to_value(certs.dump()).unwrap_or_default(),
         );

@@ -37,6 +37,9 @@ pub struct Config {
     pub cluster_id: String,
     /// `NETWORK`: where authorities and endpoints are looked up.
     pub network: String,
+    /// `CLUSTER_DOMAIN` (default `cluster.local`): a route's backend Service `name` in
+    /// `namespace` is `<name>.<namespace>.svc.<domain>`.
+    pub cluster_domain: String,
     /// `INSTANCE_IP`: the pod's address, the source of onward connections (so the
     /// destination's node proxy sees the waypoint at its own address).
     pub instance_ip: Option<std::net::IpAddr>,
@@ -210,6 +213,12 @@ impl Config {
             trust_domain,
             cluster_id,
             network: env.get("NETWORK").unwrap_or_default().to_string(),
+            cluster_domain: env
+                .get("CLUSTER_DOMAIN")
+                .map(|d| d.trim().trim_end_matches('.'))
+                .filter(|d| !d.is_empty())
+                .unwrap_or("cluster.local")
+                .to_string(),
             instance_ip: env.parse("INSTANCE_IP", "the pod's IP address")?,
             mesh,
             policy_path: env

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use ambit_identity::SpiffeId;
-use ambit_state::Workload;
+use ambit_state::{Service, Workload};
 
 use crate::front::Fronted;
 use crate::metrics::{Metrics, RequestLabels, RequestSeries, TrafficLabels};
@@ -38,8 +38,27 @@ pub struct Downstream {
 pub struct Outcome {
     /// The endpoint's workload, when the request got as far as choosing one.
     pub destination: Option<Arc<Workload>>,
+    /// The Service a route sent the request to, when not the one dialled.
+    pub service: Option<Arc<Service>>,
     pub response_code: u16,
     pub response_flags: &'static str,
+    /// A gRPC request (`request_protocol="grpc"`), and its `grpc-status` once known.
+    pub grpc: bool,
+    pub grpc_status: Option<u32>,
+}
+
+impl Outcome {
+    /// Nothing known yet.
+    pub fn new(grpc: bool) -> Outcome {
+        Outcome {
+            destination: None,
+            service: None,
+            response_code: 0,
+            response_flags: "-",
+            grpc,
+            grpc_status: None,
+        }
+    }
 }
 
 impl PartialEq for Outcome {
@@ -50,9 +69,17 @@ impl PartialEq for Outcome {
             (None, None) => true,
             _ => false,
         };
+        let same_service = match (&self.service, &other.service) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
         same_destination
+            && same_service
             && self.response_code == other.response_code
             && self.response_flags == other.response_flags
+            && self.grpc == other.grpc
+            && self.grpc_status == other.grpc_status
     }
 }
 
@@ -88,7 +115,12 @@ impl Downstream {
             connection_security_policy: "mutual_tls",
             ..TrafficLabels::default()
         };
-        destination_labels(&mut traffic, &fronted, None);
+        destination_labels(
+            &mut traffic,
+            fronted.service().map(|s| &**s),
+            &fronted,
+            None,
+        );
         Downstream {
             peer_ip,
             peer_identity,
@@ -105,14 +137,24 @@ impl Downstream {
         let mut labels = RequestLabels {
             traffic: self.traffic.clone(),
             response_code: outcome.response_code.to_string(),
+            grpc_response_status: outcome
+                .grpc_status
+                .map_or_else(String::new, |s| s.to_string()),
             ..RequestLabels::default()
         };
         destination_labels(
             &mut labels.traffic,
+            outcome
+                .service
+                .as_deref()
+                .or(self.fronted.service().map(|s| &**s)),
             &self.fronted,
             outcome.destination.as_deref(),
         );
         labels.traffic.response_flags = outcome.response_flags;
+        if outcome.grpc {
+            labels.traffic.request_protocol = "grpc";
+        }
         labels
     }
 
@@ -156,11 +198,16 @@ impl Downstream {
     }
 }
 
-/// Fills the destination half of `l`: the service being served, and the chosen
-/// endpoint's workload when there is one.
-pub fn destination_labels(l: &mut TrafficLabels, fronted: &Fronted, endpoint: Option<&Workload>) {
+/// Fills the destination half of `l`: the service the request went to (the dialled one,
+/// or a route's backend), and the chosen endpoint's workload when there is one.
+pub fn destination_labels(
+    l: &mut TrafficLabels,
+    service: Option<&Service>,
+    fronted: &Fronted,
+    endpoint: Option<&Workload>,
+) {
     let unknown = || "unknown".to_string();
-    match fronted.service() {
+    match service {
         Some(s) => {
             l.destination_service = s.hostname.clone();
             l.destination_service_name = s.name.clone();
@@ -195,7 +242,6 @@ pub fn destination_labels(l: &mut TrafficLabels, fronted: &Fronted, endpoint: Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ambit_state::Service;
     use prometheus_client::registry::Registry;
 
     fn workload(name: &str) -> Arc<Workload> {
@@ -236,7 +282,7 @@ mod tests {
         let outcome = |w: &Arc<Workload>, code| Outcome {
             destination: Some(w.clone()),
             response_code: code,
-            response_flags: "-",
+            ..Outcome::new(false)
         };
         for _ in 0..3 {
             down.record(&m, &outcome(&v1, 200), 1.0, 10, 20);

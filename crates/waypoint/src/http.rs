@@ -20,6 +20,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::authz::{self, Verdict};
 use crate::balance::{choose, Choice};
 use crate::downstream::{Downstream, Outcome};
+use crate::replay::{Deadline, Tee};
+use crate::routing::{self, Plan, RouteRequest};
 use crate::upstream::{Body, BoxError, Version};
 use crate::Waypoint;
 use ambit_runtime::drain::DrainWatcher;
@@ -32,8 +34,9 @@ pub const MAX_HEADERS: usize = 100;
 pub const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Streams per HTTP/2 connection, as Envoy's waypoint allows.
 pub const MAX_STREAMS: u32 = 100;
-/// Connect attempts per request, the first included (Istio's default retry: connect
-/// failures retried on another endpoint, twice).
+/// Connect attempts per opaque tunnel, the first included (Istio's default retry: connect
+/// failures retried on another endpoint, twice). HTTP requests follow their route's
+/// retry policy ([`routing::RetryPolicy`]).
 pub const CONNECT_ATTEMPTS: usize = 3;
 
 /// Serves HTTP on `io` until the client closes or the drain ends it gracefully.
@@ -105,11 +108,7 @@ async fn handle(
     let mut finish = Finish {
         wp: wp.clone(),
         down: down.clone(),
-        outcome: Outcome {
-            destination: None,
-            response_code: 0,
-            response_flags: "-",
-        },
+        outcome: Outcome::new(is_grpc(req.headers())),
         start: Instant::now(),
         request_bytes: Arc::new(AtomicU64::new(0)),
         access: wp
@@ -163,7 +162,53 @@ async fn handle(
         }
     }
 
-    // Onward: the request with its target normalised, hop-by-hop headers dropped.
+    let grpc = finish.outcome.grpc;
+    let routes = wp.routes.get();
+    let plan = routing::plan(
+        &routes.table,
+        &state,
+        &down.fronted,
+        &RouteRequest {
+            method: req.method().as_str(),
+            path: &path,
+            query: normalized.query,
+            headers: req.headers(),
+            host: &host,
+        },
+        rand::random(),
+        &wp.cfg.cluster_domain,
+    );
+    let query = normalized.query.map(str::to_string);
+    let fwd = match plan {
+        Plan::Forward(f) => f,
+        Plan::NotFound => {
+            tracing::debug!(fronted = %down.fronted.describe(), path = %path, "no route matches");
+            return finish.local(StatusCode::NOT_FOUND, "NR", "route_not_found", "");
+        }
+        Plan::Fail(why) => {
+            tracing::debug!(fronted = %down.fronted.describe(), "answered 500: {why}");
+            return finish.local(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "-",
+                "direct_response",
+                "",
+            );
+        }
+        Plan::Redirect { status, location } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FOUND);
+            let mut response = finish.local(status, "-", "redirect", "");
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(http::header::LOCATION, v);
+            }
+            return response;
+        }
+    };
+    if fwd.rule.is_some() {
+        finish.outcome.service = fwd.target.service().cloned();
+    }
+
+    // Onward: the request with its target normalised, hop-by-hop headers dropped, the
+    // route's modifiers and rewrite applied.
     let (mut parts, body) = req.into_parts();
     let kept_upgrade = upgrade.is_some().then(|| {
         (
@@ -181,91 +226,288 @@ async fn handle(
             HeaderValue::from_static("upgrade"),
         );
     }
-    let authority = host.clone();
-    parts.uri = match onward_uri(version, &authority, &forwarded_target) {
+    for m in &fwd.request_headers {
+        ambit_routes::apply_headers(m, &mut parts.headers);
+    }
+    let authority = fwd.host.map_or(host, str::to_string);
+    let target = match (&fwd.path, &query) {
+        (Some(p), Some(q)) => format!("{p}?{q}"),
+        (Some(p), None) => p.clone(),
+        (None, _) => forwarded_target,
+    };
+    let uri = match onward_uri(version, &authority, &target) {
         Some(u) => u,
         None => return finish.reply(StatusCode::BAD_REQUEST, "-", "Bad Request"),
     };
-    if version == Version::Http1 && !parts.headers.contains_key(http::header::HOST) {
+    if version == Version::Http1
+        && (fwd.host.is_some() || !parts.headers.contains_key(http::header::HOST))
+    {
         if let Ok(v) = HeaderValue::from_str(&authority) {
             parts.headers.insert(http::header::HOST, v);
         }
     }
-    parts.version = match version {
-        Version::Http1 => http::Version::HTTP_11,
-        Version::Http2 => http::Version::HTTP_2,
+    let head = Head {
+        method: parts.method,
+        uri,
+        version: match version {
+            Version::Http1 => http::Version::HTTP_11,
+            Version::Http2 => http::Version::HTTP_2,
+        },
+        headers: parts.headers,
     };
-    let body = Counted::new(
+    let counted = Counted::new(
         body.map_err(BoxError::from).boxed_unsync(),
         finish.request_bytes.clone(),
         None,
-    );
-    let mut body = Some(body.boxed_unsync());
+    )
+    .boxed_unsync();
+    let mirrors = fwd
+        .mirrors
+        .iter()
+        .filter_map(|target| mirror(&wp, &state, target, &head, version))
+        .collect();
+    let retry = &fwd.retry;
+    let recording = (retry.retries > 0 && (!retry.codes.is_empty() || grpc))
+        .then(crate::replay::Recording::default);
+    let mut first_body = Some(Tee::new(counted, recording.clone(), mirrors).boxed_unsync());
+    let deadline = fwd
+        .timeouts
+        .request
+        .map(|d| tokio::time::Instant::now() + d);
+    let mut upgrade = upgrade;
     let mut last_failure = None;
-    let mut tried = Vec::with_capacity(CONNECT_ATTEMPTS);
-    for _ in 0..CONNECT_ATTEMPTS {
-        let choice = match choose(&wp, &state, &down.fronted, &tried) {
+    let tries = retry.retries.saturating_add(1);
+    let mut tried = Vec::with_capacity(tries as usize);
+    for attempt in 0..tries {
+        if attempt > 0 {
+            let wait = retry.backoff_before(attempt, rand::random());
+            if deadline.is_some_and(|d| tokio::time::Instant::now() + wait >= d) {
+                return finish.timeout();
+            }
+            tokio::time::sleep(wait).await;
+        }
+        let choice = match choose(&wp, &state, &fwd.target, &tried) {
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!(fronted = %down.fronted.describe(), "{e}");
+                tracing::debug!(fronted = %fwd.target.describe(), "{e}");
                 return finish.reply(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
             }
         };
         let Choice { endpoint, workload } = choice;
         finish.outcome.destination = workload;
         finish.upstream = Some(endpoint.target);
-        let sender = match wp.upstream.connect(&endpoint, version).await {
-            Ok(s) => s,
-            Err(e) => {
+        let connected = within(deadline, wp.upstream.connect(&endpoint, version)).await;
+        let sender = match connected {
+            None => return finish.timeout(),
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
                 tracing::debug!(endpoint = %endpoint.target, "onward connect failed: {e}");
                 tried.push(endpoint.target);
                 last_failure = Some(e);
                 continue;
             }
         };
-        let req = Request::from_parts(parts, body.take().unwrap_or_else(empty));
-        return match sender.send(req).await {
-            Ok(mut response) => {
-                if let (Some(downstream), StatusCode::SWITCHING_PROTOCOLS) =
-                    (upgrade, response.status())
-                {
-                    let upstream = hyper::upgrade::on(&mut response);
-                    tokio::spawn(join_upgraded(downstream, upstream));
-                }
-                let (parts, body) = response.into_parts();
-                finish.outcome.response_code = parts.status.as_u16();
-                if let Some(a) = &mut finish.access {
-                    a.status = parts.status.as_u16();
-                }
-                let body = Counted::new(
-                    body.map_err(BoxError::from).boxed_unsync(),
-                    Arc::new(AtomicU64::new(0)),
-                    Some(finish),
-                );
-                Response::from_parts(parts, body.boxed_unsync())
+        let Some(body) = first_body
+            .take()
+            .or_else(|| recording.as_ref().and_then(|r| r.replay()))
+        else {
+            // Never: a try after one that sent the body is only made when it replays.
+            return finish.reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "URX",
+                "upstream retry limit exceeded",
+            );
+        };
+        let try_deadline = match (fwd.timeouts.backend_request, deadline) {
+            (Some(per_try), d) => {
+                let t = tokio::time::Instant::now() + per_try;
+                Some(d.map_or(t, |d| d.min(t)))
             }
-            Err(e) => {
+            (None, d) => d,
+        };
+        let can_retry = |recording: &Option<crate::replay::Recording>| {
+            attempt + 1 < tries && recording.as_ref().is_some_and(|r| r.replayable())
+        };
+        let sent = within(try_deadline, sender.send(head.request(body))).await;
+        let mut response = match sent {
+            None => {
+                let overall = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
+                if !overall && retry.codes.contains(&504) && can_retry(&recording) {
+                    tracing::debug!(endpoint = %endpoint.target, "try timed out; retrying");
+                    tried.push(endpoint.target);
+                    continue;
+                }
+                return finish.timeout();
+            }
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
                 tracing::debug!(endpoint = %endpoint.target, "onward request failed: {e}");
-                finish.reply(StatusCode::SERVICE_UNAVAILABLE,
+                return finish.reply(StatusCode::SERVICE_UNAVAILABLE,
                     "UC",
                     "upstream connect error or disconnect/reset before headers. reset reason: connection termination",
-                )
+                );
             }
         };
+        if retriable(&response, retry.codes, grpc) && can_retry(&recording) {
+            tracing::debug!(endpoint = %endpoint.target, status = %response.status(), "retrying");
+            tried.push(endpoint.target);
+            continue;
+        }
+        if let (Some(downstream), StatusCode::SWITCHING_PROTOCOLS) =
+            (upgrade.take(), response.status())
+        {
+            let upstream = hyper::upgrade::on(&mut response);
+            tokio::spawn(join_upgraded(downstream, upstream));
+        }
+        let (mut parts, body) = response.into_parts();
+        for m in &fwd.response_headers {
+            ambit_routes::apply_headers(m, &mut parts.headers);
+        }
+        finish.outcome.response_code = parts.status.as_u16();
+        if grpc {
+            finish.outcome.grpc_status = grpc_status(&parts.headers);
+        }
+        if let Some(a) = &mut finish.access {
+            a.status = parts.status.as_u16();
+        }
+        let mut body = body.map_err(BoxError::from).boxed_unsync();
+        if let Some(d) = deadline {
+            body = Deadline::new(body, d).boxed_unsync();
+        }
+        let body = Counted::new(body, Arc::new(AtomicU64::new(0)), Some(finish));
+        return Response::from_parts(parts, body.boxed_unsync());
     }
     let why = last_failure.map_or_else(String::new, |e| e.to_string());
-    tracing::debug!(fronted = %down.fronted.describe(), "every connect attempt failed: {why}");
+    tracing::debug!(fronted = %fwd.target.describe(), "every connect attempt failed: {why}");
     finish.reply(StatusCode::SERVICE_UNAVAILABLE,
         "UF",
         "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
     )
 }
 
-fn empty() -> Body {
-    http_body_util::Empty::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
+/// An onward request's head, kept to build each try.
+struct Head {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: HeaderMap,
 }
+
+impl Head {
+    fn request(&self, body: Body) -> Request<Body> {
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+/// `f` until `deadline`: `None` once it passes.
+async fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    f: F,
+) -> Option<F::Output> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+        None => Some(f.await),
+    }
+}
+
+/// Whether a response is one the retry policy retries: a listed code, or gRPC's
+/// UNAVAILABLE (14) or CANCELLED (1) in a trailers-only answer (Istio's default
+/// `retryOn` has `unavailable` and `cancelled`).
+fn retriable<B>(response: &http::Response<B>, codes: &[u16], grpc: bool) -> bool {
+    codes.contains(&response.status().as_u16())
+        || (grpc && matches!(grpc_status(response.headers()), Some(1 | 14)))
+}
+
+/// A `grpc-status` header's value.
+fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+    headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether a request is gRPC (`content-type: application/grpc`, with or without a
+/// subtype).
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v == "application/grpc"
+                || v.starts_with("application/grpc+")
+                || v.starts_with("application/grpc;")
+        })
+}
+
+/// Starts a copy of the request to a mirror `target`, fire and forget, if the bound on
+/// mirrors in flight allows; returns the feed for its body. The copy's `Host` has
+/// `-shadow` added to its host, as Envoy marks mirrored requests.
+fn mirror(
+    wp: &Arc<Waypoint>,
+    state: &ambit_state::ProxyState,
+    target: &crate::front::Fronted,
+    head: &Head,
+    version: Version,
+) -> Option<crate::replay::MirrorSender> {
+    let permit = wp.mirrors.clone().try_acquire_owned().ok()?;
+    let choice = match choose(wp, state, target, &[]) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(mirror = %target.describe(), "mirror skipped: {e}");
+            return None;
+        }
+    };
+    let (feed, body) = crate::replay::mirror_channel();
+    let mut req = head.request(body.boxed_unsync());
+    let shadow = |h: &str| match h.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{host}-shadow:{port}")
+        }
+        _ => format!("{h}-shadow"),
+    };
+    if let Some(h) = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+    {
+        if let Ok(v) = HeaderValue::from_str(&shadow(h)) {
+            req.headers_mut().insert(http::header::HOST, v);
+        }
+    }
+    if let Some(a) = req.uri().authority() {
+        let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        if let Ok(u) = format!("http://{}{target}", shadow(a.as_str())).parse() {
+            *req.uri_mut() = u;
+        }
+    }
+    let wp = wp.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
+            let sender = wp.upstream.connect(&choice.endpoint, version).await?;
+            let response = sender.send(req).await?;
+            // Read to the end, so an HTTP/1.1 connection goes back to the pool.
+            response.into_body().collect().await?;
+            Ok::<_, BoxError>(())
+        })
+        .await;
+        if let Ok(Err(e)) = sent {
+            tracing::debug!(endpoint = %choice.endpoint.target, "mirrored request failed: {e}");
+        }
+    });
+    Some(feed)
+}
+
+/// How long a mirrored request may take before it is abandoned.
+pub const MIRROR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The `Host` / `:authority` the client sent (the tunnel's authority when it sent none).
 fn request_host(req: &Request<Incoming>) -> String {
@@ -357,29 +599,66 @@ struct Finish {
 }
 
 impl Finish {
-    /// A reply made here (refusal or upstream failure), counted like a forwarded one.
-    fn reply(
+    /// A reply made here (refusal or upstream failure), counted like a forwarded one; its
+    /// body is also its details in the access log.
+    fn reply(self, status: StatusCode, flags: &'static str, body: &'static str) -> Response<Body> {
+        self.local(status, flags, body, body)
+    }
+
+    /// The route's (or the try's) timeout expired before the response began.
+    fn timeout(self) -> Response<Body> {
+        self.reply(
+            StatusCode::GATEWAY_TIMEOUT,
+            "UT",
+            "upstream request timeout",
+        )
+    }
+
+    /// A reply made here. To a gRPC request it is a trailers-only answer, HTTP 200 with
+    /// the status mapped as Envoy maps it and the body as `grpc-message`.
+    fn local(
         mut self,
         status: StatusCode,
         flags: &'static str,
+        details: &'static str,
         body: &'static str,
     ) -> Response<Body> {
-        self.outcome.response_code = status.as_u16();
         self.outcome.response_flags = flags;
+        let grpc = self.outcome.grpc.then(|| grpc_status_of(status));
+        self.outcome.response_code = match grpc {
+            Some(_) => 200,
+            None => status.as_u16(),
+        };
+        self.outcome.grpc_status = grpc;
         if let Some(a) = &mut self.access {
-            a.status = status.as_u16();
-            a.details = Some(body);
+            a.status = self.outcome.response_code;
+            a.details = Some(details);
         }
+        let body = if grpc.is_some() { "" } else { body };
         self.record(body.len() as u64);
         let mut response = Response::new(
             Full::new(Bytes::from_static(body.as_bytes()))
                 .map_err(|never| match never {})
                 .boxed_unsync(),
         );
-        *response.status_mut() = status;
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        if grpc.is_none() {
+            *response.status_mut() = status;
+        }
+        let h = response.headers_mut();
+        match grpc {
+            Some(code) => {
+                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+                h.insert("grpc-status", HeaderValue::from(code));
+                if let Ok(v) = HeaderValue::from_str(details) {
+                    h.insert("grpc-message", v);
+                }
+            }
+            None => {
+                if !body.is_empty() {
+                    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                }
+            }
+        }
         response
     }
 
@@ -402,6 +681,18 @@ impl Finish {
             request_bytes,
             response_bytes,
         );
+    }
+}
+
+/// The gRPC status Envoy gives a local reply of HTTP `status` (its `httpToGrpcStatus`).
+fn grpc_status_of(status: StatusCode) -> u32 {
+    match status.as_u16() {
+        400 => 13,             // INTERNAL
+        401 => 16,             // UNAUTHENTICATED
+        403 => 7,              // PERMISSION_DENIED
+        404 => 12,             // UNIMPLEMENTED
+        429 | 502..=504 => 14, // UNAVAILABLE
+        _ => 2,                // UNKNOWN
     }
 }
 
@@ -469,6 +760,10 @@ impl http_body::Body for Counted {
             std::task::Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     self.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                } else if let (Some(t), Some(r)) = (frame.trailers_ref(), &mut self.recorder) {
+                    if r.outcome.grpc {
+                        r.outcome.grpc_status = grpc_status(t).or(r.outcome.grpc_status);
+                    }
                 }
             }
             std::task::Poll::Ready(None) | std::task::Poll::Ready(Some(Err(_))) => self.finish(),

@@ -9,12 +9,16 @@
 //!   then the port's protocol (or the first bytes) decides between [`http`] and [`tcp`];
 //!   [`downstream`] is what every request of the tunnel shares;
 //! - [`policies`]: what a policy load comes to, failing closed on a refused document;
+//! - [`routing`]: what the HTTPRoutes and GRPCRoutes attached to the dialled Service make
+//!   of a request (404, 500, a redirect, or a backend with filters, timeouts and
+//!   retries); [`replay`]: request bodies kept for retries and fed to mirrors;
 //! - [`http`]: HTTP/1.1 and HTTP/2 requests, each normalised, authorized ([`authz`]),
 //!   balanced on its own ([`balance`]) and sent on a pooled onward connection
 //!   ([`upstream`]);
 //! - [`metrics`]: Istio's request and TCP metrics with `reporter="waypoint"`, and
 //!   [`access`]: the access log;
-//! - [`admin`]: `/config_dump` on localhost.
+//! - [`admin`]: `/config_dump` on localhost, with [`route_status`]: the routes each
+//!   Service and port uses, in evaluation order, and those refused and why.
 #![forbid(unsafe_code)]
 
 pub mod access;
@@ -27,6 +31,9 @@ pub mod front;
 pub mod http;
 pub mod metrics;
 pub mod policies;
+pub mod replay;
+pub mod route_status;
+pub mod routing;
 pub mod run;
 pub mod tcp;
 pub mod tunnel;
@@ -45,11 +52,18 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
+/// The most mirrored requests in flight at once.
+pub const MAX_MIRRORS: usize = 256;
+
 /// What every stream and request of the running waypoint reads.
 pub struct Waypoint {
     pub cfg: Arc<Config>,
     pub state: Shared<ProxyState>,
     pub policies: Shared<PolicySet>,
+    /// HTTPRoutes and GRPCRoutes attached to the Services this waypoint fronts.
+    pub routes: Shared<routing::Routes>,
+    /// Mirrored requests in flight: past the bound, a mirror is skipped.
+    pub mirrors: Arc<tokio::sync::Semaphore>,
     pub upstream: Arc<Upstream>,
     pub metrics: Metrics,
     pub dry_run: Arc<DryRunMatches>,

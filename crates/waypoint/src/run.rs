@@ -26,6 +26,7 @@ use ambit_state::ProxyState;
 use crate::authz::PolicySet;
 use crate::config::{Config, MeshSource};
 use crate::metrics::Metrics;
+use crate::routing::Routes;
 use crate::upstream::Upstream;
 use crate::Waypoint;
 
@@ -58,10 +59,12 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 
     let state = Shared::new(ProxyState::new());
     let policies = Shared::new(PolicySet::default());
+    let routes = Shared::new(Routes::default());
     if let Some(path) = &cfg.policy_path {
-        let first = load_policies(path, None);
+        let (first, first_routes) = load_config(path, None, None);
         policies.replace(first);
-        spawn_policy_watch(path.clone(), policies.clone());
+        routes.replace(first_routes);
+        spawn_config_watch(path.clone(), policies.clone(), routes.clone());
     }
     start_mesh(&cfg, &state, &policies, xds_metrics, state_ready)?;
 
@@ -69,6 +72,8 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         cfg: cfg.clone(),
         state: state.clone(),
         policies,
+        routes,
+        mirrors: Arc::new(tokio::sync::Semaphore::new(crate::MAX_MIRRORS)),
         upstream: Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip),
         metrics: metrics.clone(),
         dry_run,
@@ -299,11 +304,15 @@ fn spawn_mesh_watch(path: PathBuf, state: Shared<ProxyState>) {
     });
 }
 
-/// Reads the policy documents after `previous`: each bad one is reported with its file,
-/// line and field and stands at its last good version, or fails closed
-/// ([`crate::policies::merge`]).
-pub fn load_policies(path: &Path, previous: Option<&PolicySet>) -> PolicySet {
-    let parsed = ambit_manifests::load_path(path, &ambit_manifests::ParseOptions::default());
+/// Reads the policy and route documents after `previous`: each bad one is reported with
+/// its file, line and field and stands at its last good version; a bad policy without
+/// one fails closed ([`crate::policies::merge`], [`crate::routing::merge_routes`]).
+pub fn load_config(
+    path: &Path,
+    previous: Option<&PolicySet>,
+    previous_routes: Option<&Routes>,
+) -> (PolicySet, Routes) {
+    let mut parsed = ambit_manifests::load_path(path, &ambit_manifests::ParseOptions::default());
     for e in &parsed.errors {
         tracing::error!("document refused: {e}");
     }
@@ -316,6 +325,14 @@ pub fn load_policies(path: &Path, previous: Option<&PolicySet>) -> PolicySet {
         );
     }
     let refused = parsed.errors.len();
+    let routes = std::mem::take(&mut parsed.routes)
+        .into_iter()
+        .map(|r| r.value)
+        .collect();
+    let routes = crate::routing::merge_routes(routes, &parsed.errors, previous_routes);
+    for key in &routes.kept {
+        tracing::warn!(route = %key, "a refused version: the last good one stays");
+    }
     let (set, outcome) = crate::policies::merge(parsed, previous);
     for key in &outcome.kept {
         tracing::warn!(policy = %key, "a refused version: the last good one stays");
@@ -326,17 +343,22 @@ pub fn load_policies(path: &Path, previous: Option<&PolicySet>) -> PolicySet {
     tracing::info!(
         path = %path.display(),
         policies = set.policies.len(),
+        routes = routes.table.routes().len(),
         refused,
         fail_closed = set.fail_closed.is_some(),
-        "policies loaded"
+        "policies and routes loaded"
     );
-    set
+    (set, routes)
 }
 
-fn spawn_policy_watch(path: PathBuf, policies: Shared<PolicySet>) {
+fn spawn_config_watch(path: PathBuf, policies: Shared<PolicySet>, routes: Shared<Routes>) {
     spawn_watch(path, move |path| {
-        let previous = policies.get();
-        policies.replace(load_policies(path, Some(&previous)));
+        let (previous, previous_routes) = (policies.get(), routes.get());
+        let (set, new_routes) = load_config(path, Some(&previous), Some(&previous_routes));
+        // Each request reads both once, at its start: one in flight keeps the versions
+        // it began with.
+        routes.replace(new_routes);
+        policies.replace(set);
     });
 }
 

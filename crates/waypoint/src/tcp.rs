@@ -62,7 +62,12 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
                 return None;
             }
         };
-        destination_labels(&mut labels, &down.fronted, choice.workload.as_deref());
+        destination_labels(
+            &mut labels,
+            down.fronted.service().map(|s| &**s),
+            &down.fronted,
+            choice.workload.as_deref(),
+        );
         match wp.upstream.open(&choice.endpoint).await {
             Ok(onward) => return Some((onward, labels.clone())),
             Err(e) => {
