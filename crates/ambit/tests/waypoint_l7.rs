@@ -230,7 +230,7 @@ fn sigterm_under_load_finishes_in_flight_requests() {
     ambit_lab::wait_until(
         "the requests to reach the apps",
         Duration::from_secs(10),
-        || lab.slow_started.load(Ordering::SeqCst) >= 21,
+        || lab.app.slow_started.load(Ordering::SeqCst) >= 21,
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", lab.waypoint_log()));
     let status = lab

@@ -38,6 +38,14 @@ pub const DEAD_POD_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 5);
 /// `empty`: behind the waypoint, no endpoint at all.
 pub const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 13);
 pub const EMPTY_HOST: &str = "empty.default.svc.cluster.local";
+/// `echo-v1` and `echo-v2`: no waypoint, one endpoint each (the server pod and the plain
+/// pod): the backends routes split `echo` between.
+pub const V1_HOST: &str = "echo-v1.default.svc.cluster.local";
+pub const V2_HOST: &str = "echo-v2.default.svc.cluster.local";
+/// `grpc-echo`: behind the waypoint, both pods, for GRPCRoutes (which never share a
+/// frontend with HTTPRoutes).
+pub const GRPC_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 14);
+pub const GRPC_HOST: &str = "grpc-echo.default.svc.cluster.local";
 /// The service port declared TCP (and its target port).
 pub const TCP_PORT: u16 = 3306;
 /// The waypoint's operator ports (the server node's proxy has the usual ones).
@@ -85,6 +93,10 @@ pub fn l7_mesh() -> String {
       {TCP_PORT}: {TCP_PORT}
     default/{DIRECT_HOST}:
       {SERVICE_PORT}: {APP_PORT}
+    default/{V1_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+    default/{GRPC_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
 - uid: cluster1//v1/Pod/default/plain
   name: plain
   namespace: default
@@ -103,6 +115,10 @@ pub fn l7_mesh() -> String {
     default/{DIRECT_HOST}:
       {SERVICE_PORT}: {APP_PORT}
     default/{FLAKY_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+    default/{V2_HOST}:
+      {SERVICE_PORT}: {APP_PORT}
+    default/{GRPC_HOST}:
       {SERVICE_PORT}: {APP_PORT}
 - uid: cluster1//v1/Pod/default/dead
   name: dead
@@ -161,6 +177,27 @@ services:
   vips: ["/{DIRECT_VIP}"]
   ports:
     {SERVICE_PORT}: {APP_PORT}
+- name: echo-v1
+  namespace: default
+  hostname: {V1_HOST}
+  vips: ["/10.96.0.15"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
+- name: echo-v2
+  namespace: default
+  hostname: {V2_HOST}
+  vips: ["/10.96.0.16"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
+- name: grpc-echo
+  namespace: default
+  hostname: {GRPC_HOST}
+  vips: ["/{GRPC_VIP}"]
+  ports:
+    {SERVICE_PORT}: {APP_PORT}
+  appProtocols:
+    {SERVICE_PORT}: GRPC
+  waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: {WAYPOINT_PORT}}}
 "#
     )
 }
@@ -190,8 +227,8 @@ pub struct L7Lab {
     pub policies: std::path::PathBuf,
     /// Runs the apps and the clients.
     pub rt: tokio::runtime::Runtime,
-    /// `/slow` requests the apps have begun answering.
-    pub slow_started: Arc<AtomicUsize>,
+    /// What the apps saw and keep.
+    pub app: Arc<AppState>,
 }
 
 impl L7Lab {
@@ -226,14 +263,14 @@ impl L7Lab {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        let slow_started = Arc::new(AtomicUsize::new(0));
+        let app = Arc::new(AppState::default());
         for (ip, name) in [(SERVER_IP, SERVER_POD), (PLAIN_POD_IP, PLAIN_POD)] {
             let http = bind(&nodes.server_ns, SocketAddr::from((ip, APP_PORT)))?;
             let tcp = bind(&nodes.server_ns, SocketAddr::from((ip, TCP_PORT)))?;
             let _guard = rt.enter();
             let http = tokio::net::TcpListener::from_std(http)?;
             let tcp = tokio::net::TcpListener::from_std(tcp)?;
-            rt.spawn(serve_app(http, name.into(), slow_started.clone()));
+            rt.spawn(serve_app(http, name.into(), app.clone()));
             rt.spawn(serve_banner(tcp, name));
         }
         let policies_path = nodes.lab.dir.path().join("policies.yaml");
@@ -286,7 +323,7 @@ impl L7Lab {
             waypoint,
             policies: policies_path,
             rt,
-            slow_started,
+            app,
         })
     }
 
@@ -484,22 +521,50 @@ pub(crate) async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow
     })
 }
 
+/// What the apps share: counts, what they saw, and the state of `/flaky/` paths.
+#[derive(Debug, Default)]
+pub struct AppState {
+    /// `/slow` requests begun.
+    pub slow_started: AtomicUsize,
+    /// Every request answered: `<pod> <method> <path> host=<host>`.
+    pub seen: std::sync::Mutex<Vec<String>>,
+    /// Requests so far per `/flaky/<key>/<n>` key.
+    flaky: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+impl AppState {
+    /// The requests seen whose line contains `needle`.
+    pub fn seen_with(&self, needle: &str) -> Vec<String> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+}
+
+type AppBody =
+    http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
 /// The app: HTTP/1.1 or h2c (prior knowledge), answering `<pod> <method> <path>` and the
-/// request body's length; `/slow` answers after a second.
+/// request body's length, with each `x-` request header and the host sent back as
+/// `echo-<name>`. A path segment `/delay/<ms>/` waits first, `/status/<code>` answers
+/// with that code, `/flaky/<key>/<n>` answers 503 to the first `n` requests for `key`;
+/// `/slow` answers after a second. A gRPC request (`application/grpc`) is answered by a
+/// real gRPC server: a unary method that replies `<pod> <path> <message>`.
 pub(crate) async fn serve_app(
     listener: tokio::net::TcpListener,
     name: Arc<str>,
-    slow_started: Arc<AtomicUsize>,
+    state: Arc<AppState>,
 ) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
-        let (name, slow_started) = (name.clone(), slow_started.clone());
+        let (name, state) = (name.clone(), state.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                answer(name.clone(), req, slow_started.clone())
-            });
+            let service =
+                hyper::service::service_fn(move |req| answer(name.clone(), req, state.clone()));
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
@@ -507,11 +572,23 @@ pub(crate) async fn serve_app(
     }
 }
 
+fn full(b: impl Into<Bytes>) -> AppBody {
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The number after `/<word>/` in `path`.
+fn segment_after<'p>(path: &'p str, word: &str) -> Option<&'p str> {
+    let at = path.find(&format!("/{word}/"))? + word.len() + 2;
+    Some(path[at..].split(['/', '?']).next().unwrap_or_default())
+}
+
 async fn answer(
     name: Arc<str>,
     mut req: http::Request<hyper::body::Incoming>,
-    slow_started: Arc<AtomicUsize>,
-) -> Result<http::Response<Full<Bytes>>, std::convert::Infallible> {
+    state: Arc<AppState>,
+) -> Result<http::Response<AppBody>, std::convert::Infallible> {
     // `Upgrade: echo`: 101, then every byte echoed after the pod's name.
     if req.headers().get("upgrade").is_some_and(|v| v == "echo") {
         let upgraded = hyper::upgrade::on(&mut req);
@@ -524,7 +601,7 @@ async fn answer(
                 let _ = tokio::io::copy(&mut r, &mut w).await;
             }
         });
-        let mut resp = http::Response::new(Full::new(Bytes::new()));
+        let mut resp = http::Response::new(full(Bytes::new()));
         *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
         resp.headers_mut()
             .insert("upgrade", http::HeaderValue::from_static("echo"));
@@ -538,18 +615,103 @@ async fn answer(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    let host = req
+        .headers()
+        .get("host")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+        .unwrap_or_default();
+    state
+        .seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(format!("{name} {method} {path} host={host}"));
+    let grpc = req
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        return Ok(answer_grpc(name, req).await);
+    }
     if path.starts_with("/slow") {
-        slow_started.fetch_add(1, Ordering::SeqCst);
+        state.slow_started.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if let Some(ms) = segment_after(&path, "delay").and_then(|m| m.parse().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let mut status = segment_after(&path, "status")
+        .and_then(|c| c.parse().ok())
+        .and_then(|c| http::StatusCode::from_u16(c).ok())
+        .unwrap_or(http::StatusCode::OK);
+    if let Some(key) = segment_after(&path, "flaky") {
+        let fails: u32 = segment_after(&path, key)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let mut flaky = state.flaky.lock().unwrap_or_else(|p| p.into_inner());
+        let count = flaky.entry(key.to_string()).or_default();
+        *count += 1;
+        if *count <= fails {
+            status = http::StatusCode::SERVICE_UNAVAILABLE;
+        }
     }
     let request_id = req
         .headers()
         .get("x-request-id")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default();
+    let echoed: Vec<(http::HeaderName, http::HeaderValue)> = req
+        .headers()
+        .iter()
+        .filter(|(k, _)| k.as_str().starts_with("x-") || *k == http::header::HOST)
+        .filter_map(|(k, v)| {
+            let name = http::HeaderName::from_bytes(format!("echo-{k}").as_bytes()).ok()?;
+            Some((name, v.clone()))
+        })
+        .collect();
     let body = req.into_body().collect().await.map(|b| b.to_bytes().len());
     let text = format!("{name} {method} {path} {} {request_id}", body.unwrap_or(0));
-    Ok(http::Response::new(Full::new(Bytes::from(text))))
+    let mut resp = http::Response::new(full(text));
+    *resp.status_mut() = status;
+    for (k, v) in echoed {
+        resp.headers_mut().append(k, v);
+    }
+    Ok(resp)
+}
+
+/// A unary gRPC method served by tonic: replies `<pod> <path> <message>`; the method
+/// `Fail` answers UNAVAILABLE.
+async fn answer_grpc(
+    name: Arc<str>,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<AppBody> {
+    struct Hello {
+        reply: String,
+        fail: bool,
+    }
+    impl tonic::server::UnaryService<String> for Hello {
+        type Response = String;
+        type Future = std::future::Ready<Result<tonic::Response<String>, tonic::Status>>;
+        fn call(&mut self, request: tonic::Request<String>) -> Self::Future {
+            if self.fail {
+                return std::future::ready(Err(tonic::Status::unavailable("asked to fail")));
+            }
+            let reply = format!("{} {}", self.reply, request.into_inner());
+            std::future::ready(Ok(tonic::Response::new(reply)))
+        }
+    }
+    let path = req.uri().path().to_string();
+    let hello = Hello {
+        fail: path.ends_with("/Fail"),
+        reply: format!("{name} {path}"),
+    };
+    let mut server =
+        tonic::server::Grpc::new(tonic::codec::ProstCodec::<String, String>::default());
+    let response = server.unary(hello, req).await;
+    response.map(|b| {
+        b.map_err(|s| Box::new(s) as Box<dyn std::error::Error + Send + Sync>)
+            .boxed_unsync()
+    })
 }
 
 /// A server-first protocol: a banner naming the pod, then an echo.

@@ -140,7 +140,6 @@ impl Downstream {
             grpc_response_status: outcome
                 .grpc_status
                 .map_or_else(String::new, |s| s.to_string()),
-            ..RequestLabels::default()
         };
         destination_labels(
             &mut labels.traffic,

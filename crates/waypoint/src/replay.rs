@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body::{Frame, SizeHint};
+use http_body::{Body as _, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
@@ -123,11 +123,16 @@ pub struct Tee {
 
 impl Tee {
     pub fn new(inner: Body, recording: Option<Recording>, mirrors: Vec<MirrorSender>) -> Tee {
-        Tee {
+        let mut tee = Tee {
             inner,
             recording,
             mirrors: mirrors.into_iter().map(|m| m.0).collect(),
+        };
+        // An empty body is never polled: it is whole already.
+        if tee.inner.is_end_stream() {
+            tee.ended();
         }
+        tee
     }
 
     fn copy(&mut self, frame: &Frame<Bytes>) {
@@ -178,7 +183,13 @@ impl http_body::Body for Tee {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Ok(frame))) => self.copy(frame),
+            Poll::Ready(Some(Ok(frame))) => {
+                self.copy(frame);
+                // A sender may stop polling once the body says it has ended.
+                if self.inner.is_end_stream() {
+                    self.ended();
+                }
+            }
             Poll::Ready(None) => self.ended(),
             // Cut off: the mirrors see their queue close before the end.
             Poll::Ready(Some(Err(_))) => self.mirrors.clear(),
@@ -274,6 +285,35 @@ mod tests {
         assert_eq!(read(recording.replay().unwrap()).await.unwrap(), b"hello");
         assert_eq!(read(recording.replay().unwrap()).await.unwrap(), b"hello");
         assert_eq!(read(mirror).await.unwrap(), b"hello");
+    }
+
+    /// Senders stop polling a body that says it has ended (so its end is never seen as
+    /// `None`), and never poll an empty one.
+    #[tokio::test]
+    async fn bodies_that_announce_their_end_replay() {
+        use http_body::Body as _;
+        let recording = Recording::default();
+        let full = http_body_util::Full::new(Bytes::from_static(b"ping"))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let mut tee = Tee::new(full, Some(recording.clone()), vec![]);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(matches!(
+            Pin::new(&mut tee).poll_frame(&mut cx),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        assert!(tee.is_end_stream());
+        assert_eq!(read(recording.replay().unwrap()).await.unwrap(), b"ping");
+
+        let empty = Recording::default();
+        let (feed, mirror) = mirror_channel();
+        let nothing = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let _tee = Tee::new(nothing, Some(empty.clone()), vec![feed]);
+        assert_eq!(read(empty.replay().unwrap()).await.unwrap(), b"");
+        assert_eq!(read(mirror).await.unwrap(), b"");
     }
 
     #[tokio::test]

@@ -100,7 +100,7 @@ pub struct RouteRequest<'a> {
 #[derive(Debug)]
 pub enum Plan<'t> {
     /// Send to this Service frontend (the dialled one when no route is attached).
-    Forward(Forward<'t>),
+    Forward(Box<Forward<'t>>),
     /// Routes are attached and none matches: 404, flag `NR`.
     NotFound,
     /// The rule chosen cannot be served: 500, with why (for the log).
@@ -198,7 +198,7 @@ fn backend_fronted(
     service
         .ports
         .contains_key(&b.port)
-        .then(|| Fronted::Service {
+        .then_some(Fronted::Service {
             service,
             port: b.port,
             vip: None,
@@ -216,7 +216,7 @@ pub fn plan<'t>(
     cluster_domain: &str,
 ) -> Plan<'t> {
     let default = || {
-        Plan::Forward(Forward {
+        Plan::Forward(Box::new(Forward {
             target: fronted.clone(),
             rule: None,
             request_headers: Vec::new(),
@@ -226,7 +226,7 @@ pub fn plan<'t>(
             mirrors: Vec::new(),
             timeouts: Timeouts::default(),
             retry: RetryPolicy::MESH_DEFAULT,
-        })
+        }))
     };
     let Some(frontend) = frontend_of(fronted) else {
         return default();
@@ -332,7 +332,7 @@ pub fn plan<'t>(
             Filter::Redirect(_) => {}
         }
     }
-    Plan::Forward(forward)
+    Plan::Forward(Box::new(forward))
 }
 
 /// `host` without a `:port` (an IPv6 literal keeps its brackets).
