@@ -311,6 +311,7 @@ fn http_routes_through_the_waypoint() {
 }
 
 /// A unary call with tonic, to `grpc-echo`, of `/lab.Echo/<method>`.
+#[allow(clippy::result_large_err)] // tonic's own error type, as its calls return it
 fn grpc_call(
     lab: &L7Lab,
     method: &str,

@@ -72,6 +72,24 @@ pub fn parse_documents(source: &str, text: &str, options: &ParseOptions) -> Pars
     c.parsed
 }
 
+/// Each HTTPRoute and GRPCRoute of `text` with its own document's text (for a control
+/// server to serve the document as written, to be read again by the very reader that
+/// read it here). Documents that are not routes, or are refused, are left out: read the
+/// whole text with [`parse_documents`] for those.
+pub fn route_documents(
+    source: &str,
+    text: &str,
+    options: &ParseOptions,
+) -> Vec<(Located<ambit_routes::Route>, String)> {
+    let mut out = Vec::new();
+    for (index, seg) in split::documents(text).into_iter().enumerate() {
+        if let Document::Route { route, .. } = document::read(source, index, seg, options) {
+            out.push((route, seg.text.to_string()));
+        }
+    }
+    out
+}
+
 /// [`parse_documents`] of bytes that should be UTF-8 text (bytes that are not are one
 /// error, placed at the first that is not).
 pub fn parse_bytes(source: &str, bytes: &[u8], options: &ParseOptions) -> Parsed {

@@ -246,7 +246,7 @@ async fn handle(
             parts.headers.insert(http::header::HOST, v);
         }
     }
-    let head = Head {
+    let mut head = Head {
         method: parts.method,
         uri,
         version: match version {
@@ -328,7 +328,8 @@ async fn handle(
         let can_retry = |recording: &Option<crate::replay::Recording>| {
             attempt + 1 < tries && recording.as_ref().is_some_and(|r| r.replayable())
         };
-        let sent = within(try_deadline, sender.send(head.request(body))).await;
+        let request = head.request(body, recording.is_some());
+        let sent = within(try_deadline, sender.send(request)).await;
         let mut response = match sent {
             None => {
                 let overall = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
@@ -394,12 +395,17 @@ struct Head {
 }
 
 impl Head {
-    fn request(&self, body: Body) -> Request<Body> {
+    /// A request with this head; `again`: a later try may need the head again (else its
+    /// headers are moved, not copied).
+    fn request(&mut self, body: Body, again: bool) -> Request<Body> {
         let mut req = Request::new(body);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers.clone();
+        *req.headers_mut() = match again {
+            true => self.headers.clone(),
+            false => std::mem::take(&mut self.headers),
+        };
         req
     }
 }
@@ -466,7 +472,13 @@ fn mirror(
         }
     };
     let (feed, body) = crate::replay::mirror_channel();
-    let mut req = head.request(body.boxed_unsync());
+    let mut req = Head {
+        method: head.method.clone(),
+        uri: head.uri.clone(),
+        version: head.version,
+        headers: head.headers.clone(),
+    }
+    .request(body.boxed_unsync(), false);
     let shadow = |h: &str| match h.rsplit_once(':') {
         Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
             format!("{host}-shadow:{port}")

@@ -228,6 +228,9 @@ pub fn plan<'t>(
             retry: RetryPolicy::MESH_DEFAULT,
         }))
     };
+    if table.routes().is_empty() {
+        return default();
+    }
     let Some(frontend) = frontend_of(fronted) else {
         return default();
     };
