@@ -11,6 +11,7 @@ const FILES: &[&str] = &[
     "envoy/config/core/v3/base.proto",
     "envoy/service/discovery/v3/discovery.proto",
     "ambit/waypoint/v1/policy.proto",
+    "ambit/waypoint/v1/route.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

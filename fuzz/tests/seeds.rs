@@ -1004,6 +1004,21 @@ fn xds_waypoint_policy_seeds() {
 }
 
 #[test]
+fn xds_waypoint_route_seeds() {
+    replay(
+        "xds_waypoint_route",
+        ambit_xds::fuzzing::waypoint_route_body,
+        vec![
+            ("http_route", Ok("HTTPRoute/shop/r".into())),
+            ("grpc_route", Ok("GRPCRoute/shop/g".into())),
+            ("misnamed", Err("manifest: the document is HTTPRoute shop/r, not the HTTPRoute shop/other the message names".into())),
+            ("bad_port", Err("manifest: HTTPRoute/shop/r:8:120: spec.rules[0].backendRefs[2].port: 0 is not a port (1-65535)".into())),
+            ("garbage", Err("cannot decode ambit.waypoint.v1.Route: failed to decode Protobuf message: Route.kind: invalid varint".into())),
+        ],
+    );
+}
+
+#[test]
 fn request_authz_seeds() {
     use request_authz::Outcome;
     let decided = |path: &str, verdict: Result<(), &str>| Outcome {

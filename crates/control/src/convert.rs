@@ -106,6 +106,24 @@ pub fn waypoint_policy_resource(
     Ok(resource(name, WAYPOINT_POLICY_TYPE, body))
 }
 
+/// A route as an `ambit.waypoint.v1.Route` resource named `<kind>/<namespace>/<name>`,
+/// carrying `manifest` (its document as written), checked as a waypoint will read it.
+pub fn waypoint_route_resource(
+    route: &ambit_routes::Route,
+    manifest: &str,
+) -> Result<Resource, String> {
+    let name = ambit_xds::route_resource_name(route);
+    let body = ambit_xds::to_proto_waypoint_route(route, manifest).encode_to_vec();
+    let ty = ambit_xds::WaypointRoutes::default();
+    ty.measure(&name, &body).map_err(|e| e.to_string())?;
+    let decoded = ty.decode(&body).map_err(|e| e.to_string())?;
+    match decoded.op {
+        ambit_xds::WaypointRouteOp::Put(back) if *back == *route && decoded.key == name => {}
+        _ => return Err("its wire form does not decode to the same route".into()),
+    }
+    Ok(resource(name, ambit_proto::WAYPOINT_ROUTE_TYPE, body))
+}
+
 fn resource(name: String, type_url: &str, value: Vec<u8>) -> Resource {
     Resource {
         name,

@@ -84,6 +84,13 @@ pub enum MeshError {
         first: Box<ManifestError>,
         more: usize,
     },
+    /// A route read from a manifest that its waypoints would refuse over xDS.
+    #[error("{origin}: {key} cannot be served to waypoints: {reason}")]
+    UnservableRoute {
+        origin: String,
+        key: String,
+        reason: String,
+    },
     /// A policy read from a manifest that its waypoints would refuse over xDS (a value
     /// the wire form cannot carry, or over its limits).
     #[error("{origin}: AuthorizationPolicy {key} cannot be served to waypoints: {reason}")]
@@ -110,6 +117,10 @@ pub struct Mesh {
     pub waypoint_policies: Vec<Located<WaypointPolicy>>,
     /// Their resources, encoded and checked once.
     pub waypoint_resources: Vec<Resource>,
+    /// The HTTPRoutes and GRPCRoutes read from manifest files, in reading order, and
+    /// their resources (each its document as written).
+    pub routes: Vec<Located<ambit_routes::Route>>,
+    pub route_resources: Vec<Resource>,
     /// Manifest documents read but not served (`file:line: what: why`).
     pub skipped: Vec<String>,
     /// The files read, in order.
@@ -134,7 +145,40 @@ impl Mesh {
         for r in &self.waypoint_resources {
             s.insert(ambit_proto::WAYPOINT_POLICY_TYPE, r.clone());
         }
+        for r in &self.route_resources {
+            s.insert(ambit_proto::WAYPOINT_ROUTE_TYPE, r.clone());
+        }
         s
+    }
+
+    /// What users should be told of the routes, a line per refusal: a backend this mesh
+    /// lacks, a match another route always wins over, a route of the other kind.
+    pub fn route_status(&self) -> Vec<String> {
+        let table = ambit_routes::RouteTable::new(
+            self.routes
+                .iter()
+                .map(|r| std::sync::Arc::new(r.value.clone())),
+        );
+        let service = |k: &ambit_routes::ServiceKey| {
+            self.config
+                .services
+                .iter()
+                .find(|s| s.namespace == k.namespace && s.name == k.name)
+        };
+        let ports_of = |k: &ambit_routes::ServiceKey| {
+            service(k).map_or_else(Vec::new, |s| s.ports.keys().copied().collect())
+        };
+        let problem = |b: &ambit_routes::ServiceBackend| match service(&b.service) {
+            None => Some(format!("backend {} does not exist in the mesh", b.service)),
+            Some(s) if !s.ports.contains_key(&b.port) => {
+                Some(format!("backend {} has no port {}", b.service, b.port))
+            }
+            Some(_) => None,
+        };
+        ambit_routes::status(&table, ports_of, problem)
+            .iter()
+            .flat_map(|f| f.log_lines())
+            .collect()
     }
 }
 
@@ -292,6 +336,19 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let route_resources = manifests
+        .routes
+        .iter()
+        .map(|(r, text)| {
+            convert::waypoint_route_resource(&r.value, text).map_err(|reason| {
+                MeshError::UnservableRoute {
+                    origin: r.origin.to_string(),
+                    key: ambit_xds::route_resource_name(&r.value),
+                    reason,
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut node_identities: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for w in &merged.workloads {
         if !w.node.is_empty() {
@@ -305,6 +362,8 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
         config: merged,
         waypoint_policies: manifests.policies,
         waypoint_resources,
+        routes: manifests.routes.into_iter().map(|(r, _)| r).collect(),
+        route_resources,
         skipped: manifests.skipped,
         files: files.iter().map(|(p, _)| p.clone()).collect(),
         node_identities,
@@ -315,6 +374,8 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
 #[derive(Default)]
 struct Manifests {
     policies: Vec<Located<WaypointPolicy>>,
+    /// Each route with its document's text.
+    routes: Vec<(Located<ambit_routes::Route>, String)>,
     skipped: Vec<String>,
     /// `namespace/name` → the file that defines it.
     at: BTreeMap<String, PathBuf>,
@@ -343,6 +404,25 @@ impl Manifests {
             }
             self.at.insert(key, path.to_path_buf());
             self.policies.push(p);
+        }
+        // The file read whole had no refusal, so each route document reads alone the same.
+        for (route, text) in
+            ambit_manifests::route_documents(&path.display().to_string(), text, options)
+        {
+            let key = ambit_xds::route_resource_name(&route.value);
+            if let Some((first, _)) = self
+                .routes
+                .iter()
+                .find(|(r, _)| ambit_xds::route_resource_name(&r.value) == key)
+            {
+                return Err(MeshError::Duplicate {
+                    kind: "route",
+                    name: key,
+                    first: PathBuf::from(&first.origin.source),
+                    second: path.to_path_buf(),
+                });
+            }
+            self.routes.push((route, text));
         }
         self.skipped.extend(
             parsed
@@ -468,6 +548,46 @@ mod tests {
     /// Manifests beside local config: the waypoints' policies served as their own type,
     /// decoding to what the file says; ztunnel's types as before; skipped documents
     /// listed.
+    /// Route status, logged once per change: a backend the mesh lacks and a match
+    /// another route always wins over, each named with the Service and port.
+    #[test]
+    fn route_status_names_what_is_not_honoured() {
+        let svc = "services:\n- name: s\n  namespace: ns\n  hostname: s.ns.svc.cluster.local\n  vips: [\"/10.96.0.1\"]\n  ports: {80: 8080}\n";
+        let route = |name: &str, created: &str, backend: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: ns, creationTimestamp: \"{created}\"}}\nspec:\n  parentRefs: [{{group: \"\", kind: Service, name: s}}]\n  rules:\n  - backendRefs: [{{name: {backend}, port: 80}}]\n"
+            )
+        };
+        let routes = format!(
+            "{}---\n{}",
+            route("old", "2024-01-01T00:00:00Z", "s"),
+            route("new", "2024-02-01T00:00:00Z", "gone")
+        );
+        let mesh = build_(&files(&[("/m/a.yaml", svc), ("/m/routes.yaml", &routes)])).unwrap();
+        assert_eq!(mesh.routes.len(), 2);
+        assert_eq!(mesh.route_resources.len(), 2);
+        let lines = mesh.route_status();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.starts_with("ns/s:80: HTTPRoute ns/new: rule 0 match 0 conflicts with HTTPRoute ns/old rule 0 match 0")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l == "ns/s:80: HTTPRoute ns/new: rule 0: backend ns/gone does not exist in the mesh: its share of requests is answered 500"),
+            "{lines:?}"
+        );
+        // The same route in two files is refused, as a policy is.
+        let again = build_(&files(&[
+            ("/m/a.yaml", svc),
+            ("/m/r1.yaml", &route("old", "2024-01-01T00:00:00Z", "s")),
+            ("/m/r2.yaml", &route("old", "2024-01-01T00:00:00Z", "s")),
+        ]));
+        assert!(
+            matches!(again, Err(MeshError::Duplicate { kind: "route", .. })),
+            "{again:?}"
+        );
+    }
+
     #[test]
     fn manifests_are_served_as_the_waypoints_own_type() {
         let mesh = build_(&files(&[

@@ -337,10 +337,14 @@ impl Shared {
             resources = snapshot.len(),
             files = mesh.files.len(),
             waypoint_policies = mesh.waypoint_policies.len(),
+            routes = mesh.routes.len(),
             "serving the mesh"
         );
         for skipped in &mesh.skipped {
             tracing::info!("not served: {skipped}");
+        }
+        for line in mesh.route_status() {
+            tracing::warn!("route: {line}");
         }
         self.mesh_tx
             .send_replace(Arc::new(MeshState { mesh, snapshot }));

@@ -21,10 +21,11 @@ use prost::Message;
 use serde::Serialize;
 
 /// The type URLs this server answers.
-pub const SERVED_TYPES: [&str; 3] = [
+pub const SERVED_TYPES: [&str; 4] = [
     ambit_proto::ADDRESS_TYPE,
     ambit_proto::AUTHORIZATION_TYPE,
     ambit_proto::WAYPOINT_POLICY_TYPE,
+    ambit_proto::WAYPOINT_ROUTE_TYPE,
 ];
 
 /// The resources of one type, by name.

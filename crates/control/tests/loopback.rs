@@ -864,3 +864,122 @@ async fn a_nack_of_the_waypoints_type_is_recorded_and_tokens_are_checked() {
     assert_ne!(r2.resources[0].version, r.resources[0].version);
     fx.control.shutdown().await;
 }
+
+// ----- the waypoints' routes ---------------------------------------------------------------
+
+const ROUTES: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /v2}}]
+    backendRefs: [{name: reviews-v2, port: 9080}]
+"#;
+
+/// A waypoint's xDS client of addresses and routes, holding the routes by name.
+fn route_client(
+    fx: &Fixture,
+) -> (
+    Arc<std::sync::Mutex<(ambit_xds::WaypointRouteStore, bool)>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, WaypointRoutes, XdsClient};
+    let held: Arc<std::sync::Mutex<(ambit_xds::WaypointRouteStore, bool)>> = Arc::default();
+    let delta = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
+        .subscribe(Addresses::default())
+        .subscribe(WaypointRoutes::default());
+    let transport = TokenTransport {
+        channel: channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1"),
+        token: NODE1_TOKEN,
+    };
+    let (on_ready, sink) = (held.clone(), held.clone());
+    let client = XdsClient::new(transport, delta).on_ready(move || {
+        on_ready.lock().unwrap().1 = true;
+    });
+    let task = tokio::spawn(client.run(move |batch| {
+        let mut state = ambit_state::ProxyState::new();
+        if let Err(other) = batch.try_apply(&mut sink.lock().unwrap().0) {
+            other.apply(&mut state);
+        }
+    }));
+    (held, task)
+}
+
+/// The path prefixes of the routes a waypoint holds, by route.
+fn held_prefixes(
+    held: &Arc<std::sync::Mutex<(ambit_xds::WaypointRouteStore, bool)>>,
+) -> Vec<String> {
+    held.lock()
+        .unwrap()
+        .0
+        .to_vec()
+        .iter()
+        .flat_map(|r| {
+            r.rules.iter().flat_map(move |rule| {
+                rule.matches
+                    .iter()
+                    .map(move |m| format!("{} {:?}", r.key(), m.path))
+            })
+        })
+        .collect()
+}
+
+/// Routes in the mesh directory reach a waypoint as the documents were written and read
+/// the same there; a change reaches it; a route document the reader refuses keeps the
+/// mesh at its last good version; a removal reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waypoints_get_their_routes() {
+    let fx = start().await;
+    let (waypoint, task) = route_client(&fx);
+    eventually("the waypoint ready without routes", || {
+        waypoint.lock().unwrap().1
+    })
+    .await;
+    assert!(held_prefixes(&waypoint).is_empty());
+
+    std::fs::write(fx.mesh.join("routes.yaml"), ROUTES).unwrap();
+    eventually("the route at the waypoint", || {
+        held_prefixes(&waypoint) == ["default/reviews Prefix(\"/v2\")"]
+    })
+    .await;
+    let served = &fx.control.debug_json()["mesh"]["resources"][ambit_proto::WAYPOINT_ROUTE_TYPE];
+    assert_eq!(*served, 1);
+
+    std::fs::write(
+        fx.mesh.join("routes.yaml"),
+        ROUTES.replace("value: /v2", "value: /v3"),
+    )
+    .unwrap();
+    eventually("the change at the waypoint", || {
+        held_prefixes(&waypoint) == ["default/reviews Prefix(\"/v3\")"]
+    })
+    .await;
+
+    // Refused by the reader: the mesh stays at its last good version.
+    let generation = fx.control.mesh_generation();
+    std::fs::write(
+        fx.mesh.join("routes.yaml"),
+        ROUTES.replace("port: 9080", "port: 0"),
+    )
+    .unwrap();
+    eventually("the refusal reported", || fx.control.mesh_error().is_some()).await;
+    let err = fx.control.mesh_error().unwrap();
+    assert!(
+        err.contains("routes.yaml:8:") && err.contains("backendRefs[0].port"),
+        "{err}"
+    );
+    assert_eq!(fx.control.mesh_generation(), generation);
+    assert_eq!(
+        held_prefixes(&waypoint),
+        ["default/reviews Prefix(\"/v3\")"]
+    );
+
+    std::fs::remove_file(fx.mesh.join("routes.yaml")).unwrap();
+    eventually("the removal at the waypoint", || {
+        held_prefixes(&waypoint).is_empty()
+    })
+    .await;
+    task.abort();
+    fx.control.shutdown().await;
+}

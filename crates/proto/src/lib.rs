@@ -72,6 +72,10 @@ pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authori
 /// `targetRefs`, translated (`ambit.waypoint.v1.AuthorizationPolicy`, named
 /// `namespace/name`). Only waypoints subscribe to it.
 pub const WAYPOINT_POLICY_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.AuthorizationPolicy";
+/// Type URL of ambit's own resource for its waypoints: one HTTPRoute or GRPCRoute attached
+/// to a Service, as written (`ambit.waypoint.v1.Route`, named `<kind>/<namespace>/<name>`).
+/// Only waypoints subscribe to it.
+pub const WAYPOINT_ROUTE_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.Route";
 /// The delta ADS method path.
 pub const DELTA_ADS_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";

@@ -13,6 +13,9 @@
 //! - [`apply_headers`], [`redirect_location`], [`modified_path`]: what a rule's header
 //!   modifiers, redirect and rewrite make of a request.
 //!
+//! - [`status`]: per Service and port, the routes used in evaluation order and what is
+//!   refused and why, for `/config_dump` and the control server's log.
+//!
 //! Sans-IO: no sockets, no clocks, no randomness of its own.
 #![forbid(unsafe_code)]
 
@@ -24,6 +27,7 @@ pub mod model;
 mod path;
 mod pattern;
 mod select;
+mod status;
 
 pub use apply::{apply_headers, modified_path, redirect_location, RedirectSource};
 pub use backend::{pick, Action, Failure};
@@ -33,6 +37,7 @@ pub use model::*;
 pub use path::{normalize_prefix, prefix_matches, replace_prefix};
 pub use pattern::{Pattern, PatternError, MAX_COMPILED_BYTES, MAX_PATTERN_CHARS};
 pub use select::{matches, Matched, Refusal, Request, RouteTable, Selection};
+pub use status::{status, FrontendStatus};
 
 #[cfg(test)]
 mod tests;

@@ -4,69 +4,48 @@
 //! over, a route of the other kind, a refused document). The same lines are logged once
 //! per change.
 
-use std::collections::BTreeSet;
-
 use serde_json::{json, Value};
 
 use ambit_routes::{
-    BackendTarget, Filter, Frontend, HeaderMatch, PathMatch, QueryMatch, RouteMatch, ServiceKey,
-    ValueMatch,
+    BackendTarget, Filter, HeaderMatch, PathMatch, QueryMatch, RouteMatch, ServiceBackend,
+    ServiceKey, ValueMatch,
 };
 use ambit_state::ProxyState;
 
 use crate::routing::{resolve, Routes};
 
+/// Why a backend cannot be sent to in `state`, if it cannot.
+pub fn backend_problem(state: &ProxyState, b: &ServiceBackend, domain: &str) -> Option<String> {
+    match resolve(state, &b.service, domain) {
+        None => Some(format!("backend {} does not exist in the mesh", b.service)),
+        Some(s) if !s.ports.contains_key(&b.port) => {
+            Some(format!("backend {} has no port {}", b.service, b.port))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The status of every frontend with routes in `state`.
+pub fn status<'t>(
+    routes: &'t Routes,
+    state: &ProxyState,
+    domain: &str,
+) -> Vec<ambit_routes::FrontendStatus<'t>> {
+    let ports_of = |k: &ServiceKey| {
+        resolve(state, k, domain).map_or_else(Vec::new, |s| s.ports.keys().copied().collect())
+    };
+    ambit_routes::status(&routes.table, ports_of, |b| {
+        backend_problem(state, b, domain)
+    })
+}
+
 /// The `waypointRoutes` section: one entry per Service and port with routes.
 pub fn dump(routes: &Routes, state: &ProxyState, cluster_domain: &str) -> Value {
-    let services: BTreeSet<&ServiceKey> = routes.table.services().collect();
-    let mut frontends = Vec::new();
-    for key in services {
-        let resolved = resolve(state, key, cluster_domain);
-        let mut ports: BTreeSet<u16> = routes.table.ports_named(key).into_iter().collect();
-        if let Some(s) = &resolved {
-            ports.extend(s.ports.keys());
-        }
-        for port in ports {
-            let frontend = Frontend {
-                service: key.clone(),
-                port,
-            };
-            let evaluation = routes.table.evaluation(&frontend);
-            if evaluation.is_empty() {
-                continue;
-            }
-            let mut refused: Vec<Value> = routes
-                .table
-                .refusals(&frontend)
-                .into_iter()
-                .map(|r| json!({"kind": r.kind.to_string(), "route": r.route, "reason": r.why}))
-                .collect();
-            let mut attached: Vec<String> = Vec::new();
-            for m in &evaluation {
-                let key = m.route.key();
-                if !attached.contains(&key) {
-                    attached.push(key);
-                    for note in &m.route.notes {
-                        refused.push(json!({"kind": m.route.kind.to_string(), "route": m.route.key(), "reason": note}));
-                    }
-                    for (i, rule) in m.route.rules.iter().enumerate() {
-                        for b in &rule.backends {
-                            let why = match &b.target {
-                                BackendTarget::Invalid(why) => Some(why.clone()),
-                                BackendTarget::Service(s) => match resolve(state, &s.service, cluster_domain) {
-                                    None => Some(format!("backend {} does not exist in the mesh: its share of requests is answered 500", s.service)),
-                                    Some(svc) if !svc.ports.contains_key(&s.port) => Some(format!("backend {} has no port {}: its share of requests is answered 500", s.service, s.port)),
-                                    Some(_) => None,
-                                },
-                            };
-                            if let Some(why) = why {
-                                refused.push(json!({"kind": m.route.kind.to_string(), "route": m.route.key(), "rule": i, "reason": why}));
-                            }
-                        }
-                    }
-                }
-            }
-            let order: Vec<Value> = evaluation
+    let frontends: Vec<Value> = status(routes, state, cluster_domain)
+        .iter()
+        .map(|f| {
+            let order: Vec<Value> = f
+                .evaluation
                 .iter()
                 .map(|m| {
                     json!({
@@ -95,15 +74,19 @@ pub fn dump(routes: &Routes, state: &ProxyState, cluster_domain: &str) -> Value 
                     })
                 })
                 .collect();
-            frontends.push(json!({
-                "service": key.to_string(),
-                "port": port,
-                "attached": attached,
+            json!({
+                "service": f.frontend.service.to_string(),
+                "port": f.frontend.port,
+                "attached": f.attached.iter().map(|r| r.key()).collect::<Vec<_>>(),
                 "evaluationOrder": order,
-                "refused": refused,
-            }));
-        }
-    }
+                "refused": f.refused.iter().map(|r| json!({
+                    "kind": r.kind.to_string(),
+                    "route": r.route,
+                    "reason": r.why,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     json!({
         "frontends": frontends,
         "refusedDocuments": routes.refused.iter().map(|(key, why)| json!({"route": key, "reason": why})).collect::<Vec<_>>(),
@@ -149,23 +132,4 @@ pub fn describe_match(m: &RouteMatch) -> String {
             .map(|QueryMatch { name, value: v }| format!("query {name} {}", value(v))),
     );
     parts.join(", ")
-}
-
-/// The status as log lines: one per refusal, for the log once per change.
-pub fn log_lines(routes: &Routes, state: &ProxyState, cluster_domain: &str) -> Vec<String> {
-    let dump = dump(routes, state, cluster_domain);
-    let mut lines = Vec::new();
-    for f in dump["frontends"].as_array().into_iter().flatten() {
-        for r in f["refused"].as_array().into_iter().flatten() {
-            lines.push(format!(
-                "{}:{}: {} {}: {}",
-                f["service"].as_str().unwrap_or_default(),
-                f["port"],
-                r["kind"].as_str().unwrap_or_default(),
-                r["route"].as_str().unwrap_or_default(),
-                r["reason"].as_str().unwrap_or_default()
-            ));
-        }
-    }
-    lines
 }

@@ -66,7 +66,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         routes.replace(first_routes);
         spawn_config_watch(path.clone(), policies.clone(), routes.clone());
     }
-    start_mesh(&cfg, &state, &policies, xds_metrics, state_ready)?;
+    start_mesh(&cfg, &state, &policies, &routes, xds_metrics, state_ready)?;
 
     let wp = Arc::new(Waypoint {
         cfg: cfg.clone(),
@@ -211,6 +211,7 @@ fn start_mesh(
     cfg: &Arc<Config>,
     state: &Shared<ProxyState>,
     policies: &Shared<PolicySet>,
+    routes: &Shared<Routes>,
     metrics: ambit_xds::XdsMetrics,
     ready: BlockReady,
 ) -> anyhow::Result<()> {
@@ -233,18 +234,31 @@ fn start_mesh(
                 });
             let from_xds = cfg.policy_path.is_none();
             if from_xds {
-                delta = delta.subscribe(ambit_xds::WaypointPolicies::default());
+                delta = delta
+                    .subscribe(ambit_xds::WaypointPolicies::default())
+                    .subscribe(ambit_xds::WaypointRoutes::default());
             }
             let client = ambit_xds::XdsClient::new(channel, delta)
                 .with_metrics(metrics)
                 .on_ready(move || drop(ready));
-            let (mesh, policies) = (state.clone(), policies.clone());
+            let (mesh, policies, routes) = (state.clone(), policies.clone(), routes.clone());
             let mut held = ambit_xds::WaypointPolicyStore::default();
+            let mut held_routes = ambit_xds::WaypointRouteStore::default();
             tokio::spawn(client.run(move |batch| {
-                match batch.downcast::<ambit_xds::WaypointPolicies>() {
+                let batch = match batch.downcast::<ambit_xds::WaypointPolicies>() {
                     Ok(typed) => {
                         typed.apply(&mut held);
-                        policies.replace(PolicySet::new(held.to_vec(), None));
+                        return policies.replace(PolicySet::new(held.to_vec(), None));
+                    }
+                    Err(other) => other,
+                };
+                match batch.downcast::<ambit_xds::WaypointRoutes>() {
+                    Ok(typed) => {
+                        typed.apply(&mut held_routes);
+                        routes.replace(Routes {
+                            table: ambit_routes::RouteTable::new(held_routes.to_vec()),
+                            ..Routes::default()
+                        });
                     }
                     Err(batch) => mesh.update(|s| batch.apply(s)),
                 }

@@ -409,6 +409,81 @@ pub fn waypoint_policy_body(body: &[u8]) -> Result<String, String> {
     }
 }
 
+// ----- xds_waypoint_route ------------------------------------------------------------------
+
+/// Input: any bytes, the body of an `ambit.waypoint.v1.Route` resource.
+///
+/// Checks: measuring and decoding never panic; a body decoded is named by its
+/// `<kind>/<namespace>/<name>` and its route, sent again as its own document, decodes to
+/// it again; through the delta client, the body is accepted only if the type accepted it,
+/// and is then held under its name; a refusal is a NACK that names it. Returns the name,
+/// or the NACK's text after the name.
+pub fn waypoint_route_body(body: &[u8]) -> Result<String, String> {
+    use crate::resource::ResourceType;
+    use crate::waypoint_routes::{
+        route_resource_name, WaypointRouteOp, WaypointRouteStore, WaypointRoutes,
+    };
+    use ambit_proto::WAYPOINT_ROUTE_TYPE;
+
+    let ty = WaypointRoutes::default();
+    let measured = ty.measure("HTTPRoute/ns/fixed", body);
+    let decoded = measured.as_ref().ok().map(|_| ty.decode(body));
+    let name = match &decoded {
+        Some(Ok(d)) => {
+            let WaypointRouteOp::Put(r) = &d.op else {
+                panic!("a decoded body is a put")
+            };
+            assert_eq!(d.key, route_resource_name(r));
+            let wire = ambit_proto::ambit::waypoint::v1::Route::decode(body).expect("decoded once");
+            let again = crate::waypoint_routes::to_proto_waypoint_route(r, &wire.manifest);
+            let back = ty
+                .decode(&again.encode_to_vec())
+                .expect("its own document decodes");
+            assert_eq!(back.op, d.op);
+            d.key.clone()
+        }
+        _ => "HTTPRoute/ns/fixed".to_string(),
+    };
+    let mut client = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
+        .subscribe(WaypointRoutes::default());
+    let h = client.handle(DeltaDiscoveryResponse {
+        type_url: WAYPOINT_ROUTE_TYPE.into(),
+        nonce: "n".into(),
+        resources: vec![Resource {
+            name: name.clone(),
+            version: "1".into(),
+            resource: Some(prost_types::Any {
+                type_url: WAYPOINT_ROUTE_TYPE.into(),
+                value: body.to_vec(),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    match h.rejected.first() {
+        None => {
+            assert!(
+                matches!(decoded, Some(Ok(_))),
+                "accepted what the type refuses"
+            );
+            let mut store = WaypointRouteStore::default();
+            assert!(h.batch.try_apply(&mut store).is_ok());
+            assert_eq!(store.len(), 1, "{name} accepted but not held");
+            Ok(name)
+        }
+        Some((n, reason)) => {
+            assert_eq!(*n, name);
+            assert!(h.batch.is_empty());
+            let message = h.reply.error_detail.expect("a NACK").message;
+            assert!(message.starts_with(&name));
+            if let Err(e) = &measured {
+                assert_eq!(e, reason);
+            }
+            Err(reason.to_string())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,6 +41,7 @@ pub mod shape;
 #[cfg(test)]
 mod test_type;
 pub mod waypoint;
+pub mod waypoint_routes;
 pub mod wire;
 
 pub use address::{AddressOp, Addresses};
@@ -62,5 +63,9 @@ pub use shape::{Limit, ShapeError};
 pub use waypoint::{
     to_proto_waypoint_policy, waypoint_policy_from_proto, WaypointPolicies, WaypointPolicyOp,
     WaypointPolicyStore, MAX_HELD_WAYPOINT_POLICIES,
+};
+pub use waypoint_routes::{
+    route_resource_name, to_proto_waypoint_route, waypoint_route_from_proto, WaypointRouteOp,
+    WaypointRouteStore, WaypointRoutes, MAX_HELD_WAYPOINT_ROUTES,
 };
 pub use wire::WireError;
