@@ -17,7 +17,7 @@ use ambit_lab::peer::NodeProxy;
 use crate::report::{control_summary, doubled_echo};
 use crate::waypoint::{
     REVIEWS_APP_PORT, REVIEWS_HOST, REVIEWS_POLICY, REVIEWS_POLICY_FILE, REVIEWS_PORT, REVIEWS_VIP,
-    WAYPOINT_IP,
+    V1_HOST, V2_HOST, WAYPOINT_IP,
 };
 
 const APP_PORT: u16 = 8080;
@@ -54,6 +54,16 @@ services:
   vips: ["/{REVIEWS_VIP}"]
   ports: {{{REVIEWS_PORT}: {REVIEWS_APP_PORT}}}
   waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: 15008}}
+- name: reviews-v1
+  namespace: default
+  hostname: {V1_HOST}
+  vips: ["/10.96.0.21"]
+  ports: {{{REVIEWS_PORT}: {REVIEWS_APP_PORT}}}
+- name: reviews-v2
+  namespace: default
+  hostname: {V2_HOST}
+  vips: ["/10.96.0.22"]
+  ports: {{{REVIEWS_PORT}: {REVIEWS_APP_PORT}}}
 policies:
 - name: deny-intruder
   namespace: default
@@ -84,14 +94,17 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     );
     let echo_key = format!("default/{ECHO_HOST}");
     let reviews_key = format!("default/{REVIEWS_HOST}");
+    let (v1_key, v2_key) = (format!("default/{V1_HOST}"), format!("default/{V2_HOST}"));
     let pods = [
         PodSpec::new("client", 0),
         PodSpec::new("neighbour", 0)
             .endpoint_of(&echo_key, &[])
-            .endpoint_of(&reviews_key, &[]),
+            .endpoint_of(&reviews_key, &[])
+            .endpoint_of(&v1_key, &[]),
         PodSpec::new("server", 1)
             .endpoint_of(&echo_key, &[])
-            .endpoint_of(&reviews_key, &[]),
+            .endpoint_of(&reviews_key, &[])
+            .endpoint_of(&v2_key, &[]),
         PodSpec::new("intruder", 0),
     ];
     let extra_yaml = semantics_yaml();
@@ -200,6 +213,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     cluster.serve_manifests(REVIEWS_POLICY_FILE, REVIEWS_POLICY)?;
     let waypoint = cluster.start_waypoint(1, "waypoint", WAYPOINT_IP, None)?;
     let l7 = crate::waypoint::through(&cluster, &waypoint)?;
+    let routed = crate::waypoint::routed(&cluster)?;
 
     let mut wires = Vec::new();
     for (name, capture) in [("node1 bridge cni0", bridge), ("node1 link eth0", link)] {
@@ -259,6 +273,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     );
     println!();
     l7.print(&waypoint);
+    routed.print();
     println!();
     for (name, segments, ports, clear) in &wires {
         println!(
@@ -315,6 +330,9 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             "  ip netns exec {client} curl -s -X DELETE {reviews}   # refused by its policy: 403"
         );
         println!(
+            "  ip netns exec {client} curl -s -H 'x-version: v2' {reviews}   # the header route: always v2 (server)"
+        );
+        println!(
             "  ip netns exec {} curl -s 127.0.0.1:{}/stats/prometheus | grep 'reporter=\"waypoint\"'",
             cluster.nodes[waypoint.node].ns,
             ambit_lab::l7::WAYPOINT_STATS
@@ -323,6 +341,13 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             println!(
                 "  edit {}   # the waypoint's policy, served by ambit control",
                 plane.mesh_dir.join(REVIEWS_POLICY_FILE).display()
+            );
+            println!(
+                "  edit {}   # the route (weights, matches), applied live",
+                plane
+                    .mesh_dir
+                    .join(crate::waypoint::REVIEWS_ROUTE_FILE)
+                    .display()
             );
             println!(
                 "  ip netns exec {} curl -s {}/debug   # what ambit control sent each node proxy",

@@ -37,6 +37,25 @@ spec:
   - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
     to: [{operation: {methods: ["GET"]}}]
 "#;
+/// `reviews-v1` (neighbour) and `reviews-v2` (server): the versions the route splits
+/// `reviews` between.
+pub(crate) const V1_HOST: &str = "reviews-v1.default.svc.cluster.local";
+pub(crate) const V2_HOST: &str = "reviews-v2.default.svc.cluster.local";
+/// The route on `reviews`, served by ambit control once the policy has been shown: a
+/// header picks v2; everything else is split 90/10.
+pub(crate) const REVIEWS_ROUTE_FILE: &str = "reviews-route.yaml";
+pub(crate) const REVIEWS_ROUTE: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews-canary, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
+  rules:
+  - matches: [{headers: [{name: x-version, value: v2}]}]
+    backendRefs: [{name: reviews-v2, port: 80}]
+  - backendRefs: [{name: reviews-v1, port: 80, weight: 90}, {name: reviews-v2, port: 80, weight: 10}]
+"#;
+/// Requests sent to show the split.
+const SPLIT_REQUESTS: usize = 200;
 /// How many requests the client sends on its one HTTP/2 connection.
 const H2_REQUESTS: usize = 20;
 const PATH: &str = "/reviews/1";
@@ -152,6 +171,71 @@ pub(crate) fn through(cluster: &Cluster, waypoint: &WaypointPod) -> anyhow::Resu
             count(&text, "403", None),
         ),
     })
+}
+
+/// What the route did.
+pub(crate) struct Routed {
+    /// Of [`SPLIT_REQUESTS`], answered by v1 (neighbour) and v2 (server).
+    split: (usize, usize),
+    /// Requests with `x-version: v2` and who answered them.
+    header: Vec<Option<String>>,
+}
+
+/// Serves the route through ambit control, waits for the waypoint to apply it, then shows
+/// the header route and the 90/10 split.
+pub(crate) fn routed(cluster: &Cluster) -> anyhow::Result<Routed> {
+    use ambit_lab::cluster::http::request;
+    let vip = SocketAddr::from((REVIEWS_VIP, REVIEWS_PORT));
+    cluster.serve_manifests(REVIEWS_ROUTE_FILE, REVIEWS_ROUTE)?;
+    let with_header = || -> anyhow::Result<Vec<Reply>> {
+        let requests = (0..5)
+            .map(|_| {
+                let mut r = request("GET", REVIEWS_HOST, PATH)?;
+                r.headers_mut()
+                    .insert("x-version", http::HeaderValue::from_static("v2"));
+                Ok(r)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        cluster.send_http1_from("client", vip, requests)
+    };
+    // The route reaches the waypoint over xDS: its header rule is in force once every
+    // request carrying the header lands on v2.
+    let applied = ambit_lab::wait_until(
+        "the waypoint to apply the route",
+        Duration::from_secs(20),
+        || with_header().is_ok_and(|rs| rs.iter().all(|r| pod(r) == Some("server"))),
+    );
+    if applied.is_err() {
+        bail!("the route from ambit control was not applied by the waypoint within 20 s");
+    }
+    let header = with_header()?
+        .iter()
+        .map(|r| pod(r).map(str::to_string))
+        .collect();
+    let requests = vec![("GET", PATH); SPLIT_REQUESTS];
+    let replies = cluster.http1_from("client", vip, REVIEWS_HOST, &requests)?;
+    let on = |name: &str| replies.iter().filter(|r| pod(r) == Some(name)).count();
+    let split = (on("neighbour"), on("server"));
+    if split.0 + split.1 != SPLIT_REQUESTS {
+        bail!("{SPLIT_REQUESTS} GETs through the route: not all answered by an app: {replies:?}");
+    }
+    // Binomial(200, 0.1): mean 20, deviation 4.2; 1..=45 is missed by a fair split about
+    // once in a million runs.
+    if !(1..=45).contains(&split.1) {
+        bail!("the 90/10 split sent {} of {SPLIT_REQUESTS} to v2", split.1);
+    }
+    Ok(Routed { split, header })
+}
+
+impl Routed {
+    pub(crate) fn print(&self) {
+        println!(
+            "  HTTPRoute default/reviews-canary (from ambit control, applied live): x-version: v2 -> {:?}; {SPLIT_REQUESTS} plain GETs split {} to v1 (neighbour) / {} to v2 (server), weights 90/10",
+            self.header.iter().map(|p| p.as_deref().unwrap_or("?")).collect::<Vec<_>>(),
+            self.split.0,
+            self.split.1
+        );
+    }
 }
 
 impl Seen {

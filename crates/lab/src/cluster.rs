@@ -4,7 +4,7 @@
 //! `ambit-cni`) driven the way a container runtime drives it. [`waypoint`] adds a waypoint
 //! pod; `http` serves and sends HTTP in the pods.
 
-mod http;
+pub mod http;
 pub mod waypoint;
 
 use std::io::Write;

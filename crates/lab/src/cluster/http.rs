@@ -52,11 +52,22 @@ impl Cluster {
         host: &str,
         requests: &[(&str, &str)],
     ) -> anyhow::Result<Vec<Reply>> {
-        let stream = self.tokio_connect_from(pod, dst)?;
         let requests: Vec<http::Request<Full<Bytes>>> = requests
             .iter()
             .map(|(m, p)| request(m, host, p))
             .collect::<anyhow::Result<_>>()?;
+        self.send_http1_from(pod, dst, requests)
+    }
+
+    /// Requests built by the caller ([`request`] makes one; add headers to it), one after
+    /// the other on one HTTP/1.1 connection from `pod` to `dst`.
+    pub fn send_http1_from(
+        &self,
+        pod: &str,
+        dst: SocketAddr,
+        requests: Vec<http::Request<Full<Bytes>>>,
+    ) -> anyhow::Result<Vec<Reply>> {
+        let stream = self.tokio_connect_from(pod, dst)?;
         self.runtime()?.block_on(async move {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
@@ -122,7 +133,8 @@ impl Cluster {
     }
 }
 
-fn request(method: &str, host: &str, path: &str) -> anyhow::Result<http::Request<Full<Bytes>>> {
+/// A request to `host` (its `Host` header and authority), without a body.
+pub fn request(method: &str, host: &str, path: &str) -> anyhow::Result<http::Request<Full<Bytes>>> {
     Ok(http::Request::builder()
         .method(method)
         .uri(format!("http://{host}{path}"))
