@@ -12,7 +12,7 @@ use ambit_state::{
 
 use crate::locate::{field, FieldPath};
 use crate::model::{PolicyTarget, SkipReason, WaypointAction, WaypointPolicy};
-use crate::schema::{Object, Operation, RuleSpec, Source, Spec, TargetRef};
+use crate::schema::{Metadata, Object, Operation, RuleSpec, Source, Spec, TargetRef};
 use crate::values::{Action, ServiceAccount, Text};
 use crate::ParseOptions;
 
@@ -60,15 +60,7 @@ const ISTIO_NETWORKING: &str = "networking.istio.io";
 /// Checks and translates a policy. A policy every check passes that has no targets is not
 /// for a waypoint (skipped); one with targets is a [`WaypointPolicy`].
 pub(crate) fn translate(obj: Object, options: &ParseOptions) -> Result<Translation, Invalid> {
-    let name = obj.metadata.name.0;
-    check_dns(&name, 253, true).map_err(|m| invalid(field!["metadata", "name"], m))?;
-    let namespace = match obj.metadata.namespace {
-        Some(Text(ns)) if !ns.is_empty() => {
-            check_dns(&ns, 63, false).map_err(|m| invalid(field!["metadata", "namespace"], m))?;
-            ns
-        }
-        _ => options.default_namespace.clone(),
-    };
+    let (namespace, name) = namespace_and_name(&obj.metadata, options)?;
     let dry_run = match obj
         .metadata
         .annotations
@@ -86,7 +78,13 @@ pub(crate) fn translate(obj: Object, options: &ParseOptions) -> Result<Translati
         }
     };
     let spec = obj.spec.unwrap_or_default();
-    let targets = targets(&spec, &namespace, options)?;
+    let targets = targets(
+        spec.selector.is_some(),
+        spec.target_ref.as_ref(),
+        spec.target_refs.as_deref(),
+        &namespace,
+        options,
+    )?;
     let action = action(&spec)?;
     let custom = matches!(action, WaypointAction::Custom { .. });
     let rules = spec
@@ -130,6 +128,23 @@ pub(crate) fn translate(obj: Object, options: &ParseOptions) -> Result<Translati
     })
 }
 
+/// An Istio object's `metadata.namespace` (defaulted) and `metadata.name`, checked.
+pub(crate) fn namespace_and_name(
+    metadata: &Metadata,
+    options: &ParseOptions,
+) -> Result<(String, String), Invalid> {
+    let name = metadata.name.0.clone();
+    check_dns(&name, 253, true).map_err(|m| invalid(field!["metadata", "name"], m))?;
+    let namespace = match &metadata.namespace {
+        Some(Text(ns)) if !ns.is_empty() => {
+            check_dns(ns, 63, false).map_err(|m| invalid(field!["metadata", "namespace"], m))?;
+            ns.clone()
+        }
+        _ => options.default_namespace.clone(),
+    };
+    Ok((namespace, name))
+}
+
 /// A Kubernetes name: a DNS-1123 subdomain (`dots`) or label, at most `max` long.
 pub(crate) fn check_dns(s: &str, max: usize, dots: bool) -> Result<(), String> {
     let allowed =
@@ -153,13 +168,16 @@ pub(crate) fn check_dns(s: &str, max: usize, dots: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The targets of `targetRef` or `targetRefs`, checked.
-fn targets(
-    spec: &Spec,
+/// The targets of `targetRef` or `targetRefs` of a policy's (or a RequestAuthentication's)
+/// spec, checked; `selector` is true when the spec has a `selector`.
+pub(crate) fn targets(
+    selector: bool,
+    target_ref: Option<&TargetRef>,
+    target_refs: Option<&[TargetRef]>,
     namespace: &str,
     options: &ParseOptions,
 ) -> Result<Vec<PolicyTarget>, Invalid> {
-    let refs: Vec<(FieldPath, &TargetRef)> = match (&spec.target_ref, &spec.target_refs) {
+    let refs: Vec<(FieldPath, &TargetRef)> = match (target_ref, target_refs) {
         (Some(_), Some(v)) if !v.is_empty() => {
             return Err(invalid(
                 field!["spec", "targetRef"],
@@ -168,13 +186,13 @@ fn targets(
         }
         (Some(r), _) => vec![(field!["spec", "targetRef"], r)],
         (None, v) => v
-            .iter()
+            .into_iter()
             .flatten()
             .enumerate()
             .map(|(i, r)| (field!["spec", "targetRefs", i], r))
             .collect(),
     };
-    if spec.selector.is_some() && !refs.is_empty() {
+    if selector && !refs.is_empty() {
         return Err(invalid(
             field!["spec", "selector"],
             "set either selector (a workload's policy) or targetRefs (a waypoint's), not both",
