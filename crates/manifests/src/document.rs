@@ -1,14 +1,18 @@
 //! One document: parsed as YAML, its `apiVersion` and `kind` read, and an
-//! AuthorizationPolicy, HTTPRoute or GRPCRoute read and translated; any refusal placed at
-//! a line and column of the file (the document's own positions moved by the line it
-//! starts at). Sans-IO.
+//! AuthorizationPolicy, RequestAuthentication, HTTPRoute or GRPCRoute read and translated;
+//! any refusal placed at a line and column of the file (the document's own positions moved
+//! by the line it starts at). Sans-IO.
 
 use serde::de::DeserializeOwned;
 use yaml_serde::Value;
 
+use crate::authn_schema::AuthnObject;
+use crate::authn_translate::{
+    translate_authn, AuthnOutcome, AuthnTranslation, REQUEST_AUTHENTICATION_VERSIONS,
+};
 use crate::error::{shift_lines, yaml_message, ErrorKind, ManifestError, ObjectRef, Position};
 use crate::locate::{field, locate};
-use crate::model::{Located, Origin, SkipReason, Skipped, WaypointPolicy};
+use crate::model::{Located, Origin, SkipReason, Skipped, WaypointAuthn, WaypointPolicy};
 use crate::route_schema::{GrpcRuleSpec, HttpRuleSpec, RouteObject};
 use crate::route_translate::{
     translate_grpc, translate_http, RouteOutcome, RouteTranslation, GATEWAY_GROUP,
@@ -19,7 +23,8 @@ use crate::split::Segment;
 use crate::translate::{translate, Invalid, Outcome};
 use crate::ParseOptions;
 
-/// The API group of AuthorizationPolicy, and the versions of it we read.
+/// The API group of AuthorizationPolicy and RequestAuthentication, and the versions of
+/// AuthorizationPolicy we read.
 pub const SECURITY_GROUP: &str = "security.istio.io";
 pub const AUTHORIZATION_POLICY_VERSIONS: &[&str] = &["v1", "v1beta1"];
 
@@ -33,13 +38,17 @@ pub(crate) enum Document {
         /// Where `metadata.name` is, to place a duplicate's refusal.
         name_at: Position,
     },
+    Authn {
+        authn: Located<WaypointAuthn>,
+        name_at: Position,
+    },
     Route {
         route: Located<ambit_routes::Route>,
         name_at: Position,
     },
     Skipped {
         skipped: Located<Skipped>,
-        /// For an AuthorizationPolicy or a route, as for a policy.
+        /// For an AuthorizationPolicy, RequestAuthentication or route, as for a policy.
         name_at: Option<Position>,
     },
     Refused(ManifestError),
@@ -180,17 +189,23 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
         Grpc,
     }
     let mut route_doc = None;
+    let mut authn_doc = false;
     match (group, kind.as_str()) {
-        (SECURITY_GROUP, "AuthorizationPolicy")
-            if AUTHORIZATION_POLICY_VERSIONS.contains(&version) => {}
-        (SECURITY_GROUP, "AuthorizationPolicy") => {
-            return invalid(Invalid {
-                path: field!["apiVersion"],
-                message: format!(
-                    "AuthorizationPolicy has no version {version:?}; the versions are {}",
-                    AUTHORIZATION_POLICY_VERSIONS.join(", ")
-                ),
-            })
+        (SECURITY_GROUP, "AuthorizationPolicy" | "RequestAuthentication") => {
+            let versions = match kind.as_str() {
+                "AuthorizationPolicy" => AUTHORIZATION_POLICY_VERSIONS,
+                _ => REQUEST_AUTHENTICATION_VERSIONS,
+            };
+            if !versions.contains(&version) {
+                return invalid(Invalid {
+                    path: field!["apiVersion"],
+                    message: format!(
+                        "{kind} has no version {version:?}; the versions are {}",
+                        versions.join(", ")
+                    ),
+                });
+            }
+            authn_doc = kind == "RequestAuthentication";
         }
         (GATEWAY_GROUP, "HTTPRoute" | "GRPCRoute") => {
             let (versions, doc) = match kind.as_str() {
@@ -283,6 +298,43 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
                 },
             },
             RouteOutcome::Skipped(reason) => Document::Skipped {
+                name_at: Some(name_at()),
+                skipped: Located {
+                    origin,
+                    value: Skipped {
+                        api_version,
+                        kind,
+                        namespace: Some(namespace),
+                        name: Some(name),
+                        reason,
+                    },
+                },
+            },
+        };
+    }
+
+    if authn_doc {
+        let obj = match deserialize::<AuthnObject>(seg.text) {
+            Ok(obj) => obj,
+            Err(e) => return refuse_parse(e),
+        };
+        let AuthnTranslation {
+            namespace,
+            name,
+            outcome,
+        } = match translate_authn(obj, options) {
+            Ok(t) => t,
+            Err(e) => return invalid(e),
+        };
+        return match outcome {
+            AuthnOutcome::Authn(authn) => Document::Authn {
+                name_at: name_at(),
+                authn: Located {
+                    origin,
+                    value: authn,
+                },
+            },
+            AuthnOutcome::Skipped(reason) => Document::Skipped {
                 name_at: Some(name_at()),
                 skipped: Located {
                     origin,

@@ -62,6 +62,13 @@ impl ObjectRef {
     pub fn is_route(&self) -> bool {
         matches!(self.kind.as_deref(), Some("HTTPRoute" | "GRPCRoute"))
     }
+
+    /// True for a RequestAuthentication: not a policy, but its refusal leaves the targets
+    /// it would have had without the token checks it names (the reader decides how to
+    /// fail closed for them).
+    pub fn is_authn(&self) -> bool {
+        self.kind.as_deref() == Some("RequestAuthentication")
+    }
 }
 
 impl fmt::Display for ManifestError {

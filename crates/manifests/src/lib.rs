@@ -8,6 +8,11 @@
 //! own parsers), the action and the targets (`targetRefs`). A policy that attaches by
 //! `selector`, or to a whole namespace, is ztunnel's: skipped, not an error.
 //!
+//! Istio's `RequestAuthentication` (same group and versions), attached the same way and
+//! translated into a [`WaypointAuthn`]: its JWT rules as checked plain data (issuer,
+//! audiences, key source, token locations, output headers, JWKS fetch timeout), for the
+//! waypoint's JWT checks. One with a `selector`, or neither, is for sidecars: skipped.
+//!
 //! And the Gateway API's `HTTPRoute` (`gateway.networking.k8s.io/v1`, `v1beta1`) and
 //! `GRPCRoute` (`v1`), checked as their CRDs check them and translated into the routes
 //! model ([`ambit_routes::Route`]); a route attached to no Service of its namespace (a
@@ -19,8 +24,11 @@
 //! Sans-IO except [`load_path`], which reads a file or a directory.
 #![forbid(unsafe_code)]
 
+mod authn_schema;
+mod authn_translate;
 mod document;
 mod error;
+mod go_duration;
 mod load;
 mod locate;
 mod model;
@@ -33,11 +41,13 @@ mod values;
 
 use std::collections::HashMap;
 
+pub use authn_translate::{MAX_INLINE_JWKS_BYTES, REQUEST_AUTHENTICATION_VERSIONS};
 pub use document::{AUTHORIZATION_POLICY_VERSIONS, SECURITY_GROUP};
 pub use error::{ErrorKind, ManifestError, ObjectRef, Position};
 pub use load::{load_path, MAX_FILE_BYTES};
 pub use model::{
-    Located, Origin, Parsed, PolicyTarget, SkipReason, Skipped, WaypointAction, WaypointPolicy,
+    ClaimToHeader, JwksSource, JwtHeader, JwtRuleSpec, Located, Origin, Parsed, PolicyTarget,
+    SkipReason, Skipped, WaypointAction, WaypointAuthn, WaypointPolicy, DEFAULT_JWKS_TIMEOUT,
 };
 pub use route_translate::{GATEWAY_GROUP, GRPC_ROUTE_VERSIONS, HTTP_ROUTE_VERSIONS};
 pub use translate::DRY_RUN_ANNOTATION;
@@ -104,7 +114,8 @@ pub fn parse_bytes(source: &str, bytes: &[u8], options: &ParseOptions) -> Parsed
 #[derive(Debug, Default)]
 pub(crate) struct Collector {
     pub parsed: Parsed,
-    /// `kind/namespace/name` of every AuthorizationPolicy and route read, and where.
+    /// `kind/namespace/name` of every AuthorizationPolicy, RequestAuthentication and route
+    /// read, and where.
     seen: HashMap<String, Origin>,
 }
 
@@ -153,6 +164,18 @@ impl Collector {
                     name_at,
                 ) {
                     self.parsed.policies.push(policy);
+                }
+            }
+            Document::Authn { authn, name_at } => {
+                let a = &authn.value;
+                if self.first(
+                    "RequestAuthentication",
+                    &a.namespace,
+                    &a.name,
+                    &authn.origin,
+                    name_at,
+                ) {
+                    self.parsed.authns.push(authn);
                 }
             }
             Document::Route { route, name_at } => {
@@ -205,6 +228,8 @@ impl Collector {
     }
 }
 
+#[cfg(test)]
+mod authn_tests;
 #[cfg(test)]
 mod route_tests;
 #[cfg(test)]

@@ -1,8 +1,11 @@
 //! What the manifests come to: the waypoint's policies (each an [`Authorization`] of the
-//! state crate, with its action and targets), the documents skipped and why, and where each
-//! came from.
+//! state crate, with its action and targets), its request authentications (JWT rules and
+//! their targets), the documents skipped and why, and where each came from.
 
 use std::fmt;
+use std::time::Duration;
+
+use http::header::HeaderName;
 
 use ambit_state::Authorization;
 
@@ -55,6 +58,92 @@ pub enum PolicyTarget {
     GatewayClass { name: String },
 }
 
+/// A RequestAuthentication for a waypoint: which JWTs the targets accept. A request that
+/// presents a token one of the rules finds must carry a valid one (else 401); a request
+/// without a token passes unauthenticated (AuthorizationPolicy decides what it may do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaypointAuthn {
+    pub namespace: String,
+    pub name: String,
+    /// Where it attaches; never empty (one without targets is not a waypoint's).
+    pub targets: Vec<PolicyTarget>,
+    /// `spec.jwtRules`, in order; may be empty (then it checks nothing).
+    pub rules: Vec<JwtRuleSpec>,
+}
+
+impl WaypointAuthn {
+    /// `namespace/name`, as a refusal's [`ObjectRef::key`](crate::ObjectRef::key) names it.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One `jwtRules` entry, checked: what a token must say and where it is looked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtRuleSpec {
+    /// The `iss` a token must carry; never empty.
+    pub issuer: String,
+    /// A token must carry one of these in `aud`; empty: Istio accepts the service's own
+    /// name (deciding that is the waypoint's).
+    pub audiences: Vec<String>,
+    pub jwks: JwksSource,
+    /// Where the token is looked for. All three empty: Istio's defaults, the
+    /// `Authorization` header with the `Bearer ` scheme and the `access_token` query
+    /// parameter ([`Self::uses_default_locations`]).
+    pub from_headers: Vec<JwtHeader>,
+    pub from_params: Vec<String>,
+    pub from_cookies: Vec<String>,
+    /// Keep the token on the request sent upstream (default false: it is removed).
+    pub forward_original_token: bool,
+    /// Send the verified payload upstream in this header (base64 of its JSON).
+    pub output_payload_to_header: Option<HeaderName>,
+    /// Copy claims of a verified token into headers (each header named once).
+    pub output_claim_to_headers: Vec<ClaimToHeader>,
+    /// How long a JWKS fetch may take ([`DEFAULT_JWKS_TIMEOUT`] when not written).
+    pub timeout: Duration,
+}
+
+impl JwtRuleSpec {
+    /// True when no location is written, so the defaults apply.
+    pub fn uses_default_locations(&self) -> bool {
+        self.from_headers.is_empty() && self.from_params.is_empty() && self.from_cookies.is_empty()
+    }
+}
+
+/// A JWKS fetch's timeout when `timeout` is not written.
+pub const DEFAULT_JWKS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the keys that sign a rule's tokens come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    /// `jwksUri` (or `jwks_uri`): fetched from this `http` or `https` URL.
+    Uri(http::Uri),
+    /// `jwks`: the key set written inline, as written (a JSON text; not parsed here).
+    Inline(String),
+    /// Neither written: Istio finds the key set through the issuer's OpenID Connect
+    /// discovery document (`<issuer>/.well-known/openid-configuration`).
+    Discovery,
+}
+
+/// A `fromHeaders` entry: the header a token is read from, and the prefix stripped
+/// first (a header without it holds no token for this rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtHeader {
+    /// Lower-cased.
+    pub name: HeaderName,
+    /// As written (`Bearer ` with its space); empty: none.
+    pub prefix: String,
+}
+
+/// An `outputClaimToHeaders` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimToHeader {
+    /// Lower-cased; set on the request, replacing any value it had.
+    pub header: HeaderName,
+    /// The claim, a nested one as `a.b.c`.
+    pub claim: String,
+}
+
 /// Where a document came from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Origin {
@@ -104,6 +193,12 @@ pub enum SkipReason {
     /// An HTTPRoute or GRPCRoute with no `parentRefs` a waypoint serves (a Service of its
     /// own namespace): one for a Gateway, say, is the Gateway's.
     NoServiceParent,
+    /// A RequestAuthentication with a `selector`: for the selected workloads' sidecars
+    /// and gateways; waypoints never use `selector`.
+    AuthnSelector,
+    /// A RequestAuthentication with neither `selector` nor `targetRefs`: for the
+    /// namespace's sidecars and gateways (the mesh's, in the root namespace).
+    AuthnNamespaceWide,
 }
 
 impl fmt::Display for SkipReason {
@@ -118,6 +213,12 @@ impl fmt::Display for SkipReason {
             SkipReason::UnsupportedKind => "a kind the waypoint does not read",
             SkipReason::NoServiceParent => {
                 "attaches to no Service of its own namespace (parentRefs of kind Service, group \"\"): not a mesh route a waypoint serves"
+            }
+            SkipReason::AuthnSelector => {
+                "selects workloads (spec.selector): for their sidecars and gateways, not for a waypoint"
+            }
+            SkipReason::AuthnNamespaceWide => {
+                "has no targetRefs: it applies to the namespace's sidecars and gateways, not to a waypoint"
             }
         })
     }
@@ -135,12 +236,15 @@ impl fmt::Display for Skipped {
     }
 }
 
-/// What a text (or a file, or a directory) came to: every policy, route and skipped document
-/// with its origin, and every refusal. A bad document is refused alone.
+/// What a text (or a file, or a directory) came to: every policy, request authentication,
+/// route and skipped document with its origin, and every refusal. A bad document is
+/// refused alone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Parsed {
     pub policies: Vec<Located<WaypointPolicy>>,
+    /// RequestAuthentications attached by `targetRefs`, each once.
+    pub authns: Vec<Located<WaypointAuthn>>,
     /// HTTPRoutes and GRPCRoutes attached to Services (mesh routes), each once.
     pub routes: Vec<Located<ambit_routes::Route>>,
     pub skipped: Vec<Located<Skipped>>,
@@ -151,6 +255,7 @@ impl Parsed {
     /// Adds what `other` read after what this holds.
     pub fn extend(&mut self, other: Parsed) {
         self.policies.extend(other.policies);
+        self.authns.extend(other.authns);
         self.routes.extend(other.routes);
         self.skipped.extend(other.skipped);
         self.errors.extend(other.errors);

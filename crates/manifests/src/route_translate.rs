@@ -737,7 +737,7 @@ fn query_matches(p: &FieldPath, list: Vec<ValueMatchSpec>) -> Result<Vec<QueryMa
 }
 
 /// An HTTP header name as the CRD allows it (a token of RFC 7230, 1-256 long), lower-cased.
-fn header_name(s: &str) -> Result<HeaderName, String> {
+pub(crate) fn header_name(s: &str) -> Result<HeaderName, String> {
     let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
     if s.is_empty() || s.len() > MAX_HEADER_NAME || !s.chars().all(token) {
         return Err(format!(
