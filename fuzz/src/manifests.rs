@@ -1,10 +1,10 @@
-//! The `manifests` target: Kubernetes-shaped YAML manifests (Istio AuthorizationPolicy,
-//! Gateway API HTTPRoute and GRPCRoute among other kinds, many documents per file) read
-//! into the waypoint's model.
+//! The `manifests` target: Kubernetes-shaped YAML manifests (Istio AuthorizationPolicy and
+//! RequestAuthentication, Gateway API HTTPRoute and GRPCRoute among other kinds, many
+//! documents per file) read into the waypoint's model.
 
 use std::sync::Arc;
 
-use ambit_manifests::{parse_bytes, ParseOptions};
+use ambit_manifests::{parse_bytes, JwksSource, ParseOptions, MAX_INLINE_JWKS_BYTES};
 use ambit_routes::{Frontend, Request, RouteTable, Selection};
 use ambit_state::Authorization;
 
@@ -13,6 +13,8 @@ use ambit_state::Authorization;
 pub struct Outcome {
     /// `namespace/name` of each policy read.
     pub policies: Vec<String>,
+    /// `namespace/name` of each RequestAuthentication read.
+    pub authns: Vec<String>,
     /// `kind namespace/name` of each route read.
     pub routes: Vec<String>,
     pub skipped: usize,
@@ -26,7 +28,10 @@ pub struct Outcome {
 /// document or refusal; every refusal of the text has a position within it; every policy
 /// has targets, a unique `namespace/name` and passes the state's own check; its
 /// Authorization, written in the state's JSON form, reads back the same (so a policy read
-/// from a manifest is one the state's local configuration can hold); every route has a
+/// from a manifest is one the state's local configuration can hold); every
+/// RequestAuthentication has targets, a unique `namespace/name`, and rules within the
+/// reader's checks (an issuer, an inline key set within its bound, a timeout of at least
+/// 1ms, each claim header once); every route has a
 /// parent, a unique `kind namespace/name`, rules and matches, and the routes, put in a
 /// table, answer a request to each frontend they attach to.
 pub fn run(data: &[u8]) -> Outcome {
@@ -45,8 +50,11 @@ pub fn run(data: &[u8]) -> Outcome {
         .skip(1)
         .filter(|l| l.starts_with(b"---"))
         .count();
-    let outcomes =
-        parsed.policies.len() + parsed.routes.len() + parsed.skipped.len() + parsed.errors.len();
+    let outcomes = parsed.policies.len()
+        + parsed.authns.len()
+        + parsed.routes.len()
+        + parsed.skipped.len()
+        + parsed.errors.len();
     assert!(
         outcomes <= documents,
         "{outcomes} outcomes of {documents} documents"
@@ -71,6 +79,38 @@ pub fn run(data: &[u8]) -> Outcome {
         let back: Authorization = serde_json::from_str(&json)
             .unwrap_or_else(|e| panic!("{}: the state refuses its own form: {e}\n{json}", a.key()));
         assert_eq!(&back, a, "round trip via {json}");
+    }
+    let mut authn_keys = std::collections::BTreeSet::new();
+    for a in &parsed.authns {
+        let a = &a.value;
+        let key = a.key();
+        assert!(!a.targets.is_empty(), "{key}: no targets");
+        assert!(authn_keys.insert(key.clone()), "{key} read twice");
+        for r in &a.rules {
+            assert!(!r.issuer.is_empty(), "{key}: a rule without an issuer");
+            if let JwksSource::Inline(jwks) = &r.jwks {
+                assert!(
+                    !jwks.is_empty() && jwks.len() <= MAX_INLINE_JWKS_BYTES,
+                    "{key}: an inline key set of {} bytes",
+                    jwks.len()
+                );
+            }
+            assert!(
+                r.timeout >= std::time::Duration::from_millis(1),
+                "{key}: timeout {:?}",
+                r.timeout
+            );
+            let headers: std::collections::HashSet<_> = r
+                .output_claim_to_headers
+                .iter()
+                .map(|c| &c.header)
+                .collect();
+            assert_eq!(
+                headers.len(),
+                r.output_claim_to_headers.len(),
+                "{key}: a claim header twice"
+            );
+        }
     }
     let mut route_keys = std::collections::BTreeSet::new();
     for r in &parsed.routes {
@@ -108,6 +148,7 @@ pub fn run(data: &[u8]) -> Outcome {
     }
     Outcome {
         policies: keys.into_iter().collect(),
+        authns: authn_keys.into_iter().collect(),
         routes: route_keys.into_iter().collect(),
         skipped: parsed.skipped.len(),
         errors: parsed.errors.iter().map(ToString::to_string).collect(),

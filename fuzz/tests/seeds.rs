@@ -566,6 +566,7 @@ fn manifests_seeds() {
                         "shop/ext".into(),
                         "shop/reviews".into(),
                     ],
+                    authns: vec![],
                     routes: vec!["HTTPRoute shop/reviews".into()],
                     skipped: 1,
                     errors: vec![],
@@ -577,6 +578,7 @@ fn manifests_seeds() {
                 "routes.yaml",
                 Outcome {
                     policies: vec![],
+                    authns: vec![],
                     routes: vec!["GRPCRoute shop/echo".into(), "HTTPRoute shop/reviews".into()],
                     skipped: 1,
                     errors: vec!["fuzz:64:14: spec.rules[0].filters: a RequestRedirect filter cannot be used together with backendRefs".into()],
@@ -587,6 +589,7 @@ fn manifests_seeds() {
                 "one_bad_document.yaml",
                 Outcome {
                     policies: vec!["shop/fine".into()],
+                    authns: vec![],
                     routes: vec![],
                     skipped: 0,
                     errors: vec![
@@ -596,10 +599,40 @@ fn manifests_seeds() {
                     ],
                 },
             ),
+            // RequestAuthentications: every JWT rule field, a GatewayClass target from the
+            // root namespace, one with a selector skipped.
+            (
+                "request_authentication.yaml",
+                Outcome {
+                    policies: vec![],
+                    authns: vec!["istio-system/mesh-jwt".into(), "shop/reviews-jwt".into()],
+                    routes: vec![],
+                    skipped: 1,
+                    errors: vec![],
+                },
+            ),
+            // Each bad one refused alone; a refused shop/jwt is not the first, so the next one
+            // is read and the one after it refused as a second.
+            (
+                "request_authentication_refused.yaml",
+                Outcome {
+                    policies: vec![],
+                    authns: vec!["shop/jwt".into()],
+                    routes: vec![],
+                    skipped: 0,
+                    errors: vec![
+                        "fuzz:8:66: spec.jwtRules[0].jwks: set only one of jwksUri and jwks; jwksUri is set too".into(),
+                        "fuzz:15:37: spec.jwtRules[0].timeout: \"500us\" is shorter than 1ms".into(),
+                        "fuzz:22:38: spec.jwtRules[0].presence: is not supported by this waypoint, and it changes which requests pass; remove it (the RequestAuthentication is refused while it is there)".into(),
+                        "fuzz:33:18: metadata.name: RequestAuthentication shop/jwt is defined again; the first definition (fuzz:24) is kept".into(),
+                    ],
+                },
+            ),
             (
                 "not_utf8.yaml",
                 Outcome {
                     policies: vec![],
+                    authns: vec![],
                     routes: vec![],
                     skipped: 0,
                     errors: vec!["fuzz:3:18: not UTF-8 text; manifests are UTF-8".into()],
