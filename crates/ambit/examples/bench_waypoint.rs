@@ -17,19 +17,20 @@
 
 mod bare_l7;
 mod common;
+mod l7_load;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ambit_lab::l7::{L7Lab, DIRECT_HOST, DIRECT_VIP};
-use ambit_lab::mesh::{SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
+use ambit_lab::l7::L7Lab;
+use ambit_lab::mesh::SERVICE_PORT;
 use anyhow::Context;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use l7_load::{fmt, load, paced, request, Path, BARE_HOST, BARE_VIP};
+
+/// The bare proxy's address in the server node.
+const BARE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 0, 6);
 
 struct Args {
     ambit: PathBuf,
@@ -67,182 +68,6 @@ fn args() -> anyhow::Result<Args> {
         }
     }
     Ok(a)
-}
-
-/// The paths measured.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Path {
-    Waypoint,
-    Direct,
-    /// Through the bare reverse proxy (the design's ceiling) where the waypoint stands.
-    Bare,
-}
-
-/// The bare proxy's address in the server node, and its service.
-const BARE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 0, 6);
-const BARE_VIP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 14);
-const BARE_HOST: &str = "echo-bare.default.svc.cluster.local";
-
-impl Path {
-    fn dst(self) -> SocketAddr {
-        match self {
-            Path::Waypoint => SocketAddr::from((SERVICE_VIP, SERVICE_PORT)),
-            Path::Direct => SocketAddr::from((DIRECT_VIP, SERVICE_PORT)),
-            Path::Bare => SocketAddr::from((BARE_VIP, SERVICE_PORT)),
-        }
-    }
-    fn host(self) -> &'static str {
-        match self {
-            Path::Waypoint => SERVICE_HOST,
-            Path::Direct => DIRECT_HOST,
-            Path::Bare => BARE_HOST,
-        }
-    }
-}
-
-fn request(path: Path, body: &Bytes) -> http::Request<Full<Bytes>> {
-    http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{}:{SERVICE_PORT}/bench", path.host()))
-        .header("host", format!("{}:{SERVICE_PORT}", path.host()))
-        .body(Full::new(body.clone()))
-        .expect("a valid request")
-}
-
-/// Closed-loop load for `secs`: HTTP/1.1 over `conns` connections, or HTTP/2 with
-/// `streams` concurrent requests on one connection. Returns completed requests/s.
-fn load(
-    lab: &L7Lab,
-    path: Path,
-    h2: bool,
-    conns: usize,
-    streams: usize,
-    secs: u64,
-) -> anyhow::Result<f64> {
-    let body = Bytes::from(vec![b'x'; 1024]);
-    let done = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut streams_io = Vec::new();
-    for _ in 0..if h2 { 1 } else { conns } {
-        streams_io.push(lab.connect_to(path.dst())?);
-    }
-    let start = Instant::now();
-    lab.rt.block_on(async {
-        let mut tasks = Vec::new();
-        for io in streams_io {
-            if h2 {
-                let (sender, conn) =
-                    hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
-                        .await?;
-                tokio::spawn(conn);
-                for _ in 0..streams {
-                    let (mut sender, done, body) = (sender.clone(), done.clone(), body.clone());
-                    tasks.push(tokio::spawn(async move {
-                        while Instant::now() < deadline {
-                            let r = sender.send_request(request(path, &body)).await?;
-                            anyhow::ensure!(r.status() == 200, "status {}", r.status());
-                            r.into_body().collect().await?;
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(())
-                    }));
-                }
-            } else {
-                let (mut sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-                tokio::spawn(conn);
-                let (done, body) = (done.clone(), body.clone());
-                tasks.push(tokio::spawn(async move {
-                    while Instant::now() < deadline {
-                        sender.ready().await?;
-                        let r = sender.send_request(request(path, &body)).await?;
-                        anyhow::ensure!(r.status() == 200, "status {}", r.status());
-                        r.into_body().collect().await?;
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(())
-                }));
-            }
-        }
-        for t in tasks {
-            t.await??;
-        }
-        anyhow::Ok(())
-    })?;
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
-}
-
-/// Requests paced at `rate`/s over `conns` HTTP/1.1 connections for `secs`: each
-/// request's latency.
-fn paced(
-    lab: &L7Lab,
-    path: Path,
-    rate: u64,
-    conns: usize,
-    secs: u64,
-) -> anyhow::Result<Vec<Duration>> {
-    let body = Bytes::from(vec![b'x'; 1024]);
-    let mut ios = Vec::new();
-    for _ in 0..conns {
-        ios.push(lab.connect_to(path.dst())?);
-    }
-    lab.rt.block_on(async {
-        let mut tasks = Vec::new();
-        let per_conn = Duration::from_secs_f64(conns as f64 / rate as f64);
-        let count = rate * secs / conns as u64;
-        for (i, io) in ios.into_iter().enumerate() {
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-            tokio::spawn(conn);
-            let body = body.clone();
-            tasks.push(tokio::spawn(async move {
-                // Staggered so the connections' requests interleave evenly.
-                tokio::time::sleep(per_conn.mul_f64(i as f64 / conns as f64)).await;
-                let mut tick = tokio::time::interval(per_conn);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut samples = Vec::with_capacity(count as usize);
-                for _ in 0..count {
-                    tick.tick().await;
-                    let t = Instant::now();
-                    sender.ready().await?;
-                    let r = sender.send_request(request(path, &body)).await?;
-                    anyhow::ensure!(r.status() == 200, "status {}", r.status());
-                    r.into_body().collect().await?;
-                    samples.push(t.elapsed());
-                }
-                Ok(samples)
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await??);
-        }
-        anyhow::Ok(all)
-    })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn spread(v: &[f64]) -> (f64, f64) {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (lo, hi)
-}
-
-fn fmt(v: &[f64], unit: &str, digits: usize) -> String {
-    let (lo, hi) = spread(v);
-    format!(
-        "{:.*} ({:.*}–{:.*}) {unit}",
-        digits,
-        median(v.to_vec()),
-        digits,
-        lo,
-        digits,
-        hi
-    )
 }
 
 /// A waypoint holding `n` services (each behind it) and `n` policies (one per service),

@@ -683,7 +683,7 @@ async fn renew_loop(
     }
 }
 
-/// Polls the mesh directory and the tokens file; a change that loads replaces what is
+/// Watches the mesh directory (notified) and the tokens file (polled); a change that loads replaces what is
 /// served, one that does not is reported and the last good state stays.
 async fn watch_loop(
     shared: Arc<Shared>,
@@ -692,12 +692,16 @@ async fn watch_loop(
 ) {
     let mut last_tokens = tokens_text(&shared).await.ok();
     let mut last_read_error: Option<String> = None;
-    let mut tick = tokio::time::interval(shared.config.poll_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The mesh directory on the kernel's notification, and everything (the tokens file
+    // too) on the poll.
+    let mut watch = ambit_runtime::file_watch::FileWatch::new(
+        &shared.config.mesh_dir,
+        shared.config.poll_interval,
+    );
     loop {
         tokio::select! {
             _ = stopped(&mut stop) => return,
-            _ = tick.tick() => {}
+            _ = watch.changed() => {}
         }
         let dir = shared.config.mesh_dir.clone();
         let read = tokio::task::spawn_blocking(move || mesh::read_dir(&dir)).await;

@@ -44,7 +44,7 @@ pub const V1_HOST: &str = "echo-v1.default.svc.cluster.local";
 pub const V2_HOST: &str = "echo-v2.default.svc.cluster.local";
 /// `grpc-echo`: behind the waypoint, both pods, for GRPCRoutes (which never share a
 /// frontend with HTTPRoutes).
-pub const GRPC_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 14);
+pub const GRPC_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 17);
 pub const GRPC_HOST: &str = "grpc-echo.default.svc.cluster.local";
 /// The service port declared TCP (and its target port).
 pub const TCP_PORT: u16 = 3306;

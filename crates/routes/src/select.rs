@@ -85,6 +85,10 @@ struct Attached {
 pub struct RouteTable {
     routes: Vec<Arc<Route>>,
     by_service: HashMap<ServiceKey, (Vec<Entry>, Vec<Attached>)>,
+    /// Per Service, its exact-path entries by path (indices into its entries, in order)
+    /// and where the entries that are not exact begin: exact matches come first in the
+    /// order, so a request looks at those of its own path only, then scans the rest.
+    exact: HashMap<ServiceKey, (HashMap<String, Vec<usize>>, usize)>,
 }
 
 /// The order of one match: smaller first.
@@ -158,7 +162,28 @@ impl RouteTable {
                 (r.created.map_or((true, 0), |t| (false, t.0)), r.key())
             });
         }
-        RouteTable { routes, by_service }
+        let exact = by_service
+            .iter()
+            .map(|(service, (entries, _))| {
+                let mut by_path: HashMap<String, Vec<usize>> = HashMap::new();
+                let mut rest = entries.len();
+                for (i, e) in entries.iter().enumerate() {
+                    match &routes[e.route].rules[e.rule].matches[e.matched].path {
+                        PathMatch::Exact(p) => by_path.entry(p.clone()).or_default().push(i),
+                        _ => {
+                            rest = i;
+                            break;
+                        }
+                    }
+                }
+                (service.clone(), (by_path, rest))
+            })
+            .collect();
+        RouteTable {
+            routes,
+            by_service,
+            exact,
+        }
     }
 
     /// Every route held, in the order given.
@@ -293,7 +318,16 @@ impl RouteTable {
         let Some(kind) = self.kind_used(attached, frontend.port) else {
             return Selection::NoRoutes;
         };
-        for e in entries {
+        let (exact, rest) = match self.exact.get(&frontend.service) {
+            Some((by_path, rest)) => (by_path.get(request.path).map(Vec::as_slice), *rest),
+            None => (None, 0),
+        };
+        let candidates = exact
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| &entries[i])
+            .chain(&entries[rest..]);
+        for e in candidates {
             if !applies(e.port, frontend.port) {
                 continue;
             }

@@ -568,3 +568,48 @@ fn evaluation_order_and_refusals() {
     assert!(table.refusals(&frontend("echo", 81)).is_empty());
     assert_eq!(table.ports_named(&svc("shop", "echo")), [80]);
 }
+
+/// Exact matches are looked up by path: only those of the request's own path are
+/// evaluated, in their order, and one whose other conditions fail falls through to the
+/// rest (prefixes, regular expressions) as a scan would.
+#[test]
+fn exact_paths_are_looked_up_in_order_and_fall_through() {
+    let table = RouteTable::new([
+        route(
+            "older",
+            Some(1),
+            &[("web", None)],
+            vec![
+                rule("exact-get", vec![exact("/a").method("GET")]),
+                rule("exact-other", vec![exact("/b")]),
+                rule("root", vec![prefix("/")]),
+            ],
+        ),
+        route(
+            "newer",
+            Some(2),
+            &[("web", Some(80))],
+            vec![
+                rule("exact-header", vec![exact("/a").header("x-v", "1")]),
+                rule("exact-any", vec![exact("/a")]),
+            ],
+        ),
+    ]);
+    check(
+        &table,
+        &frontend("web", 80),
+        &[
+            ("GET /a", NONE, "exact-get"),
+            ("POST /a", &[("x-v", "1")], "exact-header"),
+            ("POST /a", NONE, "exact-any"),
+            ("GET /b", NONE, "exact-other"),
+            ("GET /c", NONE, "root"),
+        ],
+    );
+    // Port 81 has only the route attached to every port: no exact match for POST /a.
+    check(
+        &table,
+        &frontend("web", 81),
+        &[("POST /a", NONE, "root"), ("GET /a", NONE, "exact-get")],
+    );
+}

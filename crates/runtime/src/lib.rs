@@ -14,6 +14,7 @@
 
 pub mod drain;
 pub mod dry_run;
+pub mod file_watch;
 pub mod http;
 pub mod log_format;
 pub mod logging;

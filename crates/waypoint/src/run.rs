@@ -293,12 +293,14 @@ fn modified(path: &Path) -> Option<SystemTime> {
     }
 }
 
-/// Calls `changed` whenever `path` (a file, or any file of a directory) changes.
+/// Calls `changed` whenever `path` (a file, or any file of a directory) changes: on the
+/// kernel's notification, or at the latest on the next poll.
 fn spawn_watch(path: PathBuf, mut changed: impl FnMut(&Path) + Send + 'static) {
     tokio::spawn(async move {
+        let mut watch = ambit_runtime::file_watch::FileWatch::new(&path, WATCH_EVERY);
         let mut last = modified(&path);
         loop {
-            tokio::time::sleep(WATCH_EVERY).await;
+            watch.changed().await;
             let now = modified(&path);
             if now != last {
                 last = now;
