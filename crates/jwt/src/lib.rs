@@ -1,0 +1,46 @@
+//! Istio's `RequestAuthentication` (JWT) as Envoy's `jwt_authn` filter does it at an Istio
+//! waypoint, for ambit's waypoint.
+//!
+//! - [`Jwks`]: a JSON Web Key Set read from outside, bounded, its keys parsed once.
+//! - [`JwtRule`]: one validated `jwtRule` ([`JwtSpec`] + [`KeySource`]).
+//! - [`authenticate`]: the decision for one request (sans-IO): [`Outcome::NoToken`],
+//!   [`Outcome::Authenticated`] (the [`ambit_state::RequestAuth`] RBAC reads, and the
+//!   [`HeaderEdits`] to apply), or [`Outcome::Refused`] (a [`Refusal`] with Envoy's status,
+//!   body, `www-authenticate` and response-code details).
+//! - [`JwksCache`] / [`RemoteJwks`]: key sets fetched from a `jwksUri` (IO: tokio, hyper,
+//!   rustls), refreshed, the last good set kept.
+//!
+//! A waypoint uses it as: build each rule with [`JwtRule::new`] (its keys from
+//! [`KeySource::inline`] or [`JwksCache::source`]); per request, skip CORS preflights
+//! ([`is_cors_preflight`]), call [`authenticate`], answer a refusal, else apply the edits
+//! and hand the identity to authorization.
+
+mod authn;
+mod b64;
+mod extract;
+mod fetch;
+mod jwks;
+mod reason;
+mod rule;
+#[cfg(test)]
+mod testkeys;
+mod token;
+
+pub use authn::{
+    authenticate, is_cors_preflight, HeaderEdits, Outcome, MAX_TOKENS, MAX_TOKEN_BYTES,
+};
+pub use fetch::{
+    fetch_jwks, keys_ready, FetchConfig, FetchError, JwksCache, RemoteJwks, RemoteState,
+    DEFAULT_FETCH_TIMEOUT, DEFAULT_REFRESH, DEFAULT_RETRY,
+};
+pub use jwks::{
+    Alg, Jwks, JwksError, Key, KeyIssue, MAX_JWKS_BYTES, MAX_KEYS, MAX_RSA_BITS, MIN_RSA_BITS,
+};
+pub use reason::{Reason, Refusal, MAX_REALM_PATH};
+pub use rule::{
+    JwtRule, JwtSpec, KeySource, RuleError, DEFAULT_CLOCK_SKEW, DEFAULT_SPACE_DELIMITED_CLAIMS,
+};
+
+/// Fuzzing entry points: a token's bytes and a JWKS document through the real parsers.
+#[doc(hidden)]
+pub mod fuzzing;
