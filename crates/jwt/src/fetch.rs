@@ -424,12 +424,12 @@ async fn refresh_loop(weak: Weak<RemoteJwks>) {
     }
 }
 
-/// Remote key sets by URI: rules naming the same `jwksUri` share one fetched set and one
-/// refresher. A set no rule holds any more stops refreshing.
+/// Remote key sets by URI: rules naming the same `jwksUri` (with the same timeout) share
+/// one fetched set and one refresher. A set no rule holds any more stops refreshing.
 #[derive(Debug)]
 pub struct JwksCache {
     config: FetchConfig,
-    entries: Mutex<HashMap<String, Weak<RemoteJwks>>>,
+    entries: Mutex<HashMap<(String, Duration), Weak<RemoteJwks>>>,
 }
 
 impl JwksCache {
@@ -441,17 +441,23 @@ impl JwksCache {
         }
     }
 
-    /// The key source for a `jwksUri`: the shared set, started (its refresher spawned on
-    /// the current tokio runtime) when no rule held it yet.
-    pub fn source(&self, uri: &str) -> Result<KeySource, FetchError> {
+    /// The key source for a `jwksUri` fetched within `timeout` (the rule's `timeout`,
+    /// [`DEFAULT_FETCH_TIMEOUT`] when not written): the shared set, started (its refresher
+    /// spawned on the current tokio runtime) when no rule held it yet.
+    pub fn source(&self, uri: &str, timeout: Duration) -> Result<KeySource, FetchError> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|_, w| w.strong_count() > 0);
-        if let Some(remote) = entries.get(uri).and_then(Weak::upgrade) {
+        let key = (uri.to_string(), timeout);
+        if let Some(remote) = entries.get(&key).and_then(Weak::upgrade) {
             return Ok(KeySource::Remote(remote));
         }
-        let remote = RemoteJwks::new(uri, self.config.clone())?;
+        let config = FetchConfig {
+            timeout,
+            ..self.config.clone()
+        };
+        let remote = RemoteJwks::new(uri, config)?;
         remote.spawn_refresher();
-        entries.insert(uri.to_string(), Arc::downgrade(&remote));
+        entries.insert(key, Arc::downgrade(&remote));
         Ok(KeySource::Remote(remote))
     }
 }
@@ -468,23 +474,4 @@ pub async fn keys_ready(rules: &[crate::JwtRule]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uris() {
-        let t = target("https://idp.example.com/.well-known/jwks.json?x=1").unwrap();
-        assert!(t.https);
-        assert_eq!((t.host.as_str(), t.port), ("idp.example.com", 443));
-        assert_eq!(t.path, "/.well-known/jwks.json?x=1");
-        let t = target("http://[::1]:8080").unwrap();
-        assert_eq!((t.host.as_str(), t.port, t.https), ("::1", 8080, false));
-        assert_eq!((t.path.as_str(), t.authority.as_str()), ("/", "[::1]:8080"));
-        for bad in ["ftp://x/", "/relative", "https://user@x/", "not a uri"] {
-            assert!(
-                matches!(target(bad), Err(FetchError::BadUri { .. })),
-                "{bad}"
-            );
-        }
-    }
-}
+mod tests;
