@@ -233,6 +233,9 @@ async fn plain_http_is_fetched_too() {
     .await;
 }
 
+/// What a failure must be.
+type Expect = fn(&FetchError) -> bool;
+
 /// Each failing server: its error, and a rule that never had keys refuses tokens.
 #[tokio::test]
 async fn failing_servers_leave_the_rule_refusing() {
@@ -243,7 +246,7 @@ async fn failing_servers_leave_the_rule_refusing() {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             l.local_addr().unwrap()
         };
-        let cases: Vec<(&str, Option<Answer>, fn(&FetchError) -> bool)> = vec![
+        let cases: Vec<(&str, Option<Answer>, Expect)> = vec![
             ("down", None, |e| matches!(e, FetchError::Connect { .. })),
             ("slow", Some(Answer::Silent), |e| {
                 matches!(e, FetchError::Timeout { .. })
