@@ -1102,3 +1102,32 @@ fn request_authz_seeds() {
         ],
     );
 }
+
+#[test]
+fn jwt_seeds() {
+    let refused = |r: &str| format!("refused: {r}");
+    replay(
+        "jwt",
+        ambit_jwt::fuzzing::run,
+        vec![
+            ("valid_a_bearer", "authenticated: https://a.fuzz/alice".into()),
+            // Both of rule A's places hold it; rule B does not know its issuer but rule A
+            // is valid, which is enough.
+            ("valid_a_all_places", "authenticated: https://a.fuzz/alice".into()),
+            ("valid_a_query", "authenticated: https://a.fuzz/alice".into()),
+            ("valid_b_header", "authenticated: https://b.fuzz/bob".into()),
+            ("expired", refused("Jwt is expired")),
+            ("wrong_audience", refused("Audiences in Jwt are not allowed")),
+            ("tampered_payload", refused("Jwt verification fails")),
+            ("alg_none", refused("Jwt header [alg] is not supported")),
+            ("unknown_kid", refused("Jwks doesn't have key to match kid or alg from Jwt")),
+            ("garbage", refused("Jwt is not in the form of Header.Payload.Signature with two dots and 3 sections")),
+            ("jwks_key_a", "jwks: 1 keys, 0 skipped; the fixed token verifies".into()),
+            // RS256, P-256 and the pinned Ed25519 key kept; the HMAC and the `enc` keys skipped.
+            ("jwks_mixed", "jwks: 3 keys, 2 skipped; the fixed token verifies".into()),
+            ("jwks_other_key", "jwks: 1 keys, 0 skipped; the fixed token refuses: Jwt verification fails".into()),
+            ("jwks_not_json", "jwks error: NotJson".into()),
+            ("jwks_no_usable_key", "jwks error: NoUsableKey".into()),
+        ],
+    );
+}
