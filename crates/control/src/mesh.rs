@@ -424,6 +424,14 @@ impl Manifests {
             }
             self.routes.push((route, text));
         }
+        // Not served yet: said, so that a user does not take it for enforced.
+        self.skipped.extend(parsed.authns.iter().map(|a| {
+            format!(
+                "{}: RequestAuthentication {}: not served over xDS yet; give it to the waypoint in its AMBIT_WAYPOINT_CONFIG",
+                a.origin,
+                a.value.key()
+            )
+        }));
         self.skipped.extend(
             parsed
                 .skipped

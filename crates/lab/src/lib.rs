@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod control;
+pub mod jwt;
 pub mod kube;
 pub mod l7;
 pub mod mesh;

@@ -84,6 +84,32 @@ pub fn config_dump(wp: &Waypoint, certs: &CertManager) -> Value {
         .collect();
     if let Some(m) = dump.as_object_mut() {
         m.insert("waypointPolicies".into(), Value::Array(policies));
+        let authns: Vec<Value> = wp
+            .authns
+            .get()
+            .authns()
+            .map(|a| {
+                json!({
+                    "name": a.name,
+                    "namespace": a.namespace,
+                    "targets": a.targets.iter().map(target).collect::<Vec<_>>(),
+                    "jwtRules": a.rules.iter().map(|r| json!({
+                        "issuer": r.issuer,
+                        "audiences": r.audiences,
+                        "jwks": match &r.jwks {
+                            ambit_manifests::JwksSource::Inline(_) => "inline".to_string(),
+                            ambit_manifests::JwksSource::Uri(u) => u.to_string(),
+                            ambit_manifests::JwksSource::Discovery => "discovery (not done: tokens refused)".to_string(),
+                        },
+                        "forwardOriginalToken": r.forward_original_token,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        m.insert(
+            "waypointRequestAuthentications".into(),
+            Value::Array(authns),
+        );
         m.insert(
             "waypointRoutes".into(),
             crate::route_status::dump(&wp.routes.get(), &wp.state.get(), &wp.cfg.cluster_domain),

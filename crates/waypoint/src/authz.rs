@@ -117,7 +117,7 @@ impl PolicySet {
     }
 }
 
-fn attaches(target: &PolicyTarget, me: &Attachment<'_>, fronted: &Fronted) -> bool {
+pub(crate) fn attaches(target: &PolicyTarget, me: &Attachment<'_>, fronted: &Fronted) -> bool {
     match target {
         PolicyTarget::Gateway { namespace, name } => {
             namespace == me.namespace && name == me.gateway
@@ -152,7 +152,7 @@ fn context(down: &Downstream) -> RbacContext {
     }
 }
 
-fn attachment(wp: &Waypoint) -> Attachment<'_> {
+pub(crate) fn attachment(wp: &Waypoint) -> Attachment<'_> {
     Attachment {
         namespace: &wp.cfg.namespace,
         gateway: &wp.cfg.gateway,
@@ -202,13 +202,15 @@ fn evaluated(wp: &Waypoint, down: &Downstream) -> Result<Applying, Verdict> {
     Ok(applying)
 }
 
-/// The verdict on one HTTP request (`path` already normalised, `host` as received).
+/// The verdict on one HTTP request (`path` already normalised, `host` as received,
+/// `auth` what its validated JWT says, if it carried one).
 pub fn authorize_request(
     wp: &Waypoint,
     down: &Downstream,
     req: &http::Request<Incoming>,
     path: &str,
     host: &str,
+    auth: Option<&ambit_state::RequestAuth>,
 ) -> Verdict {
     let applying = match evaluated(wp, down) {
         Ok(a) => a,
@@ -221,7 +223,7 @@ pub fn authorize_request(
         host,
         headers: req.headers(),
         remote_ip: down.peer_ip,
-        auth: None,
+        auth,
         sni: None,
     };
     match ambit_state::authorize_request(

@@ -148,7 +148,47 @@ async fn handle(
     let upgrade = (version == Version::Http1 && is_upgrade(req.headers()))
         .then(|| hyper::upgrade::on(&mut req));
 
-    match authz::authorize_request(&wp, &down, &req, &path, &host) {
+    // RequestAuthentication, before authorization (Envoy's jwt_authn before RBAC).
+    let mut request_auth = None;
+    let mut forwarded_target = forwarded_target;
+    let authns = wp.authns.get();
+    if !authns.is_empty() && !ambit_jwt::is_cors_preflight(req.method(), req.headers()) {
+        let rules = authns.rules_for(&authz::attachment(&wp), &down.fronted);
+        if !rules.is_empty() {
+            let query = normalized.query;
+            let edits = match ambit_jwt::authenticate(
+                &rules,
+                req.headers(),
+                query,
+                std::time::SystemTime::now(),
+            ) {
+                ambit_jwt::Outcome::Refused(r) => {
+                    tracing::debug!(source = %down.peer_ip, path = %path, "request refused: {}", r.details());
+                    let challenge = r.www_authenticate("http", &host, &raw_target);
+                    let mut response = finish.local(r.status(), "-", r.body(), r.body());
+                    response
+                        .headers_mut()
+                        .insert(http::header::WWW_AUTHENTICATE, challenge);
+                    return response;
+                }
+                ambit_jwt::Outcome::NoToken { edits } => edits,
+                ambit_jwt::Outcome::Authenticated { auth, edits } => {
+                    request_auth = Some(auth);
+                    edits
+                }
+            };
+            edits.apply(req.headers_mut());
+            if !edits.remove_params.is_empty() {
+                let kept = query.and_then(|q| edits.strip_query(q));
+                forwarded_target = match kept {
+                    Some(q) => format!("{path}?{q}"),
+                    None => path.clone(),
+                };
+            }
+        }
+    }
+
+    match authz::authorize_request(&wp, &down, &req, &path, &host, request_auth.as_ref()) {
         Verdict::Allow => {}
         Verdict::Deny { details } => {
             tracing::debug!(
@@ -163,6 +203,8 @@ async fn handle(
     }
 
     let grpc = finish.outcome.grpc;
+    // The query as forwarded (without a token parameter authentication removed).
+    let query = forwarded_target.split_once('?').map(|(_, q)| q.to_string());
     let routes = wp.routes.get();
     let plan = routing::plan(
         &routes.table,
@@ -171,14 +213,13 @@ async fn handle(
         &RouteRequest {
             method: req.method().as_str(),
             path: &path,
-            query: normalized.query,
+            query: query.as_deref(),
             headers: req.headers(),
             host: &host,
         },
         rand::random(),
         &wp.cfg.cluster_domain,
     );
-    let query = normalized.query.map(str::to_string);
     let fwd = match plan {
         Plan::Forward(f) => f,
         Plan::NotFound => {

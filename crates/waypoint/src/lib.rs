@@ -9,6 +9,8 @@
 //!   then the port's protocol (or the first bytes) decides between [`http`] and [`tcp`];
 //!   [`downstream`] is what every request of the tunnel shares;
 //! - [`policies`]: what a policy load comes to, failing closed on a refused document;
+//! - [`authn`]: RequestAuthentication's JWT rules that apply to a request (decided by
+//!   `ambit_jwt`: 401 for a bad token, the identity to authorization for a good one);
 //! - [`routing`]: what the HTTPRoutes and GRPCRoutes attached to the dialled Service make
 //!   of a request (404, 500, a redirect, or a backend with filters, timeouts and
 //!   retries); [`replay`]: request bodies kept for retries and fed to mirrors;
@@ -23,6 +25,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod authn;
 pub mod authz;
 pub mod balance;
 pub mod config;
@@ -60,6 +63,8 @@ pub struct Waypoint {
     pub cfg: Arc<Config>,
     pub state: Shared<ProxyState>,
     pub policies: Shared<PolicySet>,
+    /// RequestAuthentications (JWT rules) attached to this waypoint or its Services.
+    pub authns: Shared<authn::AuthnSet>,
     /// HTTPRoutes and GRPCRoutes attached to the Services this waypoint fronts.
     pub routes: Shared<routing::Routes>,
     /// Mirrored requests in flight: past the bound, a mirror is skipped.

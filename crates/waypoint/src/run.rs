@@ -23,6 +23,7 @@ use ambit_runtime::readiness::{BlockReady, Ready};
 use ambit_runtime::shared::Shared;
 use ambit_state::ProxyState;
 
+use crate::authn::AuthnSet;
 use crate::authz::PolicySet;
 use crate::config::{Config, MeshSource};
 use crate::metrics::Metrics;
@@ -60,11 +61,20 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let state = Shared::new(ProxyState::new());
     let policies = Shared::new(PolicySet::default());
     let routes = Shared::new(Routes::default());
+    let authns = Shared::new(AuthnSet::default());
+    let jwks = Arc::new(jwks_cache()?);
     if let Some(path) = &cfg.policy_path {
-        let (first, first_routes) = load_config(path, None, None);
-        policies.replace(first);
-        routes.replace(first_routes);
-        spawn_config_watch(path.clone(), policies.clone(), routes.clone());
+        let loaded = load_config(path, None, None, &jwks);
+        policies.replace(loaded.policies);
+        routes.replace(loaded.routes);
+        authns.replace(loaded.authns);
+        spawn_config_watch(
+            path.clone(),
+            policies.clone(),
+            routes.clone(),
+            authns.clone(),
+            jwks.clone(),
+        );
     }
     start_mesh(&cfg, &state, &policies, &routes, xds_metrics, state_ready)?;
 
@@ -72,6 +82,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         cfg: cfg.clone(),
         state: state.clone(),
         policies,
+        authns,
         routes,
         mirrors: Arc::new(tokio::sync::Semaphore::new(crate::MAX_MIRRORS)),
         upstream: Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip),
@@ -327,7 +338,8 @@ pub fn load_config(
     path: &Path,
     previous: Option<&PolicySet>,
     previous_routes: Option<&Routes>,
-) -> (PolicySet, Routes) {
+    jwks: &ambit_jwt::JwksCache,
+) -> Loaded {
     let mut parsed = ambit_manifests::load_path(path, &ambit_manifests::ParseOptions::default());
     for e in &parsed.errors {
         tracing::error!("document refused: {e}");
@@ -349,6 +361,13 @@ pub fn load_config(
     for key in &routes.kept {
         tracing::warn!(route = %key, "a refused version: the last good one stays");
     }
+    let authns = AuthnSet::new(
+        std::mem::take(&mut parsed.authns)
+            .into_iter()
+            .map(|a| a.value)
+            .collect(),
+        jwks,
+    );
     let (set, outcome) = crate::policies::merge(parsed, previous);
     for key in &outcome.kept {
         tracing::warn!(policy = %key, "a refused version: the last good one stays");
@@ -360,21 +379,52 @@ pub fn load_config(
         path = %path.display(),
         policies = set.policies.len(),
         routes = routes.table.routes().len(),
+        request_authentications = authns.authns().count(),
         refused,
         fail_closed = set.fail_closed.is_some(),
-        "policies and routes loaded"
+        "policies, routes and request authentications loaded"
     );
-    (set, routes)
+    Loaded {
+        policies: set,
+        routes,
+        authns,
+    }
 }
 
-fn spawn_config_watch(path: PathBuf, policies: Shared<PolicySet>, routes: Shared<Routes>) {
+/// What a load of the config comes to.
+pub struct Loaded {
+    pub policies: PolicySet,
+    pub routes: Routes,
+    pub authns: AuthnSet,
+}
+
+/// The JWKS fetcher, trusting the system's roots (as istiod fetches a `jwksUri`); without
+/// any, an `https` key set cannot be fetched and its tokens are refused.
+fn jwks_cache() -> anyhow::Result<ambit_jwt::JwksCache> {
+    let config = ambit_jwt::FetchConfig::with_system_roots()
+        .or_else(|e| {
+            tracing::warn!("{e}: a jwksUri over https cannot be fetched (its tokens are refused)");
+            ambit_jwt::FetchConfig::new(rustls::RootCertStore::empty())
+        })
+        .context("setting up the JWKS fetcher")?;
+    Ok(ambit_jwt::JwksCache::new(config))
+}
+
+fn spawn_config_watch(
+    path: PathBuf,
+    policies: Shared<PolicySet>,
+    routes: Shared<Routes>,
+    authns: Shared<AuthnSet>,
+    jwks: Arc<ambit_jwt::JwksCache>,
+) {
     spawn_watch(path, move |path| {
         let (previous, previous_routes) = (policies.get(), routes.get());
-        let (set, new_routes) = load_config(path, Some(&previous), Some(&previous_routes));
-        // Each request reads both once, at its start: one in flight keeps the versions
+        let loaded = load_config(path, Some(&previous), Some(&previous_routes), &jwks);
+        // Each request reads each once, at its start: one in flight keeps the versions
         // it began with.
-        routes.replace(new_routes);
-        policies.replace(set);
+        routes.replace(loaded.routes);
+        authns.replace(loaded.authns);
+        policies.replace(loaded.policies);
     });
 }
 
