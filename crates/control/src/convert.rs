@@ -124,6 +124,26 @@ pub fn waypoint_route_resource(
     Ok(resource(name, ambit_proto::WAYPOINT_ROUTE_TYPE, body))
 }
 
+/// A RequestAuthentication as an `ambit.waypoint.v1.RequestAuthentication` resource named
+/// `RequestAuthentication/<namespace>/<name>`, carrying its document as written, checked
+/// as a waypoint will read it.
+pub fn waypoint_authn_resource(
+    a: &ambit_manifests::WaypointAuthn,
+    manifest: &str,
+) -> Result<Resource, String> {
+    use ambit_xds::AuthnDocuments;
+    let name = ambit_xds::manifest_resource_name::<AuthnDocuments>(a);
+    let body = ambit_xds::to_proto_manifest::<AuthnDocuments>(a, manifest).encode_to_vec();
+    let ty = ambit_xds::WaypointAuthns::default();
+    ty.measure(&name, &body).map_err(|e| e.to_string())?;
+    let decoded = ty.decode(&body).map_err(|e| e.to_string())?;
+    match decoded.op {
+        ambit_xds::ManifestOp::Put(back) if *back == *a && decoded.key == name => {}
+        _ => return Err("its wire form does not decode to the same document".into()),
+    }
+    Ok(resource(name, ambit_proto::WAYPOINT_AUTHN_TYPE, body))
+}
+
 fn resource(name: String, type_url: &str, value: Vec<u8>) -> Resource {
     Resource {
         name,

@@ -84,7 +84,8 @@ pub enum MeshError {
         first: Box<ManifestError>,
         more: usize,
     },
-    /// A route read from a manifest that its waypoints would refuse over xDS.
+    /// A route or RequestAuthentication read from a manifest that its waypoints would
+    /// refuse over xDS.
     #[error("{origin}: {key} cannot be served to waypoints: {reason}")]
     UnservableRoute {
         origin: String,
@@ -121,6 +122,8 @@ pub struct Mesh {
     /// their resources (each its document as written).
     pub routes: Vec<Located<ambit_routes::Route>>,
     pub route_resources: Vec<Resource>,
+    /// The RequestAuthentications' resources (each its document as written).
+    pub authn_resources: Vec<Resource>,
     /// Manifest documents read but not served (`file:line: what: why`).
     pub skipped: Vec<String>,
     /// The files read, in order.
@@ -147,6 +150,9 @@ impl Mesh {
         }
         for r in &self.route_resources {
             s.insert(ambit_proto::WAYPOINT_ROUTE_TYPE, r.clone());
+        }
+        for r in &self.authn_resources {
+            s.insert(ambit_proto::WAYPOINT_AUTHN_TYPE, r.clone());
         }
         s
     }
@@ -349,6 +355,19 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let authn_resources = manifests
+        .authns
+        .iter()
+        .map(|(a, text)| {
+            convert::waypoint_authn_resource(&a.value, text).map_err(|reason| {
+                MeshError::UnservableRoute {
+                    origin: a.origin.to_string(),
+                    key: a.value.key(),
+                    reason,
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut node_identities: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for w in &merged.workloads {
         if !w.node.is_empty() {
@@ -364,6 +383,7 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
         waypoint_resources,
         routes: manifests.routes.into_iter().map(|(r, _)| r).collect(),
         route_resources,
+        authn_resources,
         skipped: manifests.skipped,
         files: files.iter().map(|(p, _)| p.clone()).collect(),
         node_identities,
@@ -374,8 +394,11 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
 #[derive(Default)]
 struct Manifests {
     policies: Vec<Located<WaypointPolicy>>,
-    /// Each route with its document's text.
+    /// Each route and RequestAuthentication with its document's text.
     routes: Vec<(Located<ambit_routes::Route>, String)>,
+    authns: Vec<(Located<ambit_manifests::WaypointAuthn>, String)>,
+    /// `<kind>/<namespace>/<name>` of each → the file that defines it.
+    documents_at: BTreeMap<String, PathBuf>,
     skipped: Vec<String>,
     /// `namespace/name` → the file that defines it.
     at: BTreeMap<String, PathBuf>,
@@ -405,39 +428,45 @@ impl Manifests {
             self.at.insert(key, path.to_path_buf());
             self.policies.push(p);
         }
-        // The file read whole had no refusal, so each route document reads alone the same.
-        for (route, text) in
-            ambit_manifests::route_documents(&path.display().to_string(), text, options)
+        // The file read whole had no refusal, so each document reads alone the same.
+        for (mut one, text) in
+            ambit_manifests::each_document(&path.display().to_string(), text, options)
         {
-            let key = ambit_xds::route_resource_name(&route.value);
-            if let Some((first, _)) = self
-                .routes
-                .iter()
-                .find(|(r, _)| ambit_xds::route_resource_name(&r.value) == key)
-            {
-                return Err(MeshError::Duplicate {
-                    kind: "route",
-                    name: key,
-                    first: PathBuf::from(&first.origin.source),
-                    second: path.to_path_buf(),
-                });
+            for route in one.routes.drain(..) {
+                let key = ambit_xds::route_resource_name(&route.value);
+                self.first_of(&key, path)?;
+                self.routes.push((route, text.clone()));
             }
-            self.routes.push((route, text));
+            for authn in one.authns.drain(..) {
+                let key =
+                    ambit_xds::manifest_resource_name::<ambit_xds::AuthnDocuments>(&authn.value);
+                self.first_of(&key, path)?;
+                self.authns.push((authn, text.clone()));
+            }
         }
-        // Not served yet: said, so that a user does not take it for enforced.
-        self.skipped.extend(parsed.authns.iter().map(|a| {
-            format!(
-                "{}: RequestAuthentication {}: not served over xDS yet; give it to the waypoint in its AMBIT_WAYPOINT_CONFIG",
-                a.origin,
-                a.value.key()
-            )
-        }));
         self.skipped.extend(
             parsed
                 .skipped
                 .iter()
                 .map(|s| format!("{}: {}", s.origin, s.value)),
         );
+        Ok(())
+    }
+}
+
+impl Manifests {
+    /// Refuses a second document of this `<kind>/<namespace>/<name>` (in any file).
+    fn first_of(&mut self, key: &str, path: &Path) -> Result<(), MeshError> {
+        if let Some(first) = self.documents_at.get(key) {
+            return Err(MeshError::Duplicate {
+                kind: "document",
+                name: key.to_string(),
+                first: first.clone(),
+                second: path.to_path_buf(),
+            });
+        }
+        self.documents_at
+            .insert(key.to_string(), path.to_path_buf());
         Ok(())
     }
 }

@@ -21,11 +21,12 @@ use prost::Message;
 use serde::Serialize;
 
 /// The type URLs this server answers.
-pub const SERVED_TYPES: [&str; 4] = [
+pub const SERVED_TYPES: [&str; 5] = [
     ambit_proto::ADDRESS_TYPE,
     ambit_proto::AUTHORIZATION_TYPE,
     ambit_proto::WAYPOINT_POLICY_TYPE,
     ambit_proto::WAYPOINT_ROUTE_TYPE,
+    ambit_proto::WAYPOINT_AUTHN_TYPE,
 ];
 
 /// The resources of one type, by name.

@@ -214,6 +214,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     let waypoint = cluster.start_waypoint(1, "waypoint", WAYPOINT_IP, None)?;
     let l7 = crate::waypoint::through(&cluster, &waypoint)?;
     let routed = crate::waypoint::routed(&cluster)?;
+    let authenticated = crate::waypoint::authenticated(&cluster)?;
 
     let mut wires = Vec::new();
     for (name, capture) in [("node1 bridge cni0", bridge), ("node1 link eth0", link)] {
@@ -274,6 +275,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     println!();
     l7.print(&waypoint);
     routed.print();
+    authenticated.print();
     println!();
     for (name, segments, ports, clear) in &wires {
         println!(

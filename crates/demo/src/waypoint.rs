@@ -54,6 +54,10 @@ spec:
     backendRefs: [{name: reviews-v2, port: 80}]
   - backendRefs: [{name: reviews-v1, port: 80, weight: 90}, {name: reviews-v2, port: 80, weight: 10}]
 "#;
+/// The RequestAuthentication on `reviews`, served by ambit control: tokens of the demo's
+/// own issuer, its key made when the demo starts.
+pub(crate) const REVIEWS_JWT_FILE: &str = "reviews-jwt.yaml";
+const DEMO_ISSUER: &str = "https://idp.demo.ambit";
 /// Requests sent to show the split.
 const SPLIT_REQUESTS: usize = 200;
 /// How many requests the client sends on its one HTTP/2 connection.
@@ -225,6 +229,83 @@ pub(crate) fn routed(cluster: &Cluster) -> anyhow::Result<Routed> {
         bail!("the 90/10 split sent {} of {SPLIT_REQUESTS} to v2", split.1);
     }
     Ok(Routed { split, header })
+}
+
+/// What RequestAuthentication did.
+pub(crate) struct Authenticated {
+    forged: Reply,
+    good: Reply,
+    none: Reply,
+}
+
+/// Serves a RequestAuthentication for `reviews` through ambit control (an inline key set
+/// of a key made now), then sends a forged token, a good one and none.
+pub(crate) fn authenticated(cluster: &Cluster) -> anyhow::Result<Authenticated> {
+    use ambit_lab::cluster::http::request;
+    use ambit_lab::jwt::{now, Issuer};
+    let issuer = Issuer::new(DEMO_ISSUER, "demo-key")?;
+    let doc = format!(
+        "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: reviews-jwt, namespace: default}}\nspec:\n  targetRefs: [{{kind: Service, group: \"\", name: reviews}}]\n  jwtRules:\n  - issuer: {DEMO_ISSUER}\n    jwks: '{}'\n",
+        issuer.jwks()
+    );
+    cluster.serve_manifests(REVIEWS_JWT_FILE, &doc)?;
+    let claims = serde_json::json!({"sub": "alice", "exp": now() + 600});
+    let (good_token, forged_token) = (issuer.token(&claims), issuer.forged(&claims));
+    let vip = SocketAddr::from((REVIEWS_VIP, REVIEWS_PORT));
+    let send = |token: Option<&str>| -> anyhow::Result<Reply> {
+        let mut r = request("GET", REVIEWS_HOST, PATH)?;
+        if let Some(t) = token {
+            r.headers_mut().insert(
+                "authorization",
+                http::HeaderValue::from_str(&format!("Bearer {t}"))?,
+            );
+        }
+        cluster
+            .send_http1_from("client", vip, vec![r])?
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("no answer"))
+    };
+    let applied = ambit_lab::wait_until(
+        "the waypoint to apply the RequestAuthentication",
+        Duration::from_secs(20),
+        || send(Some(&forged_token)).is_ok_and(|r| r.status == 401),
+    );
+    if applied.is_err() {
+        bail!("the RequestAuthentication from ambit control was not applied by the waypoint within 20 s");
+    }
+    let (forged, good, none) = (
+        send(Some(&forged_token))?,
+        send(Some(&good_token))?,
+        send(None)?,
+    );
+    if forged.status != 401 || good.status != 200 || none.status != 200 {
+        bail!(
+            "tokens through the waypoint: forged {}, good {}, none {} (expected 401, 200, 200)",
+            forged.status,
+            good.status,
+            none.status
+        );
+    }
+    Ok(Authenticated { forged, good, none })
+}
+
+impl Authenticated {
+    pub(crate) fn print(&self) {
+        let challenge = self
+            .forged
+            .headers
+            .iter()
+            .find(|(k, _)| k == "www-authenticate")
+            .map_or("", |(_, v)| v.as_str());
+        println!(
+            "  RequestAuthentication default/reviews-jwt (issuer {DEMO_ISSUER}, from ambit control): forged token -> {} {:?} ({challenge}); good token -> {} (answered by {}); no token -> {} (authorization decides)",
+            self.forged.status,
+            self.forged.body,
+            self.good.status,
+            pod(&self.good).unwrap_or("?"),
+            self.none.status
+        );
+    }
 }
 
 impl Routed {

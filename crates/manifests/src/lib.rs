@@ -82,22 +82,18 @@ pub fn parse_documents(source: &str, text: &str, options: &ParseOptions) -> Pars
     c.parsed
 }
 
-/// Each HTTPRoute and GRPCRoute of `text` with its own document's text (for a control
-/// server to serve the document as written, to be read again by the very reader that
-/// read it here). Documents that are not routes, or are refused, are left out: read the
-/// whole text with [`parse_documents`] for those.
-pub fn route_documents(
-    source: &str,
-    text: &str,
-    options: &ParseOptions,
-) -> Vec<(Located<ambit_routes::Route>, String)> {
-    let mut out = Vec::new();
-    for (index, seg) in split::documents(text).into_iter().enumerate() {
-        if let Document::Route { route, .. } = document::read(source, index, seg, options) {
-            out.push((route, seg.text.to_string()));
-        }
-    }
-    out
+/// Each document of `text` read alone, with its own text (for a control server to serve
+/// a document as written, to be read again by the very reader that read it here).
+pub fn each_document(source: &str, text: &str, options: &ParseOptions) -> Vec<(Parsed, String)> {
+    split::documents(text)
+        .into_iter()
+        .enumerate()
+        .map(|(index, seg)| {
+            let mut c = Collector::default();
+            c.add(document::read(source, index, seg, options));
+            (c.parsed, seg.text.to_string())
+        })
+        .collect()
 }
 
 /// [`parse_documents`] of bytes that should be UTF-8 text (bytes that are not are one

@@ -76,6 +76,10 @@ pub const WAYPOINT_POLICY_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.Au
 /// to a Service, as written (`ambit.waypoint.v1.Route`, named `<kind>/<namespace>/<name>`).
 /// Only waypoints subscribe to it.
 pub const WAYPOINT_ROUTE_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.Route";
+/// Type URL of ambit's own resource for its waypoints: one RequestAuthentication, as
+/// written (`ambit.waypoint.v1.RequestAuthentication`, named
+/// `RequestAuthentication/<namespace>/<name>`). Only waypoints subscribe to it.
+pub const WAYPOINT_AUTHN_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.RequestAuthentication";
 /// The delta ADS method path.
 pub const DELTA_ADS_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";

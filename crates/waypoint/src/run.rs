@@ -76,7 +76,13 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             jwks.clone(),
         );
     }
-    start_mesh(&cfg, &state, &policies, &routes, xds_metrics, state_ready)?;
+    start_mesh(
+        &cfg,
+        &state,
+        (&policies, &routes, &authns, &jwks),
+        xds_metrics,
+        state_ready,
+    )?;
 
     let wp = Arc::new(Waypoint {
         cfg: cfg.clone(),
@@ -221,8 +227,12 @@ fn cert_manager(cfg: &Config) -> anyhow::Result<Arc<CertManager>> {
 fn start_mesh(
     cfg: &Arc<Config>,
     state: &Shared<ProxyState>,
-    policies: &Shared<PolicySet>,
-    routes: &Shared<Routes>,
+    (policies, routes, authns, jwks): (
+        &Shared<PolicySet>,
+        &Shared<Routes>,
+        &Shared<AuthnSet>,
+        &Arc<ambit_jwt::JwksCache>,
+    ),
     metrics: ambit_xds::XdsMetrics,
     ready: BlockReady,
 ) -> anyhow::Result<()> {
@@ -247,14 +257,17 @@ fn start_mesh(
             if from_xds {
                 delta = delta
                     .subscribe(ambit_xds::WaypointPolicies::default())
-                    .subscribe(ambit_xds::WaypointRoutes::default());
+                    .subscribe(ambit_xds::WaypointRoutes::default())
+                    .subscribe(ambit_xds::WaypointAuthns::default());
             }
             let client = ambit_xds::XdsClient::new(channel, delta)
                 .with_metrics(metrics)
                 .on_ready(move || drop(ready));
             let (mesh, policies, routes) = (state.clone(), policies.clone(), routes.clone());
+            let (authns, jwks) = (authns.clone(), jwks.clone());
             let mut held = ambit_xds::WaypointPolicyStore::default();
             let mut held_routes = ambit_xds::WaypointRouteStore::default();
+            let mut held_authns = ambit_xds::WaypointAuthnStore::default();
             tokio::spawn(client.run(move |batch| {
                 let batch = match batch.downcast::<ambit_xds::WaypointPolicies>() {
                     Ok(typed) => {
@@ -263,13 +276,21 @@ fn start_mesh(
                     }
                     Err(other) => other,
                 };
-                match batch.downcast::<ambit_xds::WaypointRoutes>() {
+                let batch = match batch.downcast::<ambit_xds::WaypointRoutes>() {
                     Ok(typed) => {
                         typed.apply(&mut held_routes);
-                        routes.replace(Routes {
+                        return routes.replace(Routes {
                             table: ambit_routes::RouteTable::new(held_routes.to_vec()),
                             ..Routes::default()
                         });
+                    }
+                    Err(other) => other,
+                };
+                match batch.downcast::<ambit_xds::WaypointAuthns>() {
+                    Ok(typed) => {
+                        typed.apply(&mut held_authns);
+                        let all = held_authns.to_vec().iter().map(|a| (**a).clone()).collect();
+                        authns.replace(AuthnSet::new(all, &jwks));
                     }
                     Err(batch) => mesh.update(|s| batch.apply(s)),
                 }

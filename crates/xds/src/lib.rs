@@ -65,7 +65,9 @@ pub use waypoint::{
     WaypointPolicyStore, MAX_HELD_WAYPOINT_POLICIES,
 };
 pub use waypoint_routes::{
-    route_resource_name, to_proto_waypoint_route, waypoint_route_from_proto, WaypointRouteOp,
-    WaypointRouteStore, WaypointRoutes, MAX_HELD_WAYPOINT_ROUTES,
+    manifest_from_proto, manifest_resource_name, route_resource_name, to_proto_manifest,
+    to_proto_waypoint_route, waypoint_route_from_proto, AuthnDocuments, ManifestKind, ManifestOp,
+    ManifestResources, ManifestStore, RouteDocuments, WaypointAuthnOp, WaypointAuthnStore,
+    WaypointAuthns, WaypointRouteOp, WaypointRouteStore, WaypointRoutes, MAX_HELD_WAYPOINT_ROUTES,
 };
 pub use wire::WireError;
