@@ -22,8 +22,9 @@ mod fetch;
 mod jwks;
 mod reason;
 mod rule;
-#[cfg(test)]
-mod testkeys;
+/// Keys and tokens for tests and the benchmark (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
+pub mod testkeys;
 mod token;
 
 pub use authn::{

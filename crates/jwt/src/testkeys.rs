@@ -1,6 +1,6 @@
 //! Keys generated in the test process (aws-lc-rs), each kind once per test binary, and
 //! tokens signed with them: the signing side of the tests, independent of the verifying
-//! code under test.
+//! code under test. Also built with the `testing` feature, for the benchmark.
 
 use std::sync::OnceLock;
 
@@ -42,7 +42,7 @@ fn ed() -> &'static Ed25519KeyPair {
 
 /// A signing key for one algorithm, with a `kid`.
 #[derive(Clone, Copy)]
-pub(crate) struct TestKey {
+pub struct TestKey {
     pub alg: Alg,
     pub kid: &'static str,
     /// The second RSA key instead of the first (RSA algorithms only).
@@ -142,6 +142,6 @@ impl TestKey {
 }
 
 /// A JWKS document of these JWKs.
-pub(crate) fn jwks(keys: &[Value]) -> String {
+pub fn jwks(keys: &[Value]) -> String {
     json!({ "keys": keys }).to_string()
 }
