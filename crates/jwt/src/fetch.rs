@@ -157,6 +157,14 @@ pub enum FetchError {
         /// The limit.
         limit: usize,
     },
+    /// An issuer's discovery document that names no key set.
+    #[error("fetching {uri}: {reason}")]
+    Discovery {
+        /// The discovery document's URI.
+        uri: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A body that is not a usable key set.
     #[error("fetching {uri}: {error}")]
     Jwks {
@@ -226,6 +234,42 @@ fn target(uri: &str) -> Result<Target, FetchError> {
 /// Fetches and parses one key set (one attempt, bounded by `config.timeout` and
 /// `config.max_body`).
 pub async fn fetch_jwks(uri: &str, config: &FetchConfig) -> Result<Jwks, FetchError> {
+    let body = fetch_body(uri, config).await?;
+    Jwks::parse(&body).map_err(|error| FetchError::Jwks {
+        uri: uri.to_string(),
+        error,
+    })
+}
+
+/// Where Istio looks for an issuer's key set when a rule names neither `jwks` nor
+/// `jwksUri`: its OpenID Connect discovery document.
+pub fn discovery_uri(issuer: &str) -> String {
+    format!(
+        "{}/.well-known/openid-configuration",
+        issuer.trim_end_matches('/')
+    )
+}
+
+/// Fetches an issuer's discovery document ([`discovery_uri`]), then the key set its
+/// `jwks_uri` names (each fetch bounded as [`fetch_jwks`]).
+pub async fn fetch_discovered(issuer: &str, config: &FetchConfig) -> Result<Jwks, FetchError> {
+    let uri = discovery_uri(issuer);
+    let body = fetch_body(&uri, config).await?;
+    let bad = |reason: &'static str| FetchError::Discovery {
+        uri: uri.clone(),
+        reason,
+    };
+    let doc: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|_| bad("the document is not JSON"))?;
+    let jwks_uri = doc
+        .get("jwks_uri")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| bad("the document has no jwks_uri string"))?;
+    fetch_jwks(jwks_uri, config).await
+}
+
+/// One GET, bounded in time and size; the body of a 200.
+async fn fetch_body(uri: &str, config: &FetchConfig) -> Result<Bytes, FetchError> {
     let t = target(uri)?;
     match tokio::time::timeout(config.timeout, fetch_from(&t, uri, config)).await {
         Ok(result) => result,
@@ -236,14 +280,14 @@ pub async fn fetch_jwks(uri: &str, config: &FetchConfig) -> Result<Jwks, FetchEr
     }
 }
 
-async fn fetch_from(t: &Target, uri: &str, config: &FetchConfig) -> Result<Jwks, FetchError> {
+async fn fetch_from(t: &Target, uri: &str, config: &FetchConfig) -> Result<Bytes, FetchError> {
     let tcp = TcpStream::connect((t.host.as_str(), t.port))
         .await
         .map_err(|e| FetchError::Connect {
             uri: uri.to_string(),
             error: e.to_string(),
         })?;
-    let body = if t.https {
+    if t.https {
         let tls_err = |error: String| FetchError::Tls {
             uri: uri.to_string(),
             error,
@@ -254,14 +298,10 @@ async fn fetch_from(t: &Target, uri: &str, config: &FetchConfig) -> Result<Jwks,
             .connect(name, tcp)
             .await
             .map_err(|e| tls_err(e.to_string()))?;
-        get(tls, t, uri, config.max_body).await?
+        get(tls, t, uri, config.max_body).await
     } else {
-        get(tcp, t, uri, config.max_body).await?
-    };
-    Jwks::parse(&body).map_err(|error| FetchError::Jwks {
-        uri: uri.to_string(),
-        error,
-    })
+        get(tcp, t, uri, config.max_body).await
+    }
 }
 
 /// Aborts the connection task when the fetch ends (or is dropped at its timeout).
@@ -327,6 +367,8 @@ where
 /// One `jwksUri`'s key set, shared by the rules that name it.
 pub struct RemoteJwks {
     uri: String,
+    /// `uri` is an issuer whose discovery document names the key set.
+    discover: bool,
     config: FetchConfig,
     state: watch::Sender<RemoteState>,
 }
@@ -347,12 +389,25 @@ impl RemoteJwks {
         target(uri)?;
         Ok(Arc::new(RemoteJwks {
             uri: uri.to_string(),
+            discover: false,
             config,
             state: watch::Sender::new(RemoteState::Pending),
         }))
     }
 
-    /// The URI.
+    /// The key set of an issuer found through its discovery document (a rule with
+    /// neither `jwks` nor `jwksUri`), not fetched yet.
+    pub fn discovered(issuer: &str, config: FetchConfig) -> Result<Arc<RemoteJwks>, FetchError> {
+        target(&discovery_uri(issuer))?;
+        Ok(Arc::new(RemoteJwks {
+            uri: issuer.to_string(),
+            discover: true,
+            config,
+            state: watch::Sender::new(RemoteState::Pending),
+        }))
+    }
+
+    /// The URI (the issuer, for a discovered set).
     pub fn uri(&self) -> &str {
         &self.uri
     }
@@ -365,7 +420,11 @@ impl RemoteJwks {
     /// Fetches once: a good set replaces the one held; a failure keeps it (and is
     /// recorded as the state only while no good set was ever had).
     pub async fn refresh(&self) -> Result<(), FetchError> {
-        let result = fetch_jwks(&self.uri, &self.config).await;
+        let result = if self.discover {
+            fetch_discovered(&self.uri, &self.config).await
+        } else {
+            fetch_jwks(&self.uri, &self.config).await
+        };
         match &result {
             Ok(set) => {
                 for skipped in set.skipped() {
@@ -445,9 +504,26 @@ impl JwksCache {
     /// [`DEFAULT_FETCH_TIMEOUT`] when not written): the shared set, started (its refresher
     /// spawned on the current tokio runtime) when no rule held it yet.
     pub fn source(&self, uri: &str, timeout: Duration) -> Result<KeySource, FetchError> {
+        self.shared(uri.to_string(), timeout, RemoteJwks::new)
+    }
+
+    /// The key source of an issuer found through its discovery document (a rule with
+    /// neither `jwks` nor `jwksUri`, as istiod resolves it), shared and started likewise.
+    pub fn discovered(&self, issuer: &str, timeout: Duration) -> Result<KeySource, FetchError> {
+        self.shared(format!("discovery {issuer}"), timeout, |_, config| {
+            RemoteJwks::discovered(issuer, config)
+        })
+    }
+
+    fn shared(
+        &self,
+        key: String,
+        timeout: Duration,
+        make: impl FnOnce(&str, FetchConfig) -> Result<Arc<RemoteJwks>, FetchError>,
+    ) -> Result<KeySource, FetchError> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|_, w| w.strong_count() > 0);
-        let key = (uri.to_string(), timeout);
+        let key = (key, timeout);
         if let Some(remote) = entries.get(&key).and_then(Weak::upgrade) {
             return Ok(KeySource::Remote(remote));
         }
@@ -455,7 +531,7 @@ impl JwksCache {
             timeout,
             ..self.config.clone()
         };
-        let remote = RemoteJwks::new(uri, config)?;
+        let remote = make(&key.0, config)?;
         remote.spawn_refresher();
         entries.insert(key, Arc::downgrade(&remote));
         Ok(KeySource::Remote(remote))

@@ -31,8 +31,8 @@ pub use authn::{
     authenticate, is_cors_preflight, HeaderEdits, Outcome, MAX_TOKENS, MAX_TOKEN_BYTES,
 };
 pub use fetch::{
-    fetch_jwks, keys_ready, FetchConfig, FetchError, JwksCache, RemoteJwks, RemoteState,
-    DEFAULT_FETCH_TIMEOUT, DEFAULT_REFRESH, DEFAULT_RETRY,
+    discovery_uri, fetch_discovered, fetch_jwks, keys_ready, FetchConfig, FetchError, JwksCache,
+    RemoteJwks, RemoteState, DEFAULT_FETCH_TIMEOUT, DEFAULT_REFRESH, DEFAULT_RETRY,
 };
 pub use jwks::{
     Alg, Jwks, JwksError, Key, KeyIssue, MAX_JWKS_BYTES, MAX_KEYS, MAX_RSA_BITS, MIN_RSA_BITS,

@@ -408,6 +408,40 @@ async fn the_cache_shares_one_set_per_uri_and_stops_when_unused() {
     .await;
 }
 
+#[tokio::test]
+async fn an_issuer_without_jwks_is_found_through_its_discovery_document() {
+    within(async {
+        let pki = pki();
+        let (keys, _k) = serve(Some(&pki), vec![Answer::Body(good_jwks())]).await;
+        let doc = json!({"issuer": "x", "jwks_uri": format!("https://{keys}/keys")});
+        let (idp, _d) = serve(Some(&pki), vec![Answer::Body(doc.to_string())]).await;
+        let cache = JwksCache::new(config(pki.roots.clone()));
+        let source = cache
+            .discovered(&format!("https://{idp}/realm/"), DEFAULT_FETCH_TIMEOUT)
+            .unwrap();
+        let KeySource::Remote(remote) = &source else {
+            panic!("remote expected")
+        };
+        remote.ready().await;
+        assert!(matches!(
+            check(source.clone()),
+            Outcome::Authenticated { .. }
+        ));
+        assert_eq!(
+            discovery_uri("https://idp/realm/"),
+            "https://idp/realm/.well-known/openid-configuration"
+        );
+
+        // A discovery document that names no key set.
+        let (bad, _b) = serve(Some(&pki), vec![Answer::Body("{}".into())]).await;
+        let err = fetch_discovered(&format!("https://{bad}"), &config(pki.roots))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FetchError::Discovery { .. }), "{err}");
+    })
+    .await;
+}
+
 #[test]
 fn uris() {
     let t = target("https://idp.example.com/.well-known/jwks.json?x=1").unwrap();
