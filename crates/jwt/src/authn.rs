@@ -262,10 +262,13 @@ fn authenticated(
             }
         }
     }
-    let first = &valid[0];
-    Outcome::Authenticated {
-        auth: request_auth(rule, first),
-        edits,
+    match valid.first() {
+        Some(first) => Outcome::Authenticated {
+            auth: request_auth(rule, first),
+            edits,
+        },
+        // Unreachable: a rule is valid only with a token.
+        None => Outcome::NoToken { edits },
     }
 }
 

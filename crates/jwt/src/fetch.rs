@@ -8,7 +8,8 @@
 //! newer good one: a failed refresh keeps the last good set and is retried sooner (1 s,
 //! doubling up to the refresh period). A URI never fetched successfully leaves its rule
 //! with no keys, so every token of that rule is refused ("Jwks remote fetch is failed");
-//! nothing is ever let through for want of keys.
+//! nothing is ever let through for want of keys. Redirects are not followed (an answer
+//! other than 200 is a failure, as in Envoy's fetcher).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -425,14 +426,14 @@ impl RemoteJwks {
         } else {
             fetch_jwks(&self.uri, &self.config).await
         };
-        match &result {
+        match result {
             Ok(set) => {
                 for skipped in set.skipped() {
                     tracing::warn!(uri = %self.uri, %skipped, "jwksUri: key skipped");
                 }
                 tracing::debug!(uri = %self.uri, keys = set.keys().len(), "jwksUri fetched");
-                self.state
-                    .send_replace(RemoteState::Ready(Arc::new(set.clone())));
+                self.state.send_replace(RemoteState::Ready(Arc::new(set)));
+                Ok(())
             }
             Err(error) => {
                 let had_set = matches!(&*self.state.borrow(), RemoteState::Ready(_));
@@ -442,9 +443,9 @@ impl RemoteJwks {
                     tracing::warn!(%error, "jwksUri fetch failed; tokens of its rules are refused until one succeeds");
                     self.state.send_replace(RemoteState::Failed(error.clone()));
                 }
+                Err(error)
             }
         }
-        result.map(|_| ())
     }
 
     /// Resolves once the first fetch has finished (well or not).

@@ -198,6 +198,11 @@ mod tests {
             reason: Reason::AudienceNotAllowed,
         };
         assert_eq!(aud.status(), StatusCode::FORBIDDEN);
+        // ambit's own limits say their numbers.
+        let too_large = Reason::TokenTooLarge.as_str();
+        assert!(too_large.contains(&crate::MAX_TOKEN_BYTES.to_string()));
+        let too_many = Reason::TooManyTokens.as_str();
+        assert!(too_many.contains(&crate::MAX_TOKENS.to_string()));
     }
 
     #[test]
