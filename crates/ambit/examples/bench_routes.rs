@@ -134,20 +134,37 @@ async fn probe(
 /// `marker` (or, for no route, without any): the time that took, and the responses
 /// other than 200 seen meanwhile.
 fn apply(lab: &L7Lab, text: &str, marker: Option<&str>) -> anyhow::Result<(Duration, u64)> {
-    let io = lab.connect_to(Path::Waypoint.dst())?;
+    let connect = || -> anyhow::Result<_> { lab.connect_to(Path::Waypoint.dst()) };
+    let io = connect()?;
+    let mut spare = Some(connect()?);
     lab.rt.block_on(async {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-        tokio::spawn(conn);
+        let handshake = |io| async move {
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+            tokio::spawn(conn);
+            anyhow::Ok(sender)
+        };
+        let mut sender = handshake(io).await?;
         let written = Instant::now();
         std::fs::write(&lab.policies, text)?;
         let mut bad = 0;
         loop {
-            let (status, seen) = probe(&mut sender).await?;
-            if status != 200 {
-                bad += 1;
-            }
-            if seen.as_deref() == marker && status == 200 {
-                return Ok((written.elapsed(), bad));
+            match probe(&mut sender).await {
+                Ok((status, seen)) => {
+                    if status != 200 {
+                        bad += 1;
+                    }
+                    if seen.as_deref() == marker && status == 200 {
+                        return Ok((written.elapsed(), bad));
+                    }
+                }
+                // A connection that ends is counted as a failed request, and the spare
+                // one (made beforehand, outside the timing) takes over.
+                Err(e) => {
+                    eprintln!("a probe failed ({e:#}); going on on a new connection");
+                    bad += 1;
+                    let io = spare.take().context("a second probe connection failed")?;
+                    sender = handshake(io).await?;
+                }
             }
             anyhow::ensure!(
                 written.elapsed() < Duration::from_secs(60),

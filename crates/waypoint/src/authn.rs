@@ -4,10 +4,10 @@
 //! (by `targetRefs`, as AuthorizationPolicy attaches) to this waypoint or to the Service
 //! the client dialled. The decision itself is `ambit_jwt::authenticate`.
 //!
-//! A rule whose keys cannot be had (a `jwksUri` that is not a URL the fetcher takes, or
-//! one left to OpenID Connect discovery, which this waypoint does not do) is left out and
-//! logged: a token of its issuer is then refused ("Jwt issuer is not configured"), never
-//! let through.
+//! A rule whose keys cannot be had (a `jwksUri` that is not a URL the fetcher takes) is
+//! kept with no key, and logged: a token of its issuer is then refused ("Jwks doesn't
+//! have any valid public key"), never let through. A rule with neither `jwks` nor
+//! `jwksUri` finds its keys by OpenID Connect discovery from its issuer, as Istio does.
 
 use std::sync::Arc;
 
@@ -64,6 +64,11 @@ impl AuthnSet {
     }
 }
 
+/// A key source with no key: every token of its rule is refused.
+fn no_keys() -> KeySource {
+    KeySource::inline("")
+}
+
 fn build_rule(a: &WaypointAuthn, r: &JwtRuleSpec, jwks: &JwksCache) -> Option<JwtRule> {
     let keys = match &r.jwks {
         JwksSource::Inline(text) => KeySource::inline(text),
@@ -71,13 +76,16 @@ fn build_rule(a: &WaypointAuthn, r: &JwtRuleSpec, jwks: &JwksCache) -> Option<Jw
             Ok(k) => k,
             Err(e) => {
                 tracing::error!(authn = %a.key(), issuer = %r.issuer, "jwksUri {uri} cannot be fetched ({e}): tokens of this issuer are refused");
-                return None;
+                no_keys()
             }
         },
-        JwksSource::Discovery => {
-            tracing::error!(authn = %a.key(), issuer = %r.issuer, "neither jwks nor jwksUri is set, and OpenID Connect discovery is not done by this waypoint: tokens of this issuer are refused");
-            return None;
-        }
+        JwksSource::Discovery => match jwks.discovered(&r.issuer, r.timeout) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(authn = %a.key(), issuer = %r.issuer, "the issuer's OpenID Connect discovery cannot be used ({e}): tokens of this issuer are refused");
+                no_keys()
+            }
+        },
     };
     let spec = JwtSpec {
         issuer: r.issuer.clone(),

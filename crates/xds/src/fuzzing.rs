@@ -349,7 +349,6 @@ pub fn waypoint_policy_body(body: &[u8]) -> Result<String, String> {
     use crate::waypoint::{
         to_proto_waypoint_policy, WaypointPolicies, WaypointPolicyOp, WaypointPolicyStore,
     };
-    use ambit_proto::WAYPOINT_POLICY_TYPE;
 
     let ty = WaypointPolicies::default();
     let measured = ty.measure("ns/fixed", body);
@@ -369,16 +368,42 @@ pub fn waypoint_policy_body(body: &[u8]) -> Result<String, String> {
         }
         _ => "ns/fixed".to_string(),
     };
+    let held = |store: &WaypointPolicyStore| store.get(&name).is_some();
+    through_client(
+        WaypointPolicies::default(),
+        &name,
+        body,
+        matches!(decoded, Some(Ok(_))),
+        measured.as_ref().err(),
+        held,
+    )
+}
+
+/// A body named `name` of type `T` through a waypoint's delta client, with what the type
+/// said of it: accepted only if the type decoded it (`decoded`), and then held as `held`
+/// says; refused with a NACK naming it, and with the measure's reason when it was the
+/// measure that refused. Returns `name`, or the NACK's reason.
+fn through_client<T: crate::resource::ResourceType + Clone>(
+    ty: T,
+    name: &str,
+    body: &[u8],
+    decoded: bool,
+    measured: Option<&crate::reject::Rejection>,
+    held: impl FnOnce(&T::Store) -> bool,
+) -> Result<String, String>
+where
+    T::Store: Default,
+{
     let mut client = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
-        .subscribe(WaypointPolicies::default());
+        .subscribe(ty);
     let h = client.handle(DeltaDiscoveryResponse {
-        type_url: WAYPOINT_POLICY_TYPE.into(),
+        type_url: T::TYPE_URL.into(),
         nonce: "n".into(),
         resources: vec![Resource {
-            name: name.clone(),
+            name: name.to_string(),
             version: "1".into(),
             resource: Some(prost_types::Any {
-                type_url: WAYPOINT_POLICY_TYPE.into(),
+                type_url: T::TYPE_URL.into(),
                 value: body.to_vec(),
             }),
             ..Default::default()
@@ -387,21 +412,18 @@ pub fn waypoint_policy_body(body: &[u8]) -> Result<String, String> {
     });
     match h.rejected.first() {
         None => {
-            assert!(
-                matches!(decoded, Some(Ok(_))),
-                "accepted what the type refuses"
-            );
-            let mut store = WaypointPolicyStore::default();
+            assert!(decoded, "accepted what the type refuses");
+            let mut store = T::Store::default();
             assert!(h.batch.try_apply(&mut store).is_ok());
-            assert!(store.get(&name).is_some(), "{name} accepted but not held");
-            Ok(name)
+            assert!(held(&store), "{name} accepted but not held");
+            Ok(name.to_string())
         }
         Some((n, reason)) => {
-            assert_eq!(*n, name);
+            assert_eq!(n, name);
             assert!(h.batch.is_empty());
             let message = h.reply.error_detail.expect("a NACK").message;
-            assert!(message.starts_with(&name));
-            if let Err(e) = &measured {
+            assert!(message.starts_with(name));
+            if let Some(e) = measured {
                 assert_eq!(e, reason);
             }
             Err(reason.to_string())
@@ -423,7 +445,6 @@ pub fn waypoint_route_body(body: &[u8]) -> Result<String, String> {
     use crate::waypoint_routes::{
         route_resource_name, WaypointRouteOp, WaypointRouteStore, WaypointRoutes,
     };
-    use ambit_proto::WAYPOINT_ROUTE_TYPE;
 
     let ty = WaypointRoutes::default();
     let measured = ty.measure("HTTPRoute/ns/fixed", body);
@@ -444,44 +465,14 @@ pub fn waypoint_route_body(body: &[u8]) -> Result<String, String> {
         }
         _ => "HTTPRoute/ns/fixed".to_string(),
     };
-    let mut client = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
-        .subscribe(WaypointRoutes::default());
-    let h = client.handle(DeltaDiscoveryResponse {
-        type_url: WAYPOINT_ROUTE_TYPE.into(),
-        nonce: "n".into(),
-        resources: vec![Resource {
-            name: name.clone(),
-            version: "1".into(),
-            resource: Some(prost_types::Any {
-                type_url: WAYPOINT_ROUTE_TYPE.into(),
-                value: body.to_vec(),
-            }),
-            ..Default::default()
-        }],
-        ..Default::default()
-    });
-    match h.rejected.first() {
-        None => {
-            assert!(
-                matches!(decoded, Some(Ok(_))),
-                "accepted what the type refuses"
-            );
-            let mut store = WaypointRouteStore::default();
-            assert!(h.batch.try_apply(&mut store).is_ok());
-            assert_eq!(store.len(), 1, "{name} accepted but not held");
-            Ok(name)
-        }
-        Some((n, reason)) => {
-            assert_eq!(*n, name);
-            assert!(h.batch.is_empty());
-            let message = h.reply.error_detail.expect("a NACK").message;
-            assert!(message.starts_with(&name));
-            if let Err(e) = &measured {
-                assert_eq!(e, reason);
-            }
-            Err(reason.to_string())
-        }
-    }
+    through_client(
+        WaypointRoutes::default(),
+        &name,
+        body,
+        matches!(decoded, Some(Ok(_))),
+        measured.as_ref().err(),
+        |store: &WaypointRouteStore| store.len() == 1,
+    )
 }
 
 #[cfg(test)]

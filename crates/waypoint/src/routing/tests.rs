@@ -126,29 +126,29 @@ fn plan_line(routes: &Routes, port: u16, a: &Ask<'_>, random: u64) -> String {
     }
 }
 
+/// What `GET /` dialled to `reviews:9080` is forwarded with.
+fn forward_of(routes: &Routes) -> Box<Forward<'_>> {
+    let st = state();
+    let req = RouteRequest {
+        method: "GET",
+        path: "/",
+        query: None,
+        headers: &HeaderMap::new(),
+        host: "reviews",
+    };
+    match plan(&routes.table, &st, &fronted(&st, "reviews", 9080), &req, 0, "cluster.local") {
+        Plan::Forward(f) => f,
+        other => panic!("not forwarded: {other:?}"),
+    }
+}
+
 const HEAD: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r, namespace: shop}\nspec:\n";
 
 #[test]
 fn no_route_is_the_dialled_service_with_the_mesh_default_retry() {
     let none = Routes::default();
     assert_eq!(plan_line(&none, 9080, &ask("GET /"), 0), "-> reviews:9080");
-    let st = state();
-    let Plan::Forward(f) = plan(
-        &none.table,
-        &st,
-        &fronted(&st, "reviews", 9080),
-        &RouteRequest {
-            method: "GET",
-            path: "/",
-            query: None,
-            headers: &HeaderMap::new(),
-            host: "reviews",
-        },
-        0,
-        "cluster.local",
-    ) else {
-        panic!("not forwarded")
-    };
+    let f = forward_of(&none);
     assert_eq!(f.retry, RetryPolicy::MESH_DEFAULT);
     assert_eq!(f.retry.retries, 2);
     assert!(f.retry.codes.is_empty());
@@ -269,23 +269,7 @@ fn timeouts_and_a_written_retry() {
     retry: {{codes: [503], attempts: 4, backoff: 10ms}}
 "
     ));
-    let st = state();
-    let Plan::Forward(f) = plan(
-        &r.table,
-        &st,
-        &fronted(&st, "reviews", 9080),
-        &RouteRequest {
-            method: "GET",
-            path: "/",
-            query: None,
-            headers: &HeaderMap::new(),
-            host: "reviews",
-        },
-        0,
-        "cluster.local",
-    ) else {
-        panic!("not forwarded")
-    };
+    let f = forward_of(&r);
     assert_eq!(f.timeouts.request, Some(Duration::from_secs(2)));
     assert_eq!(f.timeouts.backend_request, Some(Duration::from_millis(500)));
     assert_eq!(
