@@ -383,7 +383,7 @@ pub fn waypoint_policy_body(body: &[u8]) -> Result<String, String> {
 /// said of it: accepted only if the type decoded it (`decoded`), and then held as `held`
 /// says; refused with a NACK naming it, and with the measure's reason when it was the
 /// measure that refused. Returns `name`, or the NACK's reason.
-fn through_client<T: crate::resource::ResourceType + Clone>(
+fn through_client<T: crate::resource::ResourceType>(
     ty: T,
     name: &str,
     body: &[u8],
@@ -394,8 +394,8 @@ fn through_client<T: crate::resource::ResourceType + Clone>(
 where
     T::Store: Default,
 {
-    let mut client = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
-        .subscribe(ty);
+    let mut client =
+        DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default()).subscribe(ty);
     let h = client.handle(DeltaDiscoveryResponse {
         type_url: T::TYPE_URL.into(),
         nonce: "n".into(),

@@ -52,7 +52,7 @@ pub trait ManifestKind: Debug + Send + Sync + 'static {
 }
 
 /// HTTPRoutes and GRPCRoutes.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteDocuments;
 
 impl ManifestKind for RouteDocuments {
@@ -83,7 +83,7 @@ impl ManifestKind for RouteDocuments {
 }
 
 /// RequestAuthentications.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthnDocuments;
 
 impl ManifestKind for AuthnDocuments {

@@ -136,7 +136,14 @@ fn forward_of(routes: &Routes) -> Box<Forward<'_>> {
         headers: &HeaderMap::new(),
         host: "reviews",
     };
-    match plan(&routes.table, &st, &fronted(&st, "reviews", 9080), &req, 0, "cluster.local") {
+    match plan(
+        &routes.table,
+        &st,
+        &fronted(&st, "reviews", 9080),
+        &req,
+        0,
+        "cluster.local",
+    ) {
         Plan::Forward(f) => f,
         other => panic!("not forwarded: {other:?}"),
     }
