@@ -620,7 +620,13 @@ mod tests {
             ("/m/r2.yaml", &route("old", "2024-01-01T00:00:00Z", "s")),
         ]));
         assert!(
-            matches!(again, Err(MeshError::Duplicate { kind: "route", .. })),
+            matches!(
+                again,
+                Err(MeshError::Duplicate {
+                    kind: "document",
+                    ..
+                })
+            ),
             "{again:?}"
         );
     }
