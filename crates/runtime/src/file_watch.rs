@@ -1,8 +1,8 @@
 //! Waking when a config file or directory may have changed: at once on the kernel's
-//! notification (inotify, through `notify`), and on a slow poll regardless, so that a
-//! notification lost or unsupported (some network filesystems, a watch that could not be
-//! set up) only delays a change to the next poll. Callers still compare what they read:
-//! a wake-up says "look", not "it changed".
+//! notification (inotify), and on a slow poll regardless, so that a notification lost or
+//! unsupported (some network filesystems, a watch that could not be set up) only delays a
+//! change to the next poll. Callers still compare what they read: a wake-up says "look",
+//! not "it changed".
 //!
 //! A file is watched through its directory, since editors and Kubernetes' ConfigMap
 //! mounts replace a file (a rename) rather than write into it, which would end a watch on
@@ -11,8 +11,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
-use tokio::sync::mpsc;
+use futures_util::{FutureExt, StreamExt};
+use inotify::{EventStream, Inotify, WatchMask};
 
 /// How long after a notification to look, so that a file being written is read whole
 /// (a write is a truncate and one or more writes, each its own event).
@@ -20,17 +20,29 @@ pub const SETTLE: Duration = Duration::from_millis(10);
 
 /// The wake-ups for one path.
 pub struct FileWatch {
-    events: mpsc::Receiver<()>,
+    /// `None` without notifications (polling only).
+    events: Option<EventStream<Vec<u8>>>,
     tick: tokio::time::Interval,
-    /// Kept for as long as the watch is: dropping it ends the notifications.
-    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+/// Changes to what a directory holds: writes, replacements, creations, removals.
+fn mask() -> WatchMask {
+    WatchMask::MODIFY
+        | WatchMask::CLOSE_WRITE
+        | WatchMask::ATTRIB
+        | WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::DELETE_SELF
+        | WatchMask::MOVE_SELF
 }
 
 impl FileWatch {
     /// Watches `path` (a file, or a directory and the files in it), polling every `poll`
-    /// besides. Never fails: without notifications it polls only (and logs why).
+    /// besides. Never fails: without notifications it polls only (and logs why). Call it
+    /// within a tokio runtime.
     pub fn new(path: &Path, poll: Duration) -> FileWatch {
-        let (tx, events) = mpsc::channel(1);
         let target = if path.is_dir() {
             path.to_path_buf()
         } else {
@@ -39,15 +51,12 @@ impl FileWatch {
                 .unwrap_or(Path::new("."))
                 .to_path_buf()
         };
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok_and(|e| !e.kind.is_access()) {
-                // Full means a wake-up is already pending: that one will look.
-                let _ = tx.try_send(());
-            }
-        })
-        .and_then(|mut w| w.watch(&target, RecursiveMode::NonRecursive).map(|()| w));
-        let watcher = match watcher {
-            Ok(w) => Some(w),
+        let events = Inotify::init().and_then(|inotify| {
+            inotify.watches().add(&target, mask())?;
+            inotify.into_event_stream(vec![0u8; 4096])
+        });
+        let events = match events {
+            Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(
                     path = %target.display(),
@@ -60,23 +69,35 @@ impl FileWatch {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first tick is immediate; callers read once before they watch.
         tick.reset();
-        FileWatch {
-            events,
-            tick,
-            _watcher: watcher,
-        }
+        FileWatch { events, tick }
     }
 
     /// Resolves when the path may have changed.
     pub async fn changed(&mut self) {
         tokio::select! {
-            Some(()) = self.events.recv() => {
+            notified = next_event(&mut self.events) => {
+                if !notified {
+                    // The stream ended or failed: polling from here on.
+                    self.events = None;
+                    return;
+                }
                 tokio::time::sleep(SETTLE).await;
                 // Events of the same write, already seen to.
-                while self.events.try_recv().is_ok() {}
+                if let Some(events) = &mut self.events {
+                    while let Some(Some(Ok(_))) = events.next().now_or_never() {}
+                }
             }
             _ = self.tick.tick() => {}
         }
+    }
+}
+
+/// True on the next event, false when the stream ends or fails; never resolves without
+/// a stream.
+async fn next_event(events: &mut Option<EventStream<Vec<u8>>>) -> bool {
+    match events {
+        Some(s) => matches!(s.next().await, Some(Ok(_))),
+        None => std::future::pending().await,
     }
 }
 
