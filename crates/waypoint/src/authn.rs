@@ -9,6 +9,7 @@
 //! have any valid public key"), never let through. A rule with neither `jwks` nor
 //! `jwksUri` finds its keys by OpenID Connect discovery from its issuer, as Istio does.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use ambit_jwt::{JwksCache, JwtRule, JwtSpec, KeySource};
@@ -50,17 +51,26 @@ impl AuthnSet {
     }
 
     /// The rules of every RequestAuthentication attached to what `fronted` is, for the
-    /// waypoint `me`, in load order.
-    pub fn rules_for(&self, me: &Attachment<'_>, fronted: &Fronted) -> Vec<JwtRule> {
-        self.entries
-            .iter()
-            .filter(|(a, _)| {
-                a.targets
-                    .iter()
-                    .any(|t| crate::authz::attaches(t, me, fronted))
-            })
-            .flat_map(|(_, rules)| rules.iter().cloned())
-            .collect()
+    /// waypoint `me`, in load order: borrowed when one applies (the usual case), so a
+    /// request copies no rule.
+    pub fn rules_for(&self, me: &Attachment<'_>, fronted: &Fronted) -> Cow<'_, [JwtRule]> {
+        let mut applying = self.entries.iter().filter(|(a, _)| {
+            a.targets
+                .iter()
+                .any(|t| crate::authz::attaches(t, me, fronted))
+        });
+        let Some((_, first)) = applying.next() else {
+            return Cow::Borrowed(&[]);
+        };
+        match applying.next() {
+            None => Cow::Borrowed(first),
+            Some((_, second)) => {
+                let mut all = first.clone();
+                all.extend(second.iter().cloned());
+                all.extend(applying.flat_map(|(_, rules)| rules.iter().cloned()));
+                Cow::Owned(all)
+            }
+        }
     }
 }
 

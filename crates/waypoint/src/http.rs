@@ -204,7 +204,7 @@ async fn handle(
 
     let grpc = finish.outcome.grpc;
     // The query as forwarded (without a token parameter authentication removed).
-    let query = forwarded_target.split_once('?').map(|(_, q)| q.to_string());
+    let query_at = forwarded_target.find('?');
     let routes = wp.routes.get();
     let plan = routing::plan(
         &routes.table,
@@ -213,7 +213,7 @@ async fn handle(
         &RouteRequest {
             method: req.method().as_str(),
             path: &path,
-            query: query.as_deref(),
+            query: query_at.map(|i| &forwarded_target[i + 1..]),
             headers: req.headers(),
             host: &host,
         },
@@ -271,10 +271,9 @@ async fn handle(
         ambit_routes::apply_headers(m, &mut parts.headers);
     }
     let authority = fwd.host.map_or(host, str::to_string);
-    let target = match (&fwd.path, &query) {
-        (Some(p), Some(q)) => format!("{p}?{q}"),
-        (Some(p), None) => p.clone(),
-        (None, _) => forwarded_target,
+    let target = match &fwd.path {
+        Some(p) => format!("{p}{}", query_at.map_or("", |i| &forwarded_target[i..])),
+        None => forwarded_target,
     };
     let uri = match onward_uri(version, &authority, &target) {
         Some(u) => u,

@@ -258,9 +258,8 @@ pub fn plan<'t>(
             matched.rule_index
         )
     };
-    let action = rule.action(random, |b| {
-        backend_fronted(state, b, cluster_domain).is_some()
-    });
+    // Resolved once, below: the picked backend's Service is looked up there.
+    let action = rule.action(random, |_| true);
     let (backend, target) = match action {
         Action::Redirect(r) => {
             let host = host_without_port(req.host);
@@ -287,7 +286,10 @@ pub fn plan<'t>(
         Action::Forward(backend, target) => (backend, target),
     };
     let Some(target) = backend_fronted(state, target, cluster_domain) else {
-        return Plan::Fail(format!("{}: backend {target} is gone", described()));
+        return Plan::Fail(format!(
+            "{}: backend {target} is not in the mesh, or has no such port",
+            described()
+        ));
     };
     let mut forward = Forward {
         target,
