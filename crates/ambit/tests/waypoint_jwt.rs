@@ -170,7 +170,7 @@ fn tokens_are_validated_and_feed_authorization() {
         ("expired", idp.token(&json!({"sub": "alice", "aud": "echo", "exp": t - 3600})), "Jwt is expired"),
         ("not yet valid", idp.token(&json!({"sub": "alice", "aud": "echo", "nbf": t + 3600, "exp": t + 7200})), "Jwt not yet valid"),
         ("wrong issuer", idp.token(&json!({"iss": "https://other.example.com", "sub": "alice", "aud": "echo", "exp": t + 600})), "Jwt issuer is not configured"),
-        ("garbage", "not.a.token".to_string(), ""),
+        ("garbage", "not-a-token".to_string(), "Jwt is not in the form of Header.Payload.Signature"),
     ];
     for (what, token, reason) in &cases {
         let r = get(&lab, "/any", &bearer(token));
