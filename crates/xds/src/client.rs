@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::batch::Batch;
 use crate::delta::DeltaClient;
+use crate::on_demand::OnDemand;
 
 /// Where the stream goes: a channel and the per-request metadata (bearer token,
 /// `clusterid`, extra headers). `ambit_grpc::GrpcChannel` in the node proxy; a plain
@@ -221,6 +222,8 @@ pub struct XdsClient<T: XdsTransport> {
     on_ready: Option<Box<dyn FnOnce() + Send>>,
     on_stream_end: Option<OnStreamEnd>,
     max_message_bytes: usize,
+    /// On demand: the Address type's handle.
+    on_demand: Option<OnDemand>,
 }
 
 impl<T: XdsTransport> XdsClient<T> {
@@ -232,7 +235,20 @@ impl<T: XdsTransport> XdsClient<T> {
             on_ready: None,
             on_stream_end: None,
             max_message_bytes: MAX_XDS_MESSAGE,
+            on_demand: None,
         }
+    }
+
+    /// Puts `istio.workload.Address` on demand (`XDS_ON_DEMAND=true`, see
+    /// [`crate::on_demand`]): names the askers of `on_demand` ask for are subscribed to on
+    /// the live stream, their answers told once applied, and names unused for its idle
+    /// time unsubscribed and removed from the store.
+    pub fn with_on_demand(mut self, on_demand: OnDemand) -> Self {
+        self.delta = self
+            .delta
+            .with_on_demand(ambit_proto::ADDRESS_TYPE, on_demand.book());
+        self.on_demand = Some(on_demand);
+        self
     }
 
     /// The largest response decoded, in bytes (default [`MAX_XDS_MESSAGE`], 200 MiB). A
@@ -329,11 +345,56 @@ impl<T: XdsTransport> XdsClient<T> {
             Err(s) => return StreamEnd::from_status(s),
         };
         tracing::info!("xDS stream established");
+        let on_demand = self.on_demand.clone();
+        let sweep_every = on_demand.as_ref().map_or(Duration::from_secs(3600), |od| {
+            (od.config().idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+        });
+        let mut sweep = tokio::time::interval(sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let bytes = match incoming.message().await {
-                Ok(Some(r)) => r,
-                Ok(None) => return StreamEnd::Complete,
-                Err(s) => return StreamEnd::from_status(s),
+            let bytes = tokio::select! {
+                message = incoming.message() => match message {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return StreamEnd::Complete,
+                    Err(s) => return StreamEnd::from_status(s),
+                },
+                _ = woken(on_demand.as_ref()) => {
+                    let Some(od) = &on_demand else { continue };
+                    let names = od.take_outbox();
+                    if names.is_empty() {
+                        continue;
+                    }
+                    let request = DeltaDiscoveryRequest {
+                        type_url: ambit_proto::ADDRESS_TYPE.to_string(),
+                        resource_names_subscribe: names,
+                        ..Default::default()
+                    };
+                    if tx.send(request).await.is_err() {
+                        return StreamEnd::ConnectionError("the request stream closed".into());
+                    }
+                    continue;
+                }
+                _ = sweep.tick(), if on_demand.is_some() => {
+                    let Some(od) = &on_demand else { continue };
+                    let (unsubscribe, freed) = od.sweep();
+                    if unsubscribe.is_empty() {
+                        continue;
+                    }
+                    tracing::debug!(names = unsubscribe.len(), removed = freed.len(), "xDS on-demand: unsubscribing names unused for the idle time");
+                    let batch = self.delta.forget(ambit_proto::ADDRESS_TYPE, freed);
+                    if !batch.is_empty() {
+                        sink(batch);
+                    }
+                    let request = DeltaDiscoveryRequest {
+                        type_url: ambit_proto::ADDRESS_TYPE.to_string(),
+                        resource_names_unsubscribe: unsubscribe,
+                        ..Default::default()
+                    };
+                    if tx.send(request).await.is_err() {
+                        return StreamEnd::ConnectionError("the request stream closed".into());
+                    }
+                    continue;
+                }
             };
             // Not a DeltaDiscoveryResponse: the Internal status prost's codec would give.
             let handled = match self.delta.handle_bytes(&bytes) {
@@ -352,6 +413,10 @@ impl<T: XdsTransport> XdsClient<T> {
             }
             if handled.known_type && !handled.batch.is_empty() {
                 sink(handled.batch);
+            }
+            // Applied: the askers waiting on these names may look again.
+            if let Some(od) = &on_demand {
+                od.applied(&handled.answers);
             }
             if tx.send(handled.reply).await.is_err() {
                 return StreamEnd::ConnectionError("the request stream closed".into());
@@ -377,6 +442,14 @@ impl<T: XdsTransport> XdsClient<T> {
 }
 
 use futures_util::StreamExt as _;
+
+/// The on-demand handle's wake-up; never, without one.
+async fn woken(on_demand: Option<&OnDemand>) {
+    match on_demand {
+        Some(od) => od.woken().await,
+        None => std::future::pending().await,
+    }
+}
 
 #[cfg(test)]
 mod tests;

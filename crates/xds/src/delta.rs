@@ -53,12 +53,14 @@
 //! at most the budget plus [`MAX_HELD_PER_RESPONSE`], in estimated bytes.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status};
 
 use crate::address::Addresses;
 use crate::authorization::Authorizations;
 use crate::batch::Batch;
+use crate::on_demand::{Admit, Book};
 use crate::reject::Rejection;
 use crate::resource::{Readiness, ResourceType};
 use crate::shape;
@@ -150,6 +152,9 @@ pub struct Handled {
     pub rejected: Vec<(String, Rejection)>,
     /// Sum of the resources' payload bytes (the `istio_xds_message_bytes` metric).
     pub payload_bytes: u64,
+    /// On-demand names this response answers, each with the resource that answered it
+    /// (`None`: removed); to tell the book once the batch is applied.
+    pub answers: Vec<(String, Option<String>)>,
 }
 
 /// One subscribed type and what was answered of it.
@@ -158,10 +163,20 @@ struct Type {
     state: Box<dyn Subscribed>,
     /// A response of this type was answered (ACK or NACK) at least once.
     answered: bool,
+    /// On demand: subscribed to no name but those of the book (and never awaited).
+    on_demand: Option<Arc<Mutex<Book>>>,
+}
+
+fn lock_book(book: &Mutex<Book>) -> std::sync::MutexGuard<'_, Book> {
+    book.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Type {
     fn is_ready(&self) -> bool {
+        if self.on_demand.is_some() {
+            // ztunnel's readiness waits only on the types not on demand.
+            return true;
+        }
         match self.state.readiness() {
             Readiness::FirstResponse => self.answered,
             Readiness::NotAwaited => true,
@@ -227,8 +242,41 @@ impl DeltaClient {
         self.types.push(Type {
             state: Box::new(Subscription::new(ty)),
             answered: false,
+            on_demand: None,
         });
         self
+    }
+
+    /// Puts the subscribed type `type_url` on demand (`XDS_ON_DEMAND=true`): its initial
+    /// request subscribes to nothing (`*` subscribed and unsubscribed at once) but the
+    /// names of `book`, readiness does not wait for it, and a response's resources are
+    /// kept only if they answer a name asked for, are already held, or are dependents
+    /// within the book's bound ([`Book::admit`]).
+    ///
+    /// # Panics
+    ///
+    /// If `type_url` was not subscribed (a wiring mistake).
+    pub fn with_on_demand(mut self, type_url: &str, book: Arc<Mutex<Book>>) -> Self {
+        let i = self
+            .find(type_url)
+            .unwrap_or_else(|| panic!("{type_url} put on demand but not subscribed"));
+        self.types[i].on_demand = Some(book);
+        self
+    }
+
+    /// Whether `type_url` is on demand.
+    pub fn is_on_demand(&self, type_url: &str) -> bool {
+        self.find(type_url)
+            .is_some_and(|i| self.types[i].on_demand.is_some())
+    }
+
+    /// Stops tracking `names` of `type_url` (on-demand names unused for a while): the
+    /// batch that removes them from the store.
+    pub fn forget(&mut self, type_url: &str, names: Vec<String>) -> Batch {
+        match self.find(type_url) {
+            Some(i) => self.types[i].state.forget(names),
+            None => Batch::default(),
+        }
     }
 
     fn find(&self, type_url: &str) -> Option<usize> {
@@ -239,14 +287,32 @@ impl DeltaClient {
 
     /// The requests to send first on every stream: one wildcard subscription per type,
     /// with the node and the versions of the resources accepted so far.
+    ///
+    /// A type on demand subscribes `*` and unsubscribes `*` in the same request (ztunnel's
+    /// "subscribe to nothing"), and reports the names asked for but not held with an
+    /// empty version, so that the server answers them again.
     pub fn initial_requests(&self) -> Vec<DeltaDiscoveryRequest> {
         self.types
             .iter()
-            .map(|t| DeltaDiscoveryRequest {
-                node: Some(self.node.clone()),
-                type_url: t.state.type_url().to_string(),
-                initial_resource_versions: t.state.initial_versions(),
-                ..Default::default()
+            .map(|t| {
+                let mut versions = t.state.initial_versions();
+                let (subscribe, unsubscribe) = match &t.on_demand {
+                    None => (Vec::new(), Vec::new()),
+                    Some(book) => {
+                        for name in lock_book(book).initial_names() {
+                            versions.entry(name).or_default();
+                        }
+                        (vec!["*".to_string()], vec!["*".to_string()])
+                    }
+                };
+                DeltaDiscoveryRequest {
+                    node: Some(self.node.clone()),
+                    type_url: t.state.type_url().to_string(),
+                    initial_resource_versions: versions,
+                    resource_names_subscribe: subscribe,
+                    resource_names_unsubscribe: unsubscribe,
+                    ..Default::default()
+                }
             })
             .collect()
     }
@@ -307,6 +373,7 @@ impl DeltaClient {
             batch: Batch::default(),
             rejected: Vec::new(),
             payload_bytes,
+            answers: Vec::new(),
         }
     }
 
@@ -335,6 +402,7 @@ impl DeltaClient {
             batch: Batch::default(),
             rejected,
             payload_bytes,
+            answers: Vec::new(),
         }
     }
 
@@ -365,9 +433,28 @@ impl DeltaClient {
             };
             return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes);
         }
+        let mut resources = resp.resources;
+        let mut answers = Vec::new();
+        if let Some(book) = &self.types[i].on_demand {
+            let mut book = lock_book(book);
+            let state = &self.types[i].state;
+            resources.retain(|r| {
+                let asked = book.asked_by(&r.name, &r.aliases);
+                if !asked.is_empty() {
+                    answers.extend(asked.into_iter().map(|a| (a, Some(r.name.clone()))));
+                    return true;
+                }
+                state.is_tracked(&r.name) || book.admit(&r.name, &r.aliases) == Admit::Dependent
+            });
+            for name in &resp.removed_resources {
+                if let Some(asked) = book.removal_answers(name) {
+                    answers.push((asked, None));
+                }
+            }
+        }
         let outcome = self.types[i]
             .state
-            .handle(resp.resources, resp.removed_resources, &limits);
+            .handle(resources, resp.removed_resources, &limits);
         let (batch, rejected) = match outcome {
             Outcome::Refused(why) => {
                 return self.refuse_whole(resp.type_url, resp.nonce, why, payload_bytes)
@@ -389,6 +476,7 @@ impl DeltaClient {
             batch,
             rejected,
             payload_bytes,
+            answers,
         }
     }
 }

@@ -19,6 +19,8 @@
 //!   for the delta client's budget per type;
 //! - [`wire`]: an allocation-free walk of the fields of an encoded protobuf message;
 //! - [`reject`]: why a resource is refused (the reasons a NACK carries);
+//! - [`on_demand`]: on-demand xDS (`XDS_ON_DEMAND=true`): names asked for when a lookup
+//!   misses, their bounds, and the handle the askers wait on;
 //! - [`client`]: the IO driver over one gRPC bidi stream (an [`XdsTransport`], in the
 //!   node proxy `ambit_grpc::GrpcChannel`), with ztunnel's reconnect backoff and metrics.
 #![forbid(unsafe_code)]
@@ -35,6 +37,7 @@ pub mod delta;
 pub mod fuzzing;
 pub mod held;
 pub mod node;
+pub mod on_demand;
 pub mod reject;
 pub mod resource;
 pub mod shape;
@@ -57,6 +60,7 @@ pub use delta::{
     DeltaClient, Handled, Limits, NodeConfig, NodeConfigError, MAX_HELD_ADDRESSES,
     MAX_HELD_PER_RESPONSE, MAX_HELD_POLICIES,
 };
+pub use on_demand::{FetchError, OnDemand, OnDemandConfig};
 pub use reject::{Rejection, Undecodable};
 pub use resource::{Decoded, Holds, Measured, Readiness, ResourceType, Slot};
 pub use shape::{Limit, ShapeError};

@@ -66,6 +66,10 @@ pub(super) trait Subscribed: Send {
     fn tracked(&self) -> usize;
     /// The sum of the estimates held.
     fn held(&self) -> u64;
+    /// Whether `name` is tracked.
+    fn is_tracked(&self, name: &str) -> bool;
+    /// Stops tracking `names`: the batch that removes them from the store.
+    fn forget(&mut self, names: Vec<String>) -> Batch;
     /// Handles the resources and removed names of one response of the type.
     fn handle(
         &mut self,
@@ -211,6 +215,23 @@ impl<T: ResourceType> Subscribed for Subscription<T> {
 
     fn held(&self) -> u64 {
         self.held
+    }
+
+    fn is_tracked(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    fn forget(&mut self, names: Vec<String>) -> Batch {
+        let mut batch = TypedBatch::<T>::default();
+        for name in names {
+            if let Some(e) = self.entries.remove(&name) {
+                self.held = self
+                    .held
+                    .saturating_sub(e.held[0].saturating_add(e.held[1]));
+                batch.ops.push(self.ty.removal(name));
+            }
+        }
+        batch.into()
     }
 
     /// Each resource checked on its own (a bad one is rejected, the rest applies),
