@@ -109,6 +109,29 @@ fn more_errors(more: usize) -> String {
     }
 }
 
+/// The Address name a gateway address gives: `<network>/<ip>` or `<namespace>/<hostname>`.
+fn gateway_name(g: &ambit_state::GatewayAddress) -> String {
+    match &g.destination {
+        ambit_state::GatewayDestination::Address(a) => format!("{}/{}", a.network, a.address),
+        ambit_state::GatewayDestination::Hostname(h) => h.to_string(),
+    }
+}
+
+/// For on-demand clients: a workload answers to `<network>/<ip>` of each of its
+/// addresses; a client that follows it needs its waypoint too, and one that follows one
+/// of its services needs it (the client cannot know the uids of a service's endpoints).
+fn link_workload(s: &mut Snapshot, w: &ambit_state::Workload) {
+    for ip in &w.workload_ips {
+        s.insert_alias(format!("{}/{}", w.network, ip), &w.uid);
+    }
+    if let Some(wp) = &w.waypoint {
+        s.insert_dependent(&w.uid, gateway_name(wp));
+    }
+    for key in w.services.keys() {
+        s.insert_dependent(&key.to_string(), w.uid.to_string());
+    }
+}
+
 /// The mesh as loaded.
 #[derive(Debug, Clone, Default)]
 pub struct Mesh {
@@ -138,9 +161,17 @@ impl Mesh {
         let mut s = Snapshot::new(generation);
         for w in &self.config.workloads {
             s.insert(ambit_proto::ADDRESS_TYPE, convert::workload_resource(w));
+            link_workload(&mut s, w);
         }
         for svc in &self.config.services {
-            s.insert(ambit_proto::ADDRESS_TYPE, convert::service_resource(svc));
+            let r = convert::service_resource(svc);
+            for vip in &svc.vips {
+                s.insert_alias(format!("{}/{}", vip.network, vip.address), &r.name);
+            }
+            if let Some(wp) = &svc.waypoint {
+                s.insert_dependent(&r.name, gateway_name(wp));
+            }
+            s.insert(ambit_proto::ADDRESS_TYPE, r);
         }
         for p in &self.config.policies {
             s.insert(ambit_proto::AUTHORIZATION_TYPE, convert::policy_resource(p));

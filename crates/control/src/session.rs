@@ -41,6 +41,12 @@ pub struct Snapshot {
     /// What differs from the snapshot before it (computed once for every session), so a
     /// session in step with that one looks only at these names.
     changes: Option<Changes>,
+    /// Address resources' aliases (`<network>/<ip>` of a workload or a service VIP →
+    /// resource name), for clients that subscribe by address (on-demand ztunnels).
+    aliases: BTreeMap<String, String>,
+    /// Address resource name → names a client subscribed to it also needs (a service's
+    /// endpoint workloads, a workload's or service's waypoint, by name or alias).
+    dependents: BTreeMap<String, Vec<String>>,
 }
 
 /// The names whose resource was added, changed or removed since generation `since`.
@@ -60,7 +66,78 @@ impl Snapshot {
                 .map(|t| (*t, TypeResources::new()))
                 .collect(),
             changes: None,
+            aliases: BTreeMap::new(),
+            dependents: BTreeMap::new(),
         }
+    }
+
+    /// Records that the Address resource `name` also answers to `alias`
+    /// (`<network>/<ip>`); the first resource given an alias keeps it.
+    pub fn insert_alias(&mut self, alias: String, name: &str) {
+        self.aliases
+            .entry(alias)
+            .or_insert_with(|| name.to_string());
+    }
+
+    /// Records that a client subscribed to the Address resource `name` also needs
+    /// `dependent` (a resource name or an alias).
+    pub fn insert_dependent(&mut self, name: &str, dependent: String) {
+        self.dependents
+            .entry(name.to_string())
+            .or_default()
+            .push(dependent);
+    }
+
+    /// The resource name an Address name or alias resolves to.
+    pub fn resolve(&self, type_url: &str, name: &str) -> Option<&str> {
+        let resources = self.types.get(type_url)?;
+        if let Some((k, _)) = resources.get_key_value(name) {
+            return Some(k.as_str());
+        }
+        if type_url != ambit_proto::ADDRESS_TYPE {
+            return None;
+        }
+        let real = self.aliases.get(name)?;
+        resources.contains_key(real).then_some(real.as_str())
+    }
+
+    /// The resources a client subscribed to `explicit` names of `type_url` follows: what
+    /// each name (or alias) resolves to, and their dependents, transitively, at most
+    /// `max` names; with the aliases it subscribed to per resource.
+    fn follow(
+        &self,
+        type_url: &str,
+        explicit: &BTreeSet<String>,
+        max: usize,
+    ) -> (BTreeSet<String>, BTreeMap<String, Vec<String>>) {
+        let mut followed = BTreeSet::new();
+        let mut alias_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut stack: Vec<&str> = Vec::new();
+        for name in explicit {
+            if let Some(real) = self.resolve(type_url, name) {
+                if real != name {
+                    alias_of
+                        .entry(real.to_string())
+                        .or_default()
+                        .push(name.clone());
+                }
+                stack.push(real);
+            }
+        }
+        while let Some(name) = stack.pop() {
+            if followed.len() >= max {
+                break;
+            }
+            if !followed.insert(name.to_string()) || type_url != ambit_proto::ADDRESS_TYPE {
+                continue;
+            }
+            for d in self.dependents.get(name).into_iter().flatten() {
+                if let Some(real) = self.resolve(type_url, d) {
+                    stack.push(real);
+                }
+            }
+        }
+        (followed, alias_of)
     }
 
     /// This snapshot with the list of what differs from `previous`, the snapshot it
@@ -80,6 +157,11 @@ impl Snapshot {
                 differ.extend(before.keys().filter(|n| !now.contains_key(*n)).cloned());
             }
             names.insert(*type_url, differ);
+        }
+        if self.aliases != previous.aliases || self.dependents != previous.dependents {
+            // Who follows what may have changed beyond the names that changed.
+            self.changes = None;
+            return self;
         }
         self.changes = Some(Changes {
             since: previous.generation,
@@ -214,7 +296,13 @@ pub struct Step {
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
+    /// The names subscribed to (resource names or aliases).
     explicit: BTreeSet<String>,
+    /// The resources those names resolve to, with their dependents
+    /// ([`Snapshot::follow`]); recomputed whenever the names or the snapshot change.
+    followed: BTreeSet<String>,
+    /// Resource name → the aliases subscribed that resolve to it (sent in `aliases`).
+    alias_of: BTreeMap<String, Vec<String>>,
     /// Bytes of the names in `explicit`.
     explicit_bytes: usize,
     /// What the client holds, as far as we know: name → version.
@@ -234,7 +322,22 @@ struct TypeState {
 
 impl TypeState {
     fn interested(&self, name: &str) -> bool {
-        self.wildcard || self.explicit.contains(name)
+        self.wildcard || self.followed.contains(name)
+    }
+
+    /// Recomputes what the explicit names follow in `snapshot`; true if it changed.
+    fn refollow(&mut self, type_url: &str, snapshot: &Snapshot, max: usize) -> bool {
+        if self.wildcard {
+            let changed = !self.followed.is_empty();
+            self.followed.clear();
+            self.alias_of.clear();
+            return changed;
+        }
+        let (followed, alias_of) = snapshot.follow(type_url, &self.explicit, max);
+        let changed = followed != self.followed || alias_of != self.alias_of;
+        self.followed = followed;
+        self.alias_of = alias_of;
+        changed
     }
 }
 
@@ -284,14 +387,14 @@ impl Session {
             }
         }
         let mut step = Step::default();
-        let Some(resources) = snapshot.resources(&req.type_url) else {
+        if snapshot.resources(&req.type_url).is_none() {
             if self.unknown_types.len() < self.limits.max_unknown_types {
                 self.unknown_types
                     .insert(truncate(&req.type_url, self.limits.max_node_id));
             }
             step.unknown_type = true;
             return Ok(step);
-        };
+        }
         let limits = self.limits;
         let max_names = limits.max_names_per_type;
         let too_many = || SessionError::TooManyNames {
@@ -374,10 +477,16 @@ impl Session {
                 return Err(too_many_bytes());
             }
             for (name, version) in &req.initial_resource_versions {
-                ts.known.insert(name.clone(), version.clone());
+                // An empty version: asked for on demand, not received yet (ztunnel).
+                if !version.is_empty() {
+                    ts.known.insert(name.clone(), version.clone());
+                }
                 if !ts.wildcard && ts.explicit.insert(name.clone()) {
-                    // A client holding a resource wants to hear about it.
+                    // A client holding (or waiting for) a resource wants to hear about it.
                     ts.explicit_bytes += name.len();
+                    if version.is_empty() {
+                        ts.absent_to_report.insert(name.clone());
+                    }
                 }
             }
             changed = true;
@@ -395,9 +504,16 @@ impl Session {
                     return Err(too_many_bytes());
                 }
                 ts.absent_to_report.insert(name.clone());
+                // Asked for: answered even if the client holds it already (under
+                // another name), so that the answer carries the name it asked by.
+                if let Some(real) = snapshot.resolve(&req.type_url, name) {
+                    ts.known.remove(real);
+                }
                 changed = true;
             }
         }
+        // What the client unsubscribes from it drops itself: no removal is sent for it.
+        let mut dropped = BTreeSet::new();
         for name in &req.resource_names_unsubscribe {
             if name == "*" {
                 changed |= ts.wildcard;
@@ -405,19 +521,25 @@ impl Session {
             } else if ts.explicit.remove(name) {
                 ts.explicit_bytes -= name.len();
                 ts.absent_to_report.remove(name);
+                dropped.insert(
+                    snapshot
+                        .resolve(&req.type_url, name)
+                        .unwrap_or(name)
+                        .to_string(),
+                );
                 changed = true;
             }
         }
         if changed {
-            // The client drops what it no longer subscribes to; so do we.
+            ts.refollow(&req.type_url, snapshot, max_names.saturating_mul(4));
             let TypeState {
                 known,
                 wildcard,
-                explicit,
+                followed,
                 ..
             } = &mut *ts;
-            known.retain(|name, _| *wildcard || explicit.contains(name));
-            let responses = self.delta(&req.type_url, resources, snapshot.generation, first);
+            known.retain(|name, _| *wildcard || followed.contains(name) || !dropped.contains(name));
+            let responses = self.delta(&req.type_url, snapshot, first);
             step.responses = responses;
         }
         Ok(step)
@@ -426,61 +548,79 @@ impl Session {
     /// Handles a new snapshot: the changes of every subscribed type.
     pub fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<DeltaDiscoveryResponse> {
         let subscribed: Vec<String> = self.types.keys().cloned().collect();
+        let max_followed = self.limits.max_names_per_type.saturating_mul(4);
         let mut out = Vec::new();
         for type_url in subscribed {
-            let Some(resources) = snapshot.resources(&type_url) else {
+            if snapshot.resources(&type_url).is_none() {
+                continue;
+            }
+            let Some(ts) = self.types.get_mut(&type_url) else {
                 continue;
             };
+            // What the client follows may change with the mesh (a new endpoint of a
+            // service it follows, an alias now naming another workload).
+            let refollowed = ts.refollow(&type_url, snapshot, max_followed);
             // In step with the snapshot this one replaces: only the names that changed
             // can need sending. Otherwise (a skipped generation) compare everything.
             let changed = snapshot.changes.as_ref().and_then(|c| {
-                let in_step = self.types.get(&type_url)?.synced == Some(c.since);
+                let in_step = !refollowed && ts.synced == Some(c.since);
                 in_step.then(|| c.names.get(type_url.as_str())).flatten()
             });
             out.extend(match changed {
-                Some(names) => self.delta_of(&type_url, resources, names, snapshot.generation),
-                None => self.delta(&type_url, resources, snapshot.generation, false),
+                Some(names) => self.delta_of(&type_url, snapshot, names),
+                None => self.delta(&type_url, snapshot, false),
             });
         }
         out
     }
 
-    /// Responses bringing the client of `type_url` to `resources`; at least one when
+    /// Responses bringing the client of `type_url` to `snapshot`; at least one when
     /// `always`.
     fn delta(
         &mut self,
         type_url: &str,
-        resources: &TypeResources,
-        generation: u64,
+        snapshot: &Snapshot,
         always: bool,
     ) -> Vec<DeltaDiscoveryResponse> {
-        let Some(ts) = self.types.get(type_url) else {
+        let (Some(ts), Some(resources)) = (self.types.get(type_url), snapshot.resources(type_url))
+        else {
             return Vec::new();
         };
         let mut changed: Vec<Arc<Resource>> = Vec::new();
-        for (name, res) in resources {
-            if ts.interested(name) && ts.known.get(name) != Some(&res.version) {
-                changed.push(res.clone());
+        if ts.wildcard {
+            for (name, res) in resources {
+                if ts.known.get(name) != Some(&res.version) {
+                    changed.push(res.clone());
+                }
+            }
+        } else {
+            for name in &ts.followed {
+                if let Some(res) = resources.get(name) {
+                    if ts.known.get(name) != Some(&res.version) {
+                        changed.push(res.clone());
+                    }
+                }
             }
         }
+        // Gone, or no longer followed (a client removes what it no longer gets news of).
         let removed: Vec<String> = ts
             .known
             .keys()
-            .filter(|n| !resources.contains_key(*n))
+            .filter(|n| !resources.contains_key(*n) || !ts.interested(n))
             .cloned()
             .collect();
-        self.respond(type_url, resources, changed, removed, generation, always)
+        self.respond(type_url, snapshot, changed, removed, always)
     }
 
     /// Like [`Session::delta`] when only `names` can differ from what the client holds.
     fn delta_of(
         &mut self,
         type_url: &str,
-        resources: &TypeResources,
+        snapshot: &Snapshot,
         names: &[String],
-        generation: u64,
     ) -> Vec<DeltaDiscoveryResponse> {
-        let Some(ts) = self.types.get(type_url) else {
+        let (Some(ts), Some(resources)) = (self.types.get(type_url), snapshot.resources(type_url))
+        else {
             return Vec::new();
         };
         let mut changed = Vec::new();
@@ -495,26 +635,26 @@ impl Session {
                 None => {}
             }
         }
-        self.respond(type_url, resources, changed, removed, generation, false)
+        self.respond(type_url, snapshot, changed, removed, false)
     }
 
     /// Records what is sent and builds the responses (at least one when `always`).
     fn respond(
         &mut self,
         type_url: &str,
-        resources: &TypeResources,
+        snapshot: &Snapshot,
         changed: Vec<Arc<Resource>>,
         mut removed: Vec<String>,
-        generation: u64,
         always: bool,
     ) -> Vec<DeltaDiscoveryResponse> {
         let limits = self.limits;
+        let generation = snapshot.generation;
         let Some(ts) = self.types.get_mut(type_url) else {
             return Vec::new();
         };
         ts.synced = Some(generation);
         for name in std::mem::take(&mut ts.absent_to_report) {
-            if !resources.contains_key(&name) && !ts.known.contains_key(&name) {
+            if snapshot.resolve(type_url, &name).is_none() && !ts.known.contains_key(&name) {
                 removed.push(name);
             }
         }
@@ -527,6 +667,18 @@ impl Session {
         for name in &removed {
             ts.known.remove(name);
         }
+        // A resource asked for by an alias carries it, so the client knows it answered.
+        let changed: Vec<Arc<Resource>> = changed
+            .into_iter()
+            .map(|res| match ts.alias_of.get(&res.name) {
+                Some(aliases) => {
+                    let mut r = (*res).clone();
+                    r.aliases = aliases.clone();
+                    Arc::new(r)
+                }
+                None => res,
+            })
+            .collect();
 
         // Split the resources so that no response grows past the byte bound.
         let mut batches: Vec<Vec<Resource>> = vec![Vec::new()];
