@@ -50,6 +50,10 @@ pub enum Error {
         name: String,
         service_account: String,
     },
+    /// On-demand xDS: the control plane did not answer a lookup in time (or too many are
+    /// pending); the connection is refused rather than sent somewhere unknown.
+    #[error("on-demand lookup failed: {0}")]
+    OnDemand(String),
     /// An inbound connection for an address that is not our workload's.
     #[error("{ip} is not an address of workload {namespace}/{name}")]
     NotLocalAddress {
@@ -124,6 +128,7 @@ impl Error {
                 _ => Fault::Upstream,
             },
             Error::NoCertificate { .. } | Error::DrainDeadline | Error::Dropped => Fault::Internal,
+            Error::OnDemand(_) => Fault::Config,
         }
     }
 

@@ -52,6 +52,10 @@ pub(crate) async fn handle_connect(
     let src_identity = peer_identity
         .get_or_init(|| ambit_identity::tls::peer_identity(Some(&peer.certificates)))
         .clone();
+    if let Err(e) = crate::on_demand::prepare_inbound(&pi).await {
+        early_failure(Reporter::Destination, src, Some(listener), &e);
+        return incoming.reject(e.hbone_status());
+    }
     let state = pi.state.get();
     let plan = plan_hbone(
         &state,

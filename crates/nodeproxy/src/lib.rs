@@ -11,6 +11,7 @@ pub mod error;
 mod inbound;
 pub mod inputs;
 pub mod metrics;
+pub mod on_demand;
 mod outbound;
 mod plaintext;
 pub mod pods;

@@ -58,6 +58,10 @@ pub(crate) async fn forward(
         .local_addr()
         .map(socket::canonical)
         .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    // On demand: what the decision would miss is asked for first (fail closed on no answer).
+    if let Err(e) = crate::on_demand::prepare_outbound(&pi, dst.ip()).await {
+        return early_failure(Reporter::Source, src, Some(dst), &e);
+    }
     let state = pi.state.get();
     let input = Outbound {
         cfg: &pi.cfg,

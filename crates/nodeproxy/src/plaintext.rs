@@ -37,6 +37,9 @@ pub(crate) async fn handle(
             )
         }
     };
+    if let Err(e) = crate::on_demand::prepare_inbound(&pi).await {
+        return early_failure(Reporter::Destination, src, Some(dst), &e);
+    }
     let state = pi.state.get();
     let plan = plan_plaintext(
         &state,

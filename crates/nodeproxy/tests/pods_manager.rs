@@ -111,6 +111,7 @@ async fn malformed_datagram_is_nacked_then_the_stream_restarts_and_served_pods_k
         reuse_port: true,
         handshakes: ambit_nodeproxy::admission::NodeHandshakes::new(64),
         dns: None,
+        on_demand: None,
     };
     let ready = Arc::new(AtomicBool::new(false));
     let ready_flag = ready.clone();

@@ -24,6 +24,8 @@ pub struct AdminContext {
     pub static_config: serde_json::Value,
     /// In-pod mode: the pods this proxy serves.
     pub workload_state: Option<ambit_nodeproxy::pods::WorkloadStateDump>,
+    /// On-demand xDS (`XDS_ON_DEMAND=true`).
+    pub on_demand: Option<ambit_xds::OnDemand>,
 }
 
 pub fn admin_handler(ctx: AdminContext) -> Handler {
@@ -62,6 +64,14 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
             crate::config_dump::config_section(&ctx.config),
         );
         obj.insert("version".into(), ambit_runtime::version::info());
+        // ambit's addition: which xDS mode is on, and what on demand holds.
+        obj.insert(
+            "xdsOnDemand".into(),
+            serde_json::json!({
+                "enabled": ctx.on_demand.is_some(),
+                "names": ctx.on_demand.as_ref().map(|od| od.status()),
+            }),
+        );
         if let Some(pods) = &ctx.workload_state {
             let pods = pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
             obj.insert(
@@ -231,6 +241,7 @@ mod tests {
             shutdown,
             static_config: serde_json::json!({"source": "test"}),
             workload_state: None,
+            on_demand: None,
         };
         (admin_handler(ctx), shutdown_rx)
     }

@@ -30,6 +30,8 @@ pub struct PodProxyFactory {
     pub handshakes: Arc<NodeHandshakes>,
     /// The DNS proxy every pod gets on 15053, unless `ISTIO_META_DNS_CAPTURE` turned it off.
     pub dns: Option<PodDns>,
+    /// On-demand xDS (`XDS_ON_DEMAND=true`), for every pod's decisions.
+    pub on_demand: Option<Arc<dyn crate::on_demand::OnDemandLookups>>,
 }
 
 /// What each pod's DNS server is made from.
@@ -118,6 +120,7 @@ impl PodProxyFactory {
             names: dns
                 .as_ref()
                 .map(|(_, r)| r.clone() as Arc<dyn crate::socks5::NameLookup>),
+            on_demand: self.on_demand.clone(),
         });
         let connections = pi.connections.clone();
         let bound = BoundProxy::bind(pi).map_err(|e| e.to_string())?;

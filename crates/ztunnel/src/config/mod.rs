@@ -84,6 +84,62 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// The DNS proxy; `None` when `ISTIO_META_DNS_CAPTURE` is set and not `true`.
     pub dns: Option<DnsProxyConfig>,
+    /// On-demand xDS (`XDS_ON_DEMAND=true`); `None`: the whole mesh (wildcard).
+    pub on_demand: Option<OnDemandSettings>,
+}
+
+/// `XDS_ON_DEMAND=true` and ambit's knobs for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OnDemandSettings {
+    /// How long a connection waits for an address to be answered before it is refused
+    /// (`AMBIT_XDS_ON_DEMAND_TIMEOUT`, default 5s).
+    #[serde(with = "ambit_nodeproxy::settings::secs")]
+    pub timeout: Duration,
+    /// A name not looked up for this long is unsubscribed and removed from the store
+    /// (`AMBIT_XDS_ON_DEMAND_IDLE`, default 30m).
+    #[serde(with = "ambit_nodeproxy::settings::secs")]
+    pub idle: Duration,
+}
+
+/// `XDS_ON_DEMAND` (as Istio, refused with the DNS proxy: its answers come from the
+/// store, which on demand holds only what was asked for) and its knobs.
+fn on_demand(env: &Env<'_>, xds: bool, dns: bool) -> Result<Option<OnDemandSettings>, ConfigError> {
+    if !env.bool("XDS_ON_DEMAND", false)? {
+        return Ok(None);
+    }
+    if dns {
+        return Err(ConfigError::Conflict(
+            "XDS_ON_DEMAND=true cannot be used with the DNS proxy (set ISTIO_META_DNS_CAPTURE=false), as in Istio".into(),
+        ));
+    }
+    if !xds {
+        return Err(ConfigError::Missing {
+            var: "XDS_ADDRESS",
+            because: "XDS_ON_DEMAND=true",
+        });
+    }
+    let positive = |var: &'static str, d: Option<Duration>, default: Duration| match d {
+        None => Ok(default),
+        Some(d) if !d.is_zero() => Ok(d),
+        Some(d) => Err(ConfigError::Invalid {
+            var,
+            value: format!("{d:?}"),
+            expected: "a duration above zero, such as 5s",
+        }),
+    };
+    Ok(Some(OnDemandSettings {
+        timeout: positive(
+            "AMBIT_XDS_ON_DEMAND_TIMEOUT",
+            env.duration("AMBIT_XDS_ON_DEMAND_TIMEOUT")?,
+            Duration::from_secs(5),
+        )?,
+        idle: positive(
+            "AMBIT_XDS_ON_DEMAND_IDLE",
+            env.duration("AMBIT_XDS_ON_DEMAND_IDLE")?,
+            Duration::from_secs(30 * 60),
+        )?,
+    }))
 }
 
 /// `TERMINATION_GRACE_PERIOD_SECONDS` to a drain deadline, as ztunnel derives it.
@@ -166,6 +222,8 @@ impl Config {
         let local_ca_dir = env.get("LOCAL_CA_DIR").map(PathBuf::from);
         let ca = ca_source(env, local_ca_dir.as_ref(), local_config.is_some())?;
         let operator = operator::addresses(env, proxy_mode, proxy.ipv6_enabled)?;
+        let dns = dns_config(env)?;
+        let on_demand = on_demand(env, xds.is_some(), dns.is_some())?;
         Ok(Config {
             proxy_mode,
             workload,
@@ -194,7 +252,8 @@ impl Config {
             stats_addr: operator.stats,
             readiness_addr: operator.readiness,
             worker_threads: worker_threads(env, cores)?,
-            dns: dns_config(env)?,
+            dns,
+            on_demand,
             proxy: ProxyConfig {
                 reserved_ports: operator.reserved_ports,
                 ..proxy

@@ -25,6 +25,7 @@ pub(super) fn start(wiring: Wiring) -> anyhow::Result<DataPlane> {
         dns_ready,
         mut xds_synced,
         watcher,
+        on_demand,
         ..
     } = wiring;
     let identity = cfg.workload.clone().context("PROXY_WORKLOAD_INFO")?;
@@ -80,7 +81,21 @@ pub(super) fn start(wiring: Wiring) -> anyhow::Result<DataPlane> {
         names: dns_server
             .as_ref()
             .map(|(_, r)| r.clone() as Arc<dyn ambit_nodeproxy::socks5::NameLookup>),
+        on_demand: on_demand.clone(),
     });
+    if let Some(od) = on_demand {
+        // On demand the store starts empty: ask for our own workload at once (pinned).
+        let uid = ambit_nodeproxy::on_demand::local_uid(
+            &cfg.proxy.cluster_id,
+            &identity_of(&pi).namespace,
+            &identity_of(&pi).name,
+        );
+        tokio::spawn(async move {
+            if let Err(e) = od.fetch(&uid, true).await {
+                tracing::warn!(%uid, "xDS on-demand: this proxy's workload: {e}");
+            }
+        });
+    }
     let dns_server = dns_server.map(|(server, _)| server);
     let proxy = BoundProxy::bind(pi)?;
     let addrs = proxy.addresses()?;
@@ -107,4 +122,8 @@ pub(super) fn start(wiring: Wiring) -> anyhow::Result<DataPlane> {
         }),
         workload_state: None,
     })
+}
+
+fn identity_of(pi: &ProxyInputs) -> &ambit_nodeproxy::LocalIdentity {
+    &pi.local
 }

@@ -46,6 +46,8 @@ struct Wiring {
     /// Turns true once the first mesh state is in.
     xds_synced: tokio::sync::watch::Receiver<bool>,
     watcher: DrainWatcher,
+    /// On-demand xDS, for the data path's lookups.
+    on_demand: Option<Arc<dyn ambit_nodeproxy::on_demand::OnDemandLookups>>,
 }
 
 /// A mode's data plane: the task that serves it, and (shared mode) the per-pod state
@@ -125,7 +127,8 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let pods_metrics = (cfg.proxy_mode == ProxyMode::Shared)
         .then(|| ambit_nodeproxy::pods::InpodMetrics::register(&mut registry));
     let registry = Arc::new(registry);
-    let xds_synced = sources::start_xds(&cfg, &state, xds_metrics, state_ready)?;
+    let on_demand = sources::on_demand(&cfg);
+    let xds_synced = sources::start_xds(&cfg, &state, xds_metrics, state_ready, on_demand.clone())?;
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
     let (trigger, watcher) = ambit_runtime::drain::new();
@@ -149,6 +152,10 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         ready: ready.clone(),
         xds_synced,
         watcher: watcher.clone(),
+        on_demand: on_demand.clone().map(|od| {
+            Arc::new(sources::XdsLookups(od))
+                as Arc<dyn ambit_nodeproxy::on_demand::OnDemandLookups>
+        }),
     };
     let DataPlane {
         task: data_plane,
@@ -173,6 +180,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         shutdown: shutdown_tx,
         static_config,
         workload_state,
+        on_demand,
     };
     let admin_handler = admin_handler(admin_ctx);
     if let Some(admin_v6) = admin_v6 {

@@ -29,6 +29,7 @@ pub(super) fn start(wiring: Wiring) -> anyhow::Result<DataPlane> {
         ready,
         mut xds_synced,
         watcher,
+        on_demand,
     } = wiring;
     if let Some(node) = &cfg.node_name {
         spawn_prefetch(state.clone(), certs.clone(), node.clone());
@@ -55,6 +56,7 @@ pub(super) fn start(wiring: Wiring) -> anyhow::Result<DataPlane> {
             }),
             _ => None,
         },
+        on_demand,
     };
     // Each pod's DNS server is bound with its other listeners.
     drop(dns_ready);

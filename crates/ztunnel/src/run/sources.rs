@@ -95,6 +95,7 @@ pub(super) fn start_xds(
     state: &SharedState,
     metrics: ambit_xds::XdsMetrics,
     state_ready: ambit_runtime::readiness::BlockReady,
+    on_demand: Option<ambit_xds::OnDemand>,
 ) -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
     let (synced_tx, synced) = tokio::sync::watch::channel(false);
     let Some(xds) = &cfg.xds else {
@@ -107,10 +108,18 @@ pub(super) fn start_xds(
     tracing::info!(address = %xds.channel.address, root = %xds.channel.root, token = %xds.channel.token, node = %xds.node.node_id(), "xDS: connecting to the control plane");
     let check_state = state.clone();
     let check_cfg = cfg.clone();
-    let client = ambit_xds::XdsClient::new(channel, ambit_xds::DeltaClient::new(xds.node.to_node()))
+    let mut client =
+        ambit_xds::XdsClient::new(channel, ambit_xds::DeltaClient::new(xds.node.to_node()));
+    if let Some(od) = on_demand {
+        tracing::info!(timeout = ?od.config().timeout, idle = ?od.config().idle, "xDS: addresses on demand (XDS_ON_DEMAND=true)");
+        client = client.with_on_demand(od);
+    }
+    let client = client
         .with_metrics(metrics)
         .on_ready(move || {
-            if let (ProxyMode::Dedicated, Some(w)) = (check_cfg.proxy_mode, &check_cfg.workload) {
+            if let (ProxyMode::Dedicated, Some(w), None) =
+                (check_cfg.proxy_mode, &check_cfg.workload, &check_cfg.on_demand)
+            {
                 if !has_local_workload(&check_state.get(), &check_cfg, w) {
                     tracing::warn!(
                         "PROXY_WORKLOAD_INFO={}/{}/{} matches no workload the control plane sent (yet): \
@@ -170,4 +179,36 @@ pub(super) fn dns_config(cfg: &Config) -> anyhow::Result<Option<Arc<ambit_dns::D
         },
         upstream,
     })))
+}
+
+/// The on-demand handle, as the data path asks through it.
+pub(super) struct XdsLookups(pub ambit_xds::OnDemand);
+
+impl ambit_nodeproxy::on_demand::OnDemandLookups for XdsLookups {
+    fn fetch<'a>(
+        &'a self,
+        name: &'a str,
+        pin: bool,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>> {
+        Box::pin(async move {
+            self.0
+                .fetch_pinned(name, pin)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn touch(&self, name: &str) {
+        self.0.touch(name)
+    }
+}
+
+/// The on-demand handle, when `XDS_ON_DEMAND=true`.
+pub(super) fn on_demand(cfg: &Config) -> Option<ambit_xds::OnDemand> {
+    let s = cfg.on_demand?;
+    Some(ambit_xds::OnDemand::new(ambit_xds::OnDemandConfig {
+        timeout: s.timeout,
+        idle: s.idle,
+        ..Default::default()
+    }))
 }
