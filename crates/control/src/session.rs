@@ -1221,6 +1221,72 @@ mod tests {
     }
 
     #[test]
+    fn on_demand_names_resolve_by_alias_and_bring_their_dependents() {
+        // (workloads w1 at /10.0.0.1 and w2, endpoints of ns/svc at VIP /10.96.0.1; w3 unrelated)
+        let mesh = |generation, with_w2: bool| {
+            let mut addrs = vec![("w1", "1"), ("ns/svc", "1"), ("w3", "1")];
+            if with_w2 {
+                addrs.push(("w2", "1"));
+            }
+            let mut s = snap(generation, &addrs, &[]);
+            s.insert_alias("/10.0.0.1".into(), "w1");
+            s.insert_alias("/10.96.0.1".into(), "ns/svc");
+            s.insert_dependent("ns/svc", "w1".into());
+            if with_w2 {
+                s.insert_dependent("ns/svc", "w2".into());
+            }
+            s
+        };
+        let s = mesh(1, true);
+        let mut c = session();
+        let req = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..initial(ADDRESS_TYPE, &[])
+        };
+        assert!(c.on_request(req, &s).unwrap().responses[0]
+            .resources
+            .is_empty());
+        let ask = |name: &str| DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_subscribe: vec![name.into()],
+            ..Default::default()
+        };
+        // By a workload's address: the workload under its uid, the alias in `aliases`.
+        let r = &c.on_request(ask("/10.0.0.1"), &s).unwrap().responses[0];
+        assert_eq!(names(r), ["w1"]);
+        assert_eq!(r.resources[0].aliases, ["/10.0.0.1"]);
+        // By a service VIP: the service and its endpoints (w1 again, as the client holds
+        // it already under another name it asked by: only w2 is new).
+        let r = &c.on_request(ask("/10.96.0.1"), &s).unwrap().responses[0];
+        assert_eq!(names(r), ["ns/svc", "w2"]);
+        assert_eq!(r.resources[0].aliases, ["/10.96.0.1"]);
+        // An endpoint leaving the service (and the mesh) is removed; w3 is never sent.
+        let out = c.on_snapshot(&mesh(2, false));
+        assert_eq!(out.len(), 1);
+        assert!(out[0].resources.is_empty());
+        assert_eq!(out[0].removed_resources, ["w2"]);
+        // Unsubscribing both: what they resolved to the client drops itself (no removal
+        // is sent), and it is no longer followed.
+        let req = DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_unsubscribe: vec!["/10.96.0.1".into(), "/10.0.0.1".into()],
+            ..Default::default()
+        };
+        let step = c.on_request(req, &mesh(2, false)).unwrap();
+        assert!(step.responses.iter().all(|r| r.resources.is_empty()));
+        let removed: Vec<&str> = step
+            .responses
+            .iter()
+            .flat_map(|r| r.removed_resources.iter().map(String::as_str))
+            .collect();
+        assert!(removed.is_empty(), "{removed:?}");
+        let mut s3 = snap(3, &[("w1", "2"), ("ns/svc", "2"), ("w3", "1")], &[]);
+        s3.insert_alias("/10.0.0.1".into(), "w1");
+        assert!(c.on_snapshot(&s3).is_empty());
+    }
+
+    #[test]
     fn a_non_wildcard_client_keeps_following_what_it_reported_holding() {
         let s = snap(1, &[("a", "2"), ("b", "1")], &[]);
         let mut c = session();
