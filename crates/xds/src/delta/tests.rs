@@ -1078,3 +1078,67 @@ fn a_type_subscribed_twice() {
         .subscribe(Addresses::default())
         .subscribe(Addresses::default());
 }
+
+#[test]
+fn on_demand_subscribes_to_nothing_but_what_is_asked_and_bounds_what_is_not() {
+    use crate::on_demand::{Ask, Book, BookLimits};
+    use std::sync::{Arc, Mutex};
+    let book = Arc::new(Mutex::new(Book::new(BookLimits {
+        dependents_per_name: 2,
+        ..BookLimits::default()
+    })));
+    let mut c = DeltaClient::new(node()).with_on_demand(ADDRESS_TYPE, book.clone());
+    let now = std::time::Instant::now();
+    assert_eq!(book.lock().unwrap().ask("/10.0.0.5", now), Ask::Send);
+    let init = c.initial_requests();
+    assert_eq!(init[0].type_url, ADDRESS_TYPE);
+    assert_eq!(init[0].resource_names_subscribe, ["*"]);
+    assert_eq!(init[0].resource_names_unsubscribe, ["*"]);
+    assert_eq!(
+        init[0]
+            .initial_resource_versions
+            .get("/10.0.0.5")
+            .map(String::as_str),
+        Some("")
+    );
+    assert!(
+        init[1].resource_names_subscribe.is_empty(),
+        "Authorization stays wildcard"
+    );
+    assert!(!c.is_ready());
+    // The asked workload (by its alias) and 10 more it never asked for.
+    let mut resources = vec![Resource {
+        name: "c//v1/Pod/ns1/a".into(),
+        version: "1".into(),
+        aliases: vec!["/10.0.0.5".into()],
+        resource: Some(workload_any("c//v1/Pod/ns1/a", [10, 0, 0, 5])),
+        ..Default::default()
+    }];
+    for i in 0..10u8 {
+        let uid = format!("c//v1/Pod/ns1/x{i}");
+        resources.push(Resource {
+            name: uid.clone(),
+            version: "1".into(),
+            resource: Some(workload_any(&uid, [10, 1, 0, i])),
+            ..Default::default()
+        });
+    }
+    let h = c.handle(DeltaDiscoveryResponse {
+        type_url: ADDRESS_TYPE.into(),
+        nonce: "n1".into(),
+        resources,
+        ..Default::default()
+    });
+    assert_eq!(
+        h.answers,
+        [("/10.0.0.5".to_string(), Some("c//v1/Pod/ns1/a".to_string()))]
+    );
+    assert!(h.rejected.is_empty(), "ignored, not NACKed");
+    assert_eq!(h.batch.len(), 3, "the asked one and 2 dependents");
+    assert_eq!(book.lock().unwrap().status().ignored_total, 8);
+    // Readiness waits only on the type not on demand.
+    c.answered(ADDRESS_TYPE);
+    assert!(!c.is_ready());
+    c.answered(AUTHORIZATION_TYPE);
+    assert!(c.is_ready());
+}
