@@ -54,7 +54,7 @@ pub fn workload_resource(w: &Workload) -> Resource {
     }
     let mut address = Vec::with_capacity(body.len() + 8);
     put_message_bytes(ADDRESS_WORKLOAD_FIELD, &body, &mut address);
-    resource(w.uid.clone(), ADDRESS_TYPE, address)
+    resource(w.uid.to_string(), ADDRESS_TYPE, address)
 }
 
 /// The service as an Address resource named `namespace/hostname`.

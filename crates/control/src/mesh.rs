@@ -128,7 +128,7 @@ fn link_workload(s: &mut Snapshot, w: &ambit_state::Workload) {
         s.insert_dependent(&w.uid, gateway_name(wp));
     }
     for key in w.services.keys() {
-        s.insert_dependent(&key.to_string(), w.uid.to_string());
+        s.insert_dependent(key, w.uid.to_string());
     }
 }
 
@@ -306,7 +306,7 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
             w.normalize().map_err(|message| {
                 MeshError::Merged(invalid(&origin, &format!("workload {}", w.name), message))
             })?;
-            if let Some(first) = workload_at.insert(w.uid.clone(), path.clone()) {
+            if let Some(first) = workload_at.insert(w.uid.to_string(), path.clone()) {
                 return Err(dup("workload", &w.uid, &first));
             }
             merged.workloads.push(w);
@@ -328,10 +328,10 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
     }
     for w in &merged.workloads {
         for name in &w.authorization_policies {
-            if policy_at.contains_key(name) {
+            if policy_at.contains_key(name.as_str()) {
                 continue;
             }
-            let path = workload_at.get(&w.uid).cloned().unwrap_or_default();
+            let path = workload_at.get(w.uid.as_str()).cloned().unwrap_or_default();
             // The file's own report has the line and a suggestion; use it when it is this one.
             if let Some((_, u)) = deferred
                 .iter()
@@ -344,7 +344,7 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
             return Err(MeshError::UnknownPolicy {
                 path,
                 workload: format!("{}/{}", w.namespace, w.name),
-                policy: name.clone(),
+                policy: name.to_string(),
             });
         }
     }
@@ -403,7 +403,7 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
     for w in &merged.workloads {
         if !w.node.is_empty() {
             node_identities
-                .entry(w.node.clone())
+                .entry(w.node.to_string())
                 .or_default()
                 .insert(w.identity().to_string());
         }

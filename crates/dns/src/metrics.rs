@@ -23,15 +23,15 @@ pub struct DnsLabels {
 
 impl DnsLabels {
     pub fn new(query_type: String, protocol: Protocol, client: Option<&Workload>) -> DnsLabels {
-        let or_unknown = |s: Option<&String>| match s {
-            Some(s) if !s.is_empty() => s.clone(),
+        let or_unknown = |s: Option<&str>| match s {
+            Some(s) if !s.is_empty() => s.to_string(),
             _ => "unknown".to_string(),
         };
         DnsLabels {
             request_query_type: query_type,
             request_protocol: protocol.as_str(),
-            source_canonical_service: or_unknown(client.map(|w| &w.canonical_name)),
-            source_canonical_revision: or_unknown(client.map(|w| &w.canonical_revision)),
+            source_canonical_service: or_unknown(client.map(|w| w.canonical_name.as_str())),
+            source_canonical_revision: or_unknown(client.map(|w| w.canonical_revision.as_str())),
         }
     }
 }

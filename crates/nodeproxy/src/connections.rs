@@ -171,7 +171,7 @@ impl OpenConnections {
                 continue;
             }
             let applying = policies
-                .entry(dst.uid.clone())
+                .entry(dst.uid.to_string())
                 .or_insert_with(|| state.policies_for(&dst));
             let verdict = authorize_observed(applying, &watch.ctx, rbac);
             *checked = (dst, generation);

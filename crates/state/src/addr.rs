@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::name::Name;
 use crate::names::{from_str_with, StrError};
 
 /// Why an address could not be decoded.
@@ -88,7 +89,7 @@ fn max_prefix(ip: IpAddr) -> u8 {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NetworkAddress {
     /// Network name; "" is the default network.
-    pub network: String,
+    pub network: Name,
     pub address: IpAddr,
     /// `None` for an exact address; `Some(len)` (< 32/128) for a CIDR VIP.
     pub prefix_len: Option<u8>,
@@ -96,7 +97,7 @@ pub struct NetworkAddress {
 
 impl NetworkAddress {
     /// An exact address.
-    pub fn new(network: impl Into<String>, address: IpAddr) -> Self {
+    pub fn new(network: impl Into<Name>, address: IpAddr) -> Self {
         NetworkAddress {
             network: network.into(),
             address,
@@ -107,7 +108,7 @@ impl NetworkAddress {
     /// Builds from xDS parts: raw bytes and an optional prefix length (absent or the
     /// full length means an exact address).
     pub fn from_parts(
-        network: impl Into<String>,
+        network: impl Into<Name>,
         bytes: &[u8],
         length: Option<u32>,
     ) -> Result<Self, AddressError> {
@@ -190,7 +191,7 @@ impl FromStr for NetworkAddress {
         })?;
         let prefix_len = normalize_prefix(address, len)?;
         Ok(NetworkAddress {
-            network: network.to_string(),
+            network: network.into(),
             address,
             prefix_len,
         })
@@ -216,8 +217,8 @@ impl<'de> Deserialize<'de> for NetworkAddress {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamespacedHostname {
-    pub namespace: String,
-    pub hostname: String,
+    pub namespace: Name,
+    pub hostname: Name,
 }
 
 impl fmt::Display for NamespacedHostname {
@@ -233,8 +234,8 @@ impl FromStr for NamespacedHostname {
         match s.split_once('/') {
             Some((ns, host)) if !ns.is_empty() && !host.is_empty() && !host.contains('/') => {
                 Ok(NamespacedHostname {
-                    namespace: ns.to_string(),
-                    hostname: host.to_string(),
+                    namespace: ns.into(),
+                    hostname: host.into(),
                 })
             }
             _ => Err(AddressError::NotNamespacedHostname(s.to_string())),

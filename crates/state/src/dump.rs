@@ -1,12 +1,15 @@
 //! The store's sections of `/config_dump`, shaped like ztunnel's (camelCase keys).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use crate::name::Name;
 use crate::service::LoadBalancerHealthPolicy;
-use crate::store::{PortMap, ProxyState};
+use crate::store::ProxyState;
 use crate::workload::HealthStatus;
+use crate::workload::Workload;
 
 impl ProxyState {
     /// `{workloads, services, policies, stagedServices}`: workloads sorted by uid,
@@ -35,9 +38,10 @@ impl ProxyState {
             .map(|s| {
                 let mut v = to_value(&**s);
                 let allow_unhealthy = s.health_policy() == LoadBalancerHealthPolicy::AllowAll;
+                let key = s.key();
                 let endpoints = self
-                    .endpoint_map(&s.key())
-                    .map(|eps| self.endpoints_value(eps, allow_unhealthy))
+                    .endpoint_map(&key)
+                    .map(|eps| Self::endpoints_value(&key, eps, allow_unhealthy))
                     .unwrap_or_else(|| Value::Object(Map::new()));
                 if let Value::Object(m) = &mut v {
                     m.insert("endpoints".into(), endpoints);
@@ -50,7 +54,7 @@ impl ProxyState {
 
         let staged: Map<String, Value> = self
             .staged_services()
-            .map(|(k, eps)| (k.clone(), self.endpoints_value(eps, false)))
+            .map(|(k, eps)| (k.to_string(), Self::endpoints_value(k, eps, false)))
             .collect();
 
         json!({
@@ -62,18 +66,21 @@ impl ProxyState {
     }
 
     /// uid → `{workloadUid, port, status}`, unhealthy workloads only if allowed.
-    fn endpoints_value(&self, eps: &BTreeMap<String, PortMap>, allow_unhealthy: bool) -> Value {
+    fn endpoints_value(
+        service_key: &str,
+        eps: &BTreeMap<Name, Arc<Workload>>,
+        allow_unhealthy: bool,
+    ) -> Value {
         let m: Map<String, Value> = eps
             .iter()
-            .filter_map(|(uid, ports)| {
-                let status = self.workload_by_uid(uid).map(|w| w.status);
-                if status == Some(HealthStatus::Unhealthy) && !allow_unhealthy {
+            .filter_map(|(uid, w)| {
+                if w.status == HealthStatus::Unhealthy && !allow_unhealthy {
                     return None;
                 }
-                let status = status.map_or("Unknown", |s| s.as_str());
+                let ports = w.services.get(service_key).cloned().unwrap_or_default();
                 Some((
-                    uid.clone(),
-                    json!({"workloadUid": uid, "port": ports, "status": status}),
+                    uid.to_string(),
+                    json!({"workloadUid": uid, "port": ports, "status": w.status.as_str()}),
                 ))
             })
             .collect();

@@ -15,8 +15,10 @@ mod ident;
 mod local;
 mod local_schema;
 mod locate;
+mod name;
 mod names;
 mod policy;
+mod ports;
 mod rbac;
 mod request_path;
 mod route;
@@ -29,11 +31,13 @@ pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, Networ
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
 pub use local_schema::{parse_local_config, LocalConfig};
+pub use name::Name;
 pub use policy::{
     parse_host, parse_method, parse_request_principal, Authorization, Clause, Condition,
     HeaderMatch, IpBlock, IpKey, L7Attributes, PathMatch, PathSegment, PathTemplate, PolicyAction,
     PolicyScope, RbacMatch, Rule, ServiceAccountMatch, StringMatch, TextKey, Values, L7_ATTRIBUTES,
 };
+pub use ports::{PortMap, ServicePorts, SortedMap};
 pub use rbac::{
     authorize_observed, authorize_request, matches as policy_matches, Allowed, Denied, MatchedRule,
     RbacContext, RbacObserver, RequestAttributes, RequestAuth, Unobserved,
@@ -44,7 +48,7 @@ pub use service::{
     AppProtocol, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode,
     LoadBalancerScope, Service, Visibility,
 };
-pub use store::{AddressTarget, Endpoint, PortMap, ProxyState};
+pub use store::{AddressTarget, Endpoint, ProxyState};
 pub use waypoint::{
     is_from_waypoint, is_waypoint_for, names_waypoint, resolve_waypoint, ResolvedWaypoint,
 };

@@ -93,7 +93,7 @@ pub(crate) fn check_policy_references(
         cfg.policies.iter().map(|p| p.key()).collect();
     for (i, w) in cfg.workloads.iter().enumerate() {
         for (j, name) in w.authorization_policies.iter().enumerate() {
-            if defined.contains(name) {
+            if defined.contains(name.as_str()) {
                 continue;
             }
             let path = format!("workloads[{i}].authorizationPolicies[{j}]");
@@ -104,7 +104,7 @@ pub(crate) fn check_policy_references(
                 column: at.map(|(_, c)| c),
                 path,
                 workload: format!("{}/{}", w.namespace, w.name),
-                policy: name.clone(),
+                policy: name.to_string(),
                 suggestion: suggest_policy(name, &w.namespace, cfg),
             })));
         }

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use ambit_identity::SpiffeId;
 use rand::Rng;
 
+use crate::ports::PortMap;
 use crate::service::{LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Service};
-use crate::store::{AddressTarget, PortMap, ProxyState};
+use crate::store::{AddressTarget, ProxyState};
 use crate::waypoint::{is_from_waypoint, resolve_waypoint, ResolvedWaypoint};
 use crate::workload::{HealthStatus, TunnelProtocol, Workload};
 
@@ -255,7 +256,9 @@ pub fn pick_endpoint(
         }
     };
     let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
-    let eligible = |wl: &Arc<Workload>, ports: &PortMap| -> Option<Picked> {
+    let key = svc.key();
+    let eligible = |wl: &Arc<Workload>| -> Option<Picked> {
+        let ports = wl.services.get(key.as_str())?;
         if !allow_unhealthy && wl.status != HealthStatus::Healthy {
             return None;
         }
@@ -275,7 +278,6 @@ pub fn pick_endpoint(
         })
     };
     let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
-    let key = svc.key();
     let Some(index) = state.endpoint_index(&key) else {
         return Err(no_upstream());
     };
@@ -284,17 +286,12 @@ pub fn pick_endpoint(
     if !ranked {
         for _ in 0..DRAWS {
             let Some(i) = index.pick(rng) else { break };
-            let (wl, ports) = &index.endpoints[i];
-            if let Some(p) = eligible(wl, ports) {
+            if let Some(p) = eligible(&index.endpoints[i]) {
                 return Ok(p);
             }
         }
     }
-    let mut candidates: Vec<Picked> = index
-        .endpoints
-        .iter()
-        .filter_map(|(wl, ports)| eligible(wl, ports))
-        .collect();
+    let mut candidates: Vec<Picked> = index.endpoints.iter().filter_map(eligible).collect();
     if ranked {
         let prefs = svc
             .load_balancer
@@ -862,7 +859,7 @@ services:
                     .destination()
                     .unwrap()
                     .name
-                    .clone()
+                    .to_string()
             })
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");

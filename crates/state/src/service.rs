@@ -6,7 +6,9 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::addr::NetworkAddress;
+use crate::name::Name;
 use crate::names::string_enum;
+use crate::ports::PortMap;
 use crate::workload::{check_gateway, GatewayAddress};
 
 string_enum! {
@@ -110,15 +112,15 @@ pub struct LoadBalancer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Service {
-    pub name: String,
-    pub namespace: String,
-    pub hostname: String,
+    pub name: Name,
+    pub namespace: Name,
+    pub hostname: Name,
     /// Virtual IPs, `<network>/<ip>` (empty for a headless service).
     #[serde(default)]
     pub vips: Vec<NetworkAddress>,
     /// Service port → target port (0: a named port, resolved per endpoint).
     #[serde(default)]
-    pub ports: BTreeMap<u16, u16>,
+    pub ports: PortMap,
     /// Service port → its declared protocol; a port not listed is undeclared.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub app_protocols: BTreeMap<u16, AppProtocol>,
@@ -141,16 +143,16 @@ pub struct Service {
 impl Service {
     /// A service with the given identity and every other field at its default.
     pub fn new(
-        name: impl Into<String>,
-        namespace: impl Into<String>,
-        hostname: impl Into<String>,
+        name: impl Into<Name>,
+        namespace: impl Into<Name>,
+        hostname: impl Into<Name>,
     ) -> Self {
         Service {
             name: name.into(),
             namespace: namespace.into(),
             hostname: hostname.into(),
             vips: Vec::new(),
-            ports: BTreeMap::new(),
+            ports: PortMap::new(),
             app_protocols: BTreeMap::new(),
             subject_alt_names: Vec::new(),
             waypoint: None,

@@ -4,35 +4,42 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
+use smallvec::SmallVec;
+
 use crate::addr::NetworkAddress;
 use crate::error::ConfigError;
 use crate::local_schema::LocalConfig;
+use crate::name::Name;
 use crate::policy::{Authorization, PolicyScope};
+use crate::ports::PortMap;
 use crate::service::Service;
 use crate::workload::{Workload, DEFAULT_SERVICE_ACCOUNT};
 
-/// Port map of one endpoint: service port → target port.
-pub type PortMap = BTreeMap<u16, u16>;
-
-/// The mesh as this proxy knows it. Built from the local configuration (or, later, from
-/// xDS through the `insert_*`/`remove_*` methods), read by the data path.
+/// The mesh as this proxy knows it. Built from the local configuration or from xDS
+/// through the `insert_*`/`remove_*` methods, read by the data path.
+///
+/// Compact by construction: every string is a [`Name`], so an index holds a reference to
+/// the workload's own uid or the service's own key, never a copy; the endpoint indexes
+/// hold the workload itself (its port map for the service is in its `services`, read
+/// from there).
 #[derive(Debug, Default, Clone)]
 pub struct ProxyState {
     /// By uid.
-    workloads: BTreeMap<String, Arc<Workload>>,
-    /// (network, ip) → uid. Host-network workloads are not indexed.
-    workload_by_addr: HashMap<(String, IpAddr), String>,
+    workloads: BTreeMap<Name, Arc<Workload>>,
+    /// IP → the workload with that IP in each network (almost always one). Host-network
+    /// workloads are not indexed.
+    workload_by_addr: HashMap<IpAddr, AtAddress>,
     /// By `namespace/hostname`.
-    services: BTreeMap<String, Arc<Service>>,
-    /// Exact VIPs: (network, ip) → service keys.
-    service_by_vip: HashMap<(String, IpAddr), BTreeSet<String>>,
+    services: BTreeMap<Name, Arc<Service>>,
+    /// Exact VIPs: IP → (network, service key), in key order.
+    service_by_vip: HashMap<IpAddr, SmallVec<[(Name, Name); 1]>>,
     /// CIDR VIPs with their service key.
-    cidr_vips: Vec<(NetworkAddress, String)>,
+    cidr_vips: Vec<(NetworkAddress, Name)>,
     /// hostname → service keys.
-    service_by_hostname: HashMap<String, BTreeSet<String>>,
-    /// Service key → workload uid → port map. Kept for services not (yet) known too:
-    /// such entries are the staged services.
-    endpoints: BTreeMap<String, BTreeMap<String, PortMap>>,
+    service_by_hostname: HashMap<Name, BTreeSet<Name>>,
+    /// Service key → its endpoint workloads by uid. Kept for services not (yet) known
+    /// too: such entries are the staged services.
+    endpoints: BTreeMap<Name, BTreeMap<Name, Arc<Workload>>>,
     /// By `namespace/name`.
     policies: BTreeMap<String, Arc<Authorization>>,
     /// Namespace ("" for GLOBAL policies) → policy key → policy.
@@ -42,14 +49,17 @@ pub struct ProxyState {
     policy_generation: u64,
     /// Service key → its endpoints prepared for weighted choice, built on first use after
     /// each change of that service's endpoints (so a batch of changes costs one build).
-    endpoint_index: HashMap<String, Arc<OnceLock<EndpointIndex>>>,
+    endpoint_index: HashMap<Name, Arc<OnceLock<EndpointIndex>>>,
 }
+
+/// The workloads at one IP: (network, workload), almost always just one.
+type AtAddress = SmallVec<[(Name, Arc<Workload>); 1]>;
 
 /// The endpoints of one service, in uid order, with the running sum of their capacities
 /// for an O(log n) weighted choice.
 #[derive(Debug, Default)]
 pub(crate) struct EndpointIndex {
-    pub(crate) endpoints: Vec<(Arc<Workload>, PortMap)>,
+    pub(crate) endpoints: Vec<Arc<Workload>>,
     /// `cumulative[i]`: the capacities of endpoints `0..=i` added up.
     cumulative: Vec<u64>,
 }
@@ -78,6 +88,11 @@ pub enum AddressTarget {
 pub struct Endpoint<'a> {
     pub workload: &'a Arc<Workload>,
     pub ports: &'a PortMap,
+}
+
+/// The port map `w` declares for the service `key`: present for every endpoint of it.
+fn ports_for<'a>(w: &'a Workload, key: &str) -> Option<&'a PortMap> {
+    w.services.get(key)
 }
 
 /// The namespace a policy is indexed under: "" for GLOBAL, its own for NAMESPACE, none
@@ -116,7 +131,7 @@ impl ProxyState {
     /// item. Duplicate workload uids, service keys or policy keys are errors.
     pub fn from_config(cfg: LocalConfig) -> Result<ProxyState, ConfigError> {
         let mut state = ProxyState::new();
-        let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut seen: HashMap<Name, usize> = HashMap::new();
         for (i, w) in cfg.workloads.into_iter().enumerate() {
             let item = format!("workloads[{i}] ({})", workload_label(&w));
             let w = state
@@ -136,7 +151,7 @@ impl ProxyState {
             state
                 .insert_service(s)
                 .map_err(|m| ConfigError::invalid(&item, m))?;
-            if let Some(first) = seen.insert(key, i) {
+            if let Some(first) = seen.insert(key.into(), i) {
                 return Err(ConfigError::invalid(
                     item,
                     format!("duplicate of services[{first}]"),
@@ -150,7 +165,7 @@ impl ProxyState {
             state
                 .insert_policy(p)
                 .map_err(|m| ConfigError::invalid(&item, m))?;
-            if let Some(first) = seen.insert(key, i) {
+            if let Some(first) = seen.insert(key.into(), i) {
                 return Err(ConfigError::invalid(
                     item,
                     format!("duplicate of policies[{first}]"),
@@ -163,27 +178,32 @@ impl ProxyState {
     // ----- updates -------------------------------------------------------------------
 
     /// Adds a workload, or replaces the one with the same uid. Applies defaults and checks
-    /// it first ([`Workload::normalize`]); the error names the field at fault.
+    /// it first ([`Workload::normalize`]); the error names the field at fault. Costs what
+    /// the workload touches: its addresses and its services' endpoint maps.
     pub fn insert_workload(&mut self, mut w: Workload) -> Result<Arc<Workload>, String> {
         w.normalize()?;
         self.remove_workload(&w.uid);
         let w = Arc::new(w);
         if !w.is_host_network() {
             for ip in &w.workload_ips {
-                let key = (w.network.clone(), *ip);
-                if let Some(old) = self.workload_by_addr.insert(key, w.uid.clone()) {
-                    tracing::warn!(
-                        ip = %ip, network = %w.network, replaced = %old, by = %w.uid,
-                        "two workloads share an address; the later one wins"
-                    );
+                let slot = self.workload_by_addr.entry(*ip).or_default();
+                match slot.iter_mut().find(|(net, _)| *net == w.network) {
+                    Some(held) => {
+                        tracing::warn!(
+                            ip = %ip, network = %w.network, replaced = %held.1.uid, by = %w.uid,
+                            "two workloads share an address; the later one wins"
+                        );
+                        held.1 = w.clone();
+                    }
+                    None => slot.push((w.network.clone(), w.clone())),
                 }
             }
         }
-        for (svc, ports) in &w.services {
+        for svc in w.services.keys() {
             self.endpoints
                 .entry(svc.clone())
                 .or_default()
-                .insert(w.uid.clone(), ports.clone());
+                .insert(w.uid.clone(), w.clone());
             self.endpoint_index
                 .insert(svc.clone(), Arc::new(OnceLock::new()));
         }
@@ -195,9 +215,12 @@ impl ProxyState {
     pub fn remove_workload(&mut self, uid: &str) -> Option<Arc<Workload>> {
         let w = self.workloads.remove(uid)?;
         for ip in &w.workload_ips {
-            let key = (w.network.clone(), *ip);
-            if self.workload_by_addr.get(&key).map(String::as_str) == Some(uid) {
-                self.workload_by_addr.remove(&key);
+            if let Some(slot) = self.workload_by_addr.get_mut(ip) {
+                // Only this workload's own entry: a later one sharing the address stays.
+                slot.retain(|(_, held)| !Arc::ptr_eq(held, &w));
+                if slot.is_empty() {
+                    self.workload_by_addr.remove(ip);
+                }
             }
         }
         for svc in w.services.keys() {
@@ -218,17 +241,21 @@ impl ProxyState {
     /// Adds a service, or replaces the one with the same `namespace/hostname`.
     pub fn insert_service(&mut self, mut s: Service) -> Result<Arc<Service>, String> {
         s.normalize()?;
-        let key = s.key();
+        let key = Name::from(s.key());
         self.remove_service(&key);
         let s = Arc::new(s);
         for vip in &s.vips {
             if vip.prefix_len.is_some() {
                 self.cidr_vips.push((vip.clone(), key.clone()));
             } else {
-                self.service_by_vip
-                    .entry((vip.network.clone(), vip.address))
-                    .or_default()
-                    .insert(key.clone());
+                let slot = self.service_by_vip.entry(vip.address).or_default();
+                let entry = (vip.network.clone(), key.clone());
+                // Kept in key order: the lookups rank ties by it.
+                if let Err(at) =
+                    slot.binary_search_by(|(net, k)| (k, net).cmp(&(&entry.1, &entry.0)))
+                {
+                    slot.insert(at, entry);
+                }
             }
         }
         self.service_by_hostname
@@ -244,19 +271,18 @@ impl ProxyState {
     pub fn remove_service(&mut self, key: &str) -> Option<Arc<Service>> {
         let s = self.services.remove(key)?;
         for vip in &s.vips {
-            let k = (vip.network.clone(), vip.address);
-            if let Some(set) = self.service_by_vip.get_mut(&k) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.service_by_vip.remove(&k);
+            if let Some(slot) = self.service_by_vip.get_mut(&vip.address) {
+                slot.retain(|(net, k)| !(*net == vip.network && *k == key));
+                if slot.is_empty() {
+                    self.service_by_vip.remove(&vip.address);
                 }
             }
         }
         self.cidr_vips.retain(|(_, k)| k != key);
-        if let Some(set) = self.service_by_hostname.get_mut(&s.hostname) {
+        if let Some(set) = self.service_by_hostname.get_mut(s.hostname.as_str()) {
             set.remove(key);
             if set.is_empty() {
-                self.service_by_hostname.remove(&s.hostname);
+                self.service_by_hostname.remove(s.hostname.as_str());
             }
         }
         Some(s)
@@ -317,8 +343,11 @@ impl ProxyState {
 
     /// The workload with this IP in this network (host-network workloads are never found).
     pub fn workload_by_ip(&self, network: &str, ip: IpAddr) -> Option<Arc<Workload>> {
-        let uid = self.workload_by_addr.get(&(network.to_string(), ip))?;
-        self.workloads.get(uid).cloned()
+        self.workload_by_addr
+            .get(&ip)?
+            .iter()
+            .find(|(net, _)| *net == network)
+            .map(|(_, w)| w.clone())
     }
 
     pub fn workload_by_uid(&self, uid: &str) -> Option<Arc<Workload>> {
@@ -390,16 +419,17 @@ impl ProxyState {
     }
 
     /// Every service with exactly this VIP in `network`, whoever may see it.
-    pub fn services_at_vip(
-        &self,
-        network: &str,
+    pub fn services_at_vip<'a>(
+        &'a self,
+        network: &'a str,
         ip: IpAddr,
-    ) -> impl Iterator<Item = &Arc<Service>> + '_ {
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         self.service_by_vip
-            .get(&(network.to_string(), ip))
+            .get(&ip)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.services.get(k))
+            .filter(move |(net, _)| *net == network)
+            .filter_map(|(_, k)| self.services.get(k))
     }
 
     fn service_by_exact_vip(
@@ -408,9 +438,10 @@ impl ProxyState {
         ip: IpAddr,
         src_namespace: &str,
     ) -> Option<Arc<Service>> {
-        let keys = self.service_by_vip.get(&(network.to_string(), ip))?;
+        let keys = self.service_by_vip.get(&ip)?;
         keys.iter()
-            .filter_map(|k| self.services.get(k))
+            .filter(|(net, _)| *net == network)
+            .filter_map(|(_, k)| self.services.get(k))
             .filter(|s| s.visible_to(src_namespace))
             // max_by_key keeps the last maximum: iterate in reverse for key order.
             .rev()
@@ -483,13 +514,14 @@ impl ProxyState {
     /// The endpoints of a service (by `namespace/hostname`), in uid order.
     pub fn endpoints(&self, service_key: &str) -> impl Iterator<Item = Endpoint<'_>> {
         self.endpoints
-            .get(service_key)
+            .get_key_value(service_key)
             .into_iter()
-            .flatten()
-            .filter_map(|(uid, ports)| {
-                Some(Endpoint {
-                    workload: self.workloads.get(uid)?,
-                    ports,
+            .flat_map(|(key, eps)| {
+                eps.values().filter_map(move |w| {
+                    Some(Endpoint {
+                        workload: w,
+                        ports: ports_for(w, key)?,
+                    })
                 })
             })
     }
@@ -498,14 +530,16 @@ impl ProxyState {
     pub(crate) fn endpoint_index(&self, service_key: &str) -> Option<&EndpointIndex> {
         let cell = self.endpoint_index.get(service_key)?;
         Some(cell.get_or_init(|| {
-            let endpoints: Vec<(Arc<Workload>, PortMap)> = self
-                .endpoints(service_key)
-                .map(|e| (e.workload.clone(), e.ports.clone()))
+            let endpoints: Vec<Arc<Workload>> = self
+                .endpoints
+                .get(service_key)
+                .into_iter()
+                .flat_map(|eps| eps.values().cloned())
                 .collect();
             let mut sum = 0u64;
             let cumulative = endpoints
                 .iter()
-                .map(|(w, _)| {
+                .map(|w| {
                     sum += u64::from(w.capacity);
                     sum
                 })
@@ -544,7 +578,7 @@ impl ProxyState {
             .flat_map(|m| m.values())
             .for_each(&mut f);
         for (i, key) in w.authorization_policies.iter().enumerate() {
-            let Some(p) = self.policies.get(key) else {
+            let Some(p) = self.policies.get(key.as_str()) else {
                 continue;
             };
             if w.authorization_policies[..i].contains(key) {
@@ -581,16 +615,16 @@ impl ProxyState {
         self.policies.values()
     }
 
-    /// Endpoint maps of services that are referenced by workloads but not known: service
-    /// key → workload uid → port map.
-    pub fn staged_services(&self) -> impl Iterator<Item = (&String, &BTreeMap<String, PortMap>)> {
+    /// Services that workloads name but that are not known (yet): service key → its
+    /// endpoint workloads by uid.
+    pub fn staged_services(&self) -> impl Iterator<Item = (&Name, &BTreeMap<Name, Arc<Workload>>)> {
         self.endpoints
             .iter()
             .filter(|(k, _)| !self.services.contains_key(*k))
     }
 
-    /// Endpoint map of a service: workload uid → port map.
-    pub(crate) fn endpoint_map(&self, service_key: &str) -> Option<&BTreeMap<String, PortMap>> {
+    /// The endpoint workloads of a service, by uid.
+    pub(crate) fn endpoint_map(&self, service_key: &str) -> Option<&BTreeMap<Name, Arc<Workload>>> {
         self.endpoints.get(service_key)
     }
 }

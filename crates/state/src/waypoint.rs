@@ -194,7 +194,7 @@ pub fn is_waypoint_for(
     let mut gateways: Vec<GatewayAddress> = Vec::new();
     if let Some(gw) = state
         .workload_by_ip(network, authority_ip)
-        .and_then(|w| w.waypoint.clone())
+        .and_then(|w| w.waypoint.as_deref().cloned())
     {
         gateways.push(gw);
     }

@@ -1,6 +1,5 @@
 //! Workloads: the pods (or VMs) of the mesh, as ztunnel's `istio.workload.Workload`.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ambit_identity::SpiffeId;
@@ -8,7 +7,9 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::addr::{AddressError, NamespacedHostname, NetworkAddress};
 use crate::ident;
+use crate::name::Name;
 use crate::names::string_enum;
+use crate::ports::ServicePorts;
 
 /// Trust domain used when a workload leaves it empty.
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
@@ -73,11 +74,11 @@ string_enum! {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Locality {
     #[serde(default)]
-    pub region: String,
+    pub region: Name,
     #[serde(default)]
-    pub zone: String,
+    pub zone: Name,
     #[serde(default)]
-    pub subzone: String,
+    pub subzone: Name,
 }
 
 /// A workload's application tunnel (the workload itself accepts tunneled traffic).
@@ -181,31 +182,31 @@ fn is_default_locality(l: &Locality) -> bool {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
     /// Unique id; defaults to `<clusterId or Kubernetes>//v1/Pod/<namespace>/<name>`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub service_account: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub trust_domain: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub node: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub network: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub uid: Name,
+    pub name: Name,
+    pub namespace: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub service_account: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub trust_domain: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub node: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub network: Name,
     /// As configured: ztunnel shows an empty cluster id as `""` and reports it as unknown.
     #[serde(default)]
-    pub cluster_id: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub canonical_name: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub canonical_revision: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub workload_name: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub workload_type: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub hostname: String,
+    pub cluster_id: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub canonical_name: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub canonical_revision: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub workload_name: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub workload_type: Name,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub hostname: Name,
     #[serde(default, with = "crate::addr::ip_list")]
     pub workload_ips: Vec<IpAddr>,
     #[serde(default)]
@@ -221,37 +222,39 @@ pub struct Workload {
     pub capacity: u32,
     /// `namespace/name` of the WORKLOAD_SELECTOR policies that select this workload.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub authorization_policies: Vec<String>,
+    pub authorization_policies: Vec<Name>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub native_tunnel: bool,
+    /// Boxed, as the network gateway: most workloads have neither, and a workload is held
+    /// once per pod of the mesh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waypoint: Option<GatewayAddress>,
+    pub waypoint: Option<Box<GatewayAddress>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network_gateway: Option<GatewayAddress>,
+    pub network_gateway: Option<Box<GatewayAddress>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application_tunnel: Option<ApplicationTunnel>,
     /// Services this workload serves: `namespace/hostname` → { service port: target port }.
     #[serde(default)]
-    pub services: BTreeMap<String, BTreeMap<u16, u16>>,
+    pub services: ServicePorts,
 }
 
 impl Workload {
     /// A workload with the given name and namespace and every other field at its default.
-    pub fn new(name: impl Into<String>, namespace: impl Into<String>) -> Self {
+    pub fn new(name: impl Into<Name>, namespace: impl Into<Name>) -> Self {
         Workload {
-            uid: String::new(),
+            uid: Name::empty(),
             name: name.into(),
             namespace: namespace.into(),
-            service_account: String::new(),
-            trust_domain: String::new(),
-            node: String::new(),
-            network: String::new(),
-            cluster_id: String::new(),
-            canonical_name: String::new(),
-            canonical_revision: String::new(),
-            workload_name: String::new(),
-            workload_type: String::new(),
-            hostname: String::new(),
+            service_account: Name::empty(),
+            trust_domain: Name::empty(),
+            node: Name::empty(),
+            network: Name::empty(),
+            cluster_id: Name::empty(),
+            canonical_name: Name::empty(),
+            canonical_revision: Name::empty(),
+            workload_name: Name::empty(),
+            workload_type: Name::empty(),
+            hostname: Name::empty(),
             workload_ips: Vec::new(),
             protocol: TunnelProtocol::Tcp,
             network_mode: NetworkMode::Standard,
@@ -263,7 +266,7 @@ impl Workload {
             waypoint: None,
             network_gateway: None,
             application_tunnel: None,
-            services: BTreeMap::new(),
+            services: ServicePorts::new(),
         }
     }
 
@@ -313,7 +316,8 @@ impl Workload {
                 or_default(&self.cluster_id, DEFAULT_CLUSTER_ID),
                 self.namespace,
                 self.name
-            );
+            )
+            .into();
         }
         self.try_identity()
             .map_err(|e| format!("identity (trustDomain/namespace/serviceAccount): {e}"))?;
@@ -386,7 +390,7 @@ mod tests {
         assert_eq!(w.service_account, "");
         assert_eq!(w.cluster_id, "");
         assert_eq!(w.workload_type_or_default(), "deployment");
-        w.uid.clear();
+        w.uid = Name::empty();
         w.cluster_id = "c1".into();
         w.normalize().unwrap();
         assert_eq!(w.uid, "c1//v1/Pod/default/client");

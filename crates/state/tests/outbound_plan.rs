@@ -144,7 +144,7 @@ services:
 /// `tcp <target> <workload> <service>`, or the error.
 fn show(r: Result<Route, ambit_state::RouteError>) -> String {
     let name = |w: Option<&std::sync::Arc<ambit_state::Workload>>| {
-        w.map_or("-".to_string(), |w| w.name.clone())
+        w.map_or("-".to_string(), |w| w.name.to_string())
     };
     match r {
         Ok(Route::Hbone {

@@ -91,7 +91,7 @@ impl PolicySet {
         if let Some(s) = fronted.service() {
             candidates.extend(
                 self.by_service
-                    .get(&s.name)
+                    .get(s.name.as_str())
                     .into_iter()
                     .flatten()
                     .filter(|(namespace, _)| *namespace == s.namespace)

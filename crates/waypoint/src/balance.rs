@@ -70,7 +70,7 @@ pub fn choose_endpoint(
             let ip = *workload
                 .workload_ips
                 .first()
-                .ok_or_else(|| NoEndpoint::NoAddress(workload.uid.clone()))?;
+                .ok_or_else(|| NoEndpoint::NoAddress(workload.uid.to_string()))?;
             Ok(Choice {
                 endpoint: endpoint_of(workload, ip, *port, vec![workload.identity()], hbone_port),
                 workload: Some(workload.clone()),

@@ -95,10 +95,10 @@ impl Downstream {
         let src = source.as_deref();
         let mut traffic = TrafficLabels {
             reporter: "waypoint",
-            source_workload: src.map_or_else(unknown, |w| w.workload_name.clone()),
-            source_canonical_service: src.map_or_else(unknown, |w| w.canonical_name.clone()),
+            source_workload: src.map_or_else(unknown, |w| w.workload_name.to_string()),
+            source_canonical_service: src.map_or_else(unknown, |w| w.canonical_name.to_string()),
             source_canonical_revision: src
-                .map(|w| w.canonical_revision.clone())
+                .map(|w| w.canonical_revision.to_string())
                 .filter(|r| !r.is_empty())
                 .unwrap_or_else(|| "latest".into()),
             source_workload_namespace: peer_identity
@@ -107,9 +107,9 @@ impl Downstream {
             source_principal: peer_identity
                 .as_ref()
                 .map_or_else(unknown, |i| i.to_string()),
-            source_app: src.map_or_else(unknown, |w| w.canonical_name.clone()),
-            source_version: src.map_or_else(unknown, |w| w.canonical_revision.clone()),
-            source_cluster: src.map_or_else(unknown, |w| w.cluster_id.clone()),
+            source_app: src.map_or_else(unknown, |w| w.canonical_name.to_string()),
+            source_version: src.map_or_else(unknown, |w| w.canonical_revision.to_string()),
+            source_cluster: src.map_or_else(unknown, |w| w.cluster_id.to_string()),
             request_protocol: "http",
             response_flags: "-",
             connection_security_policy: "mutual_tls",
@@ -208,9 +208,9 @@ pub fn destination_labels(
     let unknown = || "unknown".to_string();
     match service {
         Some(s) => {
-            l.destination_service = s.hostname.clone();
-            l.destination_service_name = s.name.clone();
-            l.destination_service_namespace = s.namespace.clone();
+            l.destination_service = s.hostname.to_string();
+            l.destination_service_name = s.name.to_string();
+            l.destination_service_namespace = s.namespace.to_string();
         }
         None => {
             l.destination_service = unknown();
@@ -222,20 +222,20 @@ pub fn destination_labels(
         Fronted::Workload { workload, .. } => Some(workload.as_ref()),
         Fronted::Service { .. } => None,
     });
-    l.destination_workload = w.map_or_else(unknown, |w| w.workload_name.clone());
-    l.destination_workload_namespace = w.map_or_else(unknown, |w| w.namespace.clone());
-    l.destination_canonical_service = w.map_or_else(unknown, |w| w.canonical_name.clone());
+    l.destination_workload = w.map_or_else(unknown, |w| w.workload_name.to_string());
+    l.destination_workload_namespace = w.map_or_else(unknown, |w| w.namespace.to_string());
+    l.destination_canonical_service = w.map_or_else(unknown, |w| w.canonical_name.to_string());
     l.destination_canonical_revision = w
-        .map(|w| w.canonical_revision.clone())
+        .map(|w| w.canonical_revision.to_string())
         .filter(|r| !r.is_empty())
         .unwrap_or_else(unknown);
     // Only an endpoint reached over HBONE proves an identity.
     l.destination_principal = w
         .filter(|w| w.protocol == ambit_state::TunnelProtocol::Hbone)
         .map_or_else(unknown, |w| w.identity().to_string());
-    l.destination_app = w.map_or_else(unknown, |w| w.canonical_name.clone());
-    l.destination_version = w.map_or_else(unknown, |w| w.canonical_revision.clone());
-    l.destination_cluster = w.map_or_else(unknown, |w| w.cluster_id.clone());
+    l.destination_app = w.map_or_else(unknown, |w| w.canonical_name.to_string());
+    l.destination_version = w.map_or_else(unknown, |w| w.canonical_revision.to_string());
+    l.destination_cluster = w.map_or_else(unknown, |w| w.cluster_id.to_string());
 }
 
 #[cfg(test)]

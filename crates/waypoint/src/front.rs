@@ -98,8 +98,8 @@ pub fn front(
     authority: &Authority,
 ) -> Result<Fronted, NotFronted> {
     let me = me.ok_or(NotFronted::NoSelf)?;
-    let ours = |gw: &Option<ambit_state::GatewayAddress>| {
-        gw.as_ref().is_some_and(|gw| names_waypoint(state, gw, me))
+    let ours = |gw: Option<&ambit_state::GatewayAddress>| {
+        gw.is_some_and(|gw| names_waypoint(state, gw, me))
     };
     match authority {
         Authority::Addr(addr) => {
@@ -107,7 +107,7 @@ pub fn front(
             let mut known = false;
             for service in state.services_at_vip(network, ip) {
                 known = true;
-                if ours(&service.waypoint) {
+                if ours(service.waypoint.as_ref()) {
                     return Ok(Fronted::Service {
                         service: service.clone(),
                         port: addr.port(),
@@ -116,7 +116,7 @@ pub fn front(
                 }
             }
             if let Some(workload) = state.workload_by_ip(network, ip) {
-                if ours(&workload.waypoint) {
+                if ours(workload.waypoint.as_deref()) {
                     return Ok(Fronted::Workload {
                         workload,
                         port: addr.port(),
@@ -134,7 +134,7 @@ pub fn front(
             let mut known = false;
             for service in state.services_with_hostname(host) {
                 known = true;
-                if ours(&service.waypoint) {
+                if ours(service.waypoint.as_ref()) {
                     return Ok(Fronted::Service {
                         service: service.clone(),
                         port: *port,

@@ -72,7 +72,7 @@ impl ResourceType for Addresses {
             .map_err(|e| Rejection::decode(message_name(Self::TYPE_URL), e))?;
         Ok(match convert::address_from_proto(a)? {
             AddressResource::Workload(w) => Decoded {
-                key: w.uid.clone(),
+                key: w.uid.to_string(),
                 what: "workload uid",
                 op: AddressOp::Workload(w),
             },
@@ -112,7 +112,7 @@ impl ResourceType for Addresses {
                     None
                 }
                 AddressOp::Workload(w) => {
-                    let uid = w.uid.clone();
+                    let uid = w.uid.to_string();
                     state.insert_workload(*w).err().map(|e| (uid, e))
                 }
                 AddressOp::Service(s) => {

@@ -25,9 +25,9 @@ use ambit_proto::istio::workload as pw;
 use ambit_state::{
     AppProtocol, AppTunnelProtocol, ApplicationTunnel, Authorization, GatewayAddress,
     GatewayDestination, HealthStatus, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy,
-    LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode,
-    PolicyAction, PolicyScope, RbacMatch, Service, ServiceAccountMatch, StringMatch,
-    TunnelProtocol, Workload, DEFAULT_HBONE_PORT,
+    LoadBalancerMode, LoadBalancerScope, Locality, Name, NamespacedHostname, NetworkAddress,
+    NetworkMode, PolicyAction, PolicyScope, PortMap, RbacMatch, Service, ServiceAccountMatch,
+    StringMatch, TunnelProtocol, Workload, DEFAULT_HBONE_PORT,
 };
 use ipnet::IpNet;
 
@@ -136,22 +136,26 @@ fn to_proto_app_protocol(p: Option<&AppProtocol>) -> i32 {
     }) as i32
 }
 
-fn port_map(field: &str, ports: &[pw::Port]) -> Result<BTreeMap<u16, u16>, ConvertError> {
-    let mut m = BTreeMap::new();
-    for (i, p) in ports.iter().enumerate() {
-        let sp = port(|| format!("{field}[{i}].servicePort"), p.service_port)?;
-        let tp = port(|| format!("{field}[{i}].targetPort"), p.target_port)?;
-        m.insert(sp, tp);
-    }
-    Ok(m)
+fn port_map(field: &str, ports: &[pw::Port]) -> Result<PortMap, ConvertError> {
+    let m: Vec<(u16, u16)> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let sp = port(|| format!("{field}[{i}].servicePort"), p.service_port)?;
+            let tp = port(|| format!("{field}[{i}].targetPort"), p.target_port)?;
+            Ok((sp, tp))
+        })
+        .collect::<Result<_, ConvertError>>()?;
+    // A repeated service port: the last one wins, as a map's inserts do.
+    Ok(m.into_iter().collect())
 }
 
 fn gateway_from_proto(field: &str, g: pw::GatewayAddress) -> Result<GatewayAddress, ConvertError> {
     let destination = match g.destination {
         Some(pw::gateway_address::Destination::Hostname(h)) => {
             GatewayDestination::Hostname(NamespacedHostname {
-                namespace: h.namespace,
-                hostname: h.hostname,
+                namespace: h.namespace.into(),
+                hostname: h.hostname.into(),
             })
         }
         Some(pw::gateway_address::Destination::Address(a)) => GatewayDestination::Address(
@@ -197,10 +201,10 @@ pub fn workload_from_proto(p: pw::Workload) -> Result<Workload, ConvertError> {
         workload_ips
             .push(ambit_state::ip_from_bytes(a).map_err(|e| err(format!("addresses[{i}]"), e))?);
     }
-    let mut services = BTreeMap::new();
+    let mut services = Vec::with_capacity(p.services.len());
     for (key, list) in p.services {
         let ports = port_map(&format!("services[{key}].ports"), &list.ports)?;
-        services.insert(key, ports);
+        services.push((Name::from(key), ports));
     }
     let application_tunnel = match p.application_tunnel {
         None => None,
@@ -220,9 +224,9 @@ pub fn workload_from_proto(p: pw::Workload) -> Result<Workload, ConvertError> {
     let locality = p
         .locality
         .map(|l| Locality {
-            region: l.region,
-            zone: l.zone,
-            subzone: l.subzone,
+            region: l.region.into(),
+            zone: l.zone.into(),
+            subzone: l.subzone.into(),
         })
         .unwrap_or_default();
     let waypoint = p
@@ -234,17 +238,17 @@ pub fn workload_from_proto(p: pw::Workload) -> Result<Workload, ConvertError> {
         .map(|g| gateway_from_proto("networkGateway", g))
         .transpose()?;
     let mut w = Workload::new(p.name, p.namespace);
-    w.uid = p.uid;
-    w.service_account = p.service_account;
-    w.trust_domain = p.trust_domain;
-    w.node = p.node;
-    w.network = p.network;
-    w.cluster_id = p.cluster_id;
-    w.canonical_name = p.canonical_name;
-    w.canonical_revision = p.canonical_revision;
-    w.workload_name = p.workload_name;
-    w.workload_type = workload_type_name(p.workload_type).to_string();
-    w.hostname = p.hostname;
+    w.uid = p.uid.into();
+    w.service_account = p.service_account.into();
+    w.trust_domain = p.trust_domain.into();
+    w.node = p.node.into();
+    w.network = p.network.into();
+    w.cluster_id = p.cluster_id.into();
+    w.canonical_name = p.canonical_name.into();
+    w.canonical_revision = p.canonical_revision.into();
+    w.workload_name = p.workload_name.into();
+    w.workload_type = workload_type_name(p.workload_type).into();
+    w.hostname = p.hostname.into();
     w.workload_ips = workload_ips;
     w.protocol = protocol;
     w.network_mode = match pw::NetworkMode::try_from(p.network_mode).unwrap_or_default() {
@@ -257,12 +261,16 @@ pub fn workload_from_proto(p: pw::Workload) -> Result<Workload, ConvertError> {
     };
     w.locality = locality;
     w.capacity = p.capacity.unwrap_or(1);
-    w.authorization_policies = p.authorization_policies;
+    w.authorization_policies = p
+        .authorization_policies
+        .into_iter()
+        .map(Name::from)
+        .collect();
     w.native_tunnel = p.native_tunnel;
-    w.waypoint = waypoint;
-    w.network_gateway = network_gateway;
+    w.waypoint = waypoint.map(Box::new);
+    w.network_gateway = network_gateway.map(Box::new);
     w.application_tunnel = application_tunnel;
-    w.services = services;
+    w.services = services.into_iter().collect();
     Ok(w)
 }
 
@@ -428,7 +436,7 @@ pub fn authorization_from_proto(p: psec::Authorization) -> Result<Authorization,
 
 fn to_proto_network_address(a: &NetworkAddress) -> pw::NetworkAddress {
     pw::NetworkAddress {
-        network: a.network.clone(),
+        network: a.network.to_string(),
         address: ip_bytes(a.address).into(),
         length: a.prefix_len.map(u32::from),
     }
@@ -449,8 +457,8 @@ fn to_proto_gateway(g: &GatewayAddress) -> pw::GatewayAddress {
             }
             GatewayDestination::Hostname(h) => {
                 pw::gateway_address::Destination::Hostname(pw::NamespacedHostname {
-                    namespace: h.namespace.clone(),
-                    hostname: h.hostname.clone(),
+                    namespace: h.namespace.to_string(),
+                    hostname: h.hostname.to_string(),
                 })
             }
         }),
@@ -458,7 +466,7 @@ fn to_proto_gateway(g: &GatewayAddress) -> pw::GatewayAddress {
     }
 }
 
-fn to_proto_ports(m: &BTreeMap<u16, u16>, protocols: &BTreeMap<u16, AppProtocol>) -> Vec<pw::Port> {
+fn to_proto_ports(m: &PortMap, protocols: &BTreeMap<u16, AppProtocol>) -> Vec<pw::Port> {
     m.iter()
         .map(|(s, t)| pw::Port {
             service_port: u32::from(*s),
@@ -477,29 +485,29 @@ pub fn to_proto_workload(w: &Workload) -> pw::Workload {
         _ => pw::WorkloadType::Deployment,
     };
     pw::Workload {
-        uid: w.uid.clone(),
-        name: w.name.clone(),
-        namespace: w.namespace.clone(),
+        uid: w.uid.to_string(),
+        name: w.name.to_string(),
+        namespace: w.namespace.to_string(),
         addresses: w
             .workload_ips
             .iter()
             .map(|ip| ip_bytes(*ip).into())
             .collect(),
-        hostname: w.hostname.clone(),
-        network: w.network.clone(),
+        hostname: w.hostname.to_string(),
+        network: w.network.to_string(),
         tunnel_protocol: match w.protocol {
             TunnelProtocol::Hbone => pw::TunnelProtocol::Hbone,
             TunnelProtocol::Tcp => pw::TunnelProtocol::None,
         } as i32,
-        trust_domain: w.trust_domain.clone(),
-        service_account: w.service_account.clone(),
-        waypoint: w.waypoint.as_ref().map(to_proto_gateway),
-        network_gateway: w.network_gateway.as_ref().map(to_proto_gateway),
-        node: w.node.clone(),
-        canonical_name: w.canonical_name.clone(),
-        canonical_revision: w.canonical_revision.clone(),
+        trust_domain: w.trust_domain.to_string(),
+        service_account: w.service_account.to_string(),
+        waypoint: w.waypoint.as_deref().map(to_proto_gateway),
+        network_gateway: w.network_gateway.as_deref().map(to_proto_gateway),
+        node: w.node.to_string(),
+        canonical_name: w.canonical_name.to_string(),
+        canonical_revision: w.canonical_revision.to_string(),
         workload_type: workload_type as i32,
-        workload_name: w.workload_name.clone(),
+        workload_name: w.workload_name.to_string(),
         native_tunnel: w.native_tunnel,
         application_tunnel: w
             .application_tunnel
@@ -516,23 +524,27 @@ pub fn to_proto_workload(w: &Workload) -> pw::Workload {
             .iter()
             .map(|(k, m)| {
                 (
-                    k.clone(),
+                    k.to_string(),
                     pw::PortList {
                         ports: to_proto_ports(m, &BTreeMap::new()),
                     },
                 )
             })
             .collect(),
-        authorization_policies: w.authorization_policies.clone(),
+        authorization_policies: w
+            .authorization_policies
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
         status: match w.status {
             HealthStatus::Healthy => pw::WorkloadStatus::Healthy,
             HealthStatus::Unhealthy => pw::WorkloadStatus::Unhealthy,
         } as i32,
-        cluster_id: w.cluster_id.clone(),
+        cluster_id: w.cluster_id.to_string(),
         locality: (w.locality != Locality::default()).then(|| pw::Locality {
-            region: w.locality.region.clone(),
-            zone: w.locality.zone.clone(),
-            subzone: w.locality.subzone.clone(),
+            region: w.locality.region.to_string(),
+            zone: w.locality.zone.to_string(),
+            subzone: w.locality.subzone.to_string(),
         }),
         network_mode: match w.network_mode {
             NetworkMode::Standard => pw::NetworkMode::Standard,
@@ -547,9 +559,9 @@ pub fn to_proto_workload(w: &Workload) -> pw::Workload {
 pub fn to_proto_service(s: &Service) -> pw::Service {
     use pw::load_balancing::{HealthPolicy, Mode, Scope};
     pw::Service {
-        name: s.name.clone(),
-        namespace: s.namespace.clone(),
-        hostname: s.hostname.clone(),
+        name: s.name.to_string(),
+        namespace: s.namespace.to_string(),
+        hostname: s.hostname.to_string(),
         addresses: s.vips.iter().map(to_proto_network_address).collect(),
         ports: to_proto_ports(&s.ports, &s.app_protocols),
         subject_alt_names: s.subject_alt_names.clone(),

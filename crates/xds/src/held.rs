@@ -25,8 +25,8 @@ use std::mem::size_of;
 use std::net::IpAddr;
 
 use ambit_state::{
-    Authorization, Clause, NetworkAddress, RbacMatch, Rule, Service, ServiceAccountMatch,
-    StringMatch, Workload,
+    Authorization, Clause, GatewayAddress, Name, NetworkAddress, RbacMatch, Rule, Service,
+    ServiceAccountMatch, StringMatch, Workload,
 };
 use ipnet::IpNet;
 
@@ -34,6 +34,8 @@ use crate::shape::{Counts, PolicyCounts, ServiceCounts, Text, WorkloadCounts};
 
 /// Bytes of a `String`, `Vec` or `Arc` pointer (the slots of the maps below).
 pub(crate) const STRING: usize = size_of::<String>();
+/// The store's interned string (`ambit_state::Name`): a pointer and a length.
+pub(crate) const NAME: usize = size_of::<Name>();
 pub(crate) const PTR: usize = size_of::<usize>();
 /// An `Arc`'s two counters, in the same block as its value.
 pub(crate) const ARC_COUNTS: usize = 2 * PTR;
@@ -80,11 +82,6 @@ const fn internal(kv: usize) -> usize {
 /// One more entry of a B-tree of `kv`-byte entries: a fifth of a node.
 pub(crate) fn btree_entry(kv: usize) -> u64 {
     block(internal(kv)).div_ceil(5)
-}
-
-/// `maps` B-trees holding `entries` entries of `kv` bytes in all.
-fn btree(maps: usize, entries: usize, kv: usize) -> u64 {
-    maps as u64 * block(leaf(kv)) + entries as u64 * btree_entry(kv)
 }
 
 /// One more entry of a hash table of `kv`-byte entries.
@@ -138,44 +135,46 @@ fn policy(c: &PolicyCounts, key: usize) -> u64 {
     model + store
 }
 
+/// Interned strings, counted as if none were shared (what a peer that makes every one
+/// unique makes us hold): each its own allocation (a reference count and the bytes) and
+/// its entry in the interner's set.
+fn names(t: Text) -> u64 {
+    if t.count == 0 {
+        return 0;
+    }
+    blocks(t.count, t.bytes + t.count * ARC_COUNTS) + t.count as u64 * hash_entry(NAME)
+}
+
 fn workload(c: &WorkloadCounts, uid: usize) -> u64 {
-    let port_maps = btree(c.services, c.ports, 4);
+    // Each service's port map: one boxed slice of (port, port) pairs.
+    let port_maps = blocks(c.services, c.ports * 4);
     let model = block(ARC_COUNTS + size_of::<Workload>())
-        // `workload_type` is made from an enum: one short string more.
-        + blocks(c.text.count + 1, c.text.bytes + 16)
+        + names(c.text)
+        // The uid filled in when empty, and the service keys.
+        + names(Text {
+            count: 1 + c.services,
+            bytes: uid + c.service_key_bytes,
+        })
         + block(c.addresses * size_of::<IpAddr>())
-        + grown(c.policies.min(1), c.policies, STRING)
-        + btree(c.services.min(1), c.services, 2 * STRING)
-        + port_maps;
-    // `workloads`: the uid and an `Arc`.
-    let by_uid = block(uid) + btree_entry(STRING + PTR);
-    // `workload_by_addr`: (network, ip) → uid, per address.
-    let by_addr = c.addresses as u64
-        * (hash_entry(size_of::<(String, IpAddr)>() + STRING)
-            + block(c.network_bytes)
-            + block(uid));
-    // `endpoints`: service key → uid → port map, per service; the key may be new, and the
-    // uid's entry may be the first of that service (a map of its own).
-    let endpoints = blocks(c.services, c.service_key_bytes)
-        + c.services as u64 * (btree_entry(2 * STRING) + block(leaf(2 * STRING)) + block(uid))
-        + port_maps;
-    // `endpoint_index`: service key → a lazily built index, which holds each endpoint's
-    // `Arc` and port map (again) and a running sum, in lists filled by pushes.
-    let index = blocks(c.services, c.service_key_bytes)
-        + c.services as u64
-            * (hash_entry(STRING + PTR)
-                + block(ARC_COUNTS + ENDPOINT_INDEX)
-                + 2 * (PTR + STRING) as u64
-                + 2 * 8)
-        + port_maps;
+        + grown(c.policies.min(1), c.policies, NAME)
+        + block(c.services * (NAME + 2 * PTR))
+        + port_maps
+        // The waypoint and network gateway, boxed.
+        + 2 * block(size_of::<GatewayAddress>());
+    // The indexes hold the workload's own names and a reference to it, no copies.
+    let by_uid = btree_entry(NAME + PTR);
+    let by_addr = c.addresses as u64 * hash_entry(size_of::<IpAddr>() + 4 * PTR + NAME);
+    let endpoints = c.services as u64 * (btree_entry(NAME + PTR) + block(leaf(NAME + PTR)));
+    let index = c.services as u64
+        * (hash_entry(NAME + PTR) + block(ARC_COUNTS + ENDPOINT_INDEX) + 2 * (PTR + 8) as u64);
     model + by_uid + by_addr + endpoints + index
 }
 
 fn service(c: &ServiceCounts, key: usize) -> u64 {
     let model = block(ARC_COUNTS + size_of::<Service>())
-        + text(c.text)
+        + names(c.text)
         + block(c.addresses * size_of::<NetworkAddress>())
-        + btree(c.ports.min(1), c.ports, 4)
+        + block(c.ports * 4)
         + grown(c.subject_alt_names.min(1), c.subject_alt_names, STRING)
         + grown(c.routing_preferences.min(1), c.routing_preferences, 1);
     // `services`: the key and an `Arc`.

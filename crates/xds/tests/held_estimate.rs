@@ -418,7 +418,7 @@ fn held(type_url: &str, resources: Vec<Resource>) -> (u64, i64) {
     handled.batch.apply(&mut state);
     let keys: std::collections::BTreeSet<String> = state
         .workloads()
-        .flat_map(|w| w.services.keys().cloned().collect::<Vec<_>>())
+        .flat_map(|w| w.services.keys().map(|k| k.to_string()).collect::<Vec<_>>())
         .collect();
     for key in keys {
         let (ns, host) = key.split_once('/').unwrap();

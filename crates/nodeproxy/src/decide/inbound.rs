@@ -105,7 +105,7 @@ pub fn plan_hbone(state: &ProxyState, input: &HboneRequest<'_>) -> Result<Inboun
                     return Err(Error::UnknownServicePort {
                         host: host.clone(),
                         port: *port,
-                        workload: dst_workload.name.clone(),
+                        workload: dst_workload.name.to_string(),
                     })
                 }
             }

@@ -46,8 +46,8 @@ impl Local<'_> {
         if !local.workload_ips.contains(&ip) {
             return Err(Error::NotLocalAddress {
                 ip,
-                namespace: local.namespace.clone(),
-                name: local.name.clone(),
+                namespace: local.namespace.to_string(),
+                name: local.name.to_string(),
             });
         }
         Ok(local)
