@@ -13,6 +13,26 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Returns every jemalloc arena's unused dirty pages to the system: what the process calls
+/// once a whole mesh was decoded ([`ambit_runtime::memory`]).
+#[allow(unsafe_code)]
+fn purge_jemalloc() -> bool {
+    // `MALLCTL_ARENAS_ALL` (4096) names every arena; "purge" reads and writes nothing.
+    const PURGE_ALL: &std::ffi::CStr = c"arena.4096.purge";
+    // SAFETY: a NUL-terminated name, and null pointers with zero lengths, which is how
+    // mallctl takes an operation without arguments; jemalloc is this process's allocator.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            PURGE_ALL.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    rc == 0
+}
+
 use ambit::{agent_cli, control_cli};
 use ambit_runtime::version;
 
@@ -74,6 +94,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    ambit_runtime::memory::set_release(purge_jemalloc);
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let name = std::path::Path::new(&argv0)
         .file_name()

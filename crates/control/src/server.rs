@@ -407,6 +407,7 @@ impl Control {
             refusal_reports: Default::default(),
         });
         shared.publish(first);
+        ambit_runtime::memory::release_freed();
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -712,6 +713,8 @@ async fn watch_loop(
                     Ok(m) => {
                         lock(&shared.status).mesh_error = None;
                         shared.publish(m);
+                        // The previous mesh and what decoding this one used go back.
+                        ambit_runtime::memory::release_freed();
                     }
                     Err(e) => {
                         shared.metrics.reload_errors.inc();

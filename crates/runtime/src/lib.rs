@@ -18,6 +18,7 @@ pub mod file_watch;
 pub mod http;
 pub mod log_format;
 pub mod logging;
+pub mod memory;
 pub mod operator;
 pub mod process_metrics;
 pub mod readiness;

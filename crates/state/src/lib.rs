@@ -13,6 +13,7 @@ mod dump;
 mod error;
 mod ident;
 mod local;
+mod local_file;
 mod local_schema;
 mod locate;
 mod name;
@@ -30,6 +31,7 @@ mod workload;
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
+pub use local_file::LocalFile;
 pub use local_schema::{parse_local_config, LocalConfig};
 pub use name::Name;
 pub use policy::{

@@ -161,7 +161,9 @@ pub fn load_local_config(
             rejected: Vec::new(),
         });
     }
-    let doc: Option<yaml_serde::Value> = yaml_serde::from_str(yaml).ok();
+    // The document as a tree, to identify a policy that did not parse: read only then, as
+    // a tree of a big mesh is many times the size of its text.
+    let mut doc: Option<Option<yaml_serde::Value>> = None;
     let previous_policy =
         |key: &str| previous.and_then(|c| c.policies.iter().find(|p| p.key() == key).cloned());
     // Original index → (error, identity) of each rejected policy.
@@ -183,7 +185,8 @@ pub fn load_local_config(
                     reset();
                     return Err(err);
                 };
-                let Some(identity) = doc.as_ref().and_then(|d| identify(d, index)) else {
+                let tree = doc.get_or_insert_with(|| yaml_serde::from_str(yaml).ok());
+                let Some(identity) = tree.as_ref().and_then(|d| identify(d, index)) else {
                     reset();
                     return Err(err);
                 };
@@ -205,8 +208,7 @@ pub fn load_local_config(
         services,
         policies: Vec::new(),
     };
-    ProxyState::from_config(base.clone())
-        .map_err(|e| locate_invalid(e.with_origin(source), yaml))?;
+    ProxyState::check_config(&base).map_err(|e| locate_invalid(e.with_origin(source), yaml))?;
 
     // Policies one by one: invalid ones and duplicates are rejected.
     let mut good: BTreeMap<usize, Authorization> = BTreeMap::new();
@@ -276,50 +278,10 @@ pub fn load_local_config(
     })
 }
 
-impl ProxyState {
-    /// Moves this store from the local configuration `old` to `new` (both built with
-    /// [`ProxyState::from_config`]): items gone from the file are removed, new and changed
-    /// ones inserted, unchanged ones left alone (so open connections are re-checked only
-    /// when a policy really changed). Items of other sources (xDS) are not touched unless
-    /// the file names them too.
-    pub fn apply_local_change(&mut self, old: &ProxyState, new: &ProxyState) {
-        for p in old.policies() {
-            if new.policy_by_key(&p.key()).is_none() {
-                self.remove_policy(&p.key());
-            }
-        }
-        for s in old.services() {
-            if new.service_by_key(&s.key()).is_none() {
-                self.remove_service(&s.key());
-            }
-        }
-        for w in old.workloads() {
-            if new.workload_by_uid(&w.uid).is_none() {
-                self.remove_workload(&w.uid);
-            }
-        }
-        for w in new.workloads() {
-            if old.workload_by_uid(&w.uid).as_deref() != Some(&**w) {
-                // Checked when `new` was built.
-                let _ = self.insert_workload((**w).clone());
-            }
-        }
-        for s in new.services() {
-            if old.service_by_key(&s.key()).as_deref() != Some(&**s) {
-                let _ = self.insert_service((**s).clone());
-            }
-        }
-        for p in new.policies() {
-            if old.policy_by_key(&p.key()).as_deref() != Some(&**p) {
-                let _ = self.insert_policy((**p).clone());
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local_file::LocalFile;
     use crate::parse_local_config;
 
     const GOOD: &str = "workloads:\n- {name: a, namespace: default, workloadIps: [\"10.0.0.1\"], authorizationPolicies: [default/sel]}\nservices:\n- {name: s, namespace: default, hostname: s.default, vips: [\"/10.96.0.1\"]}\npolicies:\n";
@@ -465,11 +427,8 @@ mod tests {
 
     #[test]
     fn apply_local_change_diffs() {
-        let old_cfg = load_local_config("f", &file(&[SEL, DENY]), None)
-            .unwrap()
-            .config;
-        let old = ProxyState::from_config(old_cfg).unwrap();
-        let mut live = old.clone();
+        let (old, mut live) =
+            LocalFile::build(load_local_config("f", &file(&[SEL, DENY]), None).unwrap()).unwrap();
         // Something from xDS that the file does not name.
         live.insert_policy(Authorization {
             name: "x".into(),
@@ -484,8 +443,8 @@ mod tests {
         // Unchanged: nothing touched.
         live.apply_local_change(&old, &old);
         assert_eq!(live.policy_generation(), generation);
-        let new_cfg = load_local_config("f", &file(&[SEL]), None).unwrap().config;
-        let new = ProxyState::from_config(new_cfg).unwrap();
+        let (new, _) =
+            LocalFile::build(load_local_config("f", &file(&[SEL]), None).unwrap()).unwrap();
         live.apply_local_change(&old, &new);
         let keys: Vec<String> = live.policies().map(|p| p.key()).collect();
         assert_eq!(keys, ["default/sel", "xds/x"]);

@@ -105,6 +105,24 @@ fn attached_namespace(p: &Authorization) -> Option<&str> {
     }
 }
 
+/// The items a configuration put in the store, in its order.
+#[derive(Debug, Default)]
+pub(crate) struct ConfigItems {
+    pub(crate) workloads: Vec<Arc<Workload>>,
+    pub(crate) services: Vec<Arc<Service>>,
+}
+
+fn duplicate_workload(i: usize, uid: &str, first: usize) -> ConfigError {
+    ConfigError::invalid(
+        format!("workloads[{i}] (uid {uid})"),
+        format!("uid: duplicate of workloads[{first}]"),
+    )
+}
+
+fn duplicate(item: String, list: &str, first: usize) -> ConfigError {
+    ConfigError::invalid(item, format!("duplicate of {list}[{first}]"))
+}
+
 fn workload_label(w: &Workload) -> String {
     if w.uid.is_empty() {
         format!("{}/{}", w.namespace, w.name)
@@ -130,7 +148,16 @@ impl ProxyState {
     /// Builds the store from a local configuration, applying defaults and checking every
     /// item. Duplicate workload uids, service keys or policy keys are errors.
     pub fn from_config(cfg: LocalConfig) -> Result<ProxyState, ConfigError> {
+        Ok(ProxyState::from_config_recorded(cfg)?.0)
+    }
+
+    /// [`ProxyState::from_config`], with the items as the store holds them, in the
+    /// configuration's order.
+    pub(crate) fn from_config_recorded(
+        cfg: LocalConfig,
+    ) -> Result<(ProxyState, ConfigItems), ConfigError> {
         let mut state = ProxyState::new();
+        let mut items = ConfigItems::default();
         let mut seen: HashMap<Name, usize> = HashMap::new();
         for (i, w) in cfg.workloads.into_iter().enumerate() {
             let item = format!("workloads[{i}] ({})", workload_label(&w));
@@ -138,25 +165,21 @@ impl ProxyState {
                 .insert_workload(w)
                 .map_err(|m| ConfigError::invalid(&item, m))?;
             if let Some(first) = seen.insert(w.uid.clone(), i) {
-                return Err(ConfigError::invalid(
-                    format!("workloads[{i}] (uid {})", w.uid),
-                    format!("uid: duplicate of workloads[{first}]"),
-                ));
+                return Err(duplicate_workload(i, &w.uid, first));
             }
+            items.workloads.push(w);
         }
-        seen.clear();
+        let mut seen: HashMap<String, usize> = HashMap::new();
         for (i, s) in cfg.services.into_iter().enumerate() {
             let item = format!("services[{i}] ({})", s.key());
             let key = s.key();
-            state
+            let s = state
                 .insert_service(s)
                 .map_err(|m| ConfigError::invalid(&item, m))?;
-            if let Some(first) = seen.insert(key.into(), i) {
-                return Err(ConfigError::invalid(
-                    item,
-                    format!("duplicate of services[{first}]"),
-                ));
+            if let Some(first) = seen.insert(key, i) {
+                return Err(duplicate(item, "services", first));
             }
+            items.services.push(s);
         }
         seen.clear();
         for (i, p) in cfg.policies.into_iter().enumerate() {
@@ -165,14 +188,37 @@ impl ProxyState {
             state
                 .insert_policy(p)
                 .map_err(|m| ConfigError::invalid(&item, m))?;
-            if let Some(first) = seen.insert(key.into(), i) {
-                return Err(ConfigError::invalid(
-                    item,
-                    format!("duplicate of policies[{first}]"),
-                ));
+            if let Some(first) = seen.insert(key, i) {
+                return Err(duplicate(item, "policies", first));
             }
         }
-        Ok(state)
+        Ok((state, items))
+    }
+
+    /// Checks the workloads and services of a configuration as
+    /// [`ProxyState::from_config`] does, with the same errors, without building a store:
+    /// each item is checked on a copy of its own, so the configuration is never held twice.
+    pub(crate) fn check_config(cfg: &LocalConfig) -> Result<(), ConfigError> {
+        let mut seen: HashMap<Name, usize> = HashMap::new();
+        for (i, w) in cfg.workloads.iter().enumerate() {
+            let item = format!("workloads[{i}] ({})", workload_label(w));
+            let mut w = w.clone();
+            w.normalize().map_err(|m| ConfigError::invalid(&item, m))?;
+            if let Some(first) = seen.insert(w.uid.clone(), i) {
+                return Err(duplicate_workload(i, &w.uid, first));
+            }
+        }
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, s) in cfg.services.iter().enumerate() {
+            let item = format!("services[{i}] ({})", s.key());
+            s.clone()
+                .normalize()
+                .map_err(|m| ConfigError::invalid(&item, m))?;
+            if let Some(first) = seen.insert(s.key(), i) {
+                return Err(duplicate(item, "services", first));
+            }
+        }
+        Ok(())
     }
 
     // ----- updates -------------------------------------------------------------------
@@ -182,8 +228,13 @@ impl ProxyState {
     /// the workload touches: its addresses and its services' endpoint maps.
     pub fn insert_workload(&mut self, mut w: Workload) -> Result<Arc<Workload>, String> {
         w.normalize()?;
+        Ok(self.insert_normalized_workload(Arc::new(w)))
+    }
+
+    /// [`ProxyState::insert_workload`] of a workload normalized already (one another store
+    /// holds), shared rather than copied.
+    pub(crate) fn insert_normalized_workload(&mut self, w: Arc<Workload>) -> Arc<Workload> {
         self.remove_workload(&w.uid);
-        let w = Arc::new(w);
         if !w.is_host_network() {
             for ip in &w.workload_ips {
                 let slot = self.workload_by_addr.entry(*ip).or_default();
@@ -208,7 +259,7 @@ impl ProxyState {
                 .insert(svc.clone(), Arc::new(OnceLock::new()));
         }
         self.workloads.insert(w.uid.clone(), w.clone());
-        Ok(w)
+        w
     }
 
     /// Removes a workload (and its endpoints). Returns it if it was known.
@@ -241,9 +292,13 @@ impl ProxyState {
     /// Adds a service, or replaces the one with the same `namespace/hostname`.
     pub fn insert_service(&mut self, mut s: Service) -> Result<Arc<Service>, String> {
         s.normalize()?;
+        Ok(self.insert_normalized_service(Arc::new(s)))
+    }
+
+    /// [`ProxyState::insert_service`] of a service checked already, shared.
+    pub(crate) fn insert_normalized_service(&mut self, s: Arc<Service>) -> Arc<Service> {
         let key = Name::from(s.key());
         self.remove_service(&key);
-        let s = Arc::new(s);
         for vip in &s.vips {
             if vip.prefix_len.is_some() {
                 self.cidr_vips.push((vip.clone(), key.clone()));
@@ -263,7 +318,7 @@ impl ProxyState {
             .or_default()
             .insert(key.clone());
         self.services.insert(key, s.clone());
-        Ok(s)
+        s
     }
 
     /// Removes a service by `namespace/hostname`. Its endpoints stay (staged) until the

@@ -21,7 +21,8 @@ pub struct AdminContext {
     pub certs: Arc<CertManager>,
     pub logs: Option<LogHandle>,
     pub shutdown: mpsc::Sender<()>,
-    pub static_config: serde_json::Value,
+    /// What the local configuration file put in the store at start-up (`staticConfig`).
+    pub static_config: Arc<ambit_state::LocalFile>,
     /// In-pod mode: the pods this proxy serves.
     pub workload_state: Option<ambit_nodeproxy::pods::WorkloadStateDump>,
     /// On-demand xDS (`XDS_ON_DEMAND=true`).
@@ -51,6 +52,20 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
     })
 }
 
+/// ztunnel's `staticConfig`: the local file as parsed, each service with an (always empty)
+/// `endpoints`. Rendered per request from the items the store shares with the file.
+fn static_config(file: &ambit_state::LocalFile) -> serde_json::Value {
+    let mut v = file.to_json();
+    if let Some(services) = v.get_mut("services").and_then(|s| s.as_array_mut()) {
+        for service in services {
+            if let Some(m) = service.as_object_mut() {
+                m.insert("endpoints".into(), serde_json::json!({}));
+            }
+        }
+    }
+    v
+}
+
 fn config_dump(ctx: &AdminContext) -> serde_json::Value {
     let mut dump = ctx.state.get().dump();
     if let Some(obj) = dump.as_object_mut() {
@@ -58,7 +73,7 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
             "certificates".into(),
             serde_json::to_value(ctx.certs.dump()).unwrap_or_default(),
         );
-        obj.insert("staticConfig".into(), ctx.static_config.clone());
+        obj.insert("staticConfig".into(), static_config(&ctx.static_config));
         obj.insert(
             "config".into(),
             crate::config_dump::config_section(&ctx.config),
@@ -239,7 +254,18 @@ mod tests {
             certs: CertManager::new(ca, std::time::Duration::from_secs(3600)),
             logs,
             shutdown,
-            static_config: serde_json::json!({"source": "test"}),
+            static_config: Arc::new(
+                ambit_state::LocalFile::build(
+                    ambit_state::load_local_config(
+                        "test",
+                        "workloads: [{name: web, namespace: shop}]\nservices: [{name: s, namespace: shop, hostname: s.shop}]\n",
+                        None,
+                    )
+                    .unwrap(),
+                )
+                .unwrap()
+                .0,
+            ),
             workload_state: None,
             on_demand: None,
         };
@@ -264,7 +290,15 @@ mod tests {
         ] {
             assert!(dump.get(key).is_some(), "no {key} in {dump}");
         }
-        assert_eq!(dump["staticConfig"]["source"], "test");
+        // The file as written (no uid filled in), each service with empty endpoints.
+        assert_eq!(
+            dump["staticConfig"]["workloads"],
+            serde_json::json!([{"name": "web", "namespace": "shop", "clusterId": "", "protocol": "TCP", "networkMode": "Standard", "status": "Healthy", "capacity": 1, "workloadIps": [], "services": {}}])
+        );
+        assert_eq!(
+            dump["staticConfig"]["services"][0]["endpoints"],
+            serde_json::json!({})
+        );
         assert_eq!(get(&handler, "/nope").0, StatusCode::NOT_FOUND);
     }
 

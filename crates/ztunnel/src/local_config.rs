@@ -21,7 +21,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use ambit_nodeproxy::SharedState;
-use ambit_state::{KeptVersion, LocalConfig, LocalLoad, ProxyState};
+use ambit_state::{KeptVersion, LocalConfig, LocalFile, ProxyState, RejectedPolicy};
 
 use crate::config::LocalConfigSource;
 
@@ -40,13 +40,18 @@ pub fn read(source: &LocalConfigSource) -> anyhow::Result<(String, String)> {
     })
 }
 
-/// Loads `yaml`, logging each rejected policy loudly, and builds its store.
-pub fn load(
-    name: &str,
-    yaml: &str,
-    previous: Option<&LocalConfig>,
-) -> anyhow::Result<(LocalLoad, ProxyState)> {
-    let load = ambit_state::load_local_config(name, yaml, previous)?;
+/// A local configuration as loaded: its store, what the file put in it, and the
+/// policies it rejected.
+pub struct Loaded {
+    pub file: LocalFile,
+    pub state: ProxyState,
+    pub rejected: Vec<RejectedPolicy>,
+}
+
+/// Loads `yaml`, logging each rejected policy loudly, and builds its store. What decoding
+/// used is handed back to the system once the store is built.
+pub fn load(name: &str, yaml: &str, previous: Option<&LocalConfig>) -> anyhow::Result<Loaded> {
+    let mut load = ambit_state::load_local_config(name, yaml, previous)?;
     for r in &load.rejected {
         let kept = match r.kept {
             KeptVersion::Previous => "its previous version stays",
@@ -56,9 +61,13 @@ pub fn load(
         };
         tracing::error!(policy = %r.key, "policy rejected, {kept}: {}", r.error);
     }
-    let state =
-        ProxyState::from_config(load.config.clone()).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-    Ok((load, state))
+    let rejected = std::mem::take(&mut load.rejected);
+    let (file, state) = LocalFile::build(load).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    Ok(Loaded {
+        file,
+        state,
+        rejected,
+    })
 }
 
 /// What identifies a version of the file: a change of any is worth a read.
@@ -83,8 +92,8 @@ struct ReloadLabels {
 }
 
 impl PolicyReport {
-    pub fn set_rejected(&self, load: &LocalLoad) {
-        let keys = load.rejected.iter().map(|r| r.key.clone()).collect();
+    pub fn set_rejected(&self, rejected: &[RejectedPolicy]) {
+        let keys = rejected.iter().map(|r| r.key.clone()).collect();
         *self.rejected.lock().unwrap_or_else(|p| p.into_inner()) = keys;
     }
 }
@@ -154,12 +163,12 @@ impl Collector for PolicyGauges {
 }
 
 /// Watches `path` (about once a second: device, inode, size, modification time) and
-/// applies each new version to `shared` as one batch. `applied` is what was loaded at
-/// start-up.
+/// applies each new version to `shared` as one batch. `applied` is what the file loaded at
+/// start-up put in the store.
 pub fn spawn_watch(
     path: PathBuf,
     shared: SharedState,
-    mut applied: (LocalLoad, ProxyState),
+    mut applied: Arc<LocalFile>,
     report: PolicyReport,
 ) {
     tokio::spawn(async move {
@@ -176,8 +185,8 @@ pub fn spawn_watch(
             let name = path.display().to_string();
             let loaded = tokio::task::spawn_blocking({
                 let path = path.clone();
-                let previous = applied.0.config.clone();
-                move || -> anyhow::Result<(LocalLoad, ProxyState)> {
+                let previous = applied.previous();
+                move || -> anyhow::Result<Loaded> {
                     let (name, yaml) = read(&LocalConfigSource::File(path))?;
                     load(&name, &yaml, Some(&previous))
                 }
@@ -185,18 +194,21 @@ pub fn spawn_watch(
             .await;
             match loaded {
                 Ok(Ok(next)) => {
-                    if next.0.config == applied.0.config {
-                        report.set_rejected(&next.0);
+                    report.set_rejected(&next.rejected);
+                    if next.file.same_as(&applied) {
                         continue;
                     }
-                    shared.update(|s| s.apply_local_change(&applied.1, &next.1));
-                    report.set_rejected(&next.0);
+                    shared.update(|s| s.apply_local_change(&applied, &next.file));
                     report
                         .reloads
                         .get_or_create(&ReloadLabels { result: "applied" })
                         .inc();
-                    tracing::info!(file = %name, rejected = next.0.rejected.len(), "local configuration reloaded");
-                    applied = next;
+                    tracing::info!(file = %name, rejected = next.rejected.len(), "local configuration reloaded");
+                    // The new items are in the live store now; the store they were built
+                    // in goes, and what it held comes back to the system.
+                    applied = Arc::new(next.file);
+                    drop(next.state);
+                    ambit_runtime::memory::release_freed();
                 }
                 Ok(Err(e)) => {
                     report

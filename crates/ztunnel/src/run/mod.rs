@@ -63,17 +63,13 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let proxy_ready = ready.register("proxy");
     let state_ready = ready.register("state manager");
 
-    let (state, static_config, local_load) = match &cfg.local_config {
+    let (state, static_config, rejected) = match &cfg.local_config {
         Some(source) => {
-            let (state, static_config, load) = sources::load_state(source)?;
-            (state, static_config, Some(load))
+            let loaded = sources::load_state(source)?;
+            (loaded.state, Arc::new(loaded.file), loaded.rejected)
         }
         // xDS only: the mesh arrives from the control plane.
-        None => (
-            ProxyState::new(),
-            serde_json::to_value(ambit_state::LocalConfig::default()).unwrap_or_default(),
-            None,
-        ),
+        None => (ProxyState::new(), Arc::default(), Vec::new()),
     };
     if let (ProxyMode::Dedicated, Some(w)) = (cfg.proxy_mode, &cfg.workload) {
         // With xDS the workload may not have arrived yet: checked once it has (below).
@@ -108,15 +104,18 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         node_handshakes.shed_counter(),
     );
     let policy_report = crate::local_config::PolicyReport::default();
-    if let Some(load) = &local_load {
-        policy_report.set_rejected(&load.0);
-    }
+    policy_report.set_rejected(&rejected);
     metrics.rbac = Arc::new(ambit_nodeproxy::dry_run::DryRunMatches::register(
         &mut registry,
     ));
     crate::local_config::register_metrics(&mut registry, state.clone(), policy_report.clone());
-    if let (Some(LocalConfigSource::File(path)), Some(load)) = (&cfg.local_config, local_load) {
-        crate::local_config::spawn_watch(path.clone(), state.clone(), load, policy_report);
+    if let Some(LocalConfigSource::File(path)) = &cfg.local_config {
+        crate::local_config::spawn_watch(
+            path.clone(),
+            state.clone(),
+            static_config.clone(),
+            policy_report,
+        );
     }
     let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
     let dns = sources::dns_config(&cfg)?;

@@ -15,30 +15,16 @@ use ambit_state::ProxyState;
 use crate::config::{CaSource, Config, LocalConfigSource, ProxyMode};
 
 /// Reads and checks the local config: a bad file names the file, the position and field
-/// (a bad policy is refused alone, see [`crate::local_config`]). Also returns the load
-/// and its store, which a file watch starts from.
-pub fn load_state(
-    source: &LocalConfigSource,
-) -> anyhow::Result<(
-    ProxyState,
-    serde_json::Value,
-    (ambit_state::LocalLoad, ProxyState),
-)> {
-    let (name, yaml) = crate::local_config::read(source)?;
-    let (load, state) = crate::local_config::load(&name, &yaml, None)?;
-    let mut static_config = serde_json::to_value(&load.config).unwrap_or_default();
-    // ztunnel's `staticConfig` shows each service with an (always empty) `endpoints`.
-    if let Some(services) = static_config
-        .get_mut("services")
-        .and_then(|s| s.as_array_mut())
-    {
-        for service in services {
-            if let Some(m) = service.as_object_mut() {
-                m.insert("endpoints".into(), serde_json::json!({}));
-            }
-        }
-    }
-    Ok((state.clone(), static_config, (load, state)))
+/// (a bad policy is refused alone, see [`crate::local_config`]). The text and what decoding
+/// it used are gone when this returns: the store and the file's record of its items are
+/// what stays.
+pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<crate::local_config::Loaded> {
+    let loaded = {
+        let (name, yaml) = crate::local_config::read(source)?;
+        crate::local_config::load(&name, &yaml, None)?
+    };
+    ambit_runtime::memory::release_freed();
+    Ok(loaded)
 }
 
 /// The certificate manager for the configured issuer (see [`CaSource`]).
@@ -130,6 +116,8 @@ pub(super) fn start_xds(
             }
             drop(state_ready);
             let _ = synced_tx.send(true);
+            // What decoding the initial sync used goes back to the system.
+            ambit_runtime::memory::release_freed();
         });
     let sink_state = state.clone();
     tokio::spawn(client.run(move |batch| sink_state.update(|s| batch.apply(s))));
