@@ -18,7 +18,9 @@ use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_ser
 use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use ambit_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -171,6 +173,20 @@ pub(crate) struct Metrics {
     pub(crate) mesh_generation: Gauge,
     pub(crate) mesh_resources: Gauge,
     pub(crate) reload_errors: Counter,
+    /// Names clients subscribed to by name (on-demand clients), per type.
+    pub(crate) names_subscribed: Family<TypeLabel, Counter>,
+    /// Streams ended because a request broke a per-client bound, per reason.
+    pub(crate) requests_refused: Family<ReasonLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TypeLabel {
+    pub(crate) type_url: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
 }
 
 impl Metrics {
@@ -188,6 +204,8 @@ impl Metrics {
             mesh_generation: Gauge::default(),
             mesh_resources: Gauge::default(),
             reload_errors: Counter::default(),
+            names_subscribed: Family::default(),
+            requests_refused: Family::default(),
         };
         registry.register(
             "xds_clients",
@@ -226,6 +244,16 @@ impl Metrics {
             "mesh_reload_errors",
             "Changes of the mesh directory or tokens file that were refused",
             m.reload_errors.clone(),
+        );
+        registry.register(
+            "xds_names_subscribed",
+            "Resource names clients subscribed to by name (not the wildcard), by type",
+            m.names_subscribed.clone(),
+        );
+        registry.register(
+            "xds_requests_refused",
+            "xDS streams ended because a request broke a per-client bound or was malformed, by reason",
+            m.requests_refused.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -881,9 +909,17 @@ async fn serve_client(
                     // after a publish must not mark that snapshot seen, or its changes
                     // would never be pushed to this client.
                     let mesh = mesh_rx.borrow().clone();
+                    let type_url = req.type_url.clone();
                     let step = lock(session).on_request(req, &mesh.snapshot);
                     match step {
                         Ok(step) => {
+                            if step.subscribed > 0 {
+                                shared
+                                    .metrics
+                                    .names_subscribed
+                                    .get_or_create(&TypeLabel { type_url })
+                                    .inc_by(step.subscribed);
+                            }
                             if step.acked {
                                 shared.metrics.acks.inc();
                             }
@@ -895,6 +931,13 @@ async fn serve_client(
                             step.responses
                         }
                         Err(e) => {
+                            shared
+                                .metrics
+                                .requests_refused
+                                .get_or_create(&ReasonLabel { reason: e.reason() })
+                                .inc();
+                            let node = lock(session).node_id().map(str::to_string);
+                            tracing::warn!(?node, "xDS stream refused: {e}");
                             let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
                             return;
                         }
@@ -905,6 +948,11 @@ async fn serve_client(
                     if status.code() == tonic::Code::OutOfRange {
                         // Over MAX_REQUEST_BYTES: tell the client why its stream ends.
                         tracing::warn!("xDS request refused: {}", status.message());
+                        shared
+                            .metrics
+                            .requests_refused
+                            .get_or_create(&ReasonLabel { reason: "too_large" })
+                            .inc();
                         let _ = tx.send(Err(status)).await;
                     } else {
                         tracing::debug!("xDS stream ended: {status}");

@@ -256,6 +256,18 @@ pub enum SessionError {
     TooManyNameBytes { type_url: String, limit: usize },
 }
 
+impl SessionError {
+    /// A short label for the `ambit_control_xds_requests_refused` metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SessionError::NoTypeUrl => "no_type_url",
+            SessionError::TooManyNames { .. } => "too_many_names",
+            SessionError::NameTooLong { .. } => "name_too_long",
+            SessionError::TooManyNameBytes { .. } => "too_many_name_bytes",
+        }
+    }
+}
+
 /// What the last response of a type got from the client.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "state")]
@@ -291,6 +303,10 @@ pub struct Step {
     pub stale_nonce: bool,
     /// The request was for a type this server does not serve; it was ignored.
     pub unknown_type: bool,
+    /// Names the request newly subscribed to by name (not `*`): asked for in
+    /// `resource_names_subscribe`, or reported in a first request's
+    /// `initial_resource_versions` (the `ambit_control_xds_names_subscribed` metric).
+    pub subscribed: u64,
 }
 
 #[derive(Debug, Default)]
@@ -484,6 +500,7 @@ impl Session {
                 if !ts.wildcard && ts.explicit.insert(name.clone()) {
                     // A client holding (or waiting for) a resource wants to hear about it.
                     ts.explicit_bytes += name.len();
+                    step.subscribed += 1;
                     if version.is_empty() {
                         ts.absent_to_report.insert(name.clone());
                     }
@@ -497,6 +514,7 @@ impl Session {
                 ts.wildcard = true;
             } else if ts.explicit.insert(name.clone()) {
                 ts.explicit_bytes += name.len();
+                step.subscribed += 1;
                 if ts.explicit.len() > max_names {
                     return Err(too_many());
                 }
