@@ -5,7 +5,10 @@
 //! bench_xds --ambit target/release/ambit --peer ../shared/peers/istio-ztunnel --out FILE
 //!     [--rounds 3] [--updates 1000] [--only ambit|istio] [--proxy-env KEY=VALUE]...
 //! bench_xds --fanout --ambit target/release/ambit --out FILE [--rounds 3] [--clients 100]
+//! bench_xds --local-file --ambit target/release/ambit --out FILE [--rounds 3]
 //! ```
+//!
+//! Every mode takes `--workloads N` (10,000 unless told; a service per ten workloads).
 //!
 //! Proxy mode: each round starts each proxy (which goes first alternates from round to
 //! round) alone in a network namespace of its own, with this driver's own delta xDS server
@@ -20,6 +23,10 @@
 //! Fan-out mode: starts `ambit control` with the same mesh as local-config YAML files,
 //! connects `--clients` delta xDS clients, waits for their initial syncs, then rewrites
 //! one file to change one workload and records when each client received the delta.
+//!
+//! Local-file mode: the same mesh as one `LOCAL_XDS_PATH` file; each round starts ambit on
+//! it and on a file of its own workload alone (interleaved), and samples RSS ten seconds
+//! after ready; the difference is what the mesh adds.
 //!
 //! Needs root (network namespaces). Everything it creates is removed at the end.
 
@@ -49,8 +56,16 @@ use prost::Message;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-const WORKLOADS: usize = 10_000;
-const SERVICES: usize = 1_000;
+/// The mesh's size: `--workloads` (10,000 unless told), a service per ten workloads.
+static MESH_SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn mesh_workloads() -> usize {
+    *MESH_SIZE.get().unwrap_or(&10_000)
+}
+
+fn mesh_services() -> usize {
+    (mesh_workloads() / 10).max(1)
+}
 const NAMESPACES: usize = 50;
 const NODES: usize = 100;
 const XDS_PORT: u16 = 15012;
@@ -67,6 +82,7 @@ struct Args {
     updates: usize,
     clients: usize,
     fanout: bool,
+    local_file: bool,
     only: Option<String>,
     proxy_env: Vec<(String, String)>,
 }
@@ -80,6 +96,7 @@ fn parse_args() -> anyhow::Result<Args> {
         updates: 1000,
         clients: 100,
         fanout: false,
+        local_file: false,
         only: None,
         proxy_env: Vec::new(),
     };
@@ -94,6 +111,11 @@ fn parse_args() -> anyhow::Result<Args> {
             "--updates" => a.updates = val()?.parse().context("--updates")?,
             "--clients" => a.clients = val()?.parse().context("--clients")?,
             "--fanout" => a.fanout = true,
+            "--local-file" => a.local_file = true,
+            "--workloads" => {
+                let n: usize = val()?.parse().context("--workloads")?;
+                let _ = MESH_SIZE.set(n.clamp(10, 250_000));
+            }
             "--only" => a.only = Some(val()?),
             "--proxy-env" => a
                 .proxy_env
@@ -112,7 +134,7 @@ fn parse_args() -> anyhow::Result<Args> {
     if (a.fanout || wants("ambit")) && a.ambit.as_os_str().is_empty() {
         bail!("--ambit PATH is required (or --only istio)");
     }
-    if !a.fanout && wants("istio") && a.peer.as_os_str().is_empty() {
+    if !a.fanout && !a.local_file && wants("istio") && a.peer.as_os_str().is_empty() {
         bail!("--peer DIR is required (or --only ambit)");
     }
     if let Some(o) = &a.only {
@@ -135,6 +157,8 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let report = if args.fanout {
         fanout(&args)?
+    } else if args.local_file {
+        local_file(&args)?
     } else {
         proxies(&args)?
     };
@@ -190,9 +214,9 @@ fn service_host(j: usize) -> String {
 
 /// The services workload `i` belongs to: one for all, a second for every other one.
 fn services_of(i: usize) -> Vec<usize> {
-    let first = i % SERVICES;
+    let first = i % mesh_services();
     if i % 2 == 1 {
-        vec![first, (first + SERVICES / 2 + 1) % SERVICES]
+        vec![first, (first + mesh_services() / 2 + 1) % mesh_services()]
     } else {
         vec![first]
     }
@@ -262,7 +286,7 @@ fn workload_resource(i: usize, revision: &str) -> Resource {
 
 /// The initial Address response: every workload and service.
 fn initial_addresses() -> DeltaDiscoveryResponse {
-    let mut resources: Vec<Resource> = (0..SERVICES)
+    let mut resources: Vec<Resource> = (0..mesh_services())
         .map(|j| {
             address_resource(
                 format!("{}/{}", ns_of(j), service_host(j)),
@@ -271,7 +295,7 @@ fn initial_addresses() -> DeltaDiscoveryResponse {
             )
         })
         .collect();
-    resources.extend((0..WORKLOADS).map(|i| workload_resource(i, "v1")));
+    resources.extend((0..mesh_workloads()).map(|i| workload_resource(i, "v1")));
     DeltaDiscoveryResponse {
         system_version_info: "v1".into(),
         resources,
@@ -283,7 +307,7 @@ fn initial_addresses() -> DeltaDiscoveryResponse {
 
 /// The workload the `k`-th update changes, spread over the mesh.
 fn updated_workload(k: usize) -> usize {
-    (k * 7919 + 1) % WORKLOADS
+    (k * 7919 + 1) % mesh_workloads()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -377,6 +401,7 @@ struct ProxyRound {
     sent_to_ack_ms: f64,
     rss_before_mib: f64,
     rss_after_mib: f64,
+    rss_10s_mib: f64,
     rss_after_updates_mib: f64,
     nacks: usize,
     /// Whether /config_dump shows the last update's revision: the ACK came after applying.
@@ -547,6 +572,8 @@ fn proxy_round(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         let rss_after = rss_kib(proc.pid)?;
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        let rss_10s = rss_kib(proc.pid)?;
         let mut update_us = Vec::with_capacity(args.updates);
         for k in 0..args.updates {
             let nonce = format!("u{k}");
@@ -587,6 +614,7 @@ fn proxy_round(
             sent_to_ack_ms: (last_ack - sent).as_secs_f64() * 1e3,
             rss_before_mib: mib(rss_before),
             rss_after_mib: mib(rss_after),
+            rss_10s_mib: mib(rss_10s),
             rss_after_updates_mib: mib(rss_after_updates),
             nacks,
             last_update_dumped,
@@ -641,14 +669,17 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
     let mut out = String::new();
     writeln!(
         out,
-        "### xDS in the node proxy (issue 11): {WORKLOADS} workloads, {SERVICES} services, \
+        "### xDS in the node proxy: {} workloads, {} services, \
          {} single-workload updates; {} rounds, interleaved\n",
-        args.updates, args.rounds
+        mesh_workloads(),
+        mesh_services(),
+        args.updates,
+        args.rounds
     )?;
     if let Some(p) = &peer {
         writeln!(out, "Istio's ztunnel: {}\n", p.bin.display())?;
     }
-    let figures: [Figure<ProxyRound>; 12] = [
+    let figures: [Figure<ProxyRound>; 14] = [
         ("process start → first xDS request (ms)", |r| {
             r.start_to_request_ms
         }),
@@ -663,6 +694,11 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
         ("RSS added by the sync (MiB)", |r| {
             r.rss_after_mib - r.rss_before_mib
         }),
+        ("RSS 10 s after the sync (MiB)", |r| r.rss_10s_mib),
+        (
+            "RSS added, 10 s after the sync, per workload (bytes)",
+            |r| (r.rss_10s_mib - r.rss_before_mib) * 1_048_576.0 / mesh_workloads() as f64,
+        ),
         ("RSS after the updates (MiB)", |r| r.rss_after_updates_mib),
         ("update push → ACK p50 (µs)", |r| pct(&r.update_us, 50.0)),
         ("update push → ACK p90 (µs)", |r| pct(&r.update_us, 90.0)),
@@ -722,6 +758,158 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Local-file mode: the same mesh through `LOCAL_XDS_PATH`.
+
+/// The whole mesh as one local config file, or (`only_w0`) just the proxy's own workload.
+fn local_mesh_yaml(only_w0: bool) -> String {
+    let mut s = String::from("workloads:\n");
+    let n = if only_w0 { 1 } else { mesh_workloads() };
+    for i in 0..n {
+        s.push_str(&workload_yaml(i, "v1"));
+    }
+    if !only_w0 {
+        s.push_str(&services_yaml());
+    }
+    s
+}
+
+struct LocalRound {
+    start_to_ready_ms: f64,
+    rss_10s_kib: u64,
+}
+
+/// Starts ambit in its own namespace on `file`, and samples RSS ten seconds after ready.
+fn local_round(args: &Args, yaml: &str) -> anyhow::Result<LocalRound> {
+    let lab = Lab::new("bxl")?;
+    let ns = lab.netns("node")?;
+    let file = lab.dir.path().join("mesh.yaml");
+    std::fs::write(&file, yaml)?;
+    let ca_dir = lab.dir.path().join("ca");
+    ambit_identity::CertificateAuthority::ephemeral("cluster.local")?.write_plugin_dir(&ca_dir)?;
+    let mut env: Vec<(&str, String)> = vec![
+        ("LOCAL_XDS_PATH", file.display().to_string()),
+        ("LOCAL_CA_DIR", ca_dir.display().to_string()),
+        ("PROXY_MODE", "dedicated".into()),
+        ("PROXY_WORKLOAD_INFO", "ns0/w0/default".into()),
+        ("NODE_NAME", "node0".into()),
+        ("ISTIO_META_DNS_CAPTURE", "false".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    for (k, v) in &args.proxy_env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.as_str(), v.clone()));
+    }
+    let proc = lab.spawn(&ns, "ambit", &args.ambit, &["ztunnel"], &env)?;
+    let started = Instant::now();
+    let ready: std::net::SocketAddr = ([127, 0, 0, 1], 15021).into();
+    loop {
+        if matches!(
+            ambit_lab::http_get(&ns, ready, "/healthz/ready"),
+            Ok((200, _))
+        ) {
+            break;
+        }
+        if started.elapsed() > CONNECT_GUARD {
+            bail!(
+                "ambit was not ready; its log ends:\n{}",
+                log_tail(&proc.log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let start_to_ready_ms = started.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_secs(10));
+    let rss_10s_kib = rss_kib(proc.pid)?;
+    drop(lab);
+    Ok(LocalRound {
+        start_to_ready_ms,
+        rss_10s_kib,
+    })
+}
+
+fn local_file(args: &Args) -> anyhow::Result<String> {
+    let mesh = local_mesh_yaml(false);
+    let one = local_mesh_yaml(true);
+    eprintln!("local config file: {} bytes", mesh.len());
+    let mut full = Vec::new();
+    let mut base = Vec::new();
+    for round in 0..args.rounds {
+        // Which goes first alternates, so drift favours neither.
+        for which in if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        } {
+            let r = local_round(args, if which { &mesh } else { &one })?;
+            eprintln!(
+                "round {}/{}: {}: ready in {:.0} ms, RSS 10 s after ready {:.1} MiB",
+                round + 1,
+                args.rounds,
+                if which { "mesh" } else { "one workload" },
+                r.start_to_ready_ms,
+                r.rss_10s_kib as f64 / 1024.0
+            );
+            if which {
+                full.push(r)
+            } else {
+                base.push(r)
+            }
+        }
+    }
+    let mib = |v: Vec<f64>| -> String {
+        format!("{} ({}–{})", fmt(pct(&v, 50.0)), fmt(min(&v)), fmt(max(&v)))
+    };
+    let rss = |rs: &[LocalRound]| {
+        rs.iter()
+            .map(|r| r.rss_10s_kib as f64 / 1024.0)
+            .collect::<Vec<_>>()
+    };
+    // Added: each round's mesh run against the same round's one-workload run.
+    let added: Vec<f64> = full
+        .iter()
+        .zip(&base)
+        .map(|(f, b)| (f.rss_10s_kib as f64 - b.rss_10s_kib as f64) / 1024.0)
+        .collect();
+    let per_workload: Vec<f64> = added
+        .iter()
+        .map(|a| a * 1_048_576.0 / mesh_workloads() as f64)
+        .collect();
+    let mut out = String::new();
+    writeln!(
+        out,
+        "### The node proxy on a local config file: {} workloads, {} services ({} bytes of YAML); \
+         {} rounds, interleaved\n",
+        mesh_workloads(),
+        mesh_services(),
+        mesh.len(),
+        args.rounds
+    )?;
+    writeln!(out, "| figure | median (spread) |\n|---|---|")?;
+    writeln!(
+        out,
+        "| start → ready, the mesh (ms) | {} |",
+        mib(full.iter().map(|r| r.start_to_ready_ms).collect())
+    )?;
+    writeln!(
+        out,
+        "| RSS 10 s after ready, the mesh (MiB) | {} |",
+        mib(rss(&full))
+    )?;
+    writeln!(
+        out,
+        "| RSS 10 s after ready, one workload (MiB) | {} |",
+        mib(rss(&base))
+    )?;
+    writeln!(out, "| RSS added by the mesh (MiB) | {} |", mib(added))?;
+    writeln!(
+        out,
+        "| RSS added per workload (bytes) | {} |",
+        mib(per_workload)
+    )?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
 // Fan-out mode: `ambit control` and many clients.
 
 fn workload_yaml(i: usize, revision: &str) -> String {
@@ -745,7 +933,7 @@ const WORKLOAD_FILES: usize = 10;
 
 fn workload_file(k: usize, changed: Option<(usize, &str)>) -> String {
     let mut s = String::from("workloads:\n");
-    for i in (0..WORKLOADS).filter(|i| i % WORKLOAD_FILES == k) {
+    for i in (0..mesh_workloads()).filter(|i| i % WORKLOAD_FILES == k) {
         let rev = match changed {
             Some((c, rev)) if c == i => rev,
             _ => "v1",
@@ -763,8 +951,13 @@ fn write_mesh(dir: &Path) -> anyhow::Result<()> {
             workload_file(k, None),
         )?;
     }
+    std::fs::write(dir.join("services.yaml"), services_yaml())?;
+    Ok(())
+}
+
+fn services_yaml() -> String {
     let mut s = String::from("services:\n");
-    for j in 0..SERVICES {
+    for j in 0..mesh_services() {
         let _ = write!(
             s,
             "- name: svc{j}\n  namespace: {ns}\n  hostname: {host}\n  vips: [\"/{vip}\"]\n  \
@@ -774,8 +967,7 @@ fn write_mesh(dir: &Path) -> anyhow::Result<()> {
             vip = service_vip(j),
         );
     }
-    std::fs::write(dir.join("services.yaml"), s)?;
-    Ok(())
+    s
 }
 
 /// What a client saw: (client, type URL, resource names, when).
@@ -1001,9 +1193,12 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
     let mut out = String::new();
     writeln!(
         out,
-        "### `ambit control` fan-out (issue 11): {} clients, {WORKLOADS} workloads, \
-         {SERVICES} services; {} changes\n",
-        args.clients, args.rounds
+        "### `ambit control` fan-out: {} clients, {} workloads, \
+         {} services; {} changes\n",
+        args.clients,
+        mesh_workloads(),
+        mesh_services(),
+        args.rounds
     )?;
     writeln!(out, "| figure | median (spread) |\n|---|---|")?;
     writeln!(
