@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use ambit_proto::Resource;
+use ambit_state::Name;
 
 use super::{cut, Limits};
 use crate::batch::{Batch, TypedBatch};
@@ -20,7 +21,7 @@ struct Entry {
     /// The version accepted last; `None` once an update was rejected (the store keeps
     /// what was accepted before, and the name is left out of `initial_resource_versions`
     /// so that the control plane sends it again).
-    version: Option<String>,
+    version: Option<Name>,
     /// Estimated bytes held ([`crate::held`]) in each [`Slot`].
     held: [u64; 2],
 }
@@ -94,7 +95,8 @@ impl fmt::Debug for dyn Subscribed {
 pub(super) struct Subscription<T: ResourceType> {
     ty: T,
     /// Resource name → what is held under it (names with a version or something held).
-    entries: HashMap<String, Entry>,
+    /// Interned: a name is the store's own uid or key, and versions repeat.
+    entries: HashMap<Name, Entry>,
     /// The sum of the entries' estimates.
     held: u64,
 }
@@ -205,7 +207,7 @@ impl<T: ResourceType> Subscribed for Subscription<T> {
     fn initial_versions(&self) -> HashMap<String, String> {
         self.entries
             .iter()
-            .filter_map(|(k, e)| Some((k.clone(), e.version.clone()?)))
+            .filter_map(|(k, e)| Some((k.to_string(), e.version.as_ref()?.to_string())))
             .collect()
     }
 
@@ -224,7 +226,7 @@ impl<T: ResourceType> Subscribed for Subscription<T> {
     fn forget(&mut self, names: Vec<String>) -> Batch {
         let mut batch = TypedBatch::<T>::default();
         for name in names {
-            if let Some(e) = self.entries.remove(&name) {
+            if let Some(e) = self.entries.remove(name.as_str()) {
                 self.held = self
                     .held
                     .saturating_sub(e.held[0].saturating_add(e.held[1]));
@@ -337,14 +339,14 @@ impl<T: ResourceType> Subscribed for Subscription<T> {
 
 /// The entries a response changes, over those held: what applying it would leave.
 struct Plan<'a> {
-    entries: &'a HashMap<String, Entry>,
-    changed: HashMap<String, Entry>,
+    entries: &'a HashMap<Name, Entry>,
+    changed: HashMap<Name, Entry>,
     /// Names tracked after the changes so far.
     tracked: usize,
 }
 
 impl<'a> Plan<'a> {
-    fn new(entries: &'a HashMap<String, Entry>) -> Self {
+    fn new(entries: &'a HashMap<Name, Entry>) -> Self {
         Plan {
             entries,
             changed: HashMap::new(),
@@ -355,7 +357,7 @@ impl<'a> Plan<'a> {
     fn entry(&mut self, name: &str) -> &mut Entry {
         if !self.changed.contains_key(name) {
             let e = self.entries.get(name).cloned().unwrap_or_default();
-            self.changed.insert(name.to_string(), e);
+            self.changed.insert(Name::new(name), e);
         }
         self.changed.get_mut(name).expect("just inserted")
     }
@@ -393,7 +395,7 @@ impl<'a> Plan<'a> {
     /// A resource accepted with `version`, holding `estimate` in `slot`.
     fn put(&mut self, name: &str, version: &str, slot: Slot, estimate: u64) {
         self.update(name, |e| {
-            e.version = Some(version.to_string());
+            e.version = Some(Name::new(version));
             e.held[index(slot)] = estimate;
         });
     }
@@ -407,7 +409,7 @@ impl<'a> Plan<'a> {
     fn held_after(&self, held: u64) -> u64 {
         let (mut before, mut after) = (0u64, 0u64);
         for (name, e) in &self.changed {
-            let old = self.entries.get(name).map_or([0, 0], |e| e.held);
+            let old = self.entries.get(name.as_str()).map_or([0, 0], |e| e.held);
             before = before.saturating_add(old[0] + old[1]);
             after = after.saturating_add(e.held[0].saturating_add(e.held[1]));
         }
@@ -415,16 +417,16 @@ impl<'a> Plan<'a> {
     }
 
     /// The entries changed, to [`commit`].
-    fn into_changes(self) -> HashMap<String, Entry> {
+    fn into_changes(self) -> HashMap<Name, Entry> {
         self.changed
     }
 }
 
 /// Writes the changes of a [`Plan`] into the entries.
-fn commit(changes: HashMap<String, Entry>, entries: &mut HashMap<String, Entry>) {
+fn commit(changes: HashMap<Name, Entry>, entries: &mut HashMap<Name, Entry>) {
     for (name, e) in changes {
         if e.holds_nothing() {
-            entries.remove(&name);
+            entries.remove(name.as_str());
         } else {
             entries.insert(name, e);
         }
