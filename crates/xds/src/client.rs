@@ -376,9 +376,17 @@ impl<T: XdsTransport> XdsClient<T> {
                 }
                 _ = sweep.tick(), if on_demand.is_some() => {
                     let Some(od) = &on_demand else { continue };
-                    let (unsubscribe, freed) = od.sweep();
+                    let (mut unsubscribe, freed) = od.sweep();
                     if unsubscribe.is_empty() {
                         continue;
+                    }
+                    // After a reconnect the server also follows what we reported holding
+                    // by the resources' own names (initial_resource_versions, as istiod):
+                    // those no name resolves to any more are unsubscribed too.
+                    for r in &freed {
+                        if !unsubscribe.contains(r) {
+                            unsubscribe.push(r.clone());
+                        }
                     }
                     tracing::debug!(names = unsubscribe.len(), removed = freed.len(), "xDS on-demand: unsubscribing names unused for the idle time");
                     let batch = self.delta.forget(ambit_proto::ADDRESS_TYPE, freed);
