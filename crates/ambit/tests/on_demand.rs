@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ambit_lab::mesh::{
-    mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP,
+    mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_HOST,
+    SERVICE_PORT, SERVICE_VIP,
 };
 use ambit_lab::peer::NodeProxy;
 use ambit_lab::{http_get, wait_until};
@@ -293,4 +294,33 @@ fn an_idle_name_is_unsubscribed_after_a_reconnect_too() {
         workload_uids(&config_dump(&nodes.client_ns)) == [CLIENT_UID]
     })
     .unwrap_or_else(|e| panic!("{e}: {}", config_dump(&nodes.client_ns)));
+}
+
+/// A service VIP asked for on demand brings the service and its endpoint along (the
+/// proxy cannot know an endpoint's uid): one subscription, and the connection reaches
+/// the endpoint through its node's proxy.
+#[test]
+fn a_service_vip_on_demand_brings_its_endpoints() {
+    let nodes = launch("od-vip", "30m");
+    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    wait_for_local_workloads(&nodes);
+    let before = subscribed(&nodes);
+
+    let vip = SocketAddr::from((SERVICE_VIP, SERVICE_PORT));
+    assert_eq!(round_trip(&nodes, vip, b"via vip").unwrap(), b"via vip");
+    assert_eq!(subscribed(&nodes), before + 1, "one name subscribed");
+    let dump = config_dump(&nodes.client_ns);
+    assert_eq!(workload_uids(&dump), [CLIENT_UID, SERVER_UID], "{dump}");
+    let services: Vec<&str> = dump["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["hostname"].as_str())
+        .collect();
+    assert_eq!(services, [SERVICE_HOST], "{dump}");
+    assert_eq!(dump["xdsOnDemand"]["names"]["dependents"], 1, "{dump}");
+    wait_until("the tunnelled connection counted", HANG, || {
+        tunnelled(&nodes) == 1
+    })
+    .unwrap();
 }
