@@ -530,8 +530,11 @@ impl Session {
                 changed = true;
             }
         }
-        // What the client unsubscribes from it drops itself: no removal is sent for it.
-        let mut dropped = BTreeSet::new();
+        // A resource the client held that nothing it follows brings any more is answered
+        // with its removal, also when the client unsubscribed it by name: after a reconnect
+        // it reported (and so subscribed to) what it held under the resources' own names,
+        // and unsubscribing those must not leave what it no longer follows behind, stale.
+        // (A client that dropped it already ignores the removal.)
         for name in &req.resource_names_unsubscribe {
             if name == "*" {
                 changed |= ts.wildcard;
@@ -539,24 +542,11 @@ impl Session {
             } else if ts.explicit.remove(name) {
                 ts.explicit_bytes -= name.len();
                 ts.absent_to_report.remove(name);
-                dropped.insert(
-                    snapshot
-                        .resolve(&req.type_url, name)
-                        .unwrap_or(name)
-                        .to_string(),
-                );
                 changed = true;
             }
         }
         if changed {
             ts.refollow(&req.type_url, snapshot, max_names.saturating_mul(4));
-            let TypeState {
-                known,
-                wildcard,
-                followed,
-                ..
-            } = &mut *ts;
-            known.retain(|name, _| *wildcard || followed.contains(name) || !dropped.contains(name));
             let responses = self.delta(&req.type_url, snapshot, first);
             step.responses = responses;
         }
@@ -1218,13 +1208,16 @@ mod tests {
         let s3 = snap(3, &[("a", "2"), ("b", "2"), ("/10.9.9.9", "1")], &[]);
         let out = c.on_snapshot(&s3);
         assert_eq!(names(&out[0]), ["/10.9.9.9"]);
-        // Unsubscribed: no longer followed, and not "removed" either.
+        // Unsubscribed: no longer followed, and its removal sent (the client may hold it
+        // under a subscription it made implicitly, by reporting it after a reconnect).
         let req = DeltaDiscoveryRequest {
             type_url: ADDRESS_TYPE.into(),
             resource_names_unsubscribe: vec!["b".into()],
             ..Default::default()
         };
-        assert!(c.on_request(req, &s3).unwrap().responses.is_empty());
+        let r = &c.on_request(req, &s3).unwrap().responses[0];
+        assert!(r.resources.is_empty());
+        assert_eq!(r.removed_resources, ["b"]);
         let s4 = snap(4, &[("a", "2"), ("/10.9.9.9", "1")], &[]);
         assert!(c.on_snapshot(&s4).is_empty());
         // Subscribing to "*" later turns into wildcard: a is sent.
@@ -1284,8 +1277,7 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert!(out[0].resources.is_empty());
         assert_eq!(out[0].removed_resources, ["w2"]);
-        // Unsubscribing both: what they resolved to the client drops itself (no removal
-        // is sent), and it is no longer followed.
+        // Unsubscribing both: what they resolved to is no longer followed, and removed.
         let req = DeltaDiscoveryRequest {
             type_url: ADDRESS_TYPE.into(),
             resource_names_unsubscribe: vec!["/10.96.0.1".into(), "/10.0.0.1".into()],
@@ -1293,15 +1285,50 @@ mod tests {
         };
         let step = c.on_request(req, &mesh(2, false)).unwrap();
         assert!(step.responses.iter().all(|r| r.resources.is_empty()));
-        let removed: Vec<&str> = step
+        let mut removed: Vec<&str> = step
             .responses
             .iter()
             .flat_map(|r| r.removed_resources.iter().map(String::as_str))
             .collect();
-        assert!(removed.is_empty(), "{removed:?}");
+        removed.sort();
+        assert_eq!(removed, ["ns/svc", "w1"]);
         let mut s3 = snap(3, &[("w1", "2"), ("ns/svc", "2"), ("w3", "1")], &[]);
         s3.insert_alias("/10.0.0.1".into(), "w1");
         assert!(c.on_snapshot(&s3).is_empty());
+    }
+
+    /// An on-demand client reconnecting reports the alias it asked by (empty version) and
+    /// what it holds; it then unsubscribes the held names it did not ask by. What the
+    /// alias still brings stays (no removal); what nothing brings any more is removed.
+    #[test]
+    fn held_names_unsubscribed_after_a_reconnect_stay_only_while_an_asked_name_brings_them() {
+        let mut s = snap(1, &[("w1", "1"), ("w9", "2")], &[]);
+        s.insert_alias("/10.0.0.1".into(), "w1");
+        let mut c = session();
+        let req = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..initial(ADDRESS_TYPE, &[("/10.0.0.1", ""), ("w1", "1"), ("w9", "1")])
+        };
+        let r = &c.on_request(req, &s).unwrap().responses[0];
+        // w9 changed while the client was away; w1 it holds as it is.
+        assert_eq!(names(r), ["w9"]);
+        let req = DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_unsubscribe: vec!["w1".into(), "w9".into()],
+            ..Default::default()
+        };
+        let r = &c.on_request(req, &s).unwrap().responses[0];
+        assert!(r.resources.is_empty());
+        assert_eq!(r.removed_resources, ["w9"], "w1 stays: the alias brings it");
+        // The alias unsubscribed (idle): w1 is removed too.
+        let req = DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_unsubscribe: vec!["/10.0.0.1".into()],
+            ..Default::default()
+        };
+        let r = &c.on_request(req, &s).unwrap().responses[0];
+        assert_eq!(r.removed_resources, ["w1"]);
     }
 
     #[test]
