@@ -290,16 +290,38 @@ impl DeltaClient {
     ///
     /// A type on demand subscribes `*` and unsubscribes `*` in the same request (ztunnel's
     /// "subscribe to nothing"), and reports the names asked for but not held with an
-    /// empty version, so that the server answers them again.
+    /// empty version, so that the server answers them again; a request after all the
+    /// others then unsubscribes the resources it holds under names it did not ask by.
     pub fn initial_requests(&self) -> Vec<DeltaDiscoveryRequest> {
-        self.types
+        let mut followups = Vec::new();
+        let mut out: Vec<DeltaDiscoveryRequest> = self
+            .types
             .iter()
             .map(|t| {
                 let mut versions = t.state.initial_versions();
                 let (subscribe, unsubscribe) = match &t.on_demand {
                     None => (Vec::new(), Vec::new()),
                     Some(book) => {
-                        for name in lock_book(book).initial_names() {
+                        let asked = lock_book(book).initial_names();
+                        // The server takes every name reported as subscribed (as istiod
+                        // does); held resources no name was asked by (those an alias
+                        // resolved to, dependents) are unsubscribed at once, so that
+                        // they stay only as long as an asked name brings them. (`asked` is
+                        // sorted: the book keeps its names in order.)
+                        let mut implied: Vec<String> = versions
+                            .keys()
+                            .filter(|n| asked.binary_search(n).is_err())
+                            .cloned()
+                            .collect();
+                        implied.sort_unstable();
+                        if !implied.is_empty() {
+                            followups.push(DeltaDiscoveryRequest {
+                                type_url: t.state.type_url().to_string(),
+                                resource_names_unsubscribe: implied,
+                                ..Default::default()
+                            });
+                        }
+                        for name in asked {
                             versions.entry(name).or_default();
                         }
                         (vec!["*".to_string()], vec!["*".to_string()])
@@ -314,7 +336,9 @@ impl DeltaClient {
                     ..Default::default()
                 }
             })
-            .collect()
+            .collect();
+        out.extend(followups);
+        out
     }
 
     /// True once every type is ready ([`ResourceType::readiness`]): by default, once a

@@ -1141,4 +1141,30 @@ fn on_demand_subscribes_to_nothing_but_what_is_asked_and_bounds_what_is_not() {
     assert!(!c.is_ready());
     c.answered(AUTHORIZATION_TYPE);
     assert!(c.is_ready());
+    // A new stream: what is held is reported (so the server subscribes to it), and a
+    // last request unsubscribes what was not asked for by that name, so that it stays
+    // only while an asked name brings it.
+    let init = c.initial_requests();
+    assert_eq!(init.len(), 3);
+    let mut versions: Vec<&str> = init[0]
+        .initial_resource_versions
+        .keys()
+        .map(String::as_str)
+        .collect();
+    versions.sort_unstable();
+    assert_eq!(
+        versions,
+        [
+            "/10.0.0.5",
+            "c//v1/Pod/ns1/a",
+            "c//v1/Pod/ns1/x0",
+            "c//v1/Pod/ns1/x1"
+        ]
+    );
+    assert_eq!(init[2].type_url, ADDRESS_TYPE);
+    assert_eq!(
+        init[2].resource_names_unsubscribe,
+        ["c//v1/Pod/ns1/a", "c//v1/Pod/ns1/x0", "c//v1/Pod/ns1/x1"]
+    );
+    assert!(init[2].resource_names_subscribe.is_empty());
 }
