@@ -111,15 +111,32 @@ impl Snapshot {
         max: usize,
     ) -> (BTreeSet<String>, BTreeMap<String, Vec<String>>) {
         let mut followed = BTreeSet::new();
-        let mut alias_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut alias_of = BTreeMap::new();
+        let names = explicit.iter().map(String::as_str);
+        self.follow_more(type_url, names, &mut followed, &mut alias_of, max);
+        (followed, alias_of)
+    }
+
+    /// Adds to `followed` (at most `max` names in all) and `alias_of` what `names` follow,
+    /// as [`Snapshot::follow`] does for all of them: the work is in proportion to
+    /// `names` and what they bring, not to what was followed before.
+    fn follow_more<'n>(
+        &self,
+        type_url: &str,
+        names: impl IntoIterator<Item = &'n str>,
+        followed: &mut BTreeSet<String>,
+        alias_of: &mut BTreeMap<String, Vec<String>>,
+        max: usize,
+    ) {
         let mut stack: Vec<&str> = Vec::new();
-        for name in explicit {
+        for name in names {
             if let Some(real) = self.resolve(type_url, name) {
                 if real != name {
-                    alias_of
-                        .entry(real.to_string())
-                        .or_default()
-                        .push(name.clone());
+                    // Kept sorted, as a full pass over the (sorted) names gives them.
+                    let aliases = alias_of.entry(real.to_string()).or_default();
+                    if let Err(at) = aliases.binary_search_by(|a| a.as_str().cmp(name)) {
+                        aliases.insert(at, name.to_string());
+                    }
                 }
                 stack.push(real);
             }
@@ -137,7 +154,6 @@ impl Snapshot {
                 }
             }
         }
-        (followed, alias_of)
     }
 
     /// This snapshot with the list of what differs from `previous`, the snapshot it
@@ -355,6 +371,18 @@ impl TypeState {
         self.alias_of = alias_of;
         changed
     }
+
+    /// Adds what `added` (names just subscribed) follow in `snapshot`, which what is
+    /// followed is in step with: a request costs in proportion to what it asks, not to
+    /// every name asked before (a client sending names one at a time would otherwise
+    /// make the server's work grow with the square of its names).
+    fn follow_added(&mut self, type_url: &str, snapshot: &Snapshot, added: &[String], max: usize) {
+        if self.wildcard {
+            return;
+        }
+        let names = added.iter().map(String::as_str);
+        snapshot.follow_more(type_url, names, &mut self.followed, &mut self.alias_of, max);
+    }
 }
 
 /// One client stream.
@@ -508,19 +536,29 @@ impl Session {
             }
             changed = true;
         }
+        // What is followed is worked out again from every name only when needed (a new
+        // stream, a wildcard change, a name unsubscribed that brought something, another
+        // snapshot); names only added are followed on their own.
+        let mut refollow_all = first || ts.synced != Some(snapshot.generation);
+        let mut added = Vec::new();
         for name in &req.resource_names_subscribe {
             if name == "*" {
+                refollow_all |= !ts.wildcard;
                 changed |= !ts.wildcard;
                 ts.wildcard = true;
-            } else if ts.explicit.insert(name.clone()) {
-                ts.explicit_bytes += name.len();
-                step.subscribed += 1;
-                if ts.explicit.len() > max_names {
+            } else if !ts.explicit.contains(name) {
+                // Checked before it is kept: the session never holds more than the caps
+                // (it stays listed in /debug until its stream is gone).
+                if ts.explicit.len() >= max_names {
                     return Err(too_many());
                 }
-                if ts.explicit_bytes > limits.max_name_bytes_per_type {
+                if ts.explicit_bytes + name.len() > limits.max_name_bytes_per_type {
                     return Err(too_many_bytes());
                 }
+                ts.explicit.insert(name.clone());
+                added.push(name.clone());
+                ts.explicit_bytes += name.len();
+                step.subscribed += 1;
                 ts.absent_to_report.insert(name.clone());
                 // Asked for: answered even if the client holds it already (under
                 // another name), so that the answer carries the name it asked by.
@@ -537,16 +575,23 @@ impl Session {
         // (A client that dropped it already ignores the removal.)
         for name in &req.resource_names_unsubscribe {
             if name == "*" {
+                refollow_all |= ts.wildcard;
                 changed |= ts.wildcard;
                 ts.wildcard = false;
             } else if ts.explicit.remove(name) {
                 ts.explicit_bytes -= name.len();
                 ts.absent_to_report.remove(name);
+                refollow_all |= snapshot.resolve(&req.type_url, name).is_some();
                 changed = true;
             }
         }
         if changed {
-            ts.refollow(&req.type_url, snapshot, max_names.saturating_mul(4));
+            let max_followed = max_names.saturating_mul(4);
+            if refollow_all {
+                ts.refollow(&req.type_url, snapshot, max_followed);
+            } else {
+                ts.follow_added(&req.type_url, snapshot, &added, max_followed);
+            }
             let responses = self.delta(&req.type_url, snapshot, first);
             step.responses = responses;
         }
@@ -1365,6 +1410,9 @@ mod tests {
             ..initial(ADDRESS_TYPE, &[])
         };
         assert!(c.on_request(req, &s).is_err());
+        // The refused name was never kept: the session (listed until its stream is gone)
+        // holds at most the cap.
+        assert_eq!(c.debug(0).types[ADDRESS_TYPE].explicit_subscriptions, 2);
     }
 
     #[test]

@@ -294,3 +294,56 @@ async fn a_name_storm_is_capped_refused_counted_and_others_are_served() {
     wait_server_at(&good_tx, &mut good_rx, [10, 0, 0, 15]).await;
     control.shutdown().await;
 }
+
+/// A storm of many small requests (one new name each, sent as fast as the client can):
+/// each costs in proportion to what it asks, not to every name the client asked before,
+/// so every name is answered (with its removal: none exists) within the hang guard, and
+/// another client is served after. Were every name followed again on each request, this
+/// would take ~1.8 × 10⁹ lookups of 100-byte names (some ten minutes in a debug build):
+/// far past the guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_small_subscriptions_are_each_answered_and_others_are_served() {
+    const REQUESTS: usize = 60_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mesh_dir = dir.path().join("mesh");
+    std::fs::create_dir(&mesh_dir).unwrap();
+    std::fs::write(mesh_dir.join("a.yaml"), mesh("10.0.0.13")).unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let mut cfg = ControlConfig::new(mesh_dir.clone(), dir.path().join("ca"), tokens);
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    let control = Control::start(cfg).await.unwrap();
+    let ch = channel(control.local_addr(), &control.root_pem());
+
+    let (storm_tx, mut storm_rx) = open(ch.clone(), on_demand_first(Vec::new())).await;
+    let pad = "x".repeat(100);
+    let sender = tokio::spawn(async move {
+        for i in 0..REQUESTS {
+            let req = DeltaDiscoveryRequest {
+                type_url: ADDRESS_TYPE.into(),
+                resource_names_subscribe: vec![format!("nobody/{i}-{pad}")],
+                ..Default::default()
+            };
+            storm_tx.send(req).await.unwrap();
+        }
+        storm_tx
+    });
+    let answered = async {
+        let mut removed = 0;
+        while removed < REQUESTS {
+            removed += next(&mut storm_rx).await.removed_resources.len();
+        }
+        removed
+    };
+    let removed = tokio::time::timeout(2 * WAIT, answered)
+        .await
+        .expect("the storm was not answered: a hang");
+    assert_eq!(removed, REQUESTS);
+    let storm_tx = sender.await.unwrap();
+    assert_eq!(most_names(&control), REQUESTS as u64);
+
+    let (good_tx, mut good_rx) = open(ch, on_demand_first(vec!["/10.0.0.3".into()])).await;
+    wait_server_at(&good_tx, &mut good_rx, [10, 0, 0, 3]).await;
+    drop(storm_tx);
+    control.shutdown().await;
+}
