@@ -6,6 +6,7 @@
 //!     [--rounds 3] [--updates 1000] [--only ambit|istio] [--proxy-env KEY=VALUE]...
 //! bench_xds --fanout --ambit target/release/ambit --out FILE [--rounds 3] [--clients 100]
 //! bench_xds --local-file --ambit target/release/ambit --out FILE [--rounds 3]
+//! bench_xds --under-control --ambit target/release/ambit --out FILE [--rounds 3]
 //! ```
 //!
 //! Every mode takes `--workloads N` (10,000 unless told; a service per ten workloads).
@@ -27,6 +28,10 @@
 //! Local-file mode: the same mesh as one `LOCAL_XDS_PATH` file; each round starts ambit on
 //! it and on a file of its own workload alone (interleaved), and samples RSS ten seconds
 //! after ready; the difference is what the mesh adds.
+//!
+//! Under-control mode: `ambit control` serves the mesh, and a node proxy subscribes to it
+//! whole (wildcard) or on demand (`XDS_ON_DEMAND=true`, asking for its own workload only):
+//! RSS ten seconds after ready, each way, interleaved.
 //!
 //! Needs root (network namespaces). Everything it creates is removed at the end.
 
@@ -83,6 +88,7 @@ struct Args {
     clients: usize,
     fanout: bool,
     local_file: bool,
+    under_control: bool,
     only: Option<String>,
     proxy_env: Vec<(String, String)>,
 }
@@ -97,6 +103,7 @@ fn parse_args() -> anyhow::Result<Args> {
         clients: 100,
         fanout: false,
         local_file: false,
+        under_control: false,
         only: None,
         proxy_env: Vec::new(),
     };
@@ -112,6 +119,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--clients" => a.clients = val()?.parse().context("--clients")?,
             "--fanout" => a.fanout = true,
             "--local-file" => a.local_file = true,
+            "--under-control" => a.under_control = true,
             "--workloads" => {
                 let n: usize = val()?.parse().context("--workloads")?;
                 let _ = MESH_SIZE.set(n.clamp(10, 250_000));
@@ -134,7 +142,12 @@ fn parse_args() -> anyhow::Result<Args> {
     if (a.fanout || wants("ambit")) && a.ambit.as_os_str().is_empty() {
         bail!("--ambit PATH is required (or --only istio)");
     }
-    if !a.fanout && !a.local_file && wants("istio") && a.peer.as_os_str().is_empty() {
+    if !a.fanout
+        && !a.local_file
+        && !a.under_control
+        && wants("istio")
+        && a.peer.as_os_str().is_empty()
+    {
         bail!("--peer DIR is required (or --only ambit)");
     }
     if let Some(o) = &a.only {
@@ -159,6 +172,8 @@ fn main() -> anyhow::Result<()> {
         fanout(&args)?
     } else if args.local_file {
         local_file(&args)?
+    } else if args.under_control {
+        under_control(&args)?
     } else {
         proxies(&args)?
     };
@@ -910,6 +925,131 @@ fn local_file(args: &Args) -> anyhow::Result<String> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Under-control mode: a node proxy under `ambit control`, wildcard or on demand.
+
+/// RSS (KiB) of a node proxy under `control`, ten seconds after ready, and the time to
+/// ready (ms).
+fn proxy_under_control(
+    args: &Args,
+    lab: &Lab,
+    control: &ambit_lab::control::ControlPlane,
+    on_demand: bool,
+) -> anyhow::Result<(u64, f64)> {
+    // Beside the control server, on loopback: their ports do not meet.
+    let ns = control.ns.clone();
+    let mut env: Vec<(&str, String)> = control.proxy_env("node0")?;
+    env.retain(|(k, _)| *k != "CLUSTER_ID");
+    env.extend([
+        ("CLUSTER_ID", "Kubernetes".to_string()),
+        ("PROXY_MODE", "dedicated".to_string()),
+        ("PROXY_WORKLOAD_INFO", "ns0/w0/default".to_string()),
+        ("NODE_NAME", "node0".to_string()),
+        ("XDS_ON_DEMAND", on_demand.to_string()),
+    ]);
+    for (k, v) in &args.proxy_env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.as_str(), v.clone()));
+    }
+    let proc = lab.spawn(
+        &ns,
+        if on_demand { "on-demand" } else { "wildcard" },
+        &args.ambit,
+        &["ztunnel"],
+        &env,
+    )?;
+    let started = Instant::now();
+    let ready: std::net::SocketAddr = ([127, 0, 0, 1], 15021).into();
+    while !matches!(
+        ambit_lab::http_get(&ns, ready, "/healthz/ready"),
+        Ok((200, _))
+    ) {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "the proxy was not ready; its log ends:\n{}",
+                log_tail(&proc.log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_secs(10));
+    let rss = rss_kib(proc.pid)?;
+    lab.signal_and_wait(
+        proc.pid,
+        nix::sys::signal::Signal::SIGTERM,
+        Duration::from_secs(10),
+    )?;
+    Ok((rss, ready_ms))
+}
+
+fn under_control(args: &Args) -> anyhow::Result<String> {
+    let mut wildcard = Vec::new();
+    let mut on_demand = Vec::new();
+    for round in 0..args.rounds {
+        let lab = Lab::new("bxc")?;
+        let cns = lab.netns("control")?;
+        let ca_dir = lab.dir.path().join("ca");
+        ambit_identity::CertificateAuthority::ephemeral("cluster.local")?
+            .write_plugin_dir(&ca_dir)?;
+        let listen: std::net::SocketAddr =
+            ([127, 0, 0, 1], ambit_lab::control::CONTROL_PORT).into();
+        let mut control = ambit_lab::control::ControlPlane::prepare(
+            &lab,
+            &cns,
+            listen,
+            &args.ambit,
+            &ca_dir,
+            &["node0"],
+            "workloads: []\n",
+        )?;
+        // The mesh in several files, as the fan-out mode writes it (a file is bounded).
+        write_mesh(&control.mesh_dir)?;
+        control.start(&lab)?;
+        for od in if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        } {
+            let (rss, ready_ms) = proxy_under_control(args, &lab, &control, od)?;
+            eprintln!(
+                "round {}/{}: {}: ready in {ready_ms:.0} ms, RSS 10 s after ready {:.1} MiB",
+                round + 1,
+                args.rounds,
+                if od { "on demand" } else { "wildcard" },
+                rss as f64 / 1024.0
+            );
+            if od {
+                on_demand.push(rss as f64 / 1024.0)
+            } else {
+                wildcard.push(rss as f64 / 1024.0)
+            }
+        }
+        control.stop(&lab)?;
+    }
+    let line = |v: &[f64]| format!("{} ({}–{})", fmt(pct(v, 50.0)), fmt(min(v)), fmt(max(v)));
+    let mut out = String::new();
+    writeln!(
+        out,
+        "### A node proxy under `ambit control`: {} workloads, {} services; {} rounds, interleaved\n",
+        mesh_workloads(),
+        mesh_services(),
+        args.rounds
+    )?;
+    writeln!(out, "| figure | median (spread) |\n|---|---|")?;
+    writeln!(
+        out,
+        "| RSS 10 s after ready, wildcard (MiB) | {} |",
+        line(&wildcard)
+    )?;
+    writeln!(
+        out,
+        "| RSS 10 s after ready, on demand (MiB) | {} |",
+        line(&on_demand)
+    )?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
 // Fan-out mode: `ambit control` and many clients.
 
 fn workload_yaml(i: usize, revision: &str) -> String {
@@ -1011,21 +1151,30 @@ async fn fanout_client(
     channel: ambit_grpc::GrpcChannel,
     seen: mpsc::UnboundedSender<Seen>,
 ) -> anyhow::Result<()> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
-        tx.send(DeltaDiscoveryRequest {
-            node: Some(node(c)),
-            type_url: type_url.into(),
-            ..Default::default()
-        })?;
-    }
-    let mut client = AggregatedDiscoveryServiceClient::new(channel.channel()?)
-        .max_decoding_message_size(MAX_XDS_MESSAGE);
-    let mut responses = client
-        .delta_aggregated_resources(channel.request(receiver_stream(rx))?)
-        .await
-        .with_context(|| format!("client {c}: opening the stream"))?
-        .into_inner();
+    // Opened again after a refusal or a timeout, as a node proxy reconnects: a thousand
+    // clients at once outrun the handshakes two cores can make within a connect timeout.
+    let mut attempt = 0;
+    let (tx, mut responses) = loop {
+        attempt += 1;
+        let (tx, rx) = mpsc::unbounded_channel();
+        for type_url in [ADDRESS_TYPE, AUTHORIZATION_TYPE] {
+            tx.send(DeltaDiscoveryRequest {
+                node: Some(node(c)),
+                type_url: type_url.into(),
+                ..Default::default()
+            })?;
+        }
+        let mut client = AggregatedDiscoveryServiceClient::new(channel.channel()?)
+            .max_decoding_message_size(MAX_XDS_MESSAGE);
+        match client
+            .delta_aggregated_resources(channel.request(receiver_stream(rx))?)
+            .await
+        {
+            Ok(r) => break (tx, r.into_inner()),
+            Err(_) if attempt < 30 => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(e) => return Err(e).with_context(|| format!("client {c}: opening the stream")),
+        }
+    };
     while let Some(r) = responses
         .message()
         .await
@@ -1083,6 +1232,10 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
         listen.clone(),
         "--serving-name".into(),
         XDS_NAME.into(),
+        // Every client comes from 127.0.0.1 here, where a cluster's nodes each have their
+        // own address: the per-source share must hold them all.
+        "--max-per-source".into(),
+        args.clients.max(256).to_string(),
     ];
     let argv_ref: Vec<&str> = argv.iter().map(String::as_str).collect();
     let root = ca_dir.join(ambit_identity::ca::ROOT_CERT_FILE);
@@ -1132,7 +1285,7 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
         let mut synced: Vec<HashSet<String>> = vec![HashSet::new(); args.clients];
         let mut done = 0;
         while done < args.clients {
-            let s = tokio::time::timeout(CONNECT_GUARD, seen_rx.recv())
+            let s = tokio::time::timeout(CONNECT_GUARD * 3, seen_rx.recv())
                 .await
                 .map_err(|_| fail(&format!("synced only {done} clients")))?
                 .ok_or_else(|| fail("lost every client"))?;

@@ -183,6 +183,58 @@ fn endpoints(c: &mut Criterion) {
     g.finish();
 }
 
+/// Issue 23's scale: the decisions in a store of 100,000 workloads and 10,000 services
+/// (ten endpoints each), with a namespace policy in each of its 1,000 namespaces.
+fn scale(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scale");
+    let mut s = ProxyState::new();
+    let client = workload("client", "client", 1);
+    s.insert_workload(client.clone()).unwrap();
+    let key = |j: u32| format!("ns-{}/s{j}.ns-{}", j % 1000, j % 1000);
+    for i in 0..100_000u32 {
+        let mut w = workload(&format!("w{i}"), &format!("ns-{}", i % 1000), 200_000 + i);
+        w.services
+            .insert(key(i % 10_000).into(), [(80, 8080)].into_iter().collect());
+        s.insert_workload(w).unwrap();
+    }
+    for j in 0..10_000u32 {
+        let ns = format!("ns-{}", j % 1000);
+        let mut svc = Service::new(format!("s{j}"), ns.clone(), format!("s{j}.{ns}"));
+        svc.vips = vec![format!("/10.96.{}.{}", j / 250, j % 250).parse().unwrap()];
+        svc.ports.insert(80, 8080);
+        s.insert_service(svc).unwrap();
+    }
+    for n in 0..1000 {
+        let ns = format!("ns-{n}");
+        s.insert_policy(policy(
+            format!("p{n}"),
+            &ns,
+            PolicyScope::Namespace,
+            PolicyAction::Allow,
+            1,
+        ))
+        .unwrap();
+    }
+    let input = RouteInput {
+        source: &client,
+        dst: "10.96.20.7:80".parse().unwrap(),
+        src_ip: client.workload_ips[0],
+        network: "",
+        hbone_port: 15008,
+    };
+    let mut rng = StdRng::seed_from_u64(1);
+    route(&s, &input, &mut rng).unwrap();
+    g.bench_function("route_vip_100k_workloads", |b| {
+        b.iter(|| black_box(route(&s, black_box(&input), &mut rng).unwrap()))
+    });
+    let dst = s.workload_by_ip("", ip(200_507)).unwrap();
+    let ctx = ctx();
+    g.bench_function("authorize_100k_workloads", |b| {
+        b.iter(|| black_box(s.authorize(black_box(&ctx), &dst, &ambit_state::Unobserved)))
+    });
+    g.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -190,5 +242,5 @@ fn config() -> Criterion {
         .sample_size(50)
 }
 
-criterion_group! { name = benches; config = config(); targets = rbac, endpoints }
+criterion_group! { name = benches; config = config(); targets = rbac, endpoints, scale }
 criterion_main!(benches);
