@@ -136,7 +136,7 @@ fn main() {
     );
     drop(reader);
 }
-#[allow(dead_code)]
+/// The sizes of what the store holds once per item.
 fn sizes() {
     println!(
         "size_of Workload {} Service {} GatewayAddress {} Locality {}",
