@@ -788,6 +788,28 @@ fn local_mesh_yaml(only_w0: bool) -> String {
     s
 }
 
+/// Waits until the proxy `proc` in `ns` is ready (its readiness port answers 200), then
+/// ten seconds more; returns the time to ready (ms) and the RSS then (KiB).
+fn ready_then_rss(ns: &str, proc: &ambit_lab::Process) -> anyhow::Result<(f64, u64)> {
+    let started = Instant::now();
+    let ready: std::net::SocketAddr = ([127, 0, 0, 1], 15021).into();
+    while !matches!(
+        ambit_lab::http_get(ns, ready, "/healthz/ready"),
+        Ok((200, _))
+    ) {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "the proxy was not ready; its log ends:\n{}",
+                log_tail(&proc.log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_secs(10));
+    Ok((ready_ms, rss_kib(proc.pid)?))
+}
+
 struct LocalRound {
     start_to_ready_ms: f64,
     rss_10s_kib: u64,
@@ -815,26 +837,7 @@ fn local_round(args: &Args, yaml: &str) -> anyhow::Result<LocalRound> {
         env.push((k.as_str(), v.clone()));
     }
     let proc = lab.spawn(&ns, "ambit", &args.ambit, &["ztunnel"], &env)?;
-    let started = Instant::now();
-    let ready: std::net::SocketAddr = ([127, 0, 0, 1], 15021).into();
-    loop {
-        if matches!(
-            ambit_lab::http_get(&ns, ready, "/healthz/ready"),
-            Ok((200, _))
-        ) {
-            break;
-        }
-        if started.elapsed() > CONNECT_GUARD {
-            bail!(
-                "ambit was not ready; its log ends:\n{}",
-                log_tail(&proc.log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let start_to_ready_ms = started.elapsed().as_secs_f64() * 1e3;
-    std::thread::sleep(Duration::from_secs(10));
-    let rss_10s_kib = rss_kib(proc.pid)?;
+    let (start_to_ready_ms, rss_10s_kib) = ready_then_rss(&ns, &proc)?;
     drop(lab);
     Ok(LocalRound {
         start_to_ready_ms,
@@ -957,23 +960,7 @@ fn proxy_under_control(
         &["ztunnel"],
         &env,
     )?;
-    let started = Instant::now();
-    let ready: std::net::SocketAddr = ([127, 0, 0, 1], 15021).into();
-    while !matches!(
-        ambit_lab::http_get(&ns, ready, "/healthz/ready"),
-        Ok((200, _))
-    ) {
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "the proxy was not ready; its log ends:\n{}",
-                log_tail(&proc.log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
-    std::thread::sleep(Duration::from_secs(10));
-    let rss = rss_kib(proc.pid)?;
+    let (ready_ms, rss) = ready_then_rss(&ns, &proc)?;
     lab.signal_and_wait(
         proc.pid,
         nix::sys::signal::Signal::SIGTERM,

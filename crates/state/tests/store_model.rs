@@ -118,42 +118,16 @@ struct Model {
     services: BTreeMap<String, Service>,
 }
 
-impl Model {
-    fn apply(&mut self, op: &Op) {
-        match *op {
-            Op::PutWorkload {
-                id,
-                services,
-                second_ip,
-                network,
-                host_network,
-                port,
-            } => {
-                self.workloads.insert(
-                    uid(id),
-                    workload(id, services, second_ip, network, host_network, port),
-                );
-            }
-            Op::RemoveWorkload(id) => {
-                self.workloads.remove(&uid(id));
-            }
-            Op::PutService {
-                id,
-                network,
-                target,
-            } => {
-                self.services
-                    .insert(service_key(id), service(id, network, target));
-            }
-            Op::RemoveService(id) => {
-                self.services.remove(&service_key(id));
-            }
-            Op::Snapshot => {}
-        }
-    }
+/// What an operation changes, built once for both the store and the model.
+enum Change {
+    Workload(Workload),
+    RemoveWorkload(String),
+    Service(Service),
+    RemoveService(String),
+    Nothing,
 }
 
-fn apply(state: &mut ProxyState, op: &Op) {
+fn change(op: &Op) -> Change {
     match *op {
         Op::PutWorkload {
             id,
@@ -162,32 +136,60 @@ fn apply(state: &mut ProxyState, op: &Op) {
             network,
             host_network,
             port,
-        } => {
-            state
-                .insert_workload(workload(
-                    id,
-                    services,
-                    second_ip,
-                    network,
-                    host_network,
-                    port,
-                ))
-                .unwrap();
-        }
-        Op::RemoveWorkload(id) => {
-            state.remove_workload(&uid(id));
-        }
+        } => Change::Workload(workload(
+            id,
+            services,
+            second_ip,
+            network,
+            host_network,
+            port,
+        )),
+        Op::RemoveWorkload(id) => Change::RemoveWorkload(uid(id)),
         Op::PutService {
             id,
             network,
             target,
-        } => {
-            state.insert_service(service(id, network, target)).unwrap();
+        } => Change::Service(service(id, network, target)),
+        Op::RemoveService(id) => Change::RemoveService(service_key(id)),
+        Op::Snapshot => Change::Nothing,
+    }
+}
+
+impl Model {
+    fn apply(&mut self, op: &Op) {
+        match change(op) {
+            Change::Workload(w) => {
+                self.workloads.insert(w.uid.to_string(), w);
+            }
+            Change::RemoveWorkload(uid) => {
+                self.workloads.remove(&uid);
+            }
+            Change::Service(s) => {
+                self.services.insert(s.key(), s);
+            }
+            Change::RemoveService(key) => {
+                self.services.remove(&key);
+            }
+            Change::Nothing => {}
         }
-        Op::RemoveService(id) => {
-            state.remove_service(&service_key(id));
+    }
+}
+
+fn apply(state: &mut ProxyState, op: &Op) {
+    match change(op) {
+        Change::Workload(w) => {
+            state.insert_workload(w).unwrap();
         }
-        Op::Snapshot => {}
+        Change::RemoveWorkload(uid) => {
+            state.remove_workload(&uid);
+        }
+        Change::Service(s) => {
+            state.insert_service(s).unwrap();
+        }
+        Change::RemoveService(key) => {
+            state.remove_service(&key);
+        }
+        Change::Nothing => {}
     }
 }
 
