@@ -46,7 +46,7 @@ pub struct ProxyInputs {
     /// The DNS proxy's resolver, for SOCKS5 requests by name (none: DNS proxy disabled).
     pub names: Option<Arc<dyn crate::socks5::NameLookup>>,
     /// On-demand xDS (`XDS_ON_DEMAND=true`): names a decision misses are asked for.
-    pub on_demand: Option<Arc<dyn crate::on_demand::OnDemandLookups>>,
+    pub on_demand: Option<Arc<dyn crate::lookups::OnDemandLookups>>,
 }
 
 impl ProxyInputs {

@@ -10,6 +10,7 @@ pub use ambit_runtime::dry_run;
 pub mod error;
 mod inbound;
 pub mod inputs;
+mod lookups;
 pub mod metrics;
 pub mod on_demand;
 mod outbound;

@@ -4,27 +4,14 @@
 //! follow ztunnel: `<network>/<ip>` for an address (`/<ip>` in the default network) and
 //! the workload uid for the local workload.
 
-use std::future::Future;
 use std::net::IpAddr;
-use std::pin::Pin;
 
 use ambit_state::ProxyState;
 
 use crate::error::Error;
 use crate::inputs::ProxyInputs;
 
-/// The xDS client's on-demand side, as the data path needs it.
-pub trait OnDemandLookups: Send + Sync + 'static {
-    /// Asks for `name` and waits until the answer was applied to the store (or fails:
-    /// no answer in time, too many pending). `pin`: never unsubscribed for idleness.
-    fn fetch<'a>(
-        &'a self,
-        name: &'a str,
-        pin: bool,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
-    /// A lookup of `name` hit: keeps it subscribed.
-    fn touch(&self, name: &str);
-}
+pub use crate::lookups::OnDemandLookups;
 
 /// The on-demand name of an address: `<network>/<ip>`.
 pub fn address_name(network: &str, ip: IpAddr) -> String {

@@ -31,7 +31,7 @@ pub struct PodProxyFactory {
     /// The DNS proxy every pod gets on 15053, unless `ISTIO_META_DNS_CAPTURE` turned it off.
     pub dns: Option<PodDns>,
     /// On-demand xDS (`XDS_ON_DEMAND=true`), for every pod's decisions.
-    pub on_demand: Option<Arc<dyn crate::on_demand::OnDemandLookups>>,
+    pub on_demand: Option<Arc<dyn crate::lookups::OnDemandLookups>>,
 }
 
 /// What each pod's DNS server is made from.
