@@ -741,15 +741,8 @@ fn proxies(args: &Args) -> anyhow::Result<String> {
         let mut medians = Vec::new();
         for r in &rounds {
             let values: Vec<f64> = r.iter().map(f).collect();
-            let m = pct(&values, 50.0);
-            medians.push(m);
-            write!(
-                out,
-                " {} ({}–{}) |",
-                fmt(m),
-                fmt(min(&values)),
-                fmt(max(&values))
-            )?;
+            medians.push(pct(&values, 50.0));
+            write!(out, " {} |", median_spread(&values))?;
         }
         if medians.len() == 2 {
             if medians[1] != 0.0 {
@@ -874,9 +867,6 @@ fn local_file(args: &Args) -> anyhow::Result<String> {
             }
         }
     }
-    let mib = |v: Vec<f64>| -> String {
-        format!("{} ({}–{})", fmt(pct(&v, 50.0)), fmt(min(&v)), fmt(max(&v)))
-    };
     let rss = |rs: &[LocalRound]| {
         rs.iter()
             .map(|r| r.rss_10s_kib as f64 / 1024.0)
@@ -906,23 +896,27 @@ fn local_file(args: &Args) -> anyhow::Result<String> {
     writeln!(
         out,
         "| start → ready, the mesh (ms) | {} |",
-        mib(full.iter().map(|r| r.start_to_ready_ms).collect())
+        median_spread(&full.iter().map(|r| r.start_to_ready_ms).collect::<Vec<_>>())
     )?;
     writeln!(
         out,
         "| RSS 10 s after ready, the mesh (MiB) | {} |",
-        mib(rss(&full))
+        median_spread(&rss(&full))
     )?;
     writeln!(
         out,
         "| RSS 10 s after ready, one workload (MiB) | {} |",
-        mib(rss(&base))
+        median_spread(&rss(&base))
     )?;
-    writeln!(out, "| RSS added by the mesh (MiB) | {} |", mib(added))?;
+    writeln!(
+        out,
+        "| RSS added by the mesh (MiB) | {} |",
+        median_spread(&added)
+    )?;
     writeln!(
         out,
         "| RSS added per workload (bytes) | {} |",
-        mib(per_workload)
+        median_spread(&per_workload)
     )?;
     Ok(out)
 }
@@ -1013,7 +1007,6 @@ fn under_control(args: &Args) -> anyhow::Result<String> {
         }
         control.stop(&lab)?;
     }
-    let line = |v: &[f64]| format!("{} ({}–{})", fmt(pct(v, 50.0)), fmt(min(v)), fmt(max(v)));
     let mut out = String::new();
     writeln!(
         out,
@@ -1026,12 +1019,12 @@ fn under_control(args: &Args) -> anyhow::Result<String> {
     writeln!(
         out,
         "| RSS 10 s after ready, wildcard (MiB) | {} |",
-        line(&wildcard)
+        median_spread(&wildcard)
     )?;
     writeln!(
         out,
         "| RSS 10 s after ready, on demand (MiB) | {} |",
-        line(&on_demand)
+        median_spread(&on_demand)
     )?;
     Ok(out)
 }
@@ -1356,13 +1349,7 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
     ];
     for (name, f) in rows {
         let v: Vec<f64> = rounds.iter().map(f).collect();
-        writeln!(
-            out,
-            "| {name} | {} ({}–{}) |",
-            fmt(pct(&v, 50.0)),
-            fmt(min(&v)),
-            fmt(max(&v))
-        )?;
+        writeln!(out, "| {name} | {} |", median_spread(&v))?;
     }
     writeln!(
         out,
@@ -1402,6 +1389,11 @@ fn min(values: &[f64]) -> f64 {
 
 fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+/// A figure as the tables show it: the median and, in brackets, the lowest and highest.
+fn median_spread(v: &[f64]) -> String {
+    format!("{} ({}–{})", fmt(pct(v, 50.0)), fmt(min(v)), fmt(max(v)))
 }
 
 fn fmt(v: f64) -> String {
