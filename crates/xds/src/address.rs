@@ -111,13 +111,21 @@ impl ResourceType for Addresses {
                     }
                     None
                 }
+                // The name for the log is made only for a refusal: a sync applies every
+                // resource here, and shared names cost a reference count to keep.
                 AddressOp::Workload(w) => {
-                    let uid = w.uid.to_string();
-                    state.insert_workload(*w).err().map(|e| (uid, e))
+                    let uid = w.uid.clone();
+                    state
+                        .insert_workload(*w)
+                        .err()
+                        .map(|e| (uid.to_string(), e))
                 }
                 AddressOp::Service(s) => {
-                    let key = s.key();
-                    state.insert_service(*s).err().map(|e| (key, e))
+                    let (ns, host) = (s.namespace.clone(), s.hostname.clone());
+                    state
+                        .insert_service(*s)
+                        .err()
+                        .map(|e| (format!("{ns}/{host}"), e))
                 }
             };
             if let Some((name, reason)) = refused {
