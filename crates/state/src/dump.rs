@@ -77,7 +77,8 @@ impl ProxyState {
                 if w.status == HealthStatus::Unhealthy && !allow_unhealthy {
                     return None;
                 }
-                let ports = w.services.get(service_key).cloned().unwrap_or_default();
+                // Always there: a workload is an endpoint of the services it names.
+                let ports = w.services.get(service_key)?;
                 Some((
                     uid.to_string(),
                     json!({"workloadUid": uid, "port": ports, "status": w.status.as_str()}),
