@@ -324,9 +324,31 @@ fn claim_header_value(claims: &Map<String, Value>, path: &str) -> Option<HeaderV
     HeaderValue::from_str(&text).ok()
 }
 
+/// [`authenticate`] for any request: a CORS preflight ([`is_cors_preflight`]) carries no
+/// credentials and passes without a token check, as Istio configures Envoy
+/// (`bypass_cors_preflight`), but the rules' output headers are removed from it like from
+/// every other request, so a client cannot forge a claim header on an `OPTIONS`.
+pub fn authenticate_request(
+    rules: &[JwtRule],
+    method: &http::Method,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    now: SystemTime,
+) -> Outcome {
+    if is_cors_preflight(method, headers) {
+        return Outcome::NoToken {
+            edits: HeaderEdits {
+                sanitize: sanitized(rules),
+                ..HeaderEdits::default()
+            },
+        };
+    }
+    authenticate(rules, headers, query, now)
+}
+
 /// Whether a request is a CORS preflight (`OPTIONS` with `Origin` and
 /// `Access-Control-Request-Method`), which Istio lets through without authentication
-/// (`bypass_cors_preflight`): the caller skips [`authenticate`] for it.
+/// (`bypass_cors_preflight`); [`authenticate_request`] decides it.
 pub fn is_cors_preflight(method: &http::Method, headers: &HeaderMap) -> bool {
     let present = |name| headers.get(name).is_some_and(|v| !v.is_empty());
     method == http::Method::OPTIONS

@@ -11,9 +11,10 @@
 //!   rustls), refreshed, the last good set kept.
 //!
 //! A waypoint uses it as: build each rule with [`JwtRule::new`] (its keys from
-//! [`KeySource::inline`] or [`JwksCache::source`]); per request, skip CORS preflights
-//! ([`is_cors_preflight`]), call [`authenticate`], answer a refusal, else apply the edits
-//! and hand the identity to authorization.
+//! [`KeySource::inline`] or [`JwksCache::source`]); per request, call
+//! [`authenticate_request`] (which lets CORS preflights through unchecked, their forged
+//! output headers still removed), answer a refusal, else apply the edits and hand the
+//! identity to authorization.
 
 mod authn;
 mod b64;
@@ -28,7 +29,8 @@ pub mod testkeys;
 mod token;
 
 pub use authn::{
-    authenticate, is_cors_preflight, HeaderEdits, Outcome, MAX_TOKENS, MAX_TOKEN_BYTES,
+    authenticate, authenticate_request, is_cors_preflight, HeaderEdits, Outcome, MAX_TOKENS,
+    MAX_TOKEN_BYTES,
 };
 pub use fetch::{
     discovery_uri, fetch_discovered, fetch_jwks, keys_ready, FetchConfig, FetchError, JwksCache,

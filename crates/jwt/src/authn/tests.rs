@@ -836,6 +836,70 @@ fn rules_are_validated() {
     }
 }
 
+/// A preflight passes unchecked whatever token it carries (none, good, forged), but on
+/// every path the rules' output headers a client sent are removed before forwarding.
+#[test]
+fn a_preflight_passes_unchecked_and_its_forged_output_headers_are_removed() {
+    let rules = [rs_rule(JwtSpec {
+        output_claim_to_headers: vec![("x-jwt-group".into(), "group".into())],
+        output_payload_to_header: "x-jwt-payload".into(),
+        ..spec()
+    })];
+    let forged = [("x-jwt-group", "admins"), ("x-jwt-payload", "e30")];
+    let preflight = [
+        ("origin", "https://a"),
+        ("access-control-request-method", "DELETE"),
+    ];
+    let good = rs().token(&with(claims(), json!({"group": "users"})));
+    let cases: &[(&str, http::Method, Option<String>, bool)] = &[
+        ("preflight, no token", http::Method::OPTIONS, None, true),
+        (
+            "preflight, forged token",
+            http::Method::OPTIONS,
+            Some("Bearer x.y.z".into()),
+            true,
+        ),
+        (
+            "preflight, good token",
+            http::Method::OPTIONS,
+            Some(format!("Bearer {good}")),
+            true,
+        ),
+        (
+            "plain OPTIONS, no token",
+            http::Method::OPTIONS,
+            None,
+            false,
+        ),
+        ("GET, no token", http::Method::GET, None, false),
+    ];
+    for (what, method, token, is_preflight) in cases {
+        let mut pairs: Vec<(&str, &str)> = forged.to_vec();
+        if *is_preflight {
+            pairs.extend(preflight);
+        } else if *method == http::Method::OPTIONS {
+            pairs.push(("origin", "https://a"));
+        }
+        if let Some(t) = token {
+            pairs.push(("authorization", t));
+        }
+        let mut h = headers(&pairs);
+        let outcome = authenticate_request(&rules, method, &h, None, now());
+        let Outcome::NoToken { edits } = outcome else {
+            panic!("{what}: {outcome:?}");
+        };
+        edits.apply(&mut h);
+        assert!(h.get("x-jwt-group").is_none(), "{what}: {h:?}");
+        assert!(h.get("x-jwt-payload").is_none(), "{what}: {h:?}");
+        // A preflight's token is neither checked nor stripped.
+        assert_eq!(h.contains_key("authorization"), token.is_some(), "{what}");
+    }
+    // Not a preflight: the forged token is checked and refused.
+    let h = headers(&[("authorization", "Bearer x.y.z")]);
+    let outcome = authenticate_request(&rules, &http::Method::OPTIONS, &h, None, now());
+    assert!(matches!(outcome, Outcome::Refused(_)), "{outcome:?}");
+}
+
 #[test]
 fn cors_preflight() {
     let pre = headers(&[
