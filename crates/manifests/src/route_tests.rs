@@ -256,6 +256,42 @@ fn defaults() {
     assert_eq!(r.rules[0].backends[0].target, svc("a", 80));
 }
 
+/// A retry past the cap, or a backoff under Envoy's floor, is honoured at the bound and
+/// noted; at the bounds nothing is noted.
+#[test]
+fn retries_are_capped_and_noted() {
+    /// A rule, the retries and backoff it gets, the notes.
+    type Case<'a> = (&'a str, Option<u32>, Option<Duration>, &'a [&'a str]);
+    let cases: &[Case] = &[
+        (
+            "{retry: {codes: [500], attempts: 4294967295, backoff: 1ms}}",
+            Some(MAX_RETRY_ATTEMPTS),
+            Some(Duration::from_millis(1)),
+            &["spec.rules[0].retry.attempts: 4294967295 capped at 10 retries"],
+        ),
+        (
+            "{retry: {attempts: 10, backoff: 0s}}",
+            Some(10),
+            Some(MIN_RETRY_BACKOFF),
+            &["spec.rules[0].retry.backoff: 0ns raised to 1ms"],
+        ),
+        (
+            "{retry: {attempts: 11}}",
+            Some(10),
+            None,
+            &["spec.rules[0].retry.attempts: 11 capped at 10 retries"],
+        ),
+        ("{retry: {codes: [503]}}", None, None, &[]),
+    ];
+    for (rule, attempts, backoff, notes) in cases {
+        let r = route(&http(rule));
+        let retry = r.rules[0].retry.as_ref().unwrap();
+        assert_eq!(retry.attempts, *attempts, "{rule}");
+        assert_eq!(retry.backoff, *backoff, "{rule}");
+        assert_eq!(r.notes, *notes, "{rule}");
+    }
+}
+
 #[test]
 fn grpc_routes_match_service_and_method_as_paths() {
     let text = "\

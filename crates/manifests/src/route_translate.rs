@@ -16,7 +16,7 @@ use ambit_routes::{
     grpc_path_match, parse_duration, Backend, BackendTarget, CreationTime, Filter, GrpcMatchType,
     HeaderMatch, HeaderModifier, Mirror, ParentRef, PathMatch, PathModifier, Pattern, QueryMatch,
     Redirect, Retry, Rewrite, Route, RouteKind, RouteMatch, Rule, ServiceBackend, ServiceKey,
-    Timeouts, ValueMatch,
+    Timeouts, ValueMatch, MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF,
 };
 use http::header::HeaderName;
 
@@ -498,10 +498,28 @@ fn http_rule(
                     })
                 })
                 .transpose()?;
+            let attempts = match attempts {
+                Some(a) if a > MAX_RETRY_ATTEMPTS => {
+                    notes.push(format!(
+                        "{p}.retry.attempts: {a} capped at {MAX_RETRY_ATTEMPTS} retries"
+                    ));
+                    Some(MAX_RETRY_ATTEMPTS)
+                }
+                a => a,
+            };
             let backoff = rt
                 .backoff
                 .map(|b| parse_duration(&b.0).map_err(|m| invalid(rp.at(field!["backoff"]), m)))
                 .transpose()?;
+            let backoff = match backoff {
+                Some(b) if b < MIN_RETRY_BACKOFF => {
+                    notes.push(format!(
+                        "{p}.retry.backoff: {b:?} raised to {MIN_RETRY_BACKOFF:?}"
+                    ));
+                    Some(MIN_RETRY_BACKOFF)
+                }
+                b => b,
+            };
             Some(Retry {
                 codes,
                 attempts,

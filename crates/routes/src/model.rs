@@ -347,14 +347,25 @@ pub struct Timeouts {
     pub backend_request: Option<Duration>,
 }
 
+/// The most retries a rule gets: a larger `attempts` is capped here, with a note. The
+/// Gateway API sets no maximum and Istio passes any number to Envoy (and lifts Envoy's
+/// default of three retries in flight per cluster), so one request could retry for as long
+/// as its client waits; past ten, retries no longer ride over a blip, they hide an outage
+/// and multiply its load. The waypoint's retry budget bounds them across requests too.
+pub const MAX_RETRY_ATTEMPTS: u32 = 10;
+
+/// The smallest base backoff: Envoy rounds a shorter one up to 1 ms.
+pub const MIN_RETRY_BACKOFF: Duration = Duration::from_millis(1);
+
 /// `retry`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retry {
     /// Status codes (400-599) that are retried, besides connection failures.
     pub codes: Vec<u16>,
-    /// Retries after the first try; `None` is the default (2, as Istio).
+    /// Retries after the first try, at most [`MAX_RETRY_ATTEMPTS`]; `None` is the default
+    /// (2, as Istio).
     pub attempts: Option<u32>,
-    /// The base interval between tries.
+    /// The base interval between tries, at least [`MIN_RETRY_BACKOFF`].
     pub backoff: Option<Duration>,
 }
 
