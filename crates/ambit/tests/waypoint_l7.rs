@@ -266,7 +266,7 @@ fn sigterm_under_load_finishes_in_flight_requests() {
     );
 }
 
-/// An HTTP/1.1 upgrade passes through: the app's 101, then bytes both ways on the same
+/// A WebSocket upgrade passes through: the app's 101, then bytes both ways on the same
 /// connection; and each request leaves an access log line with Istio's fields.
 #[test]
 fn upgrades_pass_through_and_requests_are_logged() {
@@ -279,7 +279,7 @@ fn upgrades_pass_through_and_requests_are_logged() {
         .unwrap();
     s.write_all(
         format!(
-            "GET /ws HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nConnection: Upgrade\r\nUpgrade: echo\r\nUser-Agent: lab-test\r\n\r\n"
+            "GET /ws HTTP/1.1\r\nHost: {SERVICE_HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nUser-Agent: lab-test\r\n\r\n"
         )
         .as_bytes(),
     )

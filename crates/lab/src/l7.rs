@@ -440,6 +440,36 @@ impl L7Lab {
 }
 
 impl L7Lab {
+    /// The `SETTINGS_MAX_CONCURRENT_STREAMS` the waypoint's HBONE listener advertises, read
+    /// by an HTTP/2 client presenting `identity`, after one CONNECT has been answered.
+    pub fn hbone_max_streams(&self, identity: &str, authority: &str) -> anyhow::Result<usize> {
+        let ca = ambit_identity::CertificateAuthority::from_plugin_dir(&self.nodes.ca_dir)?;
+        let id = ambit_identity::SpiffeId::parse(identity)?;
+        let cert = ca.issue(&id, Duration::from_secs(3600))?;
+        let waypoint_id = ambit_identity::SpiffeId::parse(WAYPOINT_ID)?;
+        let tls = ambit_identity::tls::client_config(&cert, std::slice::from_ref(&waypoint_id))?;
+        let dst = SocketAddr::from((WAYPOINT_IP, WAYPOINT_PORT));
+        let tcp = Lab::in_netns(&self.nodes.server_ns, || {
+            std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(10))
+        })?;
+        tcp.set_nonblocking(true)?;
+        let authority = authority.to_string();
+        self.rt.block_on(async move {
+            let tcp = tokio::net::TcpStream::from_std(tcp)?;
+            let tls = ambit_hbone::tls::connect(tcp, tls).await?;
+            let (mut send, conn) = h2::client::handshake(tls).await?;
+            tokio::spawn(conn);
+            let req = http::Request::builder()
+                .method(http::Method::CONNECT)
+                .uri(authority)
+                .body(())?;
+            let (response, _stream) = send.send_request(req, false)?;
+            let status = response.await?.status();
+            anyhow::ensure!(status == 200, "CONNECT answered {status}");
+            Ok(send.current_max_send_streams())
+        })
+    }
+
     /// Opens a CONNECT with `authority` straight to the waypoint's HBONE port, from the
     /// server node, presenting `identity` (a certificate of the lab's CA): the answer's
     /// status (200 when it is taken).
@@ -546,9 +576,10 @@ impl AppState {
 type AppBody =
     http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
-/// The app: HTTP/1.1 or h2c (prior knowledge), answering `<pod> <method> <path>` and the
-/// request body's length, with each `x-` request header and the host sent back as
-/// `echo-<name>`. A path segment `/delay/<ms>/` waits first, `/status/<code>` answers
+/// The app: HTTP/1.1 or h2c (prior knowledge, or by an `Upgrade: h2c`), answering
+/// `<pod> <method> <path>` and the request body's length, with each `x-` request header
+/// and the host sent back as `echo-<name>`; `Upgrade: websocket` (or `echo`) switches to a
+/// byte echo. A path segment `/delay/<ms>/` waits first, `/status/<code>` answers
 /// with that code, `/flaky/<key>/<n>` answers 503 to the first `n` requests for `key`;
 /// `/slow` answers after a second. A gRPC request (`application/grpc`) is answered by a
 /// real gRPC server: a unary method that replies `<pod> <path> <message>`.
@@ -584,13 +615,67 @@ fn segment_after<'p>(path: &'p str, word: &str) -> Option<&'p str> {
     Some(path[at..].split(['/', '?']).next().unwrap_or_default())
 }
 
+type AnswerFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<http::Response<AppBody>, std::convert::Infallible>>
+            + Send,
+    >,
+>;
+
+/// [`answer`] boxed: the requests of an upgraded connection are answered by the function
+/// that upgraded it.
+fn answer_boxed(
+    name: Arc<str>,
+    req: http::Request<hyper::body::Incoming>,
+    state: Arc<AppState>,
+) -> AnswerFuture {
+    Box::pin(answer(name, req, state))
+}
+
 async fn answer(
     name: Arc<str>,
     mut req: http::Request<hyper::body::Incoming>,
     state: Arc<AppState>,
 ) -> Result<http::Response<AppBody>, std::convert::Infallible> {
-    // `Upgrade: echo`: 101, then every byte echoed after the pod's name.
-    if req.headers().get("upgrade").is_some_and(|v| v == "echo") {
+    let upgrade = req
+        .headers()
+        .get("upgrade")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase());
+    // `Upgrade: h2c`, as a backend that takes HTTP/2 by upgrade: 101, then HTTP/2 on the
+    // same connection (the requests on it are answered as any other).
+    if upgrade.as_deref() == Some("h2c") {
+        let upgraded = hyper::upgrade::on(&mut req);
+        state
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(format!(
+                "{name} {} {} upgrade=h2c",
+                req.method(),
+                req.uri().path()
+            ));
+        let (name, state) = (name.clone(), state.clone());
+        tokio::spawn(async move {
+            if let Ok(io) = upgraded.await {
+                let service = hyper::service::service_fn(move |req| {
+                    answer_boxed(name.clone(), req, state.clone())
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(io, service)
+                    .await;
+            }
+        });
+        let mut resp = http::Response::new(full(Bytes::new()));
+        *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut()
+            .insert("upgrade", http::HeaderValue::from_static("h2c"));
+        resp.headers_mut()
+            .insert("connection", http::HeaderValue::from_static("upgrade"));
+        return Ok(resp);
+    }
+    // `Upgrade: websocket` (or `echo`): 101 with the same protocol, then every byte echoed
+    // after the pod's name.
+    if let Some(protocol) = upgrade.filter(|u| u == "websocket" || u == "echo") {
         let upgraded = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
@@ -603,8 +688,9 @@ async fn answer(
         });
         let mut resp = http::Response::new(full(Bytes::new()));
         *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
-        resp.headers_mut()
-            .insert("upgrade", http::HeaderValue::from_static("echo"));
+        if let Ok(v) = http::HeaderValue::from_str(&protocol) {
+            resp.headers_mut().insert("upgrade", v);
+        }
         resp.headers_mut()
             .insert("connection", http::HeaderValue::from_static("upgrade"));
         return Ok(resp);

@@ -74,6 +74,13 @@ pub struct Config {
     /// `AMBIT_WORKER_THREADS` (default: the cores available, at most 2, as Istio's
     /// waypoints run two workers).
     pub worker_threads: usize,
+    /// `AMBIT_UPGRADE_TYPES`: the HTTP/1.1 upgrades joined (default `websocket`, as Istio
+    /// configures Envoy; never `h2c`).
+    pub upgrade_types: crate::head::UpgradeTypes,
+    /// `AMBIT_XFCC_INCLUDE_CLIENT_IDENTITY`: send the caller's identity to the backend in
+    /// `x-forwarded-client-cert` (default off), as Istio's Gateway annotation
+    /// `ambient.istio.io/xfcc-include-client-identity` does.
+    pub xfcc_client_identity: bool,
 }
 
 /// Where the mesh state comes from.
@@ -197,7 +204,18 @@ impl Config {
             .parse::<usize>("AMBIT_WORKER_THREADS", "a number of threads from 1")?
             .unwrap_or(cores.min(2))
             .max(1);
+        let upgrade_types = match env.get("AMBIT_UPGRADE_TYPES") {
+            None => crate::head::UpgradeTypes::default(),
+            Some(v) => crate::head::UpgradeTypes::parse(v).map_err(|_| ConfigError::Invalid {
+                var: "AMBIT_UPGRADE_TYPES",
+                value: v.to_string(),
+                expected: "a comma-separated list of protocol tokens other than h2c (a joined \
+                           h2c connection would carry requests that no policy sees)",
+            })?,
+        };
         Ok(Config {
+            upgrade_types,
+            xfcc_client_identity: env.bool("AMBIT_XFCC_INCLUDE_CLIENT_IDENTITY", false)?,
             namespace,
             pod_name,
             gateway,
@@ -280,6 +298,8 @@ mod tests {
         assert_eq!(c.readiness_addr.port(), 15021);
         assert_eq!(c.drain_deadline, Duration::from_secs(25));
         assert!(matches!(c.ca, CaSource::Ephemeral));
+        assert_eq!(c.upgrade_types.names(), ["websocket"]);
+        assert!(!c.xfcc_client_identity);
     }
 
     #[test]
@@ -298,6 +318,15 @@ mod tests {
                 "TERMINATION_GRACE_PERIOD_SECONDS",
             ),
             (&[("TRUST_DOMAIN", "bad/domain")], "TRUST_DOMAIN"),
+            (&[("AMBIT_UPGRADE_TYPES", "websocket,h2c")], "h2c"),
+            (
+                &[("AMBIT_UPGRADE_TYPES", "web socket")],
+                "AMBIT_UPGRADE_TYPES",
+            ),
+            (
+                &[("AMBIT_XFCC_INCLUDE_CLIENT_IDENTITY", "maybe")],
+                "AMBIT_XFCC_INCLUDE_CLIENT_IDENTITY",
+            ),
         ];
         for (pairs, var) in cases {
             let e = Config::from_env(&vars(pairs)).unwrap_err().to_string();

@@ -81,6 +81,10 @@ pub enum NotFronted {
     /// It exists, but its `waypoint` is not this waypoint (or it has none).
     #[error("{0} does not use this waypoint")]
     NotOurs(String),
+    /// The service is ours, but the port dialled is not one of its ports (Envoy's waypoint
+    /// has no filter chain for it).
+    #[error("{0} is not a port of the service")]
+    PortNotServed(String),
     /// This waypoint's own workload is not in the mesh state yet.
     #[error("this waypoint's own workload is not in the mesh state yet")]
     NoSelf,
@@ -90,7 +94,8 @@ pub enum NotFronted {
 ///
 /// A VIP is tried first (service addressing: any service at that VIP that names this
 /// waypoint), then a pod IP (workload addressing: that workload names it); a hostname
-/// must be a service's hostname, that service naming this waypoint.
+/// must be a service's hostname, that service naming this waypoint. A service is fronted
+/// on its own ports only; a pod on any port.
 pub fn front(
     state: &ProxyState,
     network: &str,
@@ -105,15 +110,23 @@ pub fn front(
         Authority::Addr(addr) => {
             let ip = addr.ip();
             let mut known = false;
+            let mut port_not_served = false;
             for service in state.services_at_vip(network, ip) {
                 known = true;
                 if ours(service.waypoint.as_ref()) {
+                    if !service.ports.contains_key(&addr.port()) {
+                        port_not_served = true;
+                        continue;
+                    }
                     return Ok(Fronted::Service {
                         service: service.clone(),
                         port: addr.port(),
                         vip: Some(ip),
                     });
                 }
+            }
+            if port_not_served {
+                return Err(NotFronted::PortNotServed(addr.to_string()));
             }
             if let Some(workload) = state.workload_by_ip(network, ip) {
                 if ours(workload.waypoint.as_deref()) {
@@ -132,9 +145,14 @@ pub fn front(
         }
         Authority::Host { host, port } => {
             let mut known = false;
+            let mut port_not_served = false;
             for service in state.services_with_hostname(host) {
                 known = true;
                 if ours(service.waypoint.as_ref()) {
+                    if !service.ports.contains_key(port) {
+                        port_not_served = true;
+                        continue;
+                    }
                     return Ok(Fronted::Service {
                         service: service.clone(),
                         port: *port,
@@ -143,7 +161,9 @@ pub fn front(
                 }
             }
             let shown = format!("{host}:{port}");
-            Err(if known {
+            Err(if port_not_served {
+                NotFronted::PortNotServed(shown)
+            } else if known {
                 NotFronted::NotOurs(shown)
             } else {
                 NotFronted::Unknown(shown)
@@ -232,6 +252,19 @@ services:
                 "wp",
                 "reviews.shop.svc.cluster.local:80",
                 ok("service shop/reviews.shop.svc.cluster.local:80 Http"),
+            ),
+            // Ours, but not one of the service's ports (by VIP and by hostname).
+            (
+                "wp",
+                "10.96.0.1:81",
+                Err(NotFronted::PortNotServed("10.96.0.1:81".into())),
+            ),
+            (
+                "wp",
+                "reviews.shop.svc.cluster.local:8080",
+                Err(NotFronted::PortNotServed(
+                    "reviews.shop.svc.cluster.local:8080".into(),
+                )),
             ),
             // Another waypoint's service, and a service without one.
             ("wp", "10.96.0.2:80", not_ours("10.96.0.2:80")),

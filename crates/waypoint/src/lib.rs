@@ -14,6 +14,8 @@
 //! - [`routing`]: what the HTTPRoutes and GRPCRoutes attached to the dialled Service make
 //!   of a request (404, 500, a redirect, or a backend with filters, timeouts and
 //!   retries); [`replay`]: request bodies kept for retries and fed to mirrors;
+//! - [`head`]: what a request head becomes before any decision (one authority, no
+//!   hop-by-hop or forged identity header, only an allowed upgrade);
 //! - [`http`]: HTTP/1.1 and HTTP/2 requests, each normalised, authorized ([`authz`]),
 //!   balanced on its own ([`balance`]) and sent on a pooled onward connection
 //!   ([`upstream`]);
@@ -31,10 +33,12 @@ pub mod balance;
 pub mod config;
 pub mod downstream;
 pub mod front;
+pub mod head;
 pub mod http;
 pub mod metrics;
 pub mod policies;
 pub mod replay;
+pub mod retry_budget;
 pub mod route_status;
 pub mod routing;
 pub mod run;
@@ -70,6 +74,8 @@ pub struct Waypoint {
     /// Mirrored requests in flight: past the bound, a mirror is skipped.
     pub mirrors: Arc<tokio::sync::Semaphore>,
     pub upstream: Arc<Upstream>,
+    /// Requests and retries in flight per destination: the retry budget.
+    pub retry_budgets: Arc<retry_budget::Budgets>,
     pub metrics: Metrics,
     pub dry_run: Arc<DryRunMatches>,
     pub identity: SpiffeId,

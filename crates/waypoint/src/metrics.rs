@@ -99,6 +99,18 @@ pub struct Metrics {
     generation: Arc<AtomicU64>,
     /// `RBAC` denials and refused authorities, ambit's own.
     pub refused_authorities: Counter,
+    /// Retries sent (Envoy's `upstream_rq_retry`).
+    pub retries: Counter,
+    /// Retries wanted and not made, by reason: `limit` (the route's attempts were used:
+    /// Envoy's `upstream_rq_retry_limit_exceeded`), `budget` (the destination's retry
+    /// budget: Envoy's `upstream_rq_retry_overflow`).
+    retries_refused: Family<ReasonLabel, Counter>,
+}
+
+/// A `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -145,6 +157,8 @@ impl Metrics {
             seen_tcp: Arc::default(),
             generation: Arc::default(),
             refused_authorities: Counter::default(),
+            retries: Counter::default(),
+            retries_refused: Family::default(),
         };
         registry.register("istio_requests", "Total requests", m.requests.clone());
         registry.register(
@@ -187,7 +201,24 @@ impl Metrics {
             "CONNECT streams refused because their authority is not fronted by this waypoint",
             m.refused_authorities.clone(),
         );
+        registry.register(
+            "ambit_waypoint_upstream_retries",
+            "Retries sent to upstreams",
+            m.retries.clone(),
+        );
+        registry.register(
+            "ambit_waypoint_upstream_retries_refused",
+            "Retries a request's outcome asked for and did not get: its route's attempts used (limit) or its destination's retry budget spent (budget)",
+            m.retries_refused.clone(),
+        );
         m
+    }
+
+    /// Counts a retry not made, `reason` `limit` or `budget`.
+    pub fn retry_refused(&self, reason: &'static str) {
+        self.retries_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     /// The series of `labels`, made if new.

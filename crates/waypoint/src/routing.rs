@@ -355,7 +355,10 @@ fn retry_policy(rule: &Rule) -> RetryPolicy<'_> {
     match &rule.retry {
         None => RetryPolicy::MESH_DEFAULT,
         Some(r) => RetryPolicy {
-            retries: r.attempts.unwrap_or(2),
+            retries: r
+                .attempts
+                .unwrap_or(2)
+                .min(ambit_routes::MAX_RETRY_ATTEMPTS),
             codes: &r.codes,
             backoff: r.backoff.unwrap_or(DEFAULT_BACKOFF),
         },

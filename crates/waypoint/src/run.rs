@@ -92,6 +92,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         routes,
         mirrors: Arc::new(tokio::sync::Semaphore::new(crate::MAX_MIRRORS)),
         upstream: Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip),
+        retry_budgets: Arc::default(),
         metrics: metrics.clone(),
         dry_run,
         identity: identity.clone(),
@@ -494,12 +495,8 @@ async fn serve_connection(
             ambit_hbone::HandshakeStep::Tls => 2,
         })
     };
-    let handshake = ambit_hbone::accept_connection_reporting(
-        stream,
-        server_config,
-        H2Settings::default(),
-        progress,
-    );
+    let handshake =
+        ambit_hbone::accept_connection_reporting(stream, server_config, hbone_settings(), progress);
     let accepted = tokio::select! {
         r = handshake => r,
         _ = ticket.evicted() => return,
@@ -533,5 +530,21 @@ async fn serve_connection(
             }
         }
         _ = drain.forced() => {}
+    }
+}
+
+/// Streams one HBONE connection may have open at once: 100, as Istio's Envoy waypoint
+/// advertises on its CONNECT listener (ztunnel's own server allows 200). A client's node
+/// proxy pools 100 streams a connection and opens another past that, so a busy client
+/// spreads over connections, and so over the waypoint's workers, instead of queueing
+/// on one.
+pub const HBONE_MAX_STREAMS: u32 = 100;
+
+/// The HTTP/2 settings of the HBONE listener: the node proxy's, with
+/// [`HBONE_MAX_STREAMS`].
+pub fn hbone_settings() -> H2Settings {
+    H2Settings {
+        max_concurrent_streams: HBONE_MAX_STREAMS,
+        ..H2Settings::default()
     }
 }
