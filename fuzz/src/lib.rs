@@ -23,6 +23,7 @@ pub mod local_config;
 pub mod manifests;
 pub mod pod_cgroup;
 pub mod request_authz;
+pub mod request_head;
 pub mod socks5_request;
 pub mod spiffe_id;
 pub mod x509_cert;

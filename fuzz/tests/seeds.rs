@@ -687,6 +687,32 @@ fn socks5_request_seeds() {
 }
 
 #[test]
+fn request_head_seeds() {
+    let prepared = |authority: &str, upgrade: Option<&str>| -> request_head::Outcome {
+        Ok((authority.into(), upgrade.map(str::to_string)))
+    };
+    let refused = |variant: &str| -> request_head::Outcome { Err(variant.into()) };
+    replay(
+        "request_head",
+        request_head::run,
+        vec![
+            ("origin_form", prepared("echo:80", None)),
+            ("absolute_form_wins", prepared("echo.default:80", None)),
+            ("two_hosts", refused("TwoHosts")),
+            ("h2c_dropped", prepared("echo", None)),
+            ("websocket", prepared("echo", Some("websocket"))),
+            ("echo_refused", refused("Upgrade")),
+            ("echo_allowed", prepared("echo", Some("echo"))),
+            ("h2_host_differs", refused("HostNotAuthority")),
+            ("hop_by_hop", prepared("echo", None)),
+            ("connect", refused("Connect")),
+            ("user_info", refused("BadHost")),
+            ("http10_no_host", prepared("", None)),
+        ],
+    );
+}
+
+#[test]
 fn spiffe_id_seeds() {
     replay(
         "spiffe_id",
