@@ -1,10 +1,10 @@
-//! Delta xDS responses from a control plane: arbitrary bytes as a
-//! `DeltaDiscoveryResponse` through ambit's delta client state machine into a
-//! `ProxyState` (the body is `ambit_xds::fuzzing::delta_response`, tested with its crate).
+//! Delta xDS responses from a control plane: arbitrary bytes as a `DeltaDiscoveryResponse`
+//! through ambit's delta client state machine into a `ProxyState`. The body and its checks:
+//! `ambit_fuzz::xds_delta::delta_response` (its seeds and mutations: `tests/xds_bodies.rs`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    ambit_xds::fuzzing::delta_response(data);
+    ambit_fuzz::xds_delta::delta_response(data);
 });

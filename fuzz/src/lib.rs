@@ -3,10 +3,8 @@
 //! on every seed of the target's corpus, so the invariants a target asserts (round trips,
 //! fd rules, the removal simulation, ...) run in every `cargo test` of this crate, not only
 //! under the fuzzer. A body panics when an invariant breaks and returns what it reached,
-//! which the seed test compares with each seed's expected outcome.
-//!
-//! The `dns_query`, `xds_delta` and `xds_resource` bodies live with their crates
-//! (`ambit_dns::fuzzing`, `ambit_xds::fuzzing`).
+//! which the seed test compares with each seed's expected outcome. What a body needs
+//! beyond its seeds (edge inputs, mutations) is in `tests/bodies.rs`.
 
 use std::fmt::Debug;
 
@@ -15,10 +13,12 @@ pub mod cmdadd_request;
 pub mod cni_conflist;
 pub mod cni_plugin;
 pub mod csr_request;
+pub mod dns_query;
 pub mod hbone_headers;
 pub mod hbone_server;
 pub mod ipset_save;
 pub mod iptables_save;
+pub mod jwt;
 pub mod local_config;
 pub mod manifests;
 pub mod pod_cgroup;
@@ -27,6 +27,9 @@ pub mod request_head;
 pub mod socks5_request;
 pub mod spiffe_id;
 pub mod x509_cert;
+pub mod xds_delta;
+pub mod xds_resource;
+pub mod xds_waypoint_document;
 pub mod zds_request;
 pub mod zds_sequences;
 

@@ -1,5 +1,5 @@
-//! Replays every seed of every target through the target's own body (`ambit_fuzz::*`,
-//! `ambit_dns::fuzzing`, `ambit_xds::fuzzing`), so the invariants each target asserts run
+//! Replays every seed of every target through the target's own body (`ambit_fuzz::*`), so
+//! the invariants each target asserts run
 //! here too, and checks each seed's outcome against the one named for it: every seed file
 //! has an expectation and every expectation a seed file, so a new seed cannot go unchecked.
 //! Run with `cargo test` in `fuzz/` (a plain build: no sanitizer, no nightly flags).
@@ -951,7 +951,7 @@ fn zds_agent_session_seeds() {
 #[test]
 fn dns_query_seeds() {
     let answered = |data: &[u8]| {
-        ambit_dns::fuzzing::query_path(data);
+        dns_query::query_path(data);
         ambit_dns::handle_locally(
             &ambit_state::ProxyState::new(),
             None,
@@ -982,7 +982,7 @@ fn dns_query_seeds() {
 fn xds_delta_seeds() {
     use ambit_xds::{DeltaClient, NodeConfig};
     let handled = |data: &[u8]| {
-        ambit_xds::fuzzing::delta_response(data);
+        xds_delta::delta_response(data);
         let h = DeltaClient::new(NodeConfig::default().to_node())
             .handle_bytes(&data[1..])
             .expect("a response");
@@ -1021,7 +1021,7 @@ fn xds_delta_seeds() {
 fn xds_resource_seeds() {
     use ambit_xds::shape::{check_address, check_authorization};
     let walked = |data: &[u8]| {
-        ambit_xds::fuzzing::resource_body(data);
+        xds_resource::resource_body(data);
         let body = &data[1..];
         let walk = if data[0] & 1 == 1 {
             check_authorization(body)
@@ -1047,32 +1047,24 @@ fn xds_resource_seeds() {
 }
 
 #[test]
-fn xds_waypoint_policy_seeds() {
+fn xds_waypoint_document_seeds() {
     replay(
-        "xds_waypoint_policy",
-        ambit_xds::fuzzing::waypoint_policy_body,
+        "xds_waypoint_document",
+        xds_waypoint_document::run,
         vec![
-            ("policy", Ok("shop/reviews".into())),
-            ("custom", Ok("shop/ext".into())),
-            ("not_a_file", Err("rulesJson[0][0][0].paths: a to field beside a from field (principals) in one match object; each belongs to its own clause".into())),
-            ("bad_value", Err("rulesJson[0][0][0].paths[0]: path \"admin\" does not start with \"/\", so it can never match; write \"/admin\"".into())),
-            ("no_action", Err("action: 0 is not ALLOW, DENY, AUDIT or CUSTOM (a missing action is refused, never read as ALLOW)".into())),
-            ("garbage", Err("cannot decode ambit.waypoint.v1.AuthorizationPolicy: a field runs past the end of its message".into())),
-        ],
-    );
-}
-
-#[test]
-fn xds_waypoint_route_seeds() {
-    replay(
-        "xds_waypoint_route",
-        ambit_xds::fuzzing::waypoint_route_body,
-        vec![
-            ("http_route", Ok("HTTPRoute/shop/r".into())),
-            ("grpc_route", Ok("GRPCRoute/shop/g".into())),
-            ("misnamed", Err("manifest: the document is HTTPRoute shop/r, not the HTTPRoute shop/other the message names".into())),
-            ("bad_port", Err("manifest: HTTPRoute/shop/r:8:120: spec.rules[0].backendRefs[2].port: 0 is not a port (1-65535)".into())),
-            ("garbage", Err("cannot decode ambit.waypoint.v1.Route: failed to decode Protobuf message: Route.kind: invalid varint".into())),
+            ("policy_deny", Ok("AuthorizationPolicy/shop/deny-admin".into())),
+            ("policy_custom", Ok("AuthorizationPolicy/shop/ext".into())),
+            ("policy_bad_value", Err("manifest: AuthorizationPolicy/shop/deny-admin:7:38: spec.rules[0].to[0].operation.paths[0]: path \"admin\" does not start with \"/\", so it can never match; write \"/admin\"".into())),
+            ("policy_misnamed", Err("manifest: the document is AuthorizationPolicy shop/deny-admin, not the AuthorizationPolicy shop/other the message names".into())),
+            // The earlier form (translated rules as JSON, no document) is refused.
+            ("policy_old_form", Err("kind: \"\" is not AuthorizationPolicy".into())),
+            ("route_http", Ok("HTTPRoute/shop/r".into())),
+            ("route_grpc", Ok("GRPCRoute/shop/g".into())),
+            ("route_misnamed", Err("manifest: the document is HTTPRoute shop/r, not the HTTPRoute shop/other the message names".into())),
+            ("route_bad_port", Err("manifest: HTTPRoute/shop/r:8:120: spec.rules[0].backendRefs[2].port: 0 is not a port (1-65535)".into())),
+            ("route_garbage", Err("cannot decode ambit.waypoint.v1.Route: failed to decode Protobuf message: Route.kind: invalid varint".into())),
+            ("authn_jwt", Ok("RequestAuthentication/shop/jwt".into())),
+            ("authn_route_inside", Err("manifest: holds 0 objects of its kind and 1 others; exactly one is carried".into())),
         ],
     );
 }
@@ -1134,7 +1126,7 @@ fn jwt_seeds() {
     let refused = |r: &str| format!("refused: {r}");
     replay(
         "jwt",
-        ambit_jwt::fuzzing::run,
+        jwt::run,
         vec![
             ("valid_a_bearer", "authenticated: https://a.fuzz/alice".into()),
             // Both of rule A's places hold it; rule B does not know its issuer but rule A

@@ -1,20 +1,20 @@
 //! The mesh model (`ambit_state`) as xDS resources: `istio.workload.Address` for workloads
 //! (named by uid) and services (named `namespace/hostname`), `istio.security.Authorization`
-//! for policies (named `namespace/name`), and the waypoints' policies read from manifests
-//! as `ambit.waypoint.v1.AuthorizationPolicy` (named `namespace/name`). The field mapping
-//! is `ambit_xds`'s, the one conversion between the model and the protos that the node
-//! proxy and the waypoint decode with too.
+//! for policies (named `namespace/name`), and the waypoints' documents read from manifests
+//! as their `ambit.waypoint.v1` resources (named `<kind>/<namespace>/<name>`). The field
+//! mapping is `ambit_xds`'s (and `ambit_waypoint_xds`'s), the one conversion between the
+//! model and the protos that the node proxy and the waypoint decode with too.
 //!
 //! Resource bytes are deterministic: a workload's `services` map is a `HashMap` in the
 //! generated code, whose iteration order changes between runs, so its entries are encoded
 //! by hand in key order. Equal resources therefore have equal bytes, and the version (a
 //! SHA-256 of the bytes) changes only when the content does, across restarts too.
 
-use ambit_manifests::WaypointPolicy;
 use ambit_proto::istio::workload as pw;
-use ambit_proto::{Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE, WAYPOINT_POLICY_TYPE};
+use ambit_proto::{Resource, ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use ambit_state::{Authorization, Service, Workload};
-use ambit_xds::{ResourceType, WaypointPolicies, WaypointPolicyOp};
+use ambit_waypoint_xds::{DocumentKind, DocumentOp, Documents};
+use ambit_xds::ResourceType;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
 
@@ -81,67 +81,26 @@ pub fn policy_resource(p: &Authorization) -> Resource {
     )
 }
 
-/// A waypoint's policy as an `ambit.waypoint.v1.AuthorizationPolicy` resource named
-/// `namespace/name`, checked as a waypoint whose root namespace is `root_namespace` will
-/// check it (its shape, its decoding, and that it decodes to this very policy). The error
-/// says why a waypoint would refuse it.
-pub fn waypoint_policy_resource(
-    p: &WaypointPolicy,
+/// A waypoint's document (an AuthorizationPolicy, HTTPRoute, GRPCRoute or
+/// RequestAuthentication) as its `ambit.waypoint.v1` resource named
+/// `<kind>/<namespace>/<name>`, carrying `manifest` (its document as written), checked as a
+/// waypoint whose root namespace is `root_namespace` will read it: its size, its decoding,
+/// and that it decodes to this very object. The error says why a waypoint would refuse it.
+pub fn waypoint_resource<K: DocumentKind>(
+    value: &K::Value,
+    manifest: &str,
     root_namespace: &str,
 ) -> Result<Resource, String> {
-    let name = p.authorization.key();
-    let body = ambit_xds::to_proto_waypoint_policy(p)
-        .map_err(|e| e.to_string())?
-        .encode_to_vec();
-    let ty = WaypointPolicies {
-        root_namespace: root_namespace.to_string(),
-        ..WaypointPolicies::default()
-    };
+    let name = ambit_waypoint_xds::resource_name::<K>(value);
+    let body = ambit_waypoint_xds::to_proto::<K>(value, manifest).encode_to_vec();
+    let ty = Documents::<K>::with_root_namespace(root_namespace);
     ty.measure(&name, &body).map_err(|e| e.to_string())?;
     let decoded = ty.decode(&body).map_err(|e| e.to_string())?;
     match decoded.op {
-        WaypointPolicyOp::Put(back) if *back == *p && decoded.key == name => {}
-        _ => return Err("its wire form does not decode to the same policy".into()),
-    }
-    Ok(resource(name, WAYPOINT_POLICY_TYPE, body))
-}
-
-/// A route as an `ambit.waypoint.v1.Route` resource named `<kind>/<namespace>/<name>`,
-/// carrying `manifest` (its document as written), checked as a waypoint will read it.
-pub fn waypoint_route_resource(
-    route: &ambit_routes::Route,
-    manifest: &str,
-) -> Result<Resource, String> {
-    let name = ambit_xds::route_resource_name(route);
-    let body = ambit_xds::to_proto_waypoint_route(route, manifest).encode_to_vec();
-    let ty = ambit_xds::WaypointRoutes::default();
-    ty.measure(&name, &body).map_err(|e| e.to_string())?;
-    let decoded = ty.decode(&body).map_err(|e| e.to_string())?;
-    match decoded.op {
-        ambit_xds::WaypointRouteOp::Put(back) if *back == *route && decoded.key == name => {}
-        _ => return Err("its wire form does not decode to the same route".into()),
-    }
-    Ok(resource(name, ambit_proto::WAYPOINT_ROUTE_TYPE, body))
-}
-
-/// A RequestAuthentication as an `ambit.waypoint.v1.RequestAuthentication` resource named
-/// `RequestAuthentication/<namespace>/<name>`, carrying its document as written, checked
-/// as a waypoint will read it.
-pub fn waypoint_authn_resource(
-    a: &ambit_manifests::WaypointAuthn,
-    manifest: &str,
-) -> Result<Resource, String> {
-    use ambit_xds::AuthnDocuments;
-    let name = ambit_xds::manifest_resource_name::<AuthnDocuments>(a);
-    let body = ambit_xds::to_proto_manifest::<AuthnDocuments>(a, manifest).encode_to_vec();
-    let ty = ambit_xds::WaypointAuthns::default();
-    ty.measure(&name, &body).map_err(|e| e.to_string())?;
-    let decoded = ty.decode(&body).map_err(|e| e.to_string())?;
-    match decoded.op {
-        ambit_xds::ManifestOp::Put(back) if *back == *a && decoded.key == name => {}
+        DocumentOp::Put(back) if *back == *value && decoded.key == name => {}
         _ => return Err("its wire form does not decode to the same document".into()),
     }
-    Ok(resource(name, ambit_proto::WAYPOINT_AUTHN_TYPE, body))
+    Ok(resource(name, K::TYPE_URL, body))
 }
 
 fn resource(name: String, type_url: &str, value: Vec<u8>) -> Resource {

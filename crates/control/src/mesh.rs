@@ -29,6 +29,9 @@ use std::path::{Path, PathBuf};
 use ambit_manifests::{Located, ManifestError, ParseOptions, WaypointPolicy};
 use ambit_proto::Resource;
 use ambit_state::{parse_local_config, ConfigError, LocalConfig, ProxyState};
+use ambit_waypoint_xds::{
+    resource_name, AuthnDocuments, DocumentKind, PolicyDocuments, RouteDocuments,
+};
 
 use crate::convert;
 use crate::session::Snapshot;
@@ -84,17 +87,9 @@ pub enum MeshError {
         first: Box<ManifestError>,
         more: usize,
     },
-    /// A route or RequestAuthentication read from a manifest that its waypoints would
-    /// refuse over xDS.
+    /// A policy, route or RequestAuthentication read from a manifest that its waypoints
+    /// would refuse over xDS (over its limits, say); `key` is `<kind>/<namespace>/<name>`.
     #[error("{origin}: {key} cannot be served to waypoints: {reason}")]
-    UnservableRoute {
-        origin: String,
-        key: String,
-        reason: String,
-    },
-    /// A policy read from a manifest that its waypoints would refuse over xDS (a value
-    /// the wire form cannot carry, or over its limits).
-    #[error("{origin}: AuthorizationPolicy {key} cannot be served to waypoints: {reason}")]
     Unservable {
         origin: String,
         key: String,
@@ -360,45 +355,10 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
             });
         }
     }
-    let waypoint_resources = manifests
-        .policies
-        .iter()
-        .map(|p| {
-            convert::waypoint_policy_resource(&p.value, &options.root_namespace).map_err(|reason| {
-                MeshError::Unservable {
-                    origin: p.origin.to_string(),
-                    key: p.value.authorization.key(),
-                    reason,
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let route_resources = manifests
-        .routes
-        .iter()
-        .map(|(r, text)| {
-            convert::waypoint_route_resource(&r.value, text).map_err(|reason| {
-                MeshError::UnservableRoute {
-                    origin: r.origin.to_string(),
-                    key: ambit_xds::route_resource_name(&r.value),
-                    reason,
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let authn_resources = manifests
-        .authns
-        .iter()
-        .map(|(a, text)| {
-            convert::waypoint_authn_resource(&a.value, text).map_err(|reason| {
-                MeshError::UnservableRoute {
-                    origin: a.origin.to_string(),
-                    key: a.value.key(),
-                    reason,
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let root = &options.root_namespace;
+    let waypoint_resources = served::<PolicyDocuments>(&manifests.policies, root)?;
+    let route_resources = served::<RouteDocuments>(&manifests.routes, root)?;
+    let authn_resources = served::<AuthnDocuments>(&manifests.authns, root)?;
     let mut node_identities: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for w in &merged.workloads {
         if !w.node.is_empty() {
@@ -410,7 +370,7 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
     }
     Ok(Mesh {
         config: merged,
-        waypoint_policies: manifests.policies,
+        waypoint_policies: manifests.policies.into_iter().map(|(p, _)| p).collect(),
         waypoint_resources,
         routes: manifests.routes.into_iter().map(|(r, _)| r).collect(),
         route_resources,
@@ -421,11 +381,29 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
     })
 }
 
-/// What the manifest files come to, as they are read.
+/// The resources of documents read, each checked as a waypoint will read it.
+fn served<K: DocumentKind>(
+    documents: &[(Located<K::Value>, String)],
+    root_namespace: &str,
+) -> Result<Vec<Resource>, MeshError> {
+    documents
+        .iter()
+        .map(|(d, text)| {
+            convert::waypoint_resource::<K>(&d.value, text, root_namespace).map_err(|reason| {
+                MeshError::Unservable {
+                    origin: d.origin.to_string(),
+                    key: resource_name::<K>(&d.value),
+                    reason,
+                }
+            })
+        })
+        .collect()
+}
+
+/// What the manifest files come to, as they are read: each document with its text.
 #[derive(Default)]
 struct Manifests {
-    policies: Vec<Located<WaypointPolicy>>,
-    /// Each route and RequestAuthentication with its document's text.
+    policies: Vec<(Located<WaypointPolicy>, String)>,
     routes: Vec<(Located<ambit_routes::Route>, String)>,
     authns: Vec<(Located<ambit_manifests::WaypointAuthn>, String)>,
     /// `<kind>/<namespace>/<name>` of each → the file that defines it.
@@ -446,31 +424,30 @@ impl Manifests {
                 more: errors.count(),
             });
         }
-        for p in parsed.policies {
-            let key = p.value.authorization.key();
-            if let Some(first) = self.at.get(&key) {
-                return Err(MeshError::Duplicate {
-                    kind: "AuthorizationPolicy",
-                    name: key,
-                    first: first.clone(),
-                    second: path.to_path_buf(),
-                });
-            }
-            self.at.insert(key, path.to_path_buf());
-            self.policies.push(p);
-        }
         // The file read whole had no refusal, so each document reads alone the same.
         for (mut one, text) in
             ambit_manifests::each_document(&path.display().to_string(), text, options)
         {
+            for p in one.policies.drain(..) {
+                let key = p.value.authorization.key();
+                if let Some(first) = self.at.get(&key) {
+                    return Err(MeshError::Duplicate {
+                        kind: "AuthorizationPolicy",
+                        name: key,
+                        first: first.clone(),
+                        second: path.to_path_buf(),
+                    });
+                }
+                self.at.insert(key, path.to_path_buf());
+                self.policies.push((p, text.clone()));
+            }
             for route in one.routes.drain(..) {
-                let key = ambit_xds::route_resource_name(&route.value);
+                let key = resource_name::<RouteDocuments>(&route.value);
                 self.first_of(&key, path)?;
                 self.routes.push((route, text.clone()));
             }
             for authn in one.authns.drain(..) {
-                let key =
-                    ambit_xds::manifest_resource_name::<ambit_xds::AuthnDocuments>(&authn.value);
+                let key = resource_name::<AuthnDocuments>(&authn.value);
                 self.first_of(&key, path)?;
                 self.authns.push((authn, text.clone()));
             }
@@ -683,17 +660,23 @@ mod tests {
         );
         let snap = mesh.snapshot(1);
         let served = snap.resources(ambit_proto::WAYPOINT_POLICY_TYPE).unwrap();
-        assert_eq!(served.keys().collect::<Vec<_>>(), ["ns/reviews"]);
-        let any = served["ns/reviews"].resource.clone().unwrap();
+        assert_eq!(
+            served.keys().collect::<Vec<_>>(),
+            ["AuthorizationPolicy/ns/reviews"]
+        );
+        let any = served["AuthorizationPolicy/ns/reviews"]
+            .resource
+            .clone()
+            .unwrap();
         assert_eq!(any.type_url, ambit_proto::WAYPOINT_POLICY_TYPE);
-        let decoded = <ambit_xds::WaypointPolicies as ambit_xds::ResourceType>::decode(
-            &ambit_xds::WaypointPolicies::default(),
+        let decoded = <ambit_waypoint_xds::WaypointPolicies as ambit_xds::ResourceType>::decode(
+            &ambit_waypoint_xds::WaypointPolicies::default(),
             &any.value,
         )
         .unwrap();
         assert_eq!(
             decoded.op,
-            ambit_xds::WaypointPolicyOp::Put(std::sync::Arc::new(
+            ambit_waypoint_xds::DocumentOp::Put(std::sync::Arc::new(
                 mesh.waypoint_policies[0].value.clone()
             ))
         );
@@ -737,12 +720,15 @@ mod tests {
                 "AuthorizationPolicy \"ns/reviews\" is defined in both /m/p.yaml and /m/q.yaml",
             ),
             (
-                vec![("/m/b.yaml", local_policy.as_str()), ("/m/p.yaml", POLICIES)],
+                vec![
+                    ("/m/b.yaml", local_policy.as_str()),
+                    ("/m/p.yaml", POLICIES),
+                ],
                 "AuthorizationPolicy \"ns/reviews\" is defined in both /m/b.yaml and /m/p.yaml",
             ),
             (
                 vec![("/m/p.yaml", long_target.as_str())],
-                "/m/p.yaml:1: AuthorizationPolicy ns/reviews cannot be served to waypoints: targets[0].name: 5000 bytes",
+                "/m/p.yaml:5:38: spec.targetRefs[0].name: \"rrrr",
             ),
         ];
         for (list, want) in table {

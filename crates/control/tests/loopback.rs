@@ -634,7 +634,7 @@ spec:
 #[derive(Default)]
 struct Held {
     state: ambit_state::ProxyState,
-    policies: ambit_xds::WaypointPolicyStore,
+    policies: ambit_waypoint_xds::DocumentStore<ambit_manifests::WaypointPolicy>,
     ready: bool,
 }
 
@@ -642,7 +642,8 @@ type Shared = Arc<std::sync::Mutex<Held>>;
 
 /// A waypoint's xDS client (addresses and the waypoints' policies), running until dropped.
 fn waypoint_client(fx: &Fixture) -> (Shared, tokio::task::JoinHandle<()>) {
-    use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, WaypointPolicies, XdsClient};
+    use ambit_waypoint_xds::WaypointPolicies;
+    use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, XdsClient};
     let held: Shared = Arc::default();
     let delta = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
         .subscribe(Addresses::default())
@@ -670,7 +671,7 @@ fn waypoint_client(fx: &Fixture) -> (Shared, tokio::task::JoinHandle<()>) {
 /// The paths the DENY policy `default/reviews` a waypoint holds matches.
 fn reviews_paths(held: &Shared) -> Option<Vec<String>> {
     let h = held.lock().unwrap();
-    let p = h.policies.get("default/reviews")?;
+    let p = h.policies.get("AuthorizationPolicy/default/reviews")?;
     let l7 = p.authorization.rules[0][0][0].l7.as_deref()?;
     Some(l7.paths.as_ref()?.iter().map(|p| p.to_text()).collect())
 }
@@ -705,7 +706,10 @@ async fn waypoints_get_their_policies_and_ztunnels_never_do() {
     {
         let h = waypoint.lock().unwrap();
         assert_eq!(h.policies.len(), 1);
-        let p = h.policies.get("default/reviews").unwrap();
+        let p = h
+            .policies
+            .get("AuthorizationPolicy/default/reviews")
+            .unwrap();
         assert_eq!(p.action, ambit_manifests::WaypointAction::Deny);
         assert!(h
             .state
@@ -823,7 +827,7 @@ async fn a_nack_of_the_waypoints_type_is_recorded_and_tokens_are_checked() {
         .unwrap()
         .unwrap();
     assert_eq!(r.type_url, WAYPOINT_POLICY_TYPE);
-    assert_eq!(names(&r), ["default/reviews"]);
+    assert_eq!(names(&r), ["AuthorizationPolicy/default/reviews"]);
     tx.send(DeltaDiscoveryRequest {
         type_url: WAYPOINT_POLICY_TYPE.into(),
         response_nonce: r.nonce.clone(),
@@ -860,7 +864,7 @@ async fn a_nack_of_the_waypoints_type_is_recorded_and_tokens_are_checked() {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(names(&r2), ["default/reviews"]);
+    assert_eq!(names(&r2), ["AuthorizationPolicy/default/reviews"]);
     assert_ne!(r2.resources[0].version, r.resources[0].version);
     fx.control.shutdown().await;
 }
@@ -878,14 +882,16 @@ spec:
 "#;
 
 /// A waypoint's xDS client of addresses and routes, holding the routes by name.
-fn route_client(
-    fx: &Fixture,
-) -> (
-    Arc<std::sync::Mutex<(ambit_xds::WaypointRouteStore, bool)>>,
-    tokio::task::JoinHandle<()>,
-) {
-    use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, WaypointRoutes, XdsClient};
-    let held: Arc<std::sync::Mutex<(ambit_xds::WaypointRouteStore, bool)>> = Arc::default();
+/// The routes a waypoint's client holds, and whether it is ready.
+type HeldRoutes =
+    Arc<std::sync::Mutex<(ambit_waypoint_xds::DocumentStore<ambit_routes::Route>, bool)>>;
+
+fn route_client(fx: &Fixture) -> (HeldRoutes, tokio::task::JoinHandle<()>) {
+    use ambit_waypoint_xds::WaypointRoutes;
+    use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, XdsClient};
+    let held: Arc<
+        std::sync::Mutex<(ambit_waypoint_xds::DocumentStore<ambit_routes::Route>, bool)>,
+    > = Arc::default();
     let delta = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
         .subscribe(Addresses::default())
         .subscribe(WaypointRoutes::default());
@@ -907,9 +913,7 @@ fn route_client(
 }
 
 /// The path prefixes of the routes a waypoint holds, by route.
-fn held_prefixes(
-    held: &Arc<std::sync::Mutex<(ambit_xds::WaypointRouteStore, bool)>>,
-) -> Vec<String> {
+fn held_prefixes(held: &HeldRoutes) -> Vec<String> {
     held.lock()
         .unwrap()
         .0

@@ -383,6 +383,14 @@ fn targets_refused() {
             "p.yaml:6:41: spec.targetRefs[0].namespace: must not be set: a policy attaches only to targets in its own namespace (Istio refuses cross-namespace targetRefs)",
         ),
         (
+            "  targetRefs:\n  - {kind: Service, name: Reviews.v1}\n",
+            "p.yaml:6:27: spec.targetRefs[0].name: \"Reviews.v1\" is not a Kubernetes name: 1-63 lower-case letters, digits and '-', starting and ending with a letter or digit",
+        ),
+        (
+            "  targetRefs:\n  - {kind: Gateway, group: gateway.networking.k8s.io, name: -waypoint}\n",
+            "p.yaml:6:57: spec.targetRefs[0].name: \"-waypoint\" is not a Kubernetes name: 1-253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
+        ),
+        (
             "  targetRefs:\n  - {kind: Service, name: \"\"}\n",
             "p.yaml:6:27: spec.targetRefs[0].name: must not be empty",
         ),

@@ -241,6 +241,13 @@ fn target(
             format!("{kind} is in group {expected_group:?}, not {group:?}"),
         ));
     }
+    // The name of an object of that kind: a Service's is a DNS label, the others' DNS
+    // subdomains, as Kubernetes admits them (a longer one could never name a target).
+    let checked = match kind {
+        "Service" => check_dns(&name, 63, false),
+        _ => check_dns(&name, 253, true),
+    };
+    checked.map_err(|m| invalid(p.at(field!["name"]), m))?;
     Ok(match kind {
         "Service" => PolicyTarget::Service { namespace: ns, name },
         "ServiceEntry" => PolicyTarget::ServiceEntry { namespace: ns, name },

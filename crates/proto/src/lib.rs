@@ -69,8 +69,8 @@ pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
 /// Type URL of the L4 authorization policy resource.
 pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authorization";
 /// Type URL of ambit's own resource for its waypoints: one AuthorizationPolicy attached by
-/// `targetRefs`, translated (`ambit.waypoint.v1.AuthorizationPolicy`, named
-/// `namespace/name`). Only waypoints subscribe to it.
+/// `targetRefs`, as written (`ambit.waypoint.v1.AuthorizationPolicy`, named
+/// `AuthorizationPolicy/<namespace>/<name>`). Only waypoints subscribe to it.
 pub const WAYPOINT_POLICY_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.AuthorizationPolicy";
 /// Type URL of ambit's own resource for its waypoints: one HTTPRoute or GRPCRoute attached
 /// to a Service, as written (`ambit.waypoint.v1.Route`, named `<kind>/<namespace>/<name>`).

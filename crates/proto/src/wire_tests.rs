@@ -335,56 +335,65 @@ fn certificate_request_uses_istio_field_numbers() {
     assert_eq!(resp.cert_chain, vec!["x".to_string(), "y".to_string()]);
 }
 
-/// ambit's own waypoint policy: its field numbers and enum values are the wire contract
-/// between `ambit control` and ambit's waypoints of other versions, so they are pinned
-/// here byte by byte.
+/// ambit's own waypoint resources: their field numbers are the wire contract between
+/// `ambit control` and ambit's waypoints of other versions, so they are pinned here byte by
+/// byte. Each carries a document as written; a policy of the earlier form (translated
+/// rules, fields 3 to 7) decodes with no document, which the waypoint refuses.
 #[test]
-fn waypoint_policy_fields_decode_from_hand_built_bytes() {
+fn waypoint_document_fields_decode_from_hand_built_bytes() {
     use crate::ambit::waypoint::v1 as wp;
-    let target = cat(&[vec![0x08, 0x03], len_field(&[0x12], b"se")]); // kind = 1: SERVICE_ENTRY, name = 2
-    let bytes = cat(&[
-        len_field(&[0x0a], b"p"),                            // name = 1
-        len_field(&[0x12], b"ns"),                           // namespace = 2
-        vec![0x18, 0x04],                                    // action = 3: CUSTOM
-        len_field(&[0x22], b"ext"),                          // provider = 4
-        vec![0x28, 0x01],                                    // dry_run = 5
-        len_field(&[0x32], &target),                         // targets = 6
-        len_field(&[0x32], &[0x08, 0x04, 0x12, 0x01, b'c']), // GATEWAY_CLASS "c"
-        len_field(&[0x3a], b"[[[{}]]]"),                     // rules_json = 7
+    let policy = cat(&[
+        len_field(&[0x42], b"AuthorizationPolicy"), // kind = 8
+        len_field(&[0x12], b"ns"),                  // namespace = 2
+        len_field(&[0x0a], b"p"),                   // name = 1
+        len_field(&[0x4a], b"kind: x"),             // manifest = 9
     ]);
-    let p = wp::AuthorizationPolicy::decode(bytes.as_slice()).unwrap();
-    assert_eq!((p.name.as_str(), p.namespace.as_str()), ("p", "ns"));
-    assert_eq!(p.action, wp::Action::Custom as i32);
-    assert_eq!(p.provider, "ext");
-    assert!(p.dry_run);
-    assert_eq!(p.targets.len(), 2);
-    assert_eq!(p.targets[0].kind, wp::target::Kind::ServiceEntry as i32);
-    assert_eq!(p.targets[0].name, "se");
-    assert_eq!(p.targets[1].kind, wp::target::Kind::GatewayClass as i32);
-    assert_eq!(p.rules_json, b"[[[{}]]]");
-    // Every value of both enums, and 0 as the unspecified one.
-    let actions = [
-        (wp::Action::Unspecified, 0),
-        (wp::Action::Allow, 1),
-        (wp::Action::Deny, 2),
-        (wp::Action::Audit, 3),
-        (wp::Action::Custom, 4),
-    ];
-    for (a, n) in actions {
-        assert_eq!(a as i32, n, "{a:?}");
-    }
-    let kinds = [
-        (wp::target::Kind::Unspecified, 0),
-        (wp::target::Kind::Gateway, 1),
-        (wp::target::Kind::Service, 2),
-        (wp::target::Kind::ServiceEntry, 3),
-        (wp::target::Kind::GatewayClass, 4),
-    ];
-    for (k, n) in kinds {
-        assert_eq!(k as i32, n, "{k:?}");
-    }
+    let p = wp::AuthorizationPolicy::decode(policy.as_slice()).unwrap();
+    assert_eq!(
+        (
+            p.kind.as_str(),
+            p.namespace.as_str(),
+            p.name.as_str(),
+            p.manifest.as_str()
+        ),
+        ("AuthorizationPolicy", "ns", "p", "kind: x")
+    );
+    let earlier = cat(&[
+        len_field(&[0x0a], b"p"),        // name = 1
+        len_field(&[0x12], b"ns"),       // namespace = 2
+        vec![0x18, 0x02],                // action = 3 (reserved now)
+        len_field(&[0x3a], b"[[[{}]]]"), // rules_json = 7 (reserved now)
+    ]);
+    let p = wp::AuthorizationPolicy::decode(earlier.as_slice()).unwrap();
+    assert!(p.kind.is_empty() && p.manifest.is_empty(), "{p:?}");
+    let document = cat(&[
+        len_field(&[0x0a], b"HTTPRoute"), // kind = 1
+        len_field(&[0x12], b"ns"),        // namespace = 2
+        len_field(&[0x1a], b"r"),         // name = 3
+        len_field(&[0x22], b"kind: y"),   // manifest = 4
+    ]);
+    let r = wp::Route::decode(document.as_slice()).unwrap();
+    assert_eq!(
+        (
+            r.kind.as_str(),
+            r.namespace.as_str(),
+            r.name.as_str(),
+            r.manifest.as_str()
+        ),
+        ("HTTPRoute", "ns", "r", "kind: y")
+    );
+    let a = wp::RequestAuthentication::decode(document.as_slice()).unwrap();
+    assert_eq!((a.name.as_str(), a.manifest.as_str()), ("r", "kind: y"));
     assert_eq!(
         crate::WAYPOINT_POLICY_TYPE,
         "type.googleapis.com/ambit.waypoint.v1.AuthorizationPolicy"
+    );
+    assert_eq!(
+        crate::WAYPOINT_ROUTE_TYPE,
+        "type.googleapis.com/ambit.waypoint.v1.Route"
+    );
+    assert_eq!(
+        crate::WAYPOINT_AUTHN_TYPE,
+        "type.googleapis.com/ambit.waypoint.v1.RequestAuthentication"
     );
 }

@@ -22,6 +22,7 @@ use ambit_runtime::logging::LogHandle;
 use ambit_runtime::readiness::{BlockReady, Ready};
 use ambit_runtime::shared::Shared;
 use ambit_state::ProxyState;
+use ambit_waypoint_xds::{DocumentStore, WaypointAuthns, WaypointPolicies, WaypointRoutes};
 
 use crate::authn::AuthnSet;
 use crate::authz::PolicySet;
@@ -257,27 +258,27 @@ fn start_mesh(
             let from_xds = cfg.policy_path.is_none();
             if from_xds {
                 delta = delta
-                    .subscribe(ambit_xds::WaypointPolicies::default())
-                    .subscribe(ambit_xds::WaypointRoutes::default())
-                    .subscribe(ambit_xds::WaypointAuthns::default());
+                    .subscribe(WaypointPolicies::default())
+                    .subscribe(WaypointRoutes::default())
+                    .subscribe(WaypointAuthns::default());
             }
             let client = ambit_xds::XdsClient::new(channel, delta)
                 .with_metrics(metrics)
                 .on_ready(move || drop(ready));
             let (mesh, policies, routes) = (state.clone(), policies.clone(), routes.clone());
             let (authns, jwks) = (authns.clone(), jwks.clone());
-            let mut held = ambit_xds::WaypointPolicyStore::default();
-            let mut held_routes = ambit_xds::WaypointRouteStore::default();
-            let mut held_authns = ambit_xds::WaypointAuthnStore::default();
+            let mut held = DocumentStore::default();
+            let mut held_routes = DocumentStore::default();
+            let mut held_authns = DocumentStore::default();
             tokio::spawn(client.run(move |batch| {
-                let batch = match batch.downcast::<ambit_xds::WaypointPolicies>() {
+                let batch = match batch.downcast::<WaypointPolicies>() {
                     Ok(typed) => {
                         typed.apply(&mut held);
                         return policies.replace(PolicySet::new(held.to_vec(), None));
                     }
                     Err(other) => other,
                 };
-                let batch = match batch.downcast::<ambit_xds::WaypointRoutes>() {
+                let batch = match batch.downcast::<WaypointRoutes>() {
                     Ok(typed) => {
                         typed.apply(&mut held_routes);
                         return routes.replace(Routes {
@@ -287,7 +288,7 @@ fn start_mesh(
                     }
                     Err(other) => other,
                 };
-                match batch.downcast::<ambit_xds::WaypointAuthns>() {
+                match batch.downcast::<WaypointAuthns>() {
                     Ok(typed) => {
                         typed.apply(&mut held_authns);
                         let all = held_authns.to_vec().iter().map(|a| (**a).clone()).collect();

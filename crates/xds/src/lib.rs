@@ -1,6 +1,6 @@
 //! ambit's delta xDS client, generic over the resource types a process subscribes to;
-//! the node proxy's two (`istio.workload.Address`, `istio.security.Authorization`) and the
-//! waypoint's policies (`ambit.waypoint.v1.AuthorizationPolicy`) are here too.
+//! the node proxy's two (`istio.workload.Address`, `istio.security.Authorization`) are
+//! here too (the waypoint's own are `ambit-waypoint-xds`'s).
 //!
 //! - [`resource`]: what the client needs of one resource type ([`ResourceType`]);
 //! - [`delta`]: the sans-IO delta ADS state machine over a set of types (requests,
@@ -8,8 +8,6 @@
 //! - [`batch`]: the changes one response makes to its type's store;
 //! - [`address`], [`authorization`]: the node proxy's types, into `ambit-state`'s
 //!   `ProxyState`;
-//! - [`waypoint`]: ambit's own type for its waypoints (`ambit.waypoint.v1.AuthorizationPolicy`,
-//!   the policies attached by `targetRefs`), into a store of the waypoint's;
 //! - [`convert`]: `istio.workload.Address` / `istio.security.Authorization` to the
 //!   `ambit-state` model and back;
 //! - [`node`]: the node id and metadata the proxy sends, from its environment;
@@ -31,10 +29,6 @@ pub mod batch;
 pub mod client;
 pub mod convert;
 pub mod delta;
-#[doc(hidden)]
-/// The fuzz targets' bodies, with the `fuzzing` feature (the fuzz workspace turns it on).
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzzing;
 pub mod held;
 pub mod node;
 pub mod on_demand;
@@ -43,8 +37,6 @@ pub mod resource;
 pub mod shape;
 #[cfg(test)]
 mod test_type;
-pub mod waypoint;
-pub mod waypoint_routes;
 pub mod wire;
 
 pub use address::{AddressOp, Addresses};
@@ -64,14 +56,4 @@ pub use on_demand::{FetchError, OnDemand, OnDemandConfig};
 pub use reject::{Rejection, Undecodable};
 pub use resource::{Decoded, Holds, Measured, Readiness, ResourceType, Slot};
 pub use shape::{Limit, ShapeError};
-pub use waypoint::{
-    to_proto_waypoint_policy, waypoint_policy_from_proto, WaypointPolicies, WaypointPolicyOp,
-    WaypointPolicyStore, MAX_HELD_WAYPOINT_POLICIES,
-};
-pub use waypoint_routes::{
-    manifest_from_proto, manifest_resource_name, route_resource_name, to_proto_manifest,
-    to_proto_waypoint_route, waypoint_route_from_proto, AuthnDocuments, ManifestKind, ManifestOp,
-    ManifestResources, ManifestStore, RouteDocuments, WaypointAuthnOp, WaypointAuthnStore,
-    WaypointAuthns, WaypointRouteOp, WaypointRouteStore, WaypointRoutes, MAX_HELD_WAYPOINT_ROUTES,
-};
 pub use wire::WireError;
