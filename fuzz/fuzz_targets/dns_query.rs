@@ -1,12 +1,9 @@
-//! The DNS proxy's query path: bytes a pod sends to 15053, parsed, decided against a small
-//! mesh and answered (`ambit_dns::fuzzing::query_path` holds the body and its checks).
-//!
-//! Input: byte 0 = mode bits (TCP, unknown client, IPv6 off, fixed search list); the rest
-//! = the DNS message.
+//! A DNS query from a pod's client through the DNS proxy's local path: parsed, looked up in
+//! the mesh and answered. The body and its checks: `ambit_fuzz::dns_query::query_path`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    ambit_dns::fuzzing::query_path(data);
+    ambit_fuzz::dns_query::query_path(data);
 });

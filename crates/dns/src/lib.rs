@@ -8,9 +8,6 @@
 #![forbid(unsafe_code)]
 
 pub mod forward;
-/// The fuzz target's body, with the `fuzzing` feature (the fuzz workspace turns it on).
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzzing;
 pub mod mesh;
 pub mod message;
 pub mod metrics;

@@ -18,7 +18,7 @@ pub(crate) fn decode(text: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// `bytes` as unpadded base64url.
-#[cfg(any(test, feature = "fuzzing", feature = "testing"))]
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn encode(bytes: &[u8]) -> String {
     ENGINE.encode(bytes)
 }

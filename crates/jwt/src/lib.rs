@@ -43,7 +43,3 @@ pub use reason::{Reason, Refusal, MAX_REALM_PATH};
 pub use rule::{
     JwtRule, JwtSpec, KeySource, RuleError, DEFAULT_CLOCK_SKEW, DEFAULT_SPACE_DELIMITED_CLAIMS,
 };
-
-/// The fuzz target's body, with the `fuzzing` feature (the fuzz workspace turns it on).
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzzing;
