@@ -6,7 +6,7 @@ pub mod admission;
 pub mod connections;
 pub mod copy;
 pub mod decide;
-pub use ambit_runtime::dry_run;
+pub use ambit_telemetry::dry_run;
 pub mod error;
 mod inbound;
 pub mod inputs;

@@ -12,6 +12,7 @@ use ambit_state::{Service, Workload};
 use crate::connections::{Connection, Direction, OpenConnections, Tracked};
 use crate::error::Error;
 use crate::metrics::{Metrics, Reporter, TrafficLabels};
+use ambit_telemetry::or_unknown;
 
 /// Why a connection failed, as ztunnel's `response_flags` label names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,14 +75,6 @@ pub struct ConnectionResult {
     recorded: bool,
     /// The connection's entry in its proxy's open-connection list, while it lasts.
     tracked: Option<Tracked>,
-}
-
-pub(crate) fn or_unknown(s: &str) -> String {
-    if s.is_empty() {
-        crate::metrics::UNKNOWN.to_string()
-    } else {
-        s.to_string()
-    }
 }
 
 fn region_and_zone(w: &Workload) -> (&str, &str) {
@@ -212,7 +205,8 @@ impl ConnectionResult {
         // The log speaks for the local workload: what it sent and what it received.
         let (bytes_sent, bytes_recv) = match self.reporter {
             Reporter::Source => (c2s, s2c),
-            Reporter::Destination => (s2c, c2s),
+            // A waypoint, like a destination, serves the client's connection.
+            Reporter::Destination | Reporter::Waypoint => (s2c, c2s),
         };
         let e = &self.endpoints;
         let src_workload = e.src_workload.as_deref();
@@ -303,7 +297,7 @@ fn cluster(w: Option<&Workload>) -> Option<&str> {
 fn direction(reporter: Reporter) -> &'static str {
     match reporter {
         Reporter::Source => "outbound",
-        Reporter::Destination => "inbound",
+        Reporter::Destination | Reporter::Waypoint => "inbound",
     }
 }
 

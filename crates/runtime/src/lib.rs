@@ -5,7 +5,6 @@
 //! - [`http`]: the operator HTTP server (admin, metrics, readiness) with its connection
 //!   shares, [`operator`]: the readiness and metrics handlers every process serves, and
 //!   [`readiness`]: what a process waits for before it says ready;
-//! - [`dry_run`]: the count of dry-run policy matches, per proxy;
 //! - [`logging`] and [`log_format`]: ztunnel's log layouts (plain and JSON), with a filter
 //!   that can be changed at run time;
 //! - [`process_metrics`]: the process's CPU, memory and file descriptors, and the runtime's;
@@ -13,7 +12,6 @@
 #![forbid(unsafe_code)]
 
 pub mod drain;
-pub mod dry_run;
 pub mod file_watch;
 pub mod http;
 pub mod log_format;

@@ -94,7 +94,7 @@ impl Downstream {
         let unknown = || "unknown".to_string();
         let src = source.as_deref();
         let mut traffic = TrafficLabels {
-            reporter: "waypoint",
+            reporter: ambit_telemetry::Reporter::Waypoint.as_str(),
             source_workload: src.map_or_else(unknown, |w| w.workload_name.to_string()),
             source_canonical_service: src.map_or_else(unknown, |w| w.canonical_name.to_string()),
             source_canonical_revision: src

@@ -50,9 +50,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ambit_identity::SpiffeId;
-use ambit_runtime::dry_run::DryRunMatches;
 use ambit_runtime::shared::Shared;
 use ambit_state::{ProxyState, Workload};
+use ambit_telemetry::dry_run::DryRunMatches;
 
 use crate::authz::PolicySet;
 use crate::config::Config;

@@ -14,45 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Istio's label set shared by every metric, values as the reference says where they come
-/// from: what `istio_tcp_*` carries.
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TrafficLabels {
-    pub reporter: &'static str,
-    pub source_workload: String,
-    pub source_canonical_service: String,
-    pub source_canonical_revision: String,
-    pub source_workload_namespace: String,
-    pub source_principal: String,
-    pub source_app: String,
-    pub source_version: String,
-    pub source_cluster: String,
-    pub destination_service: String,
-    pub destination_service_namespace: String,
-    pub destination_service_name: String,
-    pub destination_workload: String,
-    pub destination_canonical_service: String,
-    pub destination_canonical_revision: String,
-    pub destination_workload_namespace: String,
-    pub destination_principal: String,
-    pub destination_app: String,
-    pub destination_version: String,
-    pub destination_cluster: String,
-    pub request_protocol: &'static str,
-    pub response_flags: &'static str,
-    pub connection_security_policy: &'static str,
-}
-
-impl TrafficLabels {
-    /// Whether a side of it names a workload `gone(namespace, name)` says has left.
-    fn names_one_of(&self, gone: impl Fn(&str, &str) -> bool) -> bool {
-        gone(&self.source_workload_namespace, &self.source_workload)
-            || gone(
-                &self.destination_workload_namespace,
-                &self.destination_workload,
-            )
-    }
-}
+pub use ambit_telemetry::TrafficLabels;
 
 /// The request metrics' labels: the response and the shared set.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -52,7 +52,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         },
     ));
     let metrics = Metrics::register(&mut registry);
-    let dry_run = Arc::new(ambit_runtime::dry_run::DryRunMatches::register(
+    let dry_run = Arc::new(ambit_telemetry::dry_run::DryRunMatches::register(
         &mut registry,
     ));
     let certs = cert_manager(&cfg)?;
