@@ -17,6 +17,7 @@ use http::StatusCode;
 
 use ambit_control::{Control, ControlConfig, DEFAULT_LISTEN, DEFAULT_SERVING_NAME};
 
+use ambit_process::lifecycle::Lifecycle;
 use ambit_runtime::http::{text, with_type, Handler};
 
 #[derive(clap::Args, Debug)]
@@ -80,20 +81,19 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
     cfg.max_per_source = args.max_per_source.unwrap_or((args.max_clients / 4).max(1));
     cfg.max_cert_ttl = Duration::from_secs(args.max_cert_ttl_secs);
     cfg.default_cert_ttl = cfg.default_cert_ttl.min(cfg.max_cert_ttl);
-    let admin = tokio::net::TcpListener::bind(args.admin)
-        .await
-        .with_context(|| format!("cannot listen on the operator port {}", args.admin))?;
+    let admin = ambit_process::operator::bind(args.admin, "operator").await?;
     let control = Arc::new(Control::start(cfg).await?);
-    let (trigger, watcher) = ambit_runtime::drain::new();
+    let mut lifecycle = Lifecycle::default();
     tokio::spawn(ambit_runtime::http::serve(
         admin,
         handler(control.clone()),
-        watcher,
+        lifecycle.drain.clone(),
     ));
     tracing::info!("operator port on {} (/metrics, /ready, /debug)", args.admin);
-    wait_for_signal().await;
-    tracing::info!("shutting down");
-    trigger.drain_now().await;
+    lifecycle.shutdown_requested().await;
+    lifecycle
+        .drain(Duration::from_secs(1), "the operator port closes")
+        .await;
     control.shutdown().await;
     Ok(())
 }
@@ -131,21 +131,6 @@ fn handler(control: Arc<Control>) -> Handler {
             "not found; try /metrics, /ready or /debug\n",
         ),
     })
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_ser
 use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use ambit_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use ambit_runtime::file_watch::Watched;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -193,7 +194,8 @@ impl Metrics {
     fn new() -> Metrics {
         let mut registry = Registry::with_prefix("ambit_control");
         let m = Metrics {
-            registry: Registry::default(),
+            // With the process's own metrics, as every ambit process reports them.
+            registry: ambit_process::lifecycle::registry(),
             clients: Gauge::default(),
             pushes: Counter::default(),
             acks: Counter::default(),
@@ -391,6 +393,11 @@ impl Control {
     /// Loads the CA, the tokens and the mesh, listens, and serves.
     pub async fn start(config: ControlConfig) -> Result<Control, ControlError> {
         let ca = load_ca(&config)?;
+        // Stamped before the first read: a change made after it is seen.
+        let watched = Watches {
+            mesh: Watched::new(&config.mesh_dir, config.poll_interval),
+            tokens: Watched::new(&config.tokens_file, config.poll_interval),
+        };
         let tokens = Tokens::load(&config.tokens_file)?;
         let mesh_dir = config.mesh_dir.clone();
         let files = tokio::task::spawn_blocking(move || mesh::read_dir(&mesh_dir))
@@ -477,6 +484,7 @@ impl Control {
         )));
         tasks.push(tokio::spawn(watch_loop(
             shared.clone(),
+            watched,
             files,
             shutdown_rx.clone(),
         )));
@@ -712,25 +720,35 @@ async fn renew_loop(
     }
 }
 
-/// Watches the mesh directory (notified) and the tokens file (polled); a change that loads replaces what is
-/// served, one that does not is reported and the last good state stays.
+/// The mesh directory and the tokens file, watched.
+struct Watches {
+    mesh: Watched,
+    tokens: Watched,
+}
+
+/// Watches the mesh directory and the tokens file ([`Watched`]: on the kernel's
+/// notification, and polled); a change that loads replaces what is served, one that does
+/// not is reported and the last good state stays.
 async fn watch_loop(
     shared: Arc<Shared>,
+    Watches {
+        mut mesh,
+        mut tokens,
+    }: Watches,
     mut last_files: Vec<(PathBuf, String)>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut last_tokens = tokens_text(&shared).await.ok();
     let mut last_read_error: Option<String> = None;
-    // The mesh directory on the kernel's notification, and everything (the tokens file
-    // too) on the poll.
-    let mut watch = ambit_runtime::file_watch::FileWatch::new(
-        &shared.config.mesh_dir,
-        shared.config.poll_interval,
-    );
     loop {
-        tokio::select! {
+        let mesh_changed = tokio::select! {
             _ = stopped(&mut stop) => return,
-            _ = watch.changed() => {}
+            _ = mesh.changed() => true,
+            _ = tokens.changed() => false,
+        };
+        if !mesh_changed {
+            reload_tokens(&shared, &mut last_tokens).await;
+            continue;
         }
         let dir = shared.config.mesh_dir.clone();
         let read = tokio::task::spawn_blocking(move || mesh::read_dir(&dir)).await;
@@ -766,38 +784,43 @@ async fn watch_loop(
             }
             Err(e) => tracing::error!("mesh reader task failed: {e}"),
         }
-        match tokens_text(&shared).await {
-            Ok(text) if last_tokens.as_deref() != Some(&text) => {
-                match Tokens::parse(&shared.config.tokens_file, &text) {
-                    Ok(t) => {
-                        tracing::info!(tokens = t.len(), "loaded the tokens file");
-                        shared.set_tokens(t, None);
-                    }
-                    Err(e) => {
-                        shared.metrics.reload_errors.inc();
-                        tracing::error!(
-                            "the tokens file no longer loads: refusing every request until it does (no token is valid meanwhile): {e}"
-                        );
-                        shared.set_tokens(Tokens::default(), Some(e.to_string()));
-                    }
+    }
+}
+
+/// Reads the tokens file again after a change: a new list replaces the old one; a file
+/// that no longer loads, or cannot be read, refuses every request until it can.
+async fn reload_tokens(shared: &Shared, last_tokens: &mut Option<String>) {
+    match tokens_text(shared).await {
+        Ok(text) if last_tokens.as_deref() != Some(&text) => {
+            match Tokens::parse(&shared.config.tokens_file, &text) {
+                Ok(t) => {
+                    tracing::info!(tokens = t.len(), "loaded the tokens file");
+                    shared.set_tokens(t, None);
                 }
-                last_tokens = Some(text);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                // Deleted or unreadable: the tokens it listed are no longer granted. A
-                // revoked credential must not outlive the file that revoked it.
-                let text = e.to_string();
-                let already = lock(&shared.status).tokens_error.as_deref() == Some(&text);
-                if !already {
+                Err(e) => {
                     shared.metrics.reload_errors.inc();
                     tracing::error!(
-                        "cannot read the tokens file: refusing every request until it can be read (no token is valid meanwhile): {text}"
+                        "the tokens file no longer loads: refusing every request until it does (no token is valid meanwhile): {e}"
                     );
-                    shared.set_tokens(Tokens::default(), Some(text));
+                    shared.set_tokens(Tokens::default(), Some(e.to_string()));
                 }
-                last_tokens = None;
             }
+            *last_tokens = Some(text);
+        }
+        Ok(_) => {}
+        Err(e) => {
+            // Deleted or unreadable: the tokens it listed are no longer granted. A
+            // revoked credential must not outlive the file that revoked it.
+            let text = e.to_string();
+            let already = lock(&shared.status).tokens_error.as_deref() == Some(&text);
+            if !already {
+                shared.metrics.reload_errors.inc();
+                tracing::error!(
+                    "cannot read the tokens file: refusing every request until it can be read (no token is valid meanwhile): {text}"
+                );
+                shared.set_tokens(Tokens::default(), Some(text));
+            }
+            *last_tokens = None;
         }
     }
 }

@@ -1,15 +1,18 @@
-//! Waking when a config file or directory may have changed: at once on the kernel's
-//! notification (inotify), and on a slow poll regardless, so that a notification lost or
-//! unsupported (some network filesystems, a watch that could not be set up) only delays a
-//! change to the next poll. Callers still compare what they read: a wake-up says "look",
-//! not "it changed".
+//! Noticing that a config file or directory changed, the one way every ambit process does:
+//! [`Watched`] wakes at once on the kernel's notification (inotify) and on a slow poll
+//! regardless, so that a notification lost or unsupported (some network filesystems, a
+//! watch that could not be set up) only delays a change to the next poll; and it reports a
+//! change only when the path's [`Stamp`] moved (device, inode, size and modification time of
+//! the file, or of every file of the directory), so a wake-up that changed nothing reloads
+//! nothing and a replacement by rename is always seen.
 //!
 //! A file is watched through its directory, since editors and Kubernetes' ConfigMap
 //! mounts replace a file (a rename) rather than write into it, which would end a watch on
 //! the file itself.
 
-use std::path::Path;
-use std::time::Duration;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use futures_util::{FutureExt, StreamExt};
 use inotify::{EventStream, Inotify, WatchMask};
@@ -92,6 +95,72 @@ impl FileWatch {
     }
 }
 
+/// What identifies a version of a file (device, inode, size, modification time), or of a
+/// directory (the same of each file in it, by name): equal stamps, nothing to read again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp(Vec<(OsString, u64, u64, u64, Option<SystemTime>)>);
+
+impl Stamp {
+    /// The stamp of `path` now; `None` when it cannot be read (missing, say).
+    pub fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let one = |name: OsString, m: std::fs::Metadata| {
+            (name, m.dev(), m.ino(), m.len(), m.modified().ok())
+        };
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_dir() {
+            return Some(Stamp(vec![one(OsString::new(), meta)]));
+        }
+        let mut entries: Vec<_> = std::fs::read_dir(path)
+            .ok()?
+            .filter_map(|e| {
+                let e = e.ok()?;
+                // Following links, as a ConfigMap mount's files are.
+                let m = std::fs::metadata(e.path()).ok()?;
+                Some(one(e.file_name(), m))
+            })
+            .collect();
+        entries.sort();
+        Some(Stamp(entries))
+    }
+}
+
+/// A file or directory watched for changes (see the module docs).
+pub struct Watched {
+    path: PathBuf,
+    watch: FileWatch,
+    last: Option<Stamp>,
+}
+
+impl Watched {
+    /// Watches `path`, polling every `poll` besides; what it is now is the version the
+    /// first change is told from (read it before watching). Call it within a tokio runtime.
+    pub fn new(path: &Path, poll: Duration) -> Watched {
+        Watched {
+            path: path.to_path_buf(),
+            watch: FileWatch::new(path, poll),
+            last: Stamp::of(path),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Resolves once the path's stamp differs from the last one seen (a path that appears,
+    /// disappears or changes).
+    pub async fn changed(&mut self) {
+        loop {
+            self.watch.changed().await;
+            let now = Stamp::of(&self.path);
+            if now != self.last {
+                self.last = now;
+                return;
+            }
+        }
+    }
+}
+
 /// True on the next event, false when the stream ends or fails; never resolves without
 /// a stream.
 async fn next_event(events: &mut Option<EventStream<Vec<u8>>>) -> bool {
@@ -104,6 +173,65 @@ async fn next_event(events: &mut Option<EventStream<Vec<u8>>>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a change of what the path holds moves its stamp: a neighbour written in the
+    /// same directory does not; a rewrite, a replacement of the same size, a removal and a
+    /// file added to or rewritten in a directory do.
+    #[test]
+    fn the_stamp_moves_only_with_what_the_path_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mesh.yaml");
+        std::fs::write(&file, "a").unwrap();
+        let mut last = Stamp::of(&file);
+        assert!(last.is_some());
+        let mut step = |what: &str, change: &dyn Fn(), moves: bool| {
+            change();
+            let now = Stamp::of(&file);
+            assert_eq!(now != last, moves, "{what}");
+            last = now;
+        };
+        step(
+            "a neighbour",
+            &|| std::fs::write(dir.path().join("other"), "x").unwrap(),
+            false,
+        );
+        step("a rewrite", &|| std::fs::write(&file, "bb").unwrap(), true);
+        step(
+            "a replacement of the same size",
+            &|| {
+                let tmp = dir.path().join(".mesh.tmp");
+                std::fs::write(&tmp, "bb").unwrap();
+                std::fs::rename(&tmp, &file).unwrap();
+            },
+            true,
+        );
+        step("a removal", &|| std::fs::remove_file(&file).unwrap(), true);
+        step("still gone", &|| {}, false);
+
+        let sub = dir.path().join("mesh.d");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("a.yaml"), "a").unwrap();
+        let before = Stamp::of(&sub);
+        std::fs::write(sub.join("b.yaml"), "b").unwrap();
+        let added = Stamp::of(&sub);
+        assert_ne!(before, added, "a file added");
+        std::fs::write(sub.join("a.yaml"), "aa").unwrap();
+        assert_ne!(Stamp::of(&sub), added, "a file rewritten");
+    }
+
+    /// A change is reported on the notification, long before the hour-long poll.
+    #[tokio::test]
+    async fn a_change_is_reported_on_the_notification() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mesh.yaml");
+        std::fs::write(&file, "a").unwrap();
+        let mut watched = Watched::new(&file, Duration::from_secs(3600));
+        std::fs::write(&file, "b").unwrap();
+        // A guard against a hang, not a measure of time.
+        tokio::time::timeout(Duration::from_secs(20), watched.changed())
+            .await
+            .expect("the rewrite was reported");
+    }
 
     /// A write, a replacement by rename (as editors and ConfigMap mounts make) and a new
     /// file in a watched directory each wake the watch long before its poll would.

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ambit_identity::SpiffeId;
-use ambit_meshenv::ca::{ca_source, secret_ttl, CaSource};
-use ambit_meshenv::env::Env;
-use ambit_meshenv::xds::{xds_config, XdsConfig};
-use ambit_meshenv::ConfigError;
+use ambit_process::ca::{ca_source, secret_ttl, CaSource};
+use ambit_process::env::{Env, ProcessEnv};
+use ambit_process::xds::{xds_config, XdsConfig};
+use ambit_process::ConfigError;
 use ambit_state::PathNormalization;
 use ambit_wellknown::ports;
 
@@ -103,17 +103,22 @@ impl Config {
         )
     }
 
-    /// Reads the process environment (values that are not UTF-8 are refused where read).
+    /// Reads the process environment (a value that is not UTF-8 is refused where read).
     pub fn from_process_env() -> Result<Config, ConfigError> {
-        let vars: HashMap<String, String> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect();
-        Config::from_env(&vars)
+        Config::from_process(&ProcessEnv::capture())
+    }
+
+    /// Reads `env`, refusing by name a variable it reads whose value is not UTF-8.
+    pub fn from_process(env: &ProcessEnv) -> Result<Config, ConfigError> {
+        env.read(Config::from_checked_env)
     }
 
     /// Reads `vars`; an error names the variable, its value and what was expected.
     pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        let env = Env::new(vars);
+        Config::from_checked_env(&Env::new(vars))
+    }
+
+    fn from_checked_env(env: &Env<'_>) -> Result<Config, ConfigError> {
         let required = |var: &'static str| -> Result<String, ConfigError> {
             match env.get(var).map(str::trim) {
                 Some(v) if !v.is_empty() => Ok(v.to_string()),
@@ -155,7 +160,7 @@ impl Config {
             match (local_path, env.get("XDS_ADDRESS").filter(|a| !a.is_empty())) {
                 (Some(path), _) => MeshSource::File(path),
                 (None, Some(address)) => MeshSource::Xds(Box::new(xds_config(
-                    &env,
+                    env,
                     &ambit_grpc::with_scheme(address.trim()),
                     &cluster_id,
                 )?)),
@@ -170,7 +175,7 @@ impl Config {
             .filter(|d| !d.is_empty())
             .map(PathBuf::from);
         let ca = ca_source(
-            &env,
+            env,
             local_ca_dir.as_ref(),
             matches!(mesh, MeshSource::File(_)),
         )?;
@@ -244,7 +249,7 @@ impl Config {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             ca,
-            secret_ttl: secret_ttl(&env)?,
+            secret_ttl: secret_ttl(env)?,
             hbone_addr: env.addr("AMBIT_HBONE_ADDR", &format!("{wildcard}:{}", ports::HBONE))?,
             admin_addr,
             stats_addr: env.addr("AMBIT_STATS_ADDR", &format!("{wildcard}:{}", ports::STATS))?,
@@ -332,6 +337,32 @@ mod tests {
             let e = Config::from_env(&vars(pairs)).unwrap_err().to_string();
             assert!(e.contains(var), "{pairs:?}: {e}");
         }
+    }
+
+    /// A variable the waypoint reads whose value is not UTF-8 is refused by name: left out,
+    /// an unreadable `AMBIT_WAYPOINT_CONFIG` would have started a waypoint with no policy.
+    #[test]
+    fn a_value_not_utf8_is_refused_by_name() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let mut pairs: Vec<(OsString, OsString)> = vars(&[])
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        pairs.push((
+            "AMBIT_WAYPOINT_CONFIG".into(),
+            OsString::from_vec(b"/etc/ambit/\xffpolicies".to_vec()),
+        ));
+        let env = ProcessEnv::from_os(pairs.clone());
+        let e = Config::from_process(&env).unwrap_err().to_string();
+        assert!(
+            e.starts_with("AMBIT_WAYPOINT_CONFIG=\"(not UTF-8)\" is not valid"),
+            "{e}"
+        );
+        // A variable the waypoint does not read is none of its business.
+        pairs.pop();
+        pairs.push(("SOMETHING_ELSE".into(), OsString::from_vec(vec![0xff])));
+        assert!(Config::from_process(&ProcessEnv::from_os(pairs)).is_ok());
     }
 
     #[test]

@@ -1,23 +1,26 @@
-//! `ambit waypoint` wired together: its certificate, the mesh (a local file or delta
-//! xDS), its policies (a watched file or directory of Kubernetes-shaped documents), the
-//! HBONE listener with admission limits, the operator ports; then serving until SIGTERM,
-//! SIGINT or `/quitquitquit`, and a bounded drain (GOAWAY, in-flight requests finish).
+//! `ambit waypoint` wired together from the process kit (`ambit-process`): its
+//! certificate, the mesh (the local mesh file or delta xDS), its policies (a watched file
+//! or directory of Kubernetes-shaped documents), the HBONE listener with admission limits,
+//! the operator ports; then serving until SIGTERM, SIGINT or `/quitquitquit`, and a bounded
+//! drain (GOAWAY, in-flight requests finish).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use prometheus_client::registry::Registry;
-use tokio::sync::mpsc;
 
 use ambit_admission::{Gate, Limits, ReportThrottle};
-use ambit_caclient::RemoteIssuer;
-use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
+use ambit_grpc::GrpcChannel;
 use ambit_hbone::{H2Settings, HboneError};
-use ambit_identity::{CertManager, CertificateAuthority, SpiffeId};
-use ambit_meshenv::ca::CaSource;
+use ambit_identity::SpiffeId;
+use ambit_process::certs::CertSettings;
+use ambit_process::lifecycle::Lifecycle;
+use ambit_process::mesh_file::{self, LocalConfigSource};
+use ambit_process::operator::{OperatorAddrs, OperatorPorts};
 use ambit_runtime::drain::DrainWatcher;
+use ambit_runtime::file_watch::Watched;
 use ambit_runtime::logging::LogHandle;
 use ambit_runtime::readiness::{BlockReady, Ready};
 use ambit_runtime::shared::Shared;
@@ -45,17 +48,18 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let state_ready = ready.register("state manager");
     let cert_ready = ready.register("certificate");
 
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(
-        ambit_runtime::process_metrics::ProcessAndRuntime {
-            runtime: tokio::runtime::Handle::current(),
-        },
-    ));
+    let mut registry = ambit_process::lifecycle::registry();
     let metrics = Metrics::register(&mut registry);
     let dry_run = Arc::new(ambit_telemetry::dry_run::DryRunMatches::register(
         &mut registry,
     ));
-    let certs = cert_manager(&cfg)?;
+    let certs = ambit_process::certs::cert_manager(&CertSettings {
+        source: &cfg.ca,
+        trust_domain: &cfg.trust_domain,
+        cluster_id: &cfg.cluster_id,
+        secret_ttl: cfg.secret_ttl,
+        impersonate: false,
+    })?;
     certs.register_metrics(&mut registry);
     let xds_metrics = ambit_xds::XdsMetrics::register(&mut registry);
 
@@ -83,6 +87,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         (&policies, &routes, &authns, &jwks),
         xds_metrics,
         state_ready,
+        &mut registry,
     )?;
 
     let wp = Arc::new(Waypoint {
@@ -100,13 +105,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         certs: certs.clone(),
     });
 
-    let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
-    let (trigger, watcher) = ambit_runtime::drain::new();
+    let mut lifecycle = Lifecycle::default();
+    let watcher = lifecycle.drain.clone();
     // Bind everything before serving anything, so a conflict fails start-up cleanly.
-    let hbone = bind(cfg.hbone_addr, "HBONE").await?;
-    let admin = bind(cfg.admin_addr, "admin").await?;
-    let stats = bind(cfg.stats_addr, "metrics").await?;
-    let readiness = bind(cfg.readiness_addr, "readiness").await?;
+    let hbone = ambit_process::operator::bind(cfg.hbone_addr, "HBONE").await?;
+    let operator = OperatorPorts::bind(&OperatorAddrs {
+        admin: cfg.admin_addr,
+        admin_ipv6_twin: false,
+        stats: cfg.stats_addr,
+        readiness: cfg.readiness_addr,
+    })
+    .await?;
     tracing::info!(
         identity = %identity,
         hbone = %cfg.hbone_addr,
@@ -115,24 +124,12 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         readiness = %cfg.readiness_addr,
         "waypoint listening"
     );
-    let registry = Arc::new(registry);
-    tokio::spawn(ambit_runtime::http::serve(
-        admin,
-        crate::admin::admin_handler(wp.clone(), certs.clone(), logs, shutdown_tx),
-        watcher.clone(),
-    ));
-    tokio::spawn(ambit_runtime::http::serve(
-        stats,
-        ambit_runtime::operator::metrics_handler(registry),
-        watcher.clone(),
-    ));
-    // Readiness keeps answering during the drain, so it gets no watcher of its own.
-    let (_readiness_trigger, readiness_watcher) = ambit_runtime::drain::new();
-    tokio::spawn(ambit_runtime::http::serve(
-        readiness,
-        ambit_runtime::operator::readiness_handler(ready.clone()),
-        readiness_watcher,
-    ));
+    operator.serve(
+        crate::admin::admin_handler(wp.clone(), certs.clone(), logs, lifecycle.quit.clone()),
+        Arc::new(registry),
+        ready.clone(),
+        &watcher,
+    );
     let renewal = certs.spawn_renewal();
     {
         let (certs, identity) = (certs.clone(), identity.clone());
@@ -162,64 +159,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     drop(watcher);
     drop(proxy_ready);
 
-    ambit_runtime::drain::shutdown_requested(&mut shutdown_rx).await;
-    tracing::info!(deadline = ?cfg.drain_deadline, "draining: GOAWAY sent, in-flight requests may finish");
-    if !trigger.drain(cfg.drain_deadline).await {
-        tracing::warn!("drain deadline passed: closed the remaining connections");
-    }
+    lifecycle.shutdown_requested().await;
+    lifecycle
+        .drain(
+            cfg.drain_deadline,
+            "GOAWAY sent, in-flight requests may finish",
+        )
+        .await;
     renewal.abort();
     let _ = server.await;
     tracing::info!("shutdown complete");
     Ok(())
-}
-
-async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} ({what})"))
-}
-
-/// The certificate manager for the configured issuer: the CA at `CA_ADDRESS` (istiod or
-/// `ambit control`), a local CA directory, or an ephemeral root for a one-machine mesh.
-fn cert_manager(cfg: &Config) -> anyhow::Result<Arc<CertManager>> {
-    match &cfg.ca {
-        CaSource::Remote(remote) => {
-            let channel = GrpcChannel::new(ChannelConfig {
-                address: remote.address.clone(),
-                root: RootCa::from_env_value(remote.root.as_deref()),
-                alt_hostname: remote.alt_hostname.clone(),
-                token: Token::from_env_value(remote.token.as_deref()),
-                cluster_id: cfg.cluster_id.clone(),
-                headers: remote.headers.clone(),
-            })
-            .with_context(|| {
-                format!(
-                    "the CA channel to {} (CA_ADDRESS, CA_ROOT_CA, AUTH_TOKEN)",
-                    remote.address
-                )
-            })?;
-            let issuer = RemoteIssuer::new(channel, remote.address.clone(), false);
-            Ok(CertManager::with_issuer(
-                Arc::new(issuer),
-                cfg.secret_ttl,
-                Arc::new(SystemTime::now),
-            ))
-        }
-        CaSource::LocalDir(dir) => {
-            let ca = CertificateAuthority::from_plugin_dir(dir)
-                .with_context(|| format!("LOCAL_CA_DIR={}", dir.display()))?;
-            Ok(CertManager::new(Arc::new(ca), cfg.secret_ttl))
-        }
-        CaSource::Ephemeral => {
-            tracing::warn!(
-                "neither CA_ADDRESS nor LOCAL_CA_DIR is set: an ephemeral root CA for trust \
-                 domain {}; only peers that share it can reach this waypoint",
-                cfg.trust_domain
-            );
-            let ca = CertificateAuthority::ephemeral(&cfg.trust_domain)?;
-            Ok(CertManager::new(Arc::new(ca), cfg.secret_ttl))
-        }
-    }
 }
 
 /// The mesh state: ztunnel's local config file (re-read when it changes; a bad file keeps
@@ -237,13 +187,20 @@ fn start_mesh(
     ),
     metrics: ambit_xds::XdsMetrics,
     ready: BlockReady,
+    registry: &mut Registry,
 ) -> anyhow::Result<()> {
     match &cfg.mesh {
         MeshSource::File(path) => {
-            let first = read_mesh(path)?;
-            state.replace(first);
+            // As the node proxy takes its file: a refused policy keeps its last good
+            // version on every reload.
+            let source = LocalConfigSource::File(path.clone());
+            let loaded = mesh_file::load_at_start(&source)?;
+            state.replace(loaded.state);
             drop(ready);
-            spawn_mesh_watch(path.clone(), state.clone());
+            let report = mesh_file::PolicyReport::default();
+            report.set_rejected(&loaded.rejected);
+            mesh_file::register_metrics(registry, state.clone(), report.clone());
+            mesh_file::spawn_watch(path.clone(), state.clone(), Arc::new(loaded.file), report);
             Ok(())
         }
         MeshSource::Xds(xds) => {
@@ -300,58 +257,6 @@ fn start_mesh(
             Ok(())
         }
     }
-}
-
-fn read_mesh(path: &Path) -> anyhow::Result<ProxyState> {
-    let yaml = std::fs::read_to_string(path)
-        .with_context(|| format!("LOCAL_XDS_PATH: cannot read {}", path.display()))?;
-    let name = path.display().to_string();
-    let load = ambit_state::load_local_config(&name, &yaml, None)?;
-    for r in &load.rejected {
-        tracing::warn!(policy = %r.key, "{name}: policy refused: {}", r.error);
-    }
-    Ok(ProxyState::from_config(load.config)?)
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    let meta = std::fs::metadata(path).ok()?;
-    if meta.is_dir() {
-        // A directory changes when any file in it does.
-        std::fs::read_dir(path)
-            .ok()?
-            .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
-            .max()
-            .max(meta.modified().ok())
-    } else {
-        meta.modified().ok()
-    }
-}
-
-/// Calls `changed` whenever `path` (a file, or any file of a directory) changes: on the
-/// kernel's notification, or at the latest on the next poll.
-fn spawn_watch(path: PathBuf, mut changed: impl FnMut(&Path) + Send + 'static) {
-    tokio::spawn(async move {
-        let mut watch = ambit_runtime::file_watch::FileWatch::new(&path, WATCH_EVERY);
-        let mut last = modified(&path);
-        loop {
-            watch.changed().await;
-            let now = modified(&path);
-            if now != last {
-                last = now;
-                changed(&path);
-            }
-        }
-    });
-}
-
-fn spawn_mesh_watch(path: PathBuf, state: Shared<ProxyState>) {
-    spawn_watch(path, move |path| match read_mesh(path) {
-        Ok(s) => {
-            state.replace(s);
-            tracing::info!(path = %path.display(), "mesh reloaded");
-        }
-        Err(e) => tracing::error!("{e:#}; keeping the last good mesh"),
-    });
 }
 
 /// Reads the policy and route documents after `previous`: each bad one is reported with
@@ -433,6 +338,8 @@ fn jwks_cache() -> anyhow::Result<ambit_jwt::JwksCache> {
     Ok(ambit_jwt::JwksCache::new(config))
 }
 
+/// Watches the policy file or directory ([`Watched`]) and loads each change after the
+/// last good versions.
 fn spawn_config_watch(
     path: PathBuf,
     policies: Shared<PolicySet>,
@@ -440,14 +347,19 @@ fn spawn_config_watch(
     authns: Shared<AuthnSet>,
     jwks: Arc<ambit_jwt::JwksCache>,
 ) {
-    spawn_watch(path, move |path| {
-        let (previous, previous_routes) = (policies.get(), routes.get());
-        let loaded = load_config(path, Some(&previous), Some(&previous_routes), &jwks);
-        // Each request reads each once, at its start: one in flight keeps the versions
-        // it began with.
-        routes.replace(loaded.routes);
-        authns.replace(loaded.authns);
-        policies.replace(loaded.policies);
+    // Stamped now, not when the task first runs: a change made in between is seen.
+    let mut watched = Watched::new(&path, WATCH_EVERY);
+    tokio::spawn(async move {
+        loop {
+            watched.changed().await;
+            let (previous, previous_routes) = (policies.get(), routes.get());
+            let loaded = load_config(&path, Some(&previous), Some(&previous_routes), &jwks);
+            // Each request reads each once, at its start: one in flight keeps the versions
+            // it began with.
+            routes.replace(loaded.routes);
+            authns.replace(loaded.authns);
+            policies.replace(loaded.policies);
+        }
     });
 }
 

@@ -1,15 +1,14 @@
 //! The node proxy process, `ambit ztunnel`: ztunnel's environment read and checked
-//! ([`config`]), the process wired for its mode ([`run`]), the admin endpoints and
-//! `/config_dump` ([`admin`], [`config_dump`]), and the local config file watched and
-//! applied ([`local_config`]). The data path itself is `ambit-nodeproxy`; what any ambit
-//! process needs (drain, logs, the operator HTTP server) is `ambit-runtime`.
+//! ([`config`]), the process wired for its mode ([`run`]) from the process kit
+//! (`ambit-process`: the environment reader, certificates, operator ports, drain, the
+//! watched local mesh file), the admin endpoints and `/config_dump` ([`admin`],
+//! [`config_dump`]). The data path itself is `ambit-nodeproxy`.
 #![forbid(unsafe_code)]
 #![recursion_limit = "256"]
 
 pub mod admin;
 pub mod config;
 pub mod config_dump;
-pub mod local_config;
 pub mod run;
 
 use std::process::ExitCode;

@@ -7,7 +7,7 @@ use ambit_nodeproxy::settings::{Keepalive, OriginalSource, Ports, ProxyConfig};
 use ambit_wellknown::{marks, ports};
 
 use super::{ConfigError, ProxyMode};
-use ambit_meshenv::env::Env;
+use ambit_process::env::Env;
 
 /// The data path's settings (its reserved ports are the operator ports', set later).
 pub(super) fn settings(env: &Env<'_>, proxy_mode: ProxyMode) -> Result<ProxyConfig, ConfigError> {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::ConfigError;
-use ambit_meshenv::env::Env;
+use ambit_process::env::Env;
 
 /// The DNS proxy's settings.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -9,7 +9,7 @@ mod dns;
 mod operator;
 mod workers;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,18 +18,19 @@ use ambit_nodeproxy::settings::ProxyConfig;
 use ambit_nodeproxy::LocalIdentity;
 use ambit_wellknown::paths;
 
-pub use ambit_meshenv::ca::{default_istiod_address, CaSource, RemoteCa};
-pub use ambit_meshenv::env::parse_duration;
-pub use ambit_meshenv::xds::XdsConfig;
+pub use ambit_process::ca::{default_istiod_address, CaSource, RemoteCa};
+pub use ambit_process::env::parse_duration;
+pub use ambit_process::mesh_file::LocalConfigSource;
+pub use ambit_process::xds::XdsConfig;
 pub use dns::DnsProxyConfig;
 
-use ambit_meshenv::ca::{self, ca_source};
-use ambit_meshenv::env::Env;
-use ambit_meshenv::xds::xds_config;
+use ambit_process::ca::{self, ca_source};
+use ambit_process::env::{Env, ProcessEnv};
+use ambit_process::xds::xds_config;
 use dns::dns_config;
 use workers::{available_cores, worker_threads};
 
-pub use ambit_meshenv::ConfigError;
+pub use ambit_process::ConfigError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,13 +39,6 @@ pub enum ProxyMode {
     Shared,
     /// One workload, listeners in the proxy's own network namespace.
     Dedicated,
-}
-
-#[derive(Clone, Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum LocalConfigSource {
-    File(PathBuf),
-    Inline(String),
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -154,32 +148,10 @@ fn deadline_from_grace(secs: u64) -> Duration {
 
 impl Config {
     pub fn from_process_env() -> Result<Config, ConfigError> {
-        // Not `std::env::vars()`, which panics on a value that is not UTF-8. Such a value
-        // is left out, and refused by name if it is one of ours (a path must not silently
-        // become another); in any other variable it is none of our business.
-        let mut vars = HashMap::new();
-        let mut unreadable = BTreeSet::new();
-        for (k, v) in std::env::vars_os() {
-            match (k.into_string(), v.into_string()) {
-                (Ok(k), Ok(v)) => {
-                    vars.insert(k, v);
-                }
-                (Ok(k), Err(_)) => {
-                    unreadable.insert(k);
-                }
-                (Err(_), _) => {}
-            }
-        }
-        let env = Env::new(&vars);
-        let result = Config::from_checked_env(&env, available_cores());
-        if let Some(var) = env.read.borrow().iter().find(|v| unreadable.contains(**v)) {
-            return Err(ConfigError::Invalid {
-                var,
-                value: "(not UTF-8)".into(),
-                expected: "a UTF-8 value",
-            });
-        }
-        result
+        // A value that is not UTF-8 is refused by name if it is one of ours (a path must
+        // not silently become another); in any other variable it is none of our business.
+        let cores = available_cores();
+        ProcessEnv::capture().read(|env| Config::from_checked_env(env, cores))
     }
 
     pub fn from_env(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use ambit_wellknown::ports;
 
 use super::{ConfigError, ProxyMode};
-use ambit_meshenv::env::Env;
+use ambit_process::env::Env;
 
 pub(super) struct OperatorAddresses {
     pub(super) admin: SocketAddr,

@@ -2,7 +2,7 @@
 //! request variables, and the machine's cores.
 
 use super::ConfigError;
-use ambit_meshenv::env::Env;
+use ambit_process::env::Env;
 
 /// A Kubernetes CPU quantity (`2`, `1.5`, `500m`) as whole cores, rounded up.
 pub(super) fn cpu_quantity_cores(s: &str) -> Option<usize> {

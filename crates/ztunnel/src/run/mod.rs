@@ -4,7 +4,6 @@
 //! [`sources`]; the operator listeners in [`operator`].
 
 mod dedicated;
-mod operator;
 mod shared;
 mod sources;
 
@@ -13,21 +12,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::bail;
-use prometheus_client::registry::Registry;
-use tokio::sync::mpsc;
 
 use ambit_identity::CertManager;
 use ambit_nodeproxy::admission::NodeHandshakes;
 use ambit_nodeproxy::SharedState;
+use ambit_process::mesh_file;
 use ambit_runtime::drain::DrainWatcher;
 use ambit_runtime::logging::LogHandle;
 use ambit_runtime::readiness::{BlockReady, Ready};
 use ambit_state::ProxyState;
 
-use crate::admin::{admin_handler, metrics_handler, readiness_handler, AdminContext};
-use crate::config::{Config, LocalConfigSource, ProxyMode};
+use ambit_process::lifecycle::Lifecycle;
+use ambit_process::operator::{OperatorAddrs, OperatorPorts};
 
-pub use sources::load_state;
+use crate::admin::{admin_handler, AdminContext};
+use crate::config::{Config, LocalConfigSource, ProxyMode};
 
 /// What either mode's data plane is built from.
 struct Wiring {
@@ -65,7 +64,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 
     let (state, static_config, rejected) = match &cfg.local_config {
         Some(source) => {
-            let loaded = sources::load_state(source)?;
+            let loaded = mesh_file::load_at_start(source)?;
             (loaded.state, Arc::new(loaded.file), loaded.rejected)
         }
         // xDS only: the mesh arrives from the control plane.
@@ -87,12 +86,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 
     let certs = sources::cert_manager(&cfg)?;
 
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(
-        ambit_runtime::process_metrics::ProcessAndRuntime {
-            runtime: tokio::runtime::Handle::current(),
-        },
-    ));
+    let mut registry = ambit_process::lifecycle::registry();
     let mut metrics =
         ambit_nodeproxy::metrics::Metrics::register(&mut registry, &cfg.istio_version);
     certs.register_metrics(&mut registry);
@@ -103,14 +97,14 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         "Connections to the HBONE port reset before their handshake because a source, pod or node limit was reached",
         node_handshakes.shed_counter(),
     );
-    let policy_report = crate::local_config::PolicyReport::default();
+    let policy_report = mesh_file::PolicyReport::default();
     policy_report.set_rejected(&rejected);
     metrics.rbac = Arc::new(ambit_nodeproxy::dry_run::DryRunMatches::register(
         &mut registry,
     ));
-    crate::local_config::register_metrics(&mut registry, state.clone(), policy_report.clone());
+    mesh_file::register_metrics(&mut registry, state.clone(), policy_report.clone());
     if let Some(LocalConfigSource::File(path)) = &cfg.local_config {
-        crate::local_config::spawn_watch(
+        mesh_file::spawn_watch(
             path.clone(),
             state.clone(),
             static_config.clone(),
@@ -129,14 +123,17 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let on_demand = sources::on_demand(&cfg);
     let xds_synced = sources::start_xds(&cfg, &state, xds_metrics, state_ready, on_demand.clone())?;
 
-    let (shutdown_tx, mut shutdown_rx) = mpsc::channel::<()>(1);
-    let (trigger, watcher) = ambit_runtime::drain::new();
+    let mut lifecycle = Lifecycle::default();
+    let watcher = lifecycle.drain.clone();
 
     // Bind everything before serving anything, so a conflict fails start-up cleanly.
-    let admin = operator::bind(cfg.admin_addr, "admin").await?;
-    let admin_v6 = operator::bind_admin_ipv6(&cfg, admin.local_addr()?.port()).await?;
-    let stats = operator::bind(cfg.stats_addr, "metrics").await?;
-    let readiness = operator::bind(cfg.readiness_addr, "readiness").await?;
+    let operator = OperatorPorts::bind(&OperatorAddrs {
+        admin: cfg.admin_addr,
+        admin_ipv6_twin: cfg.proxy.ipv6_enabled,
+        stats: cfg.stats_addr,
+        readiness: cfg.readiness_addr,
+    })
+    .await?;
 
     let wiring = Wiring {
         cfg: cfg.clone(),
@@ -176,42 +173,18 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         state,
         certs,
         logs,
-        shutdown: shutdown_tx,
+        shutdown: lifecycle.quit.clone(),
         static_config,
         workload_state,
         on_demand,
     };
-    let admin_handler = admin_handler(admin_ctx);
-    if let Some(admin_v6) = admin_v6 {
-        tokio::spawn(ambit_runtime::http::serve(
-            admin_v6,
-            admin_handler.clone(),
-            watcher.clone(),
-        ));
-    }
-    tokio::spawn(ambit_runtime::http::serve(
-        admin,
-        admin_handler,
-        watcher.clone(),
-    ));
-    tokio::spawn(ambit_runtime::http::serve(
-        stats,
-        metrics_handler(registry),
-        watcher.clone(),
-    ));
-    // Readiness keeps answering during the drain, so it gets no watcher of its own.
-    let (_readiness_trigger, readiness_watcher) = ambit_runtime::drain::new();
-    tokio::spawn(ambit_runtime::http::serve(
-        readiness,
-        readiness_handler(ready.clone()),
-        readiness_watcher,
-    ));
+    operator.serve(admin_handler(admin_ctx), registry, ready.clone(), &watcher);
     let mut data_plane = tokio::spawn(data_plane);
     drop(watcher);
     drop(proxy_ready);
 
     tokio::select! {
-        _ = ambit_runtime::drain::shutdown_requested(&mut shutdown_rx) => {}
+        _ = lifecycle.shutdown_requested() => {}
         finished = &mut data_plane => {
             // Only a broken agent protocol ends the data plane on its own: exit non-zero,
             // like ztunnel, so the supervisor restarts us with a clean slate.
@@ -223,11 +196,12 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             };
         }
     }
-    tracing::info!(deadline = ?cfg.termination_deadline, "draining: no new connections, open ones may finish");
-    let clean = trigger.drain(cfg.termination_deadline).await;
-    if !clean {
-        tracing::warn!("drain deadline passed: closed the remaining connections");
-    }
+    lifecycle
+        .drain(
+            cfg.termination_deadline,
+            "no new connections, open ones may finish",
+        )
+        .await;
     renewal.abort();
     let _ = data_plane.await;
     tracing::info!("shutdown complete");

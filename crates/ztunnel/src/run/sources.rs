@@ -6,56 +6,22 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use ambit_caclient::RemoteIssuer;
-use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
-use ambit_identity::{CertManager, CertificateAuthority};
+use ambit_identity::CertManager;
 use ambit_nodeproxy::SharedState;
 use ambit_state::ProxyState;
 
-use crate::config::{CaSource, Config, LocalConfigSource, ProxyMode};
+use crate::config::{Config, ProxyMode};
 
-/// Reads and checks the local config: a bad file names the file, the position and field
-/// (a bad policy is refused alone, see [`crate::local_config`]). The text and what decoding
-/// it used are gone when this returns: the store and the file's record of its items are
-/// what stays.
-pub fn load_state(source: &LocalConfigSource) -> anyhow::Result<crate::local_config::Loaded> {
-    let loaded = {
-        let (name, yaml) = crate::local_config::read(source)?;
-        crate::local_config::load(&name, &yaml, None)?
-    };
-    ambit_runtime::memory::release_freed();
-    Ok(loaded)
-}
-
-/// The certificate manager for the configured issuer (see [`CaSource`]).
+/// The certificate manager for the configured issuer (`CA_ADDRESS`, ...): in shared mode
+/// the node proxy asks for pods' certificates on their behalf.
 pub(super) fn cert_manager(cfg: &Config) -> anyhow::Result<Arc<CertManager>> {
-    let CaSource::Remote(remote) = &cfg.ca else {
-        let ca = Arc::new(certificate_authority(cfg)?);
-        return Ok(CertManager::new(ca, cfg.secret_ttl));
-    };
-    let channel = GrpcChannel::new(ChannelConfig {
-        address: remote.address.clone(),
-        root: RootCa::from_env_value(remote.root.as_deref()),
-        alt_hostname: remote.alt_hostname.clone(),
-        token: Token::from_env_value(remote.token.as_deref()),
-        cluster_id: cfg.proxy.cluster_id.clone(),
-        headers: remote.headers.clone(),
+    ambit_process::certs::cert_manager(&ambit_process::certs::CertSettings {
+        source: &cfg.ca,
+        trust_domain: &cfg.trust_domain,
+        cluster_id: &cfg.proxy.cluster_id,
+        secret_ttl: cfg.secret_ttl,
+        impersonate: cfg.proxy_mode == ProxyMode::Shared,
     })
-    .with_context(|| {
-        format!(
-            "the CA channel to {} (CA_ADDRESS, CA_ROOT_CA, AUTH_TOKEN, CA_HEADER_*)",
-            remote.address
-        )
-    })?;
-    // In shared mode the node proxy asks for pods' certificates on their behalf.
-    let impersonate = cfg.proxy_mode == ProxyMode::Shared;
-    tracing::info!(address = %remote.address, impersonate, "workload certificates from the CA");
-    let issuer = RemoteIssuer::new(channel, remote.address.clone(), impersonate);
-    Ok(CertManager::with_issuer(
-        Arc::new(issuer),
-        cfg.secret_ttl,
-        Arc::new(std::time::SystemTime::now),
-    ))
 }
 
 pub(super) fn has_local_workload(
@@ -122,22 +88,6 @@ pub(super) fn start_xds(
     let sink_state = state.clone();
     tokio::spawn(client.run(move |batch| sink_state.update(|s| batch.apply(s))));
     Ok(synced)
-}
-
-fn certificate_authority(cfg: &Config) -> anyhow::Result<CertificateAuthority> {
-    match &cfg.ca {
-        CaSource::LocalDir(dir) => CertificateAuthority::from_plugin_dir(dir)
-            .with_context(|| format!("LOCAL_CA_DIR={}", dir.display())),
-        CaSource::Ephemeral | CaSource::Remote(_) => {
-            tracing::warn!(
-                "LOCAL_CA_DIR is not set: created an ephemeral root CA for trust domain {}; \
-                 only peers that share this root can talk to this proxy (set LOCAL_CA_DIR to \
-                 a directory with ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem)",
-                cfg.trust_domain
-            );
-            Ok(CertificateAuthority::ephemeral(&cfg.trust_domain)?)
-        }
-    }
 }
 
 /// The DNS proxy's configuration: the settings, and the upstream nameservers (and, for

@@ -1,18 +1,83 @@
-//! Reading ztunnel's variables: a lookup that remembers what was asked for (so a value
-//! that is not UTF-8 is refused only where it matters) and the forms values take
-//! (booleans, durations, bounded numbers, addresses, ports).
+//! Reading Istio's variables, the one way every ambit process reads them: the process's
+//! environment taken whole ([`ProcessEnv`]), a lookup that remembers what was asked for
+//! ([`Env`], so a value that is not UTF-8 is refused exactly where it is read, and nowhere
+//! else), and the forms values take (booleans, durations, bounded numbers, addresses,
+//! ports).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::ConfigError;
 
+/// The process's environment: its UTF-8 variables, and the names of those whose value is
+/// not UTF-8 (a variable whose name is not UTF-8 is none of ours).
+#[derive(Debug, Default, Clone)]
+pub struct ProcessEnv {
+    vars: HashMap<String, String>,
+    unreadable: BTreeSet<String>,
+}
+
+impl ProcessEnv {
+    /// This process's environment (never `std::env::vars()`, which panics on a value that
+    /// is not UTF-8).
+    pub fn capture() -> ProcessEnv {
+        ProcessEnv::from_os(std::env::vars_os())
+    }
+
+    /// An environment of these pairs.
+    pub fn from_os(vars: impl IntoIterator<Item = (OsString, OsString)>) -> ProcessEnv {
+        let mut env = ProcessEnv::default();
+        for (k, v) in vars {
+            match (k.into_string(), v.into_string()) {
+                (Ok(k), Ok(v)) => {
+                    env.vars.insert(k, v);
+                }
+                (Ok(k), Err(_)) => {
+                    env.unreadable.insert(k);
+                }
+                (Err(_), _) => {}
+            }
+        }
+        env
+    }
+
+    /// The UTF-8 variables.
+    pub fn vars(&self) -> &HashMap<String, String> {
+        &self.vars
+    }
+
+    /// Runs a configuration reader over the variables; a variable it asked for whose value
+    /// is not UTF-8 is refused by name (a path must never silently become no path), whatever
+    /// the reader made of its absence.
+    pub fn read<T>(
+        &self,
+        reader: impl FnOnce(&Env<'_>) -> Result<T, ConfigError>,
+    ) -> Result<T, ConfigError> {
+        let env = Env::new(&self.vars);
+        let result = reader(&env);
+        if let Some(var) = env
+            .read
+            .borrow()
+            .iter()
+            .find(|v| self.unreadable.contains(**v))
+        {
+            return Err(ConfigError::Invalid {
+                var,
+                value: "(not UTF-8)".into(),
+                expected: "a UTF-8 value",
+            });
+        }
+        result
+    }
+}
+
 pub struct Env<'a> {
     pub vars: &'a HashMap<String, String>,
     /// Every variable asked for, so values that could not be read are refused only where
-    /// they matter (see [`Config::from_process_env`]).
+    /// they matter (see [`ProcessEnv::read`]).
     pub read: RefCell<BTreeSet<&'static str>>,
 }
 
@@ -151,4 +216,74 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
         rest = &rest[unit_len..];
     }
     Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStringExt;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &[u8])]) -> ProcessEnv {
+        ProcessEnv::from_os(
+            pairs
+                .iter()
+                .map(|(k, v)| (OsString::from(*k), OsString::from_vec(v.to_vec()))),
+        )
+    }
+
+    /// A value that is not UTF-8 is refused by name exactly where it is read, whatever the
+    /// reader made of its absence (a required variable missing, or an optional one that
+    /// would silently have been left unset); one no reader asks for is none of ours.
+    #[test]
+    fn a_value_not_utf8_is_refused_where_it_is_read() {
+        let e = env(&[
+            ("POLICY", b"/etc/\xffpolicies"),
+            ("OTHER", b"\xfe"),
+            ("A", b"1"),
+        ]);
+        let optional = |env: &Env<'_>| Ok(env.get("POLICY").map(str::to_string));
+        assert_eq!(
+            e.read(optional),
+            Err(ConfigError::Invalid {
+                var: "POLICY",
+                value: "(not UTF-8)".into(),
+                expected: "a UTF-8 value",
+            })
+        );
+        let required = |env: &Env<'_>| {
+            env.get("POLICY")
+                .map(str::to_string)
+                .ok_or(ConfigError::Missing {
+                    var: "POLICY",
+                    because: "testing",
+                })
+        };
+        assert!(matches!(
+            e.read(required),
+            Err(ConfigError::Invalid { var: "POLICY", .. })
+        ));
+        // `OTHER` is not UTF-8 either, but nothing reads it.
+        assert_eq!(
+            e.read(|env| Ok(env.get("A").map(str::to_string))),
+            Ok(Some("1".into()))
+        );
+        assert_eq!(e.vars().len(), 1);
+    }
+
+    #[test]
+    fn durations_read_as_ztunnel_reads_them() {
+        let cases = [
+            ("30", Some(Duration::from_secs(30))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("1h30m", Some(Duration::from_secs(5400))),
+            ("1d", Some(Duration::from_secs(86400))),
+            ("", None),
+            ("5x", None),
+            ("ms", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text), want, "{text:?}");
+        }
+    }
 }

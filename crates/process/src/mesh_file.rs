@@ -1,13 +1,14 @@
-//! The local configuration (`LOCAL_XDS_PATH`, `LOCAL_XDS`): loaded at start-up, then (a
-//! file) watched and re-applied when it changes, and the policy metrics that go with it.
+//! The local mesh file (ztunnel's local config: `LOCAL_XDS_PATH`, `LOCAL_XDS`), the one way
+//! both proxies take it: loaded at start-up, then (a file) watched ([`Watched`]) and
+//! re-applied when it changes, with the policy metrics that go with it.
 //!
 //! A change is applied as one batch, so open connections are re-checked against the new
 //! policies at once. A file that does not load (bad YAML, a bad workload or service) is
 //! refused whole and the running configuration stays; a bad policy is refused alone
 //! (see [`ambit_state::load_local_config`]): its last good version, or a fail-closed
-//! stand-in, stays in its place.
+//! stand-in, stays in its place, on every reload as at start.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,13 +21,25 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use ambit_nodeproxy::SharedState;
+use ambit_runtime::file_watch::Watched;
+use ambit_runtime::shared::Shared;
 use ambit_state::{KeptVersion, LocalConfig, LocalFile, ProxyState, RejectedPolicy};
 
-use crate::config::LocalConfigSource;
-
-/// How often the file is looked at.
+/// How often the file is looked at besides the kernel's notifications.
 const POLL: Duration = Duration::from_secs(1);
+
+/// Where the local mesh comes from.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LocalConfigSource {
+    /// `LOCAL_XDS_PATH`: a file, watched.
+    File(PathBuf),
+    /// `LOCAL_XDS`: the YAML itself.
+    Inline(String),
+}
+
+/// The state store both proxies share with their readers.
+pub type SharedState = Shared<ProxyState>;
 
 /// The local configuration read from its source: its name (for errors) and text.
 pub fn read(source: &LocalConfigSource) -> anyhow::Result<(String, String)> {
@@ -70,11 +83,16 @@ pub fn load(name: &str, yaml: &str, previous: Option<&LocalConfig>) -> anyhow::R
     })
 }
 
-/// What identifies a version of the file: a change of any is worth a read.
-fn stamp(path: &Path) -> Option<(u64, u64, u64, std::time::SystemTime)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.len(), m.modified().ok()?))
+/// Reads and checks the local config at start-up: a bad file names the file, the position
+/// and field (a bad policy is refused alone). The text and what decoding it used are gone
+/// when this returns: the store and the file's record of its items are what stays.
+pub fn load_at_start(source: &LocalConfigSource) -> anyhow::Result<Loaded> {
+    let loaded = {
+        let (name, yaml) = read(source)?;
+        load(&name, &yaml, None)?
+    };
+    ambit_runtime::memory::release_freed();
+    Ok(loaded)
 }
 
 /// What the policy metrics read.
@@ -162,26 +180,21 @@ impl Collector for PolicyGauges {
     }
 }
 
-/// Watches `path` (about once a second: device, inode, size, modification time) and
-/// applies each new version to `shared` as one batch. `applied` is what the file loaded at
-/// start-up put in the store.
+/// Watches `path` ([`Watched`]: on the kernel's notification, polled each second) and
+/// applies each new version to `shared` as one batch, loaded after the last good one (a
+/// refused policy keeps its last good version). `applied` is what the file loaded at
+/// start-up put in the store. Call it within the tokio runtime, right after that load.
 pub fn spawn_watch(
     path: PathBuf,
     shared: SharedState,
     mut applied: Arc<LocalFile>,
     report: PolicyReport,
 ) {
+    // Stamped now, not when the task first runs: a change made in between is seen.
+    let mut watched = Watched::new(&path, POLL);
     tokio::spawn(async move {
-        let mut last = stamp(&path);
-        let mut interval = tokio::time::interval(POLL);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            interval.tick().await;
-            let now = stamp(&path);
-            if now == last {
-                continue;
-            }
-            last = now;
+            watched.changed().await;
             let name = path.display().to_string();
             let loaded = tokio::task::spawn_blocking({
                 let path = path.clone();
@@ -223,4 +236,77 @@ pub fn spawn_watch(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WORKLOAD: &str =
+        "workloads:\n- {uid: w, name: w, namespace: ns, workloadIps: [\"10.0.0.1\"]}\n";
+
+    fn policy(ips: &str) -> String {
+        format!("policies:\n- {{name: p, namespace: ns, scope: Namespace, action: Allow, rules: [[[{{sourceIps: [\"{ips}\"]}}]]]}}\n")
+    }
+
+    /// Waits until `done` (a guard against a hang, not a measure of time).
+    async fn wait(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..2000 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{what} never happened");
+    }
+
+    /// The policy's source IPs as the store holds it.
+    fn held(state: &SharedState) -> String {
+        let s = state.get();
+        let p = s
+            .policies()
+            .find(|p| p.key() == "ns/p")
+            .expect("the policy");
+        serde_json::to_string(&p.rules).unwrap()
+    }
+
+    /// A reload that refuses a policy keeps its last good version in the store (not the
+    /// fail-closed stand-in a first load would put there), and reports the refusal; a
+    /// fixed policy then applies.
+    #[tokio::test]
+    async fn a_reload_keeps_the_last_good_version_of_a_refused_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mesh.yaml");
+        std::fs::write(&path, format!("{WORKLOAD}{}", policy("10.0.0.0/8"))).unwrap();
+        let loaded = load_at_start(&LocalConfigSource::File(path.clone())).unwrap();
+        let state = SharedState::new(loaded.state);
+        let good = held(&state);
+        assert!(good.contains("10.0.0.0/8"), "{good}");
+        let report = PolicyReport::default();
+        spawn_watch(
+            path.clone(),
+            state.clone(),
+            Arc::new(loaded.file),
+            report.clone(),
+        );
+        let rejected = || report.rejected.lock().unwrap().clone();
+        std::fs::write(&path, format!("{WORKLOAD}{}", policy("10.0.0.0/33"))).unwrap();
+        wait("the refusal", || rejected() == ["ns/p"]).await;
+        assert_eq!(held(&state), good, "the last good version stays");
+        // The same refusal from scratch is a fail-closed stand-in: what a reload that
+        // forgot the last good state would have put in the store.
+        let fresh = load("f", &format!("{WORKLOAD}{}", policy("10.0.0.0/33")), None).unwrap();
+        let stand_in = fresh
+            .state
+            .policies()
+            .find(|p| p.key() == "ns/p")
+            .unwrap()
+            .rules
+            .clone();
+        assert_ne!(serde_json::to_string(&stand_in).unwrap(), good);
+
+        std::fs::write(&path, format!("{WORKLOAD}{}", policy("192.168.0.0/16"))).unwrap();
+        wait("the fix", || held(&state).contains("192.168.0.0/16")).await;
+        assert!(rejected().is_empty());
+    }
 }
