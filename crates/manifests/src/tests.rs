@@ -388,7 +388,7 @@ fn targets_refused() {
         ),
         (
             "  targetRefs:\n  - {kind: Gateway, group: gateway.networking.k8s.io, name: -waypoint}\n",
-            "p.yaml:6:57: spec.targetRefs[0].name: \"-waypoint\" is not a Kubernetes name: 1-253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
+            "p.yaml:6:61: spec.targetRefs[0].name: \"-waypoint\" is not a Kubernetes name: 1-253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit",
         ),
         (
             "  targetRefs:\n  - {kind: Service, name: \"\"}\n",

@@ -1,8 +1,8 @@
 //! The leaf values of an AuthorizationPolicy, each read by its own parser *inside* the YAML
-//! deserializer, so that a refusal carries the value's line and column. The parsers are
-//! the state crate's own (`PathMatch::parse`, `parse_method`, `parse_host`,
-//! `IpBlock::parse`, `StringMatch::from_istio`, and its condition reader for principals
-//! and ports), so a value is checked the same way wherever it is read.
+//! deserializer, so that a refusal carries the value's line and column. Those the local
+//! config shares (paths, methods, hosts, request principals, remote IPs, patterns) are the
+//! state crate's own readers (`ambit_state::values`); the rest use its parsers too, so a
+//! value is checked the same way wherever it is read.
 //!
 //! A value is a string, only a string: a YAML number, boolean or null is refused (the
 //! Kubernetes API server refuses them in these fields too), so `ports: ["8080"]`.
@@ -11,35 +11,14 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 
-use ambit_state::{
-    parse_host, parse_method, parse_request_principal, Condition, IpBlock, PathMatch, StringMatch,
-    Values,
-};
+use ambit_state::{Condition, IpBlock, StringMatch, Values};
 use ipnet::IpNet;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-/// Reads a string, only a string, converted by `f` inside the visitor.
-pub(crate) fn text_with<'de, D, T>(
-    d: D,
-    expecting: &'static str,
-    f: impl FnOnce(&str) -> Result<T, String>,
-) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    struct V<F>(F, &'static str);
-    impl<'de, T, F: FnOnce(&str) -> Result<T, String>> Visitor<'de> for V<F> {
-        type Value = T;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "{} (a string: quote numbers and booleans)", self.1)
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
-            (self.0)(v).map_err(E::custom)
-        }
-    }
-    d.deserialize_any(V(f, expecting))
-}
+pub(crate) use ambit_state::values::{
+    text_with, Host, Method, Path, Pattern, RemoteIp, RequestPrincipal,
+};
 
 /// A leaf type read with one of the parsers.
 macro_rules! leaf {
@@ -70,19 +49,6 @@ leaf!(
     principal
 );
 leaf!(
-    /// A namespace match (`prod`, `prod-*`, `*`).
-    Pattern,
-    StringMatch,
-    "a value (exact, prefix*, *suffix or *)",
-    StringMatch::from_istio
-);
-leaf!(
-    RequestPrincipal,
-    StringMatch,
-    "a request principal",
-    parse_request_principal
-);
-leaf!(
     /// `ns/sa`, or `sa` for the policy's namespace (not known yet).
     ServiceAccount,
     ServiceAccountRef,
@@ -96,17 +62,7 @@ leaf!(
     "an IP address or CIDR",
     |s| IpBlock::parse(s).map(|b| b.net())
 );
-leaf!(
-    /// `remoteIpBlocks`: kept as written.
-    RemoteIp,
-    IpBlock,
-    "an IP address or CIDR",
-    IpBlock::parse
-);
-leaf!(Host, StringMatch, "a host", parse_host);
 leaf!(Port, u16, "a port number", port);
-leaf!(Method, StringMatch, "an HTTP method", parse_method);
-leaf!(Path, PathMatch, "a path", PathMatch::parse);
 leaf!(
     /// `spec.action`.
     ActionName,

@@ -15,7 +15,7 @@ mod ident;
 mod local;
 mod local_file;
 mod local_schema;
-mod locate;
+pub mod locate;
 mod name;
 mod names;
 mod policy;
@@ -35,7 +35,7 @@ pub use local_file::LocalFile;
 pub use local_schema::{parse_local_config, LocalConfig};
 pub use name::Name;
 pub use policy::{
-    parse_host, parse_method, parse_request_principal, Authorization, Clause, Condition,
+    parse_host, parse_method, parse_request_principal, values, Authorization, Clause, Condition,
     HeaderMatch, IpBlock, IpKey, L7Attributes, PathMatch, PathSegment, PathTemplate, PolicyAction,
     PolicyScope, RbacMatch, Rule, ServiceAccountMatch, StringMatch, TextKey, Values, L7_ATTRIBUTES,
 };

@@ -1,6 +1,7 @@
 //! Finding a node of a YAML document by its field path, for errors found after parsing
-//! (a reference to a policy the file does not define, say) that should still name a line
-//! and column.
+//! (a reference to a policy the file does not define, a target a waypoint cannot have)
+//! that should still name a line and column: the one locator of the local config and of
+//! the Kubernetes-shaped manifests.
 //!
 //! The YAML parser attaches the position of the node being read to any error raised while
 //! reading it. So we walk the document a second time, generically, and raise a marker error
@@ -12,14 +13,26 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 
 /// One step of a field path: a map key or a sequence index.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     Key(String),
     Index(usize),
 }
 
+impl From<&str> for Step {
+    fn from(k: &str) -> Step {
+        Step::Key(k.to_string())
+    }
+}
+
+impl From<usize> for Step {
+    fn from(i: usize) -> Step {
+        Step::Index(i)
+    }
+}
+
 /// Parses `workloads[2].authorizationPolicies[0]` into steps. Keys are split at `.` and
 /// `[`, so a key containing either cannot be named (such paths are not located).
-pub(crate) fn parse_path(path: &str) -> Option<Vec<Step>> {
+pub fn parse_path(path: &str) -> Option<Vec<Step>> {
     let mut steps = Vec::new();
     for part in path.split('.') {
         let (key, mut rest) = part.split_once('[').map_or((part, ""), |(k, r)| (k, r));
@@ -40,7 +53,7 @@ pub(crate) fn parse_path(path: &str) -> Option<Vec<Step>> {
 }
 
 /// The 1-based line and column of the node at `path` in `yaml`, when it is there.
-pub(crate) fn locate(yaml: &str, path: &[Step]) -> Option<(usize, usize)> {
+pub fn locate(yaml: &str, path: &[Step]) -> Option<(usize, usize)> {
     let de = yaml_serde::Deserializer::from_str(yaml);
     match (Walk { path }).deserialize(de) {
         Ok(()) => None,

@@ -4,8 +4,8 @@
 mod l7;
 
 pub use l7::{
-    parse_host, parse_method, parse_request_principal, Condition, HeaderMatch, IpBlock, IpKey,
-    L7Attributes, PathMatch, PathSegment, PathTemplate, TextKey, Values,
+    parse_host, parse_method, parse_request_principal, values, Condition, HeaderMatch, IpBlock,
+    IpKey, L7Attributes, PathMatch, PathSegment, PathTemplate, TextKey, Values,
 };
 
 use ipnet::IpNet;

@@ -424,6 +424,10 @@ mod read;
 
 pub use condition::{Condition, IpKey, TextKey, Values};
 pub(super) use read::{headers, hosts, ips, methods, paths, request_principals, when};
+/// The values of a policy's fields, each read by its parser (only a string).
+pub mod values {
+    pub use super::read::{text_with, Host, Method, Path, Pattern, RemoteIp, RequestPrincipal};
+}
 
 #[cfg(test)]
 mod tests;

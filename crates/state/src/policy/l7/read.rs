@@ -1,5 +1,8 @@
 //! Reading the L7 attributes: each value a string (only a string), checked by its field's
 //! parser inside the deserializer, so that a refusal carries the value's line and column.
+//! These readers are the project's one way of reading a policy's values: the local config
+//! reads its match objects with them, and `ambit-manifests` an AuthorizationPolicy's
+//! (exported as `ambit_state::values`).
 
 use std::fmt;
 
@@ -14,7 +17,7 @@ use super::{
 /// Reads a string, only a string (a YAML number, boolean or null is refused: it would not
 /// be written back as it was written), converted by `f` inside the visitor so that an
 /// error carries the value's line and column.
-pub(super) fn text_with<'de, D, T>(
+pub fn text_with<'de, D, T>(
     d: D,
     expecting: &'static str,
     f: impl FnOnce(&str) -> Result<T, String>,
@@ -35,10 +38,12 @@ where
     d.deserialize_any(V(f, expecting))
 }
 
-/// A list element read with one of the parsers above.
+/// A value read with one of the parsers above (only a string).
 macro_rules! text_item {
-    ($name:ident, $out:ty, $expecting:literal, $parse:expr) => {
-        struct $name($out);
+    ($(#[$m:meta])* $name:ident, $out:ty, $expecting:literal, $parse:expr) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name(pub $out);
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 text_with(d, $expecting, $parse).map($name)
@@ -47,18 +52,44 @@ macro_rules! text_item {
     };
 }
 
-text_item!(PathItem, PathMatch, "a path", PathMatch::parse);
-text_item!(MethodItem, StringMatch, "an HTTP method", parse_method);
-text_item!(HostItem, StringMatch, "a host", parse_host);
 text_item!(
-    RequestPrincipalItem,
+    /// A path match (exact, `prefix*`, `*suffix`, templates).
+    Path,
+    PathMatch,
+    "a path",
+    PathMatch::parse
+);
+text_item!(
+    /// An HTTP method.
+    Method,
+    StringMatch,
+    "an HTTP method",
+    parse_method
+);
+text_item!(
+    /// A host match, without case.
+    Host,
+    StringMatch,
+    "a host",
+    parse_host
+);
+text_item!(
+    /// A request principal (`<iss>/<sub>`).
+    RequestPrincipal,
     StringMatch,
     "a request principal",
     parse_request_principal
 );
-text_item!(IpItem, IpBlock, "an IP address or CIDR", IpBlock::parse);
 text_item!(
-    PatternItem,
+    /// An address or CIDR, kept as written.
+    RemoteIp,
+    IpBlock,
+    "an IP address or CIDR",
+    IpBlock::parse
+);
+text_item!(
+    /// A value match (exact, `prefix*`, `*suffix` or `*`).
+    Pattern,
     StringMatch,
     "a value (exact, prefix*, *suffix or *)",
     StringMatch::from_istio
@@ -76,31 +107,31 @@ fn list<'de, D: Deserializer<'de>, I: Deserialize<'de>, T>(
 pub(in crate::policy) fn paths<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<PathMatch>>, D::Error> {
-    list(d, |i: PathItem| i.0)
+    list(d, |i: Path| i.0)
 }
 
 pub(in crate::policy) fn methods<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<StringMatch>>, D::Error> {
-    list(d, |i: MethodItem| i.0)
+    list(d, |i: Method| i.0)
 }
 
 pub(in crate::policy) fn hosts<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<StringMatch>>, D::Error> {
-    list(d, |i: HostItem| i.0)
+    list(d, |i: Host| i.0)
 }
 
 pub(in crate::policy) fn request_principals<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<StringMatch>>, D::Error> {
-    list(d, |i: RequestPrincipalItem| i.0)
+    list(d, |i: RequestPrincipal| i.0)
 }
 
 pub(in crate::policy) fn ips<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<Vec<IpBlock>>, D::Error> {
-    list(d, |i: IpItem| i.0)
+    list(d, |i: RemoteIp| i.0)
 }
 
 pub(in crate::policy) fn headers<'de, D: Deserializer<'de>>(
@@ -148,7 +179,7 @@ impl<'de> Deserialize<'de> for Headers {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Headers, A::Error> {
                 let mut out: Vec<HeaderMatch> = Vec::new();
                 while let Some(name) = map.next_key_seed(HeaderName(&out))? {
-                    let PatternItem(value) = map.next_value()?;
+                    let Pattern(value) = map.next_value()?;
                     out.push(HeaderMatch { name, value });
                 }
                 // The order of a map says nothing; sorted, as the map is shown.
