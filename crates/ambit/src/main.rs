@@ -111,10 +111,10 @@ fn main() -> ExitCode {
     // arguments and sets CNI_COMMAND; by hand, `--help` says what the plugin is.
     if name == "ambit-cni" || name == "istio-cni" {
         if std::env::var_os("CNI_COMMAND").is_none_or(|c| c.is_empty()) && asks_help() {
-            print!("{}", ambit_cni::plugin::usage(&name));
+            print!("{}", ambit_cni::entry::usage(&name));
             return ExitCode::SUCCESS;
         }
-        let code = ambit_cni::plugin::main_with_process_env();
+        let code = ambit_cni::entry::main_with_process_env();
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     // As Istio's istio-cni DaemonSet runs it: the node agent in Kubernetes mode.

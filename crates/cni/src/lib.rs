@@ -10,8 +10,8 @@
 //! - [`plugin`]: the CNI (spec 1.0, also 0.3.x/0.4.0) plugin logic, free of process
 //!   state so it is tested in-memory: [`plugin::run`] takes the CNI environment, stdin
 //!   and an [`plugin::Agent`] and returns what to print and the exit code.
-//!   [`plugin::main_with_process_env`] is the entry point the `ambit` binary calls when
-//!   it is invoked as `ambit-cni`.
+//! - [`entry`]: the process, [`entry::main_with_process_env`], which the `ambit` binary
+//!   calls when it is invoked as `ambit-cni`: it picks the mode and prints the outcome.
 //!
 //! The plugin is the fail-closed gate for new pods: an ADD for a pod that should be
 //! captured succeeds only after the agent has confirmed the enrollment; when the agent
@@ -27,6 +27,7 @@
 
 pub mod api;
 pub mod cmdadd;
+pub mod entry;
 pub mod istio_api;
 pub mod kube_mode;
 pub mod plugin;

@@ -18,7 +18,7 @@ mod harness;
 
 fn main() {
     if std::env::var_os(CHILD_MARKER).is_some() {
-        std::process::exit(ambit_cni::plugin::main_with_process_env());
+        std::process::exit(ambit_cni::entry::main_with_process_env());
     }
     let dir = std::env::temp_dir().join(format!("ambit-cni-kube-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -12,7 +12,7 @@ use ambit_proto::istio::v1::auth::istio_certificate_service_server::IstioCertifi
 use ambit_proto::{IstioCertificateRequest, IstioCertificateResponse};
 use tonic::{Request, Response, Status};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::tokens::{token_tag, Binding, Tokens};
 
 /// The metadata key ztunnel sets in shared mode: the identity it asks for on a pod's behalf.

@@ -13,12 +13,18 @@
 //! - [`server`]: the sockets.
 #![forbid(unsafe_code)]
 
+mod ads;
 pub mod ca_service;
+pub mod config;
 pub mod convert;
 pub mod mesh;
+mod reload;
 pub mod server;
+mod serving;
 pub mod session;
+mod shared;
 pub mod tokens;
 
-pub use server::{Control, ControlConfig, ControlError, DEFAULT_LISTEN, DEFAULT_SERVING_NAME};
+pub use config::{ControlConfig, ControlError, DEFAULT_LISTEN, DEFAULT_SERVING_NAME};
+pub use server::Control;
 pub use session::{Session, SessionLimits, Snapshot};

@@ -564,7 +564,7 @@ async fn an_oversized_request_is_refused_and_others_are_served() {
         status.message().contains(&format!("found {big_len} bytes"))
             && status.message().contains(&format!(
                 "the limit is: {} bytes",
-                ambit_control::server::MAX_REQUEST_BYTES
+                ambit_control::config::MAX_REQUEST_BYTES
             )),
         "{status:?}"
     );

@@ -29,6 +29,23 @@ fn read_size(copied: u64) -> usize {
 }
 
 impl H2Stream {
+    /// The two directions, borrowed separately so a splice can drive both at once.
+    pub(crate) fn halves(&mut self) -> (SendHalf<'_>, RecvHalf<'_>) {
+        (
+            SendHalf {
+                send: &mut self.send,
+                write_closed: &mut self.write_closed,
+                bytes_sent: &mut self.bytes_sent,
+            },
+            RecvHalf {
+                recv: &mut self.recv,
+                pending: &mut self.pending,
+                read_eof: &mut self.read_eof,
+                bytes_received: &mut self.bytes_received,
+            },
+        )
+    }
+
     /// Copies `io` <-> this tunnel until both directions finished, counting bytes as they
     /// move: `to_tunnel` (read from `io`, sent to the peer) and `from_tunnel`.
     ///

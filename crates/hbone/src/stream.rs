@@ -30,16 +30,16 @@ pub(crate) type Guard = Box<dyn Any + Send + Sync>;
 
 /// One HBONE tunnel over an HTTP/2 stream.
 pub struct H2Stream {
-    send: SendStream<Bytes>,
-    recv: RecvStream,
+    pub(crate) send: SendStream<Bytes>,
+    pub(crate) recv: RecvStream,
     /// The unread rest of the last DATA frame.
-    pending: Bytes,
+    pub(crate) pending: Bytes,
     /// We sent END_STREAM (or gave up sending).
-    write_closed: bool,
+    pub(crate) write_closed: bool,
     /// The peer finished its side (END_STREAM or a graceful reset).
-    read_eof: bool,
-    bytes_sent: u64,
-    bytes_received: u64,
+    pub(crate) read_eof: bool,
+    pub(crate) bytes_sent: u64,
+    pub(crate) bytes_received: u64,
     response_headers: HeaderMap,
     _guard: Option<Guard>,
 }
@@ -96,23 +96,6 @@ impl H2Stream {
     /// The HTTP/2 stream id (for logs).
     pub fn stream_id(&self) -> u32 {
         self.send.stream_id().as_u32()
-    }
-
-    /// The two directions, borrowed separately so a splice can drive both at once.
-    pub(crate) fn halves(&mut self) -> (crate::splice::SendHalf<'_>, crate::splice::RecvHalf<'_>) {
-        (
-            crate::splice::SendHalf {
-                send: &mut self.send,
-                write_closed: &mut self.write_closed,
-                bytes_sent: &mut self.bytes_sent,
-            },
-            crate::splice::RecvHalf {
-                recv: &mut self.recv,
-                pending: &mut self.pending,
-                read_eof: &mut self.read_eof,
-                bytes_received: &mut self.bytes_received,
-            },
-        )
     }
 
     /// Why a send-side operation is impossible: the reset reason if the peer reset us.

@@ -11,8 +11,7 @@
 //! nothing is ever let through for want of keys. Redirects are not followed (an answer
 //! other than 200 is a failure, as in Envoy's fetcher).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,7 +25,6 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::jwks::{Jwks, JwksError, MAX_JWKS_BYTES};
-use crate::rule::KeySource;
 
 /// Istio's default `jwtRule` `timeout` for fetching the key set.
 pub const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -481,72 +479,6 @@ async fn refresh_loop(weak: Weak<RemoteJwks>) {
         // Not held while waiting, so dropping the last rule ends the loop.
         drop(remote);
         tokio::time::sleep(wait).await;
-    }
-}
-
-/// Remote key sets by URI: rules naming the same `jwksUri` (with the same timeout) share
-/// one fetched set and one refresher. A set no rule holds any more stops refreshing.
-#[derive(Debug)]
-pub struct JwksCache {
-    config: FetchConfig,
-    entries: Mutex<HashMap<(String, Duration), Weak<RemoteJwks>>>,
-}
-
-impl JwksCache {
-    /// An empty cache fetching with `config`.
-    pub fn new(config: FetchConfig) -> JwksCache {
-        JwksCache {
-            config,
-            entries: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The key source for a `jwksUri` fetched within `timeout` (the rule's `timeout`,
-    /// [`DEFAULT_FETCH_TIMEOUT`] when not written): the shared set, started (its refresher
-    /// spawned on the current tokio runtime) when no rule held it yet.
-    pub fn source(&self, uri: &str, timeout: Duration) -> Result<KeySource, FetchError> {
-        self.shared(uri.to_string(), timeout, RemoteJwks::new)
-    }
-
-    /// The key source of an issuer found through its discovery document (a rule with
-    /// neither `jwks` nor `jwksUri`, as istiod resolves it), shared and started likewise.
-    pub fn discovered(&self, issuer: &str, timeout: Duration) -> Result<KeySource, FetchError> {
-        self.shared(format!("discovery {issuer}"), timeout, |_, config| {
-            RemoteJwks::discovered(issuer, config)
-        })
-    }
-
-    fn shared(
-        &self,
-        key: String,
-        timeout: Duration,
-        make: impl FnOnce(&str, FetchConfig) -> Result<Arc<RemoteJwks>, FetchError>,
-    ) -> Result<KeySource, FetchError> {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.retain(|_, w| w.strong_count() > 0);
-        let key = (key, timeout);
-        if let Some(remote) = entries.get(&key).and_then(Weak::upgrade) {
-            return Ok(KeySource::Remote(remote));
-        }
-        let config = FetchConfig {
-            timeout,
-            ..self.config.clone()
-        };
-        let remote = make(&key.0, config)?;
-        remote.spawn_refresher();
-        entries.insert(key, Arc::downgrade(&remote));
-        Ok(KeySource::Remote(remote))
-    }
-}
-
-/// Resolves once every remote key set of `rules` has finished its first fetch, so the
-/// first requests after a policy loads are not refused only because the fetch was still
-/// in flight (bound it with a timeout; a set that failed resolves at once).
-pub async fn keys_ready(rules: &[crate::JwtRule]) {
-    for rule in rules {
-        if let KeySource::Remote(remote) = rule.keys() {
-            remote.ready().await;
-        }
     }
 }
 

@@ -21,6 +21,7 @@ mod b64;
 mod extract;
 mod fetch;
 mod jwks;
+mod keys;
 mod reason;
 mod rule;
 /// Keys and tokens for tests and the benchmark (the `testing` feature).
@@ -33,13 +34,15 @@ pub use authn::{
     MAX_TOKEN_BYTES,
 };
 pub use fetch::{
-    discovery_uri, fetch_discovered, fetch_jwks, keys_ready, FetchConfig, FetchError, JwksCache,
-    RemoteJwks, RemoteState, DEFAULT_FETCH_TIMEOUT, DEFAULT_REFRESH, DEFAULT_RETRY,
+    discovery_uri, fetch_discovered, fetch_jwks, FetchConfig, FetchError, RemoteJwks, RemoteState,
+    DEFAULT_FETCH_TIMEOUT, DEFAULT_REFRESH, DEFAULT_RETRY,
 };
 pub use jwks::{
     Alg, Jwks, JwksError, Key, KeyIssue, MAX_JWKS_BYTES, MAX_KEYS, MAX_RSA_BITS, MIN_RSA_BITS,
 };
+pub use keys::JwksCache;
 pub use reason::{Reason, Refusal, MAX_REALM_PATH};
 pub use rule::{
-    JwtRule, JwtSpec, KeySource, RuleError, DEFAULT_CLOCK_SKEW, DEFAULT_SPACE_DELIMITED_CLAIMS,
+    keys_ready, JwtRule, JwtSpec, KeySource, RuleError, DEFAULT_CLOCK_SKEW,
+    DEFAULT_SPACE_DELIMITED_CLAIMS,
 };

@@ -8,14 +8,11 @@
 //! of 60 s (Envoy's default; Istio does not set it); the claims `scope` and `permission`
 //! are read as space-delimited lists (Istio's `spaceDelimitedClaims` defaults).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
 
-use crate::fetch::{RemoteJwks, RemoteState};
-use crate::jwks::{Jwks, JwksError};
-use crate::reason::Reason;
+pub use crate::keys::KeySource;
 
 /// Envoy's default clock skew allowance for `exp` and `nbf`.
 pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(60);
@@ -48,50 +45,6 @@ pub struct JwtSpec {
     pub space_delimited_claims: Vec<String>,
     /// The clock skew allowed for `exp` / `nbf`; `None` ⇒ [`DEFAULT_CLOCK_SKEW`].
     pub clock_skew: Option<Duration>,
-}
-
-/// Where a rule's keys come from.
-#[derive(Debug, Clone)]
-pub enum KeySource {
-    /// An inline `jwks` that parsed.
-    Inline(Arc<Jwks>),
-    /// An inline `jwks` that did not parse: every token of the rule is refused with
-    /// Envoy's "Jwks doesn't have any valid public key".
-    Invalid(JwksError),
-    /// A `jwksUri`, fetched and refreshed by [`crate::JwksCache`]; until a fetch has
-    /// succeeded every token of the rule is refused with "Jwks remote fetch is failed".
-    Remote(Arc<RemoteJwks>),
-}
-
-impl KeySource {
-    /// An inline `jwks` text: [`KeySource::Inline`] when it parses, else
-    /// [`KeySource::Invalid`] (logged).
-    pub fn inline(jwks: &str) -> KeySource {
-        match Jwks::parse(jwks.as_bytes()) {
-            Ok(set) => {
-                for skipped in set.skipped() {
-                    tracing::warn!(%skipped, "inline jwks: key skipped");
-                }
-                KeySource::Inline(Arc::new(set))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "inline jwks refused: every token of its rule will be refused");
-                KeySource::Invalid(e)
-            }
-        }
-    }
-
-    /// The key set to verify with now, or why there is none.
-    pub(crate) fn current(&self) -> Result<Arc<Jwks>, Reason> {
-        match self {
-            KeySource::Inline(set) => Ok(set.clone()),
-            KeySource::Invalid(_) => Err(Reason::JwksNoValidKeys),
-            KeySource::Remote(remote) => match remote.state() {
-                RemoteState::Ready(set) => Ok(set),
-                RemoteState::Pending | RemoteState::Failed(_) => Err(Reason::JwksFetchFailed),
-            },
-        }
-    }
 }
 
 /// Where a token is looked for.
@@ -272,4 +225,15 @@ pub(crate) fn sanitize_audience(aud: &str) -> String {
         .or_else(|| aud.strip_prefix("https://"))
         .unwrap_or(aud);
     a.strip_suffix('/').unwrap_or(a).to_string()
+}
+
+/// Resolves once every remote key set of `rules` has finished its first fetch, so the
+/// first requests after a policy loads are not refused only because the fetch was still
+/// in flight (bound it with a timeout; a set that failed resolves at once).
+pub async fn keys_ready(rules: &[JwtRule]) {
+    for rule in rules {
+        if let KeySource::Remote(remote) = rule.keys() {
+            remote.ready().await;
+        }
+    }
 }

@@ -11,7 +11,7 @@ use ambit_identity::SpiffeId;
 use ambit_state::{Denied, RouteError};
 use http::StatusCode;
 
-use crate::telemetry::ResponseFlag;
+use ambit_telemetry::ResponseFlag;
 
 /// Whose fault a failure was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,14 +16,7 @@ use crate::socket::SocketFactory;
 /// whole batch at once, so a reader never sees half an update.
 pub type SharedState = ambit_runtime::shared::Shared<ProxyState>;
 
-/// Who this proxy acts for: `PROXY_WORKLOAD_INFO` in dedicated mode, the ZDS
-/// `WorkloadInfo` in-pod. Resolved against the configured workloads, never from an IP.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct LocalIdentity {
-    pub namespace: String,
-    pub name: String,
-    pub service_account: String,
-}
+pub use crate::decide::LocalIdentity;
 
 pub struct ProxyInputs {
     pub cfg: Arc<ProxyConfig>,
@@ -44,7 +37,7 @@ pub struct ProxyInputs {
     /// Admission to the HBONE handshake (this instance's share of the node's).
     pub handshakes: Arc<HandshakeGate>,
     /// The DNS proxy's resolver, for SOCKS5 requests by name (none: DNS proxy disabled).
-    pub names: Option<Arc<dyn crate::socks5::NameLookup>>,
+    pub names: Option<Arc<dyn crate::lookups::NameLookup>>,
     /// On-demand xDS (`XDS_ON_DEMAND=true`): names a decision misses are asked for.
     pub on_demand: Option<Arc<dyn crate::lookups::OnDemandLookups>>,
 }

@@ -130,13 +130,7 @@ fn user_timeout(keepalive: &Keepalive) -> Duration {
         .min(KERNEL_MAX)
 }
 
-/// Connect to the app from the client's own address (original-source preservation).
-#[derive(Clone, Copy, Debug)]
-pub struct Spoof {
-    pub ip: IpAddr,
-    /// `ENABLE_ORIG_SRC=true`: fail rather than fall back to our own address.
-    pub required: bool,
-}
+pub use crate::decide::{canonical_ip, Spoof};
 
 /// Outgoing connect timeout (ztunnel: 10 s).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -224,16 +218,6 @@ pub fn original_destination(stream: &TcpStream) -> io::Result<SocketAddr> {
 /// IPv4-mapped IPv6 addresses (from dual-stack listeners) as plain IPv4.
 pub fn canonical(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(canonical_ip(addr.ip()), addr.port())
-}
-
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
 }
 
 /// The wildcard address listeners bind: `[::]` with IPv6 on, else `0.0.0.0`.

@@ -14,34 +14,7 @@ use crate::error::Error;
 use crate::metrics::{Metrics, Reporter, TrafficLabels};
 use ambit_telemetry::or_unknown;
 
-/// Why a connection failed, as ztunnel's `response_flags` label names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ResponseFlag {
-    None,
-    /// Denied by authorization policy.
-    Deny,
-    /// The upstream connection could not be made.
-    Connect,
-    /// A TLS handshake or peer identity failed.
-    TlsFailure,
-    /// The HTTP/2 layer failed.
-    H2HandshakeFailure,
-    /// A timeout dialing HBONE: likely a NetworkPolicy blocks port 15008.
-    NetworkPolicy,
-}
-
-impl ResponseFlag {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResponseFlag::None => "-",
-            ResponseFlag::Deny => "DENY",
-            ResponseFlag::Connect => "CONNECT",
-            ResponseFlag::TlsFailure => "TLS_FAILURE",
-            ResponseFlag::H2HandshakeFailure => "H2_HANDSHAKE_FAILURE",
-            ResponseFlag::NetworkPolicy => "NETWORK_POLICY",
-        }
-    }
-}
+pub use ambit_telemetry::ResponseFlag;
 
 /// Who the two ends are, as far as the proxy knows.
 #[derive(Default)]

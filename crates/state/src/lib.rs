@@ -9,10 +9,12 @@
 #![forbid(unsafe_code)]
 
 mod addr;
+mod destination;
 mod dump;
 mod error;
 mod ident;
 mod local;
+mod local_config;
 mod local_file;
 mod local_schema;
 pub mod locate;
@@ -22,17 +24,22 @@ mod policy;
 mod ports;
 mod rbac;
 mod request_path;
-mod route;
 mod service;
 mod store;
-mod waypoint;
 mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
+pub use destination::pick::{pick_endpoint, PickMode, Picked};
+pub use destination::plan::route;
+pub use destination::types::{Route, RouteError, RouteInput};
+pub use destination::waypoint::{
+    is_from_waypoint, is_waypoint_for, names_waypoint, resolve_waypoint, ResolvedWaypoint,
+};
 pub use error::{ConfigError, UnknownPolicy};
 pub use local::{load_local_config, KeptVersion, LocalLoad, RejectedPolicy};
+pub use local_config::LocalConfig;
 pub use local_file::LocalFile;
-pub use local_schema::{parse_local_config, LocalConfig};
+pub use local_schema::parse_local_config;
 pub use name::Name;
 pub use policy::{
     parse_host, parse_method, parse_request_principal, values, Authorization, Clause, Condition,
@@ -45,15 +52,11 @@ pub use rbac::{
     RbacContext, RbacObserver, RequestAttributes, RequestAuth, Unobserved,
 };
 pub use request_path::{normalize_path, Normalized, PathError, PathNormalization};
-pub use route::{pick_endpoint, route, PickMode, Picked, Route, RouteError, RouteInput};
 pub use service::{
     AppProtocol, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode,
     LoadBalancerScope, Service, Visibility,
 };
 pub use store::{AddressTarget, Endpoint, ProxyState};
-pub use waypoint::{
-    is_from_waypoint, is_waypoint_for, names_waypoint, resolve_waypoint, ResolvedWaypoint,
-};
 pub use workload::{
     check_gateway, AppTunnelProtocol, ApplicationTunnel, GatewayAddress, GatewayDestination,
     HealthStatus, Locality, NetworkMode, TunnelProtocol, Workload, DEFAULT_CLUSTER_ID,

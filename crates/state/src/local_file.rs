@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ConfigError;
 use crate::local::LocalLoad;
-use crate::local_schema::LocalConfig;
+use crate::local_config::LocalConfig;
 use crate::policy::Authorization;
 use crate::service::Service;
 use crate::store::ProxyState;

@@ -2,35 +2,10 @@
 //! (`LOCAL_XDS`), in ztunnel's format: camelCase fields, unknown fields rejected. Loading
 //! it into the store, one bad policy at a time, is [`crate::local`].
 
-use serde::{Deserialize, Deserializer, Serialize};
-
 use crate::error::{ConfigError, UnknownPolicy};
+use crate::local_config::LocalConfig;
 use crate::locate;
-use crate::policy::Authorization;
-use crate::service::Service;
 use crate::store::ProxyState;
-use crate::workload::Workload;
-
-/// The whole local configuration: workloads, services and policies.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LocalConfig {
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub workloads: Vec<Workload>,
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub services: Vec<Service>,
-    /// Read through [`crate::local::policies`], so that a bad policy can be skipped.
-    #[serde(default, deserialize_with = "crate::local::policies")]
-    pub policies: Vec<Authorization>,
-}
-
-fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
-}
 
 /// Parses and checks a local configuration. `source` names where the YAML came from (a
 /// file path, or `LOCAL_XDS` for inline YAML) and is quoted in errors, together with the
@@ -174,11 +149,22 @@ pub(crate) fn parse_error(
     }
 }
 
+impl ProxyState {
+    /// A store from a local config's YAML text (`source` names it in errors): what a test
+    /// fixture, a one-file mesh or a fuzz target starts from. One bad policy refuses the
+    /// whole text here; a watched file is loaded policy by policy instead
+    /// ([`crate::load_local_config`]).
+    pub fn from_yaml(source: &str, yaml: &str) -> Result<ProxyState, ConfigError> {
+        ProxyState::from_config(parse_local_config(source, yaml)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::{PolicyAction, PolicyScope, StringMatch};
     use crate::service::{LoadBalancerMode, Visibility};
+    use crate::workload::Workload;
     use crate::workload::{GatewayDestination, TunnelProtocol};
 
     const FULL: &str = r#"

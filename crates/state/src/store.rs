@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use crate::addr::NetworkAddress;
 use crate::error::ConfigError;
-use crate::local_schema::LocalConfig;
+use crate::local_config::LocalConfig;
 use crate::name::Name;
 use crate::policy::{Authorization, PolicyScope};
 use crate::ports::PortMap;
@@ -135,14 +135,6 @@ impl ProxyState {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A store from a local config's YAML text (`source` names it in errors): what a test
-    /// fixture, a one-file mesh or a fuzz target starts from. One bad policy refuses the
-    /// whole text here; a watched file is loaded policy by policy instead
-    /// ([`crate::load_local_config`]).
-    pub fn from_yaml(source: &str, yaml: &str) -> Result<ProxyState, ConfigError> {
-        ProxyState::from_config(crate::local_schema::parse_local_config(source, yaml)?)
     }
 
     /// Builds the store from a local configuration, applying defaults and checking every

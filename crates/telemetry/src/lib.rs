@@ -2,7 +2,7 @@
 //!
 //! - [`TrafficLabels`]: Istio's label set of its standard metrics (`istio_tcp_*`,
 //!   `istio_requests_total` & co), in ztunnel's order, with the [`Reporter`] that says
-//!   which side counted;
+//!   which side counted and the [`ResponseFlag`] of a connection that failed;
 //! - [`dry_run`]: `ambit_rbac_dry_run_matches`, the dry-run authorization policies a
 //!   proxy's decisions matched.
 #![forbid(unsafe_code)]
@@ -10,4 +10,4 @@
 pub mod dry_run;
 mod labels;
 
-pub use labels::{or_unknown, Reporter, TrafficLabels, UNKNOWN};
+pub use labels::{or_unknown, Reporter, ResponseFlag, TrafficLabels, UNKNOWN};

@@ -9,8 +9,8 @@ use ambit_state::{ProxyState, Service, Workload};
 use prost::Message;
 
 use crate::convert::{self, AddressResource};
-use crate::delta::MAX_HELD_ADDRESSES;
 use crate::held;
+use crate::limits::MAX_HELD_ADDRESSES;
 use crate::reject::Rejection;
 use crate::resource::{message_name, Decoded, Holds, Measured, ResourceType, Slot};
 use crate::shape;

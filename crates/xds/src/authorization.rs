@@ -9,8 +9,8 @@ use ambit_state::{Authorization, ProxyState};
 use prost::Message;
 
 use crate::convert;
-use crate::delta::MAX_HELD_POLICIES;
 use crate::held;
+use crate::limits::MAX_HELD_POLICIES;
 use crate::reject::Rejection;
 use crate::resource::{message_name, Decoded, Measured, ResourceType, Slot};
 use crate::shape;

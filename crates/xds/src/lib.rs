@@ -30,6 +30,7 @@ pub mod client;
 pub mod convert;
 pub mod delta;
 pub mod held;
+pub mod limits;
 pub mod node;
 pub mod on_demand;
 pub mod reject;

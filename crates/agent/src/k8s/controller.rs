@@ -92,14 +92,13 @@ impl StepError {
     }
 }
 
-pub(crate) async fn run(
+/// The controller, started: the pods of the startup snapshot enrolled and served over ZDS.
+pub(crate) async fn start(
     cfg: K8sConfig,
     client: kube::Client,
     metrics: Arc<Metrics>,
-    synced: Arc<AtomicBool>,
     opts: Options,
-    shutdown: impl Future,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Arc<Controller>> {
     let snapshot = startup_snapshot(&cfg, &client).await?;
     let agent_cfg = AgentConfig {
         zds_socket: cfg.zds_socket.clone(),
@@ -121,7 +120,7 @@ pub(crate) async fn run(
     )
     .await?;
     metrics.set_enrolled(agent.held_uids().len());
-    let ctl = Arc::new(Controller {
+    Ok(Arc::new(Controller {
         cfg,
         client,
         agent,
@@ -129,11 +128,17 @@ pub(crate) async fn run(
         cache: Mutex::new(Cache::default()),
         queue: Mutex::new(WorkQueue::default()),
         wake: Notify::new(),
-    });
+    }))
+}
 
-    let plugin_listener = super::plugin::bind(&ctl.cfg.plugin_socket())?;
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(super::plugin::serve(plugin_listener, ctl.clone()));
+/// Watches and reconciles until `shutdown`, beside `tasks` (the plugin's server), then
+/// stops them and removes the sockets (rules and ipsets stay in place).
+pub(crate) async fn serve(
+    ctl: Arc<Controller>,
+    synced: Arc<AtomicBool>,
+    mut tasks: tokio::task::JoinSet<()>,
+    shutdown: impl Future,
+) -> anyhow::Result<()> {
     tasks.spawn(watch_pods(ctl.clone(), synced.clone()));
     tasks.spawn(watch_namespaces(ctl.clone(), synced.clone()));
     tracing::info!(

@@ -15,7 +15,8 @@
 //! - [`procscan`]: a pod's netns from `/proc`.
 //! - [`plugin`]: the `POST /cmdadd` server Istio's CNI plugin calls.
 //! - [`netns_check`]: whether the netns a `/cmdadd` names may be captured, sans IO.
-//! - [`controller`]: the watches, the worker and the annotation patches.
+//! - [`controller`]: the watches, the worker and the annotation patches; [`run`] wires it
+//!   to the plugin's server.
 
 pub mod controller;
 pub mod http;
@@ -50,6 +51,24 @@ pub async fn run(
     shutdown: impl Future,
 ) -> anyhow::Result<()> {
     run_with(config, client, install_ready, Options::default(), shutdown).await
+}
+
+/// The controller started, the plugin's `cmdadd` socket served, then the watches and the
+/// worker until `shutdown`.
+async fn run_ambient(
+    config: K8sConfig,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+    opts: Options,
+    shutdown: impl Future,
+) -> anyhow::Result<()> {
+    let plugin_socket = config.plugin_socket();
+    let ctl = controller::start(config, client, metrics, opts).await?;
+    let plugin_listener = plugin::bind(&plugin_socket)?;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(plugin::serve(plugin_listener, ctl.clone()));
+    controller::serve(ctl, synced, tasks, shutdown).await
 }
 
 /// [`run`] with test knobs.
@@ -94,7 +113,7 @@ pub async fn run_with(
     ));
 
     let result = if config.ambient_enabled {
-        controller::run(config, client, metrics, synced, opts, shutdown).await
+        run_ambient(config, client, metrics, synced, opts, shutdown).await
     } else {
         shutdown.await;
         Ok(())

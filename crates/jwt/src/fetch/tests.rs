@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 
 use super::*;
 use crate::jwks::Alg;
+use crate::keys::{JwksCache, KeySource};
 use crate::rule::{JwtRule, JwtSpec};
 use crate::testkeys::{jwks, TestKey};
 use crate::{authenticate, Outcome, Reason};
@@ -393,7 +394,7 @@ async fn the_cache_shares_one_set_per_uri_and_stops_when_unused() {
         )
         .unwrap();
         // The refresher spawned by the cache fetches; keys_ready waits for it.
-        keys_ready(std::slice::from_ref(&rule)).await;
+        crate::keys_ready(std::slice::from_ref(&rule)).await;
         assert!(matches!(check(a.clone()), Outcome::Authenticated { .. }));
         assert!(matches!(
             cache.source("ftp://x/", DEFAULT_FETCH_TIMEOUT),

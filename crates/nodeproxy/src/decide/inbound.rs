@@ -17,11 +17,11 @@ use ambit_state::{
 };
 use http::StatusCode;
 
+use super::{canonical_ip, Spoof};
 use super::{is_loop_port, Local, SourcePolicy};
 use crate::error::Error;
 use crate::proxy_protocol;
 use crate::settings::ProxyConfig;
-use crate::socket::{canonical_ip, Spoof};
 
 /// The facts about one CONNECT stream.
 #[derive(Clone, Copy, Debug)]

@@ -14,9 +14,35 @@ use std::sync::Arc;
 use ambit_state::{ProxyState, Workload};
 
 use crate::error::Error;
-use crate::inputs::LocalIdentity;
 use crate::settings::{OriginalSource, ProxyConfig};
-use crate::socket::Spoof;
+
+/// Who this proxy acts for: `PROXY_WORKLOAD_INFO` in dedicated mode, the ZDS
+/// `WorkloadInfo` in-pod. Resolved against the configured workloads, never from an IP.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LocalIdentity {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+}
+
+/// Connect to the app from the client's own address (original-source preservation).
+#[derive(Clone, Copy, Debug)]
+pub struct Spoof {
+    pub ip: IpAddr,
+    /// `ENABLE_ORIG_SRC=true`: fail rather than fall back to our own address.
+    pub required: bool,
+}
+
+/// An address as the mesh state keys it: an IPv4-mapped IPv6 address as the IPv4 one.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
 
 /// Who this proxy acts for, as the decisions need it.
 #[derive(Clone, Copy, Debug)]

@@ -5,13 +5,10 @@
 
 pub mod wire;
 
-use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_state::Workload;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -23,32 +20,7 @@ use wire::{Parsed, Reply, Socks5Error, Target};
 /// How long a client may take to send its greeting and request.
 const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Resolves names as the DNS proxy would answer the local workload: mesh services from
-/// the mesh state, anything else from the upstream resolvers.
-pub trait NameLookup: Send + Sync + 'static {
-    /// The addresses of `name` (AAAA records when `ipv6`, else A), best first.
-    fn lookup<'a>(
-        &'a self,
-        client: &'a Workload,
-        name: &'a str,
-        ipv6: bool,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, String>> + Send + 'a>>;
-}
-
-impl NameLookup for ambit_dns::Resolver {
-    fn lookup<'a>(
-        &'a self,
-        client: &'a Workload,
-        name: &'a str,
-        ipv6: bool,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, String>> + Send + 'a>> {
-        Box::pin(async move {
-            ambit_dns::Resolver::lookup(self, client, name, ipv6)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    }
-}
+pub use crate::lookups::NameLookup;
 
 /// Why a SOCKS5 client got no tunnel.
 #[derive(Debug, thiserror::Error)]

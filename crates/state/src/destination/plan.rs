@@ -1,4 +1,4 @@
-//! Routing in the mesh: where a connection from a local workload goes, and how (the
+//! The routing decision: where a connection from a local workload goes, and how (the
 //! answer the node proxy's outbound plan, `ambit_nodeproxy::decide::outbound`, is built on).
 //!
 //! Order (ztunnel's, see the reference §10.1/§10.3): a service VIP (visibility-aware)
@@ -19,92 +19,12 @@ use std::sync::Arc;
 use ambit_identity::SpiffeId;
 use rand::Rng;
 
-use crate::ports::PortMap;
-use crate::service::{LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Service};
+use super::pick::{pick_endpoint, PickMode};
+use super::types::{Route, RouteError, RouteInput};
+use super::waypoint::{is_from_waypoint, resolve_waypoint, ResolvedWaypoint};
+use crate::service::{LoadBalancerMode, Service};
 use crate::store::{AddressTarget, ProxyState};
-use crate::waypoint::{is_from_waypoint, resolve_waypoint, ResolvedWaypoint};
-use crate::workload::{HealthStatus, TunnelProtocol, Workload};
-
-/// One outbound connection to decide.
-#[derive(Debug, Clone, Copy)]
-pub struct RouteInput<'a> {
-    /// The workload this proxy acts for (never inferred from the source IP).
-    pub source: &'a Workload,
-    /// The original destination, as dialed by the application.
-    pub dst: SocketAddr,
-    /// The application's address (the connection's source IP), to recognise a waypoint
-    /// sending traffic on to its destination.
-    pub src_ip: IpAddr,
-    /// This proxy's network (`NETWORK`), where the destination is looked up.
-    pub network: &'a str,
-    /// The HBONE port of remote proxies (15008).
-    pub hbone_port: u16,
-}
-
-/// Where and how to send a connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
-    /// Through an HBONE tunnel.
-    Hbone {
-        /// Where to open the mTLS connection: `endpoint-ip:hbone_port`, or the waypoint's
-        /// `ip:hbone_mtls_port`.
-        next_hop: SocketAddr,
-        /// The CONNECT `:authority`: `endpoint-ip:target-port`; through a waypoint, the
-        /// original destination.
-        authority: SocketAddr,
-        /// Identities the server may present (service SANs, then the workload identity;
-        /// for a waypoint its identity, then its service's SANs).
-        expected_identities: Vec<SpiffeId>,
-        /// The workload the tunnel reaches: the endpoint, or the waypoint.
-        destination: Arc<Workload>,
-        /// The service, when the destination was a service VIP (the original one, also
-        /// through a waypoint).
-        service: Option<Arc<Service>>,
-    },
-    /// Plain TCP: to a workload outside the mesh, or passthrough to an unknown address.
-    Tcp {
-        target: SocketAddr,
-        destination: Option<Arc<Workload>>,
-        service: Option<Arc<Service>>,
-    },
-}
-
-impl Route {
-    /// The service the connection was addressed to, if any.
-    pub fn service(&self) -> Option<&Arc<Service>> {
-        match self {
-            Route::Hbone { service, .. } | Route::Tcp { service, .. } => service.as_ref(),
-        }
-    }
-
-    /// The destination workload, if known.
-    pub fn destination(&self) -> Option<&Arc<Workload>> {
-        match self {
-            Route::Hbone { destination, .. } => Some(destination),
-            Route::Tcp { destination, .. } => destination.as_ref(),
-        }
-    }
-}
-
-/// Why no route exists. All are the destination's side (a retry may help once the
-/// mesh configuration changes, not before).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum RouteError {
-    /// A known service with no endpoint able to take the connection.
-    #[error("no healthy upstream for service {service}")]
-    NoHealthyUpstream { service: String },
-    /// The service does not define the dialed port.
-    #[error("service {service} has no port {port}")]
-    UnknownTargetPort { service: String, port: u16 },
-    /// The waypoint configured for the destination does not resolve to a pod.
-    #[error("{target} uses a waypoint that cannot be reached: {why}; fix the waypoint's service or workload in the mesh configuration")]
-    WaypointNotFound { target: String, why: String },
-    /// The waypoint is in another network: that needs double HBONE through a network
-    /// gateway, which this proxy does not do; refused rather than bypassing the waypoint.
-    #[error("{target} uses a waypoint in network {network:?}, which needs double HBONE (not supported); traffic is refused rather than sent around the waypoint")]
-    WaypointInOtherNetwork { target: String, network: String },
-}
+use crate::workload::{TunnelProtocol, Workload};
 
 /// Decides where a connection goes. `rng` picks among equally good endpoints.
 pub fn route(
@@ -204,119 +124,6 @@ fn direct(
     }
 }
 
-/// An endpoint chosen for a connection: the workload, the IP to dial and the (translated)
-/// target port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Picked {
-    pub workload: Arc<Workload>,
-    pub ip: IpAddr,
-    pub port: u16,
-}
-
-/// What the endpoint is picked for (reference §10.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PickMode {
-    /// A service the application dialed: the service must define the port.
-    Standard,
-    /// A waypoint service: the port may be absent when the endpoint has an application
-    /// tunnel (then the service port itself is used).
-    Waypoint,
-}
-
-/// How many weighted draws over all endpoints are tried before the exact scan.
-const DRAWS: usize = 8;
-
-/// Picks an endpoint of `svc` for a connection to `dialed_ip:port` from `source`, by the
-/// rules of reference §10.3: health (unless `AllowAll`), the source's network, the target
-/// port (endpoint map, then the service's target port, then an application tunnel's
-/// service port), an IP the service's families allow (the dialed family first); with
-/// STRICT/FAILOVER the best-ranked locality; then at random weighted by capacity.
-///
-/// Standard mode without locality preferences draws from all endpoints by capacity and
-/// keeps the first eligible draw (O(log n) each); after a few ineligible ones it scans
-/// all endpoints. Either way the result is distributed exactly as the scan alone.
-/// Does not look at waypoints or PASSTHROUGH: the caller decides those.
-pub fn pick_endpoint(
-    state: &ProxyState,
-    svc: &Service,
-    port: u16,
-    dialed_ip: IpAddr,
-    source: &Workload,
-    mode: PickMode,
-    rng: &mut impl Rng,
-) -> Result<Picked, RouteError> {
-    let svc_target = match (svc.ports.get(&port), mode) {
-        (Some(&t), _) => t,
-        (None, PickMode::Waypoint) => 0,
-        (None, PickMode::Standard) => {
-            return Err(RouteError::UnknownTargetPort {
-                service: svc.key(),
-                port,
-            })
-        }
-    };
-    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
-    let key = svc.key();
-    let eligible = |wl: &Arc<Workload>| -> Option<Picked> {
-        let ports = wl.services.get(key.as_str())?;
-        if !allow_unhealthy && wl.status != HealthStatus::Healthy {
-            return None;
-        }
-        // Endpoints in another network need double HBONE through their network gateway
-        // (reference §10.2); not candidates until that exists.
-        if wl.network != source.network {
-            return None;
-        }
-        let port = target_port(wl, ports, port, svc_target)?;
-        // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
-        // gateway) are not candidates yet.
-        let ip = pick_ip(svc, wl, dialed_ip)?;
-        Some(Picked {
-            workload: wl.clone(),
-            ip,
-            port,
-        })
-    };
-    let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
-    let Some(index) = state.endpoint_index(&key) else {
-        return Err(no_upstream());
-    };
-    let mode = svc.lb_mode();
-    let ranked = matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover);
-    if !ranked {
-        for _ in 0..DRAWS {
-            let Some(i) = index.pick(rng) else { break };
-            if let Some(p) = eligible(&index.endpoints[i]) {
-                return Ok(p);
-            }
-        }
-    }
-    let mut candidates: Vec<Picked> = index.endpoints.iter().filter_map(eligible).collect();
-    if ranked {
-        let prefs = svc
-            .load_balancer
-            .as_ref()
-            .map(|lb| lb.routing_preferences.as_slice())
-            .unwrap_or_default();
-        if mode == LoadBalancerMode::Strict {
-            candidates.retain(|c| prefs.iter().all(|s| scope_matches(*s, source, &c.workload)));
-        }
-        let ranks: Vec<usize> = candidates
-            .iter()
-            .map(|c| rank(prefs, source, &c.workload))
-            .collect();
-        if let Some(&best) = ranks.iter().max() {
-            let mut i = 0;
-            candidates.retain(|_| {
-                let keep = ranks[i] == best;
-                i += 1;
-                keep
-            });
-        }
-    }
-    pick_weighted(candidates, rng).ok_or_else(no_upstream)
-}
-
 /// A service VIP without a waypoint (or a waypoint's own service): load-balanced to one
 /// endpoint.
 pub(crate) fn route_service(
@@ -350,94 +157,12 @@ pub(crate) fn route_service(
     ))
 }
 
-/// Target port for a service port on one endpoint: the endpoint's own map first, then
-/// the service's target port, then (application tunnel with a port) the service port.
-/// A named port (target 0) needs the endpoint map.
-fn target_port(wl: &Workload, ports: &PortMap, svc_port: u16, svc_target: u16) -> Option<u16> {
-    if let Some(&p) = ports.get(&svc_port).filter(|p| **p != 0) {
-        return Some(p);
-    }
-    if svc_target != 0 {
-        return Some(svc_target);
-    }
-    match &wl.application_tunnel {
-        Some(t) if t.port.is_some_and(|p| p != 0) => Some(svc_port),
-        _ => None,
-    }
-}
-
-/// The endpoint IP to use: allowed by the service's IP families, the dialed family first.
-fn pick_ip(svc: &Service, wl: &Workload, dialed: IpAddr) -> Option<IpAddr> {
-    let allowed = || wl.workload_ips.iter().filter(|ip| svc.allows_ip(**ip));
-    allowed()
-        .find(|ip| ip.is_ipv4() == dialed.is_ipv4())
-        .or_else(|| allowed().next())
-        .copied()
-}
-
-fn scope_matches(scope: LoadBalancerScope, src: &Workload, dst: &Workload) -> bool {
-    match scope {
-        LoadBalancerScope::Region => src.locality.region == dst.locality.region,
-        LoadBalancerScope::Zone => src.locality.zone == dst.locality.zone,
-        LoadBalancerScope::Subzone => src.locality.subzone == dst.locality.subzone,
-        LoadBalancerScope::Node => src.node == dst.node,
-        LoadBalancerScope::Cluster => src.cluster_id == dst.cluster_id,
-        LoadBalancerScope::Network => src.network == dst.network,
-    }
-}
-
-/// How many leading routing preferences the endpoint shares with the source. When
-/// NETWORK is the first preference, a network match outweighs all later scopes (it adds
-/// `len - 1` on top of its own point) and a mismatch does not end the scan.
-fn rank(prefs: &[LoadBalancerScope], src: &Workload, dst: &Workload) -> usize {
-    let mut rank = 0;
-    for (i, scope) in prefs.iter().enumerate() {
-        let matched = scope_matches(*scope, src, dst);
-        if i == 0 && *scope == LoadBalancerScope::Network {
-            if matched {
-                rank += prefs.len();
-            }
-            continue;
-        }
-        if !matched {
-            break;
-        }
-        rank += 1;
-    }
-    rank
-}
-
-/// Picks one candidate at random, weighted by workload capacity (all-zero capacities:
-/// uniformly).
-fn pick_weighted(mut candidates: Vec<Picked>, rng: &mut impl Rng) -> Option<Picked> {
-    if candidates.len() <= 1 {
-        return candidates.pop();
-    }
-    let total: u64 = candidates
-        .iter()
-        .map(|c| u64::from(c.workload.capacity))
-        .sum();
-    let index = if total == 0 {
-        rng.gen_range(0..candidates.len())
-    } else {
-        let mut r = rng.gen_range(0..total);
-        let mut index = candidates.len() - 1;
-        for (i, c) in candidates.iter().enumerate() {
-            let w = u64::from(c.workload.capacity);
-            if r < w {
-                index = i;
-                break;
-            }
-            r -= w;
-        }
-        index
-    };
-    Some(candidates.swap_remove(index))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::pick::rank;
     use super::*;
+    use crate::service::LoadBalancerScope;
+    use crate::workload::HealthStatus;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 

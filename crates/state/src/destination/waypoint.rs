@@ -14,7 +14,8 @@ use std::sync::Arc;
 use ambit_identity::SpiffeId;
 use rand::Rng;
 
-use crate::route::{pick_endpoint, PickMode, RouteError, RouteInput};
+use super::pick::{pick_endpoint, PickMode};
+use super::types::{RouteError, RouteInput};
 use crate::service::LoadBalancerMode;
 use crate::service::Service;
 use crate::store::AddressTarget;

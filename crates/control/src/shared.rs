@@ -1,0 +1,210 @@
+//! What every part of the control server shares: the mesh being served, the clients, the
+//! tokens, the reload status and the metrics.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ambit_identity::CertificateAuthority;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::{watch, Semaphore};
+
+use crate::config::ControlConfig;
+use crate::mesh::Mesh;
+use crate::session::{Session, Snapshot};
+use crate::tokens::Tokens;
+
+pub(crate) struct MeshState {
+    pub(crate) mesh: Mesh,
+    pub(crate) snapshot: Snapshot,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub(crate) struct ReloadStatus {
+    /// The error of the newest mesh files, while they are refused (the last good mesh is
+    /// served meanwhile).
+    pub(crate) mesh_error: Option<String>,
+    pub(crate) tokens_error: Option<String>,
+}
+
+pub(crate) struct Metrics {
+    pub(crate) registry: Registry,
+    pub(crate) clients: Gauge,
+    pub(crate) pushes: Counter,
+    pub(crate) acks: Counter,
+    pub(crate) nacks: Counter,
+    pub(crate) csr_signed: Counter,
+    pub(crate) csr_refused: Counter,
+    pub(crate) unauthenticated: Counter,
+    pub(crate) mesh_generation: Gauge,
+    pub(crate) mesh_resources: Gauge,
+    pub(crate) reload_errors: Counter,
+    /// Names clients subscribed to by name (on-demand clients), per type.
+    pub(crate) names_subscribed: Family<TypeLabel, Counter>,
+    /// Streams ended because a request broke a per-client bound, per reason.
+    pub(crate) requests_refused: Family<ReasonLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TypeLabel {
+    pub(crate) type_url: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ambit_control");
+        let m = Metrics {
+            // With the process's own metrics, as every ambit process reports them.
+            registry: ambit_process::lifecycle::registry(),
+            clients: Gauge::default(),
+            pushes: Counter::default(),
+            acks: Counter::default(),
+            nacks: Counter::default(),
+            csr_signed: Counter::default(),
+            csr_refused: Counter::default(),
+            unauthenticated: Counter::default(),
+            mesh_generation: Gauge::default(),
+            mesh_resources: Gauge::default(),
+            reload_errors: Counter::default(),
+            names_subscribed: Family::default(),
+            requests_refused: Family::default(),
+        };
+        registry.register(
+            "xds_clients",
+            "Connected delta xDS streams",
+            m.clients.clone(),
+        );
+        registry.register("xds_pushes", "Delta xDS responses sent", m.pushes.clone());
+        registry.register("xds_acks", "Responses ACKed by clients", m.acks.clone());
+        registry.register("xds_nacks", "Responses NACKed by clients", m.nacks.clone());
+        registry.register(
+            "csr_signed",
+            "Certificate requests signed",
+            m.csr_signed.clone(),
+        );
+        registry.register(
+            "csr_refused",
+            "Certificate requests refused",
+            m.csr_refused.clone(),
+        );
+        registry.register(
+            "unauthenticated_requests",
+            "Requests refused before their body was read: no token, or one the tokens file does not list",
+            m.unauthenticated.clone(),
+        );
+        registry.register(
+            "mesh_generation",
+            "Generation of the mesh served (bumped on every accepted change)",
+            m.mesh_generation.clone(),
+        );
+        registry.register(
+            "mesh_resources",
+            "xDS resources served",
+            m.mesh_resources.clone(),
+        );
+        registry.register(
+            "mesh_reload_errors",
+            "Changes of the mesh directory or tokens file that were refused",
+            m.reload_errors.clone(),
+        );
+        registry.register(
+            "xds_names_subscribed",
+            "Resource names clients subscribed to by name (not the wildcard), by type",
+            m.names_subscribed.clone(),
+        );
+        registry.register(
+            "xds_requests_refused",
+            "xDS streams ended because a request broke a per-client bound or was malformed, by reason",
+            m.requests_refused.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+pub(crate) struct ClientEntry {
+    pub(crate) peer: Option<SocketAddr>,
+    pub(crate) session: Arc<Mutex<Session>>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: ControlConfig,
+    pub(crate) ca: CertificateAuthority,
+    pub(crate) mesh_tx: watch::Sender<Arc<MeshState>>,
+    pub(crate) tokens: RwLock<Arc<Tokens>>,
+    pub(crate) status: Mutex<ReloadStatus>,
+    pub(crate) clients: Mutex<BTreeMap<u64, ClientEntry>>,
+    pub(crate) next_session: AtomicU64,
+    pub(crate) metrics: Metrics,
+    pub(crate) client_slots: Arc<Semaphore>,
+    pub(crate) listening: AtomicBool,
+    pub(crate) refusal_reports: ambit_admission::ReportThrottle,
+}
+
+/// Locks a mutex, taking the data of a poisoned one (every critical section here leaves
+/// the data consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn mesh(&self) -> Arc<MeshState> {
+        self.mesh_tx.borrow().clone()
+    }
+
+    pub(crate) fn tokens(&self) -> Arc<Tokens> {
+        self.tokens
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the tokens granted, and the error shown in `/debug`.
+    pub(crate) fn set_tokens(&self, tokens: Tokens, error: Option<String>) {
+        *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tokens);
+        lock(&self.status).tokens_error = error;
+    }
+
+    pub(crate) fn publish(&self, mesh: Mesh) {
+        let previous = self.mesh_tx.borrow().clone();
+        let generation = previous.snapshot.generation + 1;
+        // What changed is worked out here once, not by every session.
+        let snapshot = mesh
+            .snapshot(generation)
+            .with_changes_from(&previous.snapshot);
+        drop(previous);
+        self.metrics.mesh_generation.set(generation as i64);
+        self.metrics.mesh_resources.set(snapshot.len() as i64);
+        tracing::info!(
+            generation,
+            resources = snapshot.len(),
+            files = mesh.files.len(),
+            waypoint_policies = mesh.waypoint_policies.len(),
+            routes = mesh.routes.len(),
+            "serving the mesh"
+        );
+        for skipped in &mesh.skipped {
+            tracing::info!("not served: {skipped}");
+        }
+        for line in mesh.route_status() {
+            tracing::warn!("route: {line}");
+        }
+        self.mesh_tx
+            .send_replace(Arc::new(MeshState { mesh, snapshot }));
+    }
+}
+
+/// Resolves once shutdown is asked for (or the control server is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

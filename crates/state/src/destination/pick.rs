@@ -1,0 +1,211 @@
+//! Picking an endpoint of a service for a connection (reference §10.3): health, network,
+//! target port, address family, locality, then capacity-weighted at random.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use rand::Rng;
+
+use super::types::RouteError;
+use crate::ports::PortMap;
+use crate::service::{LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Service};
+use crate::store::ProxyState;
+use crate::workload::{HealthStatus, Workload};
+
+/// An endpoint chosen for a connection: the workload, the IP to dial and the (translated)
+/// target port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picked {
+    pub workload: Arc<Workload>,
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+/// What the endpoint is picked for (reference §10.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickMode {
+    /// A service the application dialed: the service must define the port.
+    Standard,
+    /// A waypoint service: the port may be absent when the endpoint has an application
+    /// tunnel (then the service port itself is used).
+    Waypoint,
+}
+
+/// How many weighted draws over all endpoints are tried before the exact scan.
+const DRAWS: usize = 8;
+
+/// Picks an endpoint of `svc` for a connection to `dialed_ip:port` from `source`, by the
+/// rules of reference §10.3: health (unless `AllowAll`), the source's network, the target
+/// port (endpoint map, then the service's target port, then an application tunnel's
+/// service port), an IP the service's families allow (the dialed family first); with
+/// STRICT/FAILOVER the best-ranked locality; then at random weighted by capacity.
+///
+/// Standard mode without locality preferences draws from all endpoints by capacity and
+/// keeps the first eligible draw (O(log n) each); after a few ineligible ones it scans
+/// all endpoints. Either way the result is distributed exactly as the scan alone.
+/// Does not look at waypoints or PASSTHROUGH: the caller decides those.
+pub fn pick_endpoint(
+    state: &ProxyState,
+    svc: &Service,
+    port: u16,
+    dialed_ip: IpAddr,
+    source: &Workload,
+    mode: PickMode,
+    rng: &mut impl Rng,
+) -> Result<Picked, RouteError> {
+    let svc_target = match (svc.ports.get(&port), mode) {
+        (Some(&t), _) => t,
+        (None, PickMode::Waypoint) => 0,
+        (None, PickMode::Standard) => {
+            return Err(RouteError::UnknownTargetPort {
+                service: svc.key(),
+                port,
+            })
+        }
+    };
+    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
+    let key = svc.key();
+    let eligible = |wl: &Arc<Workload>| -> Option<Picked> {
+        let ports = wl.services.get(key.as_str())?;
+        if !allow_unhealthy && wl.status != HealthStatus::Healthy {
+            return None;
+        }
+        // Endpoints in another network need double HBONE through their network gateway
+        // (reference §10.2); not candidates until that exists.
+        if wl.network != source.network {
+            return None;
+        }
+        let port = target_port(wl, ports, port, svc_target)?;
+        // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
+        // gateway) are not candidates yet.
+        let ip = pick_ip(svc, wl, dialed_ip)?;
+        Some(Picked {
+            workload: wl.clone(),
+            ip,
+            port,
+        })
+    };
+    let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
+    let Some(index) = state.endpoint_index(&key) else {
+        return Err(no_upstream());
+    };
+    let mode = svc.lb_mode();
+    let ranked = matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover);
+    if !ranked {
+        for _ in 0..DRAWS {
+            let Some(i) = index.pick(rng) else { break };
+            if let Some(p) = eligible(&index.endpoints[i]) {
+                return Ok(p);
+            }
+        }
+    }
+    let mut candidates: Vec<Picked> = index.endpoints.iter().filter_map(eligible).collect();
+    if ranked {
+        let prefs = svc
+            .load_balancer
+            .as_ref()
+            .map(|lb| lb.routing_preferences.as_slice())
+            .unwrap_or_default();
+        if mode == LoadBalancerMode::Strict {
+            candidates.retain(|c| prefs.iter().all(|s| scope_matches(*s, source, &c.workload)));
+        }
+        let ranks: Vec<usize> = candidates
+            .iter()
+            .map(|c| rank(prefs, source, &c.workload))
+            .collect();
+        if let Some(&best) = ranks.iter().max() {
+            let mut i = 0;
+            candidates.retain(|_| {
+                let keep = ranks[i] == best;
+                i += 1;
+                keep
+            });
+        }
+    }
+    pick_weighted(candidates, rng).ok_or_else(no_upstream)
+}
+
+/// Target port for a service port on one endpoint: the endpoint's own map first, then
+/// the service's target port, then (application tunnel with a port) the service port.
+/// A named port (target 0) needs the endpoint map.
+fn target_port(wl: &Workload, ports: &PortMap, svc_port: u16, svc_target: u16) -> Option<u16> {
+    if let Some(&p) = ports.get(&svc_port).filter(|p| **p != 0) {
+        return Some(p);
+    }
+    if svc_target != 0 {
+        return Some(svc_target);
+    }
+    match &wl.application_tunnel {
+        Some(t) if t.port.is_some_and(|p| p != 0) => Some(svc_port),
+        _ => None,
+    }
+}
+
+/// The endpoint IP to use: allowed by the service's IP families, the dialed family first.
+fn pick_ip(svc: &Service, wl: &Workload, dialed: IpAddr) -> Option<IpAddr> {
+    let allowed = || wl.workload_ips.iter().filter(|ip| svc.allows_ip(**ip));
+    allowed()
+        .find(|ip| ip.is_ipv4() == dialed.is_ipv4())
+        .or_else(|| allowed().next())
+        .copied()
+}
+
+fn scope_matches(scope: LoadBalancerScope, src: &Workload, dst: &Workload) -> bool {
+    match scope {
+        LoadBalancerScope::Region => src.locality.region == dst.locality.region,
+        LoadBalancerScope::Zone => src.locality.zone == dst.locality.zone,
+        LoadBalancerScope::Subzone => src.locality.subzone == dst.locality.subzone,
+        LoadBalancerScope::Node => src.node == dst.node,
+        LoadBalancerScope::Cluster => src.cluster_id == dst.cluster_id,
+        LoadBalancerScope::Network => src.network == dst.network,
+    }
+}
+
+/// How many leading routing preferences the endpoint shares with the source. When
+/// NETWORK is the first preference, a network match outweighs all later scopes (it adds
+/// `len - 1` on top of its own point) and a mismatch does not end the scan.
+pub(super) fn rank(prefs: &[LoadBalancerScope], src: &Workload, dst: &Workload) -> usize {
+    let mut rank = 0;
+    for (i, scope) in prefs.iter().enumerate() {
+        let matched = scope_matches(*scope, src, dst);
+        if i == 0 && *scope == LoadBalancerScope::Network {
+            if matched {
+                rank += prefs.len();
+            }
+            continue;
+        }
+        if !matched {
+            break;
+        }
+        rank += 1;
+    }
+    rank
+}
+
+/// Picks one candidate at random, weighted by workload capacity (all-zero capacities:
+/// uniformly).
+fn pick_weighted(mut candidates: Vec<Picked>, rng: &mut impl Rng) -> Option<Picked> {
+    if candidates.len() <= 1 {
+        return candidates.pop();
+    }
+    let total: u64 = candidates
+        .iter()
+        .map(|c| u64::from(c.workload.capacity))
+        .sum();
+    let index = if total == 0 {
+        rng.gen_range(0..candidates.len())
+    } else {
+        let mut r = rng.gen_range(0..total);
+        let mut index = candidates.len() - 1;
+        for (i, c) in candidates.iter().enumerate() {
+            let w = u64::from(c.workload.capacity);
+            if r < w {
+                index = i;
+                break;
+            }
+            r -= w;
+        }
+        index
+    };
+    Some(candidates.swap_remove(index))
+}
