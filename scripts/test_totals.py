@@ -3,7 +3,11 @@
 test runners' own output, so that nothing broken can add up to "0 failed".
 
 Every test binary cargo starts says so ("Running ..." or "Doc-tests ...") and, if it gets
-to the end, prints libtest's "test result:" line. A binary that started without that line
+to the end, prints libtest's "test result:" line. A binary's counts are its LAST result
+line's, the one libtest closes with: a test (or a child process, whose output libtest does
+not capture) may print a line of that shape before it. Its passed, failed and ignored (and
+measured) must add up to the "running N tests" it opened with; when they do not (or it
+never said), that is one failure, named. A binary that started without a result line
 died (a signal, an abort, a harness that exited early) and counts as one failure; a binary
 cargo reports as failed although its result line shows no failed test (it exited non-zero
 after it) counts as one failure too; every "could not compile" is a failure; and the test
@@ -39,7 +43,7 @@ DOC_TESTS = re.compile(r"^ {0,12}Doc-tests (?P<crate>\S+)$")
 # Searched for anywhere in a line: a child process's unterminated output may precede it.
 RESULT = re.compile(
     r"test result: (?P<verdict>ok|FAILED)\. (?P<passed>\d+) passed; (?P<failed>\d+) failed; "
-    r"(?P<ignored>\d+) ignored; \d+ measured; \d+ filtered out"
+    r"(?P<ignored>\d+) ignored; (?P<measured>\d+) measured; \d+ filtered out"
 )
 RUNNING_N = re.compile(r"^running (?P<n>\d+) tests?$")
 RERUN = re.compile(r"^error: (?:test|doctest) failed, to rerun pass `(?P<args>[^`]*)`")
@@ -58,7 +62,8 @@ class Binary:
     passed: int = 0
     failed: int = 0
     ignored: int = 0
-    finished: bool = False  # printed its result line
+    measured: int = 0
+    finished: bool = False  # printed a result line (the last one counts)
     rerun: str | None = None  # cargo said it failed ("to rerun pass ...")
     exit: str | None = None  # how it ended, when not well
 
@@ -91,10 +96,12 @@ def parse(name, text):
             suite.binaries.append(current)
             continue
         m = RESULT.search(line)
-        if m and current is not None and not current.finished:
+        if m and current is not None:
+            # The last one wins: libtest's closes the binary's output.
             current.passed = int(m["passed"])
             current.failed = int(m["failed"])
             current.ignored = int(m["ignored"])
+            current.measured = int(m["measured"])
             current.finished = True
             continue
         m = RUNNING_N.match(line)
@@ -183,6 +190,13 @@ def add(totals, suite, expected, status):
             failing += 1
             how = b.exit or "cargo reports it failed"
             totals.problems.append(f"{who} reported no failure but exited badly ({how}): 1 failed")
+        if b.finished and b.announced != b.passed + b.failed + b.ignored + b.measured:
+            totals.failed += 1
+            said = f"'running {b.announced} tests'" if b.announced is not None else "no 'running N tests'"
+            totals.problems.append(
+                f"{who}: its result line counts {b.passed} passed, {b.failed} failed, "
+                f"{b.ignored} ignored, {b.measured} measured, after {said}: 1 failed"
+            )
     for target in suite.build_failures:
         totals.failed += 1
         totals.problems.append(f"{suite.name}: could not compile {target}: 1 failed")

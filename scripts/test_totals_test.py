@@ -2,7 +2,9 @@
 """Tests of test_totals.py on logs recorded from cargo 1.95's `cargo test --no-fail-fast`
 (trimmed): passing and failing binaries, a binary killed by SIGKILL, one that aborted, a
 harness-less binary printing a fixed "5 passed", a failed doc-test, a build error, and
-cargo failing before it builds anything. Run by test_totals.py itself (and so by
+cargo failing before it builds anything; and logs made up from those: result lines printed
+by a test or its child before the real one, and result lines that do not add up to the
+"running N tests" before them. Run by test_totals.py itself (and so by
 scripts/test), or alone: python3 scripts/test_totals_test.py
 """
 
@@ -204,12 +206,59 @@ class Counting(unittest.TestCase):
     def test_colours_and_stray_output_do_not_hide_lines(self):
         log = (
             "\x1b[1m\x1b[92m     Running\x1b[0m tests/x.rs (target/debug/deps/x-0123456789abcdef)\n"
-            "running 2 tests\n"
+            "running 4 tests\n"
             "a child's line without its newlinetest result: FAILED. 1 passed; 1 failed; "
             "2 ignored; 0 measured; 0 filtered out; finished in 0.10s\n"
         )
         t = totals_of(log, 1, 101)
         self.assertEqual((t.passed, t.failed, t.ignored, t.ran), (1, 1, 2, 1))
+
+    def test_a_result_line_printed_before_the_real_one_does_not_count(self):
+        # A child process (its output is not captured) prints a result-shaped line, at the
+        # start of a line and in the middle of one, before libtest's own.
+        fake = "test result: ok. 9 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s\n"
+        log = FAILING_LIB.replace(
+            "test tests::ignored ... ignored\n",
+            "test tests::ignored ... ignored\n\n" + fake + "child says: " + fake,
+        )
+        t = totals_of(log, 1, 101)
+        self.assertEqual((t.passed, t.failed, t.ignored), (1, 1, 1))
+        self.assertEqual(t.problems, ["workspace: unittests src/lib.rs (`-p good --lib`): 1 failed"])
+        # The same in a passing binary: the fake would have said 9 passed.
+        log = OK_LIB.replace("running 1 test\n", "running 1 test\n" + fake)
+        t = totals_of(log, 1)
+        self.assertEqual((t.passed, t.failed, t.problems), (1, 0, []))
+
+    def test_a_result_that_does_not_add_up_to_running_n_is_a_failure(self):
+        # Announced 3, counted 1: two tests unaccounted for (a harness that lost them, or
+        # a stray line taken for the result).
+        log = OK_LIB.replace("running 1 test\n", "running 3 tests\n")
+        t = totals_of(log, 1)
+        self.assertEqual((t.passed, t.failed), (1, 1))
+        self.assertEqual(
+            t.problems,
+            [
+                "workspace: unittests src/lib.rs: its result line counts 1 passed, 0 failed, "
+                "0 ignored, 0 measured, after 'running 3 tests': 1 failed"
+            ],
+        )
+        # Counted more than announced: as wrong.
+        log = OK_LIB.replace("running 1 test\n", "running 0 tests\n")
+        self.assertEqual(totals_of(log, 1).failed, 1)
+
+    def test_a_result_without_running_n_is_a_failure(self):
+        t = totals_of(OK_LIB.replace("running 1 test\n", ""), 1)
+        self.assertEqual((t.passed, t.failed), (1, 1))
+        self.assertIn("after no 'running N tests': 1 failed", t.problems[0])
+
+    def test_measured_benchmarks_add_up_with_the_rest(self):
+        log = (
+            "     Running benches/b.rs (target/debug/deps/b-0123456789abcdef)\n\n"
+            "running 3 tests\n"
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 2 measured; 0 filtered out; finished in 0.10s\n"
+        )
+        t = totals_of(log, 1)
+        self.assertEqual((t.passed, t.failed, t.problems), (1, 0, []))
 
     def test_suites_add_up(self):
         t = Totals()

@@ -4,7 +4,7 @@
 //! has an expectation and every expectation a seed file, so a new seed cannot go unchecked.
 //! Run with `cargo test` in `fuzz/` (a plain build: no sanitizer, no nightly flags).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::path::PathBuf;
 
@@ -79,6 +79,95 @@ fn replay<O: Debug + PartialEq + 'static>(
 
 fn id(s: &str) -> SpiffeId {
     SpiffeId::parse(s).unwrap()
+}
+
+/// Every fuzz target (a `[[bin]]` of Cargo.toml, and a file in fuzz_targets/: the same
+/// set) has seeds in corpus/<target> and a `#[test] fn <target>_seeds` here that replays
+/// them, so that no target's seeds go unrun.
+#[test]
+fn every_target_has_its_seeds_replayed() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let bins = manifest_bins(&manifest);
+    let files: BTreeSet<String> = std::fs::read_dir(root.join("fuzz_targets"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".rs").map(str::to_string)
+        })
+        .collect();
+    let named: BTreeSet<String> = bins.iter().map(|(name, _)| name.clone()).collect();
+    assert_eq!(named, files, "[[bin]] targets and fuzz_targets/*.rs differ");
+    for (name, path) in &bins {
+        assert_eq!(*path, format!("fuzz_targets/{name}.rs"), "[[bin]] {name}");
+    }
+    let source = include_str!("seeds.rs");
+    let mut missing = Vec::new();
+    for name in &files {
+        let corpus = root.join("corpus").join(name);
+        let seeds = std::fs::read_dir(&corpus).map_or(0, |d| d.count());
+        if seeds == 0 {
+            missing.push(format!("{name}: no seeds in {}", corpus.display()));
+        }
+        match test_body(source, &format!("{name}_seeds")) {
+            Some(body) if body.contains(&format!("\"{name}\"")) => {}
+            Some(_) => missing.push(format!("{name}: {name}_seeds does not replay {name}")),
+            None => missing.push(format!(
+                "{name}: no #[test] fn {name}_seeds in tests/seeds.rs"
+            )),
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+}
+
+/// The `[[bin]]` sections of a manifest: each one's `name` and `path`.
+fn manifest_bins(manifest: &str) -> Vec<(String, String)> {
+    let value = |section: &str, key: &str| {
+        section.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+        })
+    };
+    manifest
+        .split("\n[[bin]]\n")
+        .skip(1)
+        .map(|rest| {
+            // Up to the next section.
+            let section = rest.split("\n[").next().unwrap_or_default();
+            let name = value(section, "name").expect("a [[bin]] without a name");
+            let path = value(section, "path").unwrap_or_default();
+            (name, path)
+        })
+        .collect()
+}
+
+/// The body of `#[test] fn <name>()` in `source`, up to its closing brace (at the start of
+/// a line, as rustfmt leaves it).
+fn test_body<'s>(source: &'s str, name: &str) -> Option<&'s str> {
+    let head = format!("#[test]\nfn {name}() {{\n");
+    let start = source.find(&head)? + head.len();
+    let len = source[start..].find("\n}\n")?;
+    Some(&source[start..start + len])
+}
+
+#[test]
+fn the_target_check_reads_manifests_and_tests() {
+    let manifest = "[lib]\nname = \"x\"\n\n[[bin]]\nname = \"a\"\npath = \"fuzz_targets/a.rs\"\ntest = false\n\n[[bin]]\nname = \"b\"\npath = \"fuzz_targets/b.rs\"\n\n[profile.dev]\nname = \"no\"\n";
+    assert_eq!(
+        manifest_bins(manifest),
+        [
+            ("a".to_string(), "fuzz_targets/a.rs".to_string()),
+            ("b".to_string(), "fuzz_targets/b.rs".to_string())
+        ]
+    );
+    let source =
+        "#[test]\nfn a_seeds() {\n    replay(\"a\", run, vec![]);\n}\n\nfn b_seeds() {\n}\n";
+    assert_eq!(
+        test_body(source, "a_seeds"),
+        Some("    replay(\"a\", run, vec![]);")
+    );
+    // Not a test: no body found.
+    assert_eq!(test_body(source, "b_seeds"), None);
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ambit_lab::mesh::{
-    mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_HOST,
-    SERVICE_PORT, SERVICE_VIP,
+    mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, LINK_DEV, SERVER_IP,
+    SERVICE_HOST, SERVICE_PORT, SERVICE_VIP,
 };
 use ambit_lab::peer::NodeProxy;
 use ambit_lab::{http_get, wait_until};
@@ -130,7 +130,7 @@ fn tunnelled(nodes: &TwoNodes) -> u64 {
 #[test]
 fn on_demand_subscribes_once_follows_removal_and_fails_closed() {
     let mut nodes = launch("od-main", "30m");
-    let _accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
+    let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
     wait_for_local_workloads(&nodes);
 
     // Each proxy knows its own workload only.
@@ -187,10 +187,24 @@ fn on_demand_subscribes_once_follows_removal_and_fails_closed() {
     .unwrap_or_else(|e| panic!("{e}: {}", config_dump(&nodes.client_ns)));
 
     // No control plane to answer: an address not in the store is refused once the
-    // bound (1s) passes, and nothing crosses.
+    // bound (1s) passes, and nothing crosses. The address is the server node's too, where
+    // the echo app listens: a proxy that let the connection through (as to an address
+    // outside the mesh) would have it echoed back.
     let lab = &nodes.lab;
-    nodes.control.as_mut().unwrap().stop(lab).unwrap();
     let unknown = SocketAddr::from(([10, 78, 0, 99], APP_PORT));
+    lab.exec(
+        &nodes.server_ns,
+        &["ip", "addr", "add", "10.78.0.99/24", "dev", LINK_DEV],
+    )
+    .unwrap();
+    assert_eq!(
+        direct_round_trip(&nodes, unknown, b"direct"),
+        b"direct",
+        "the app answers at {unknown} past the proxy"
+    );
+    nodes.control.as_mut().unwrap().stop(lab).unwrap();
+    // Two tunnelled connections and the direct one: nothing else reached the app.
+    assert_eq!(accepted.try_iter().count(), 3);
     match round_trip(&nodes, unknown, b"nobody") {
         Ok(back) => assert!(back.is_empty(), "bytes came back: {back:?}"),
         Err(e) => assert!(
@@ -211,6 +225,31 @@ fn on_demand_subscribes_once_follows_removal_and_fails_closed() {
     let dump = config_dump(&nodes.client_ns);
     assert_eq!(workload_uids(&dump), [CLIENT_UID], "{dump}");
     assert_eq!(dump["xdsOnDemand"]["names"]["pending"], 1, "{dump}");
+    // The refusal is logged after the connection was closed: had it crossed, the app
+    // would have accepted it by now.
+    let crossed: Vec<SocketAddr> = accepted.try_iter().collect();
+    assert!(
+        crossed.is_empty(),
+        "the refused connection reached the app: {crossed:?}"
+    );
+}
+
+/// One round trip from the client node on a socket the capture rule leaves alone (the
+/// proxy's own mark), so that it goes straight to `dst`.
+fn direct_round_trip(nodes: &TwoNodes, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    let mut conn = ambit_lab::Lab::in_netns(&nodes.client_ns, move || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_mark(ambit_wellknown::marks::PROXY)?;
+        s.connect_timeout(&dst.into(), Duration::from_secs(10))?;
+        Ok(std::net::TcpStream::from(s))
+    })
+    .unwrap();
+    conn.set_read_timeout(Some(HANG)).unwrap();
+    conn.write_all(payload).unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    conn.read_to_end(&mut back).unwrap();
+    back
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //! its HBONE port every 50 ms. Each must refuse every leaf, name the cause in
 //! `ambit_certificate_fetch_failures_total{cause}` once per CA request, show the identity as
 //! unavailable in `/config_dump`, say when the node clock looks skewed and by how much, and
-//! ask the CA no more often than the backoff allows. No root needed: dedicated mode on
-//! loopback.
+//! ask the CA no sooner than the backoff allows: watched over the first four CA requests
+//! (however long they take to come), each retry comes at least the backoff's least delay
+//! after the request before it, while connections were answered in between without
+//! one. No root needed: dedicated mode on loopback.
 
 #[path = "../../caclient/tests/support/mod.rs"]
 mod support;
@@ -14,18 +16,21 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use support::rogue_ca::Defect;
 
 const SERVER_ID: &str = "spiffe://cluster.local/ns/default/sa/server";
-/// The window in which CA requests are counted, from the first one.
-const WINDOW: Duration = Duration::from_secs(10);
-/// Requests in the window: at 0 s, then after ≈1, 2 and 4 s (each ±20%); the fifth is due
-/// at the earliest 12 s in. One more is tolerated, nothing like a loop.
-const MOST_IN_WINDOW: usize = 5;
-/// At least the first two retries fall inside the window, however loaded the machine.
-const LEAST_IN_WINDOW: usize = 3;
+/// CA requests watched: the first, then three retries.
+const WATCHED: usize = 4;
+/// The least wait before each retry, counted from the CA's receipt of the request before
+/// it: the backoff's 1 s, doubled on each failure, less its 20 % jitter. The proxy cannot
+/// ask sooner (its delay starts after that request failed), however slow the machine.
+const LEAST_WAIT: [Duration; WATCHED - 1] = [
+    Duration::from_millis(800),
+    Duration::from_millis(1600),
+    Duration::from_millis(3200),
+];
 /// Failure guard only.
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -197,17 +202,44 @@ fn run(ca: &support::Server, case: &Case) -> Result<(), String> {
         poke();
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Connections keep asking; only the backoff may let a request through.
-    let window_end = Instant::now() + WINDOW;
-    while Instant::now() < window_end {
+    // Connections keep asking; only the backoff may let a request through. Counted: the
+    // connections answered while the CA had seen k requests and saw none more.
+    let mut quiet = [0usize; WATCHED + 1];
+    let deadline = Instant::now() + DEADLINE;
+    while requests() < WATCHED {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what}: {} CA requests, not {WATCHED}: the proxy stopped retrying",
+                requests()
+            ));
+        }
+        let before = requests();
         poke();
+        if requests() == before {
+            quiet[before] += 1;
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let in_window = requests();
-    if !(LEAST_IN_WINDOW..=MOST_IN_WINDOW).contains(&in_window) {
-        return Err(format!(
-            "{what}: {in_window} CA requests in the first {WINDOW:?}, expected {LEAST_IN_WINDOW} to {MOST_IN_WINDOW} (the backoff's schedule)"
-        ));
+    let arrivals: Vec<SystemTime> = ca.ca.seen.lock().unwrap().iter().map(|s| s.at).collect();
+    for (k, least) in LEAST_WAIT.iter().enumerate() {
+        let waited = arrivals[k + 1]
+            .duration_since(arrivals[k])
+            .unwrap_or_default();
+        if waited < *least {
+            return Err(format!(
+                "{what}: CA request {} came {waited:?} after request {}; the backoff allows no sooner than {least:?}",
+                k + 2,
+                k + 1
+            ));
+        }
+        // Without connections during the backoff nothing was tried against it.
+        if quiet[k + 1] == 0 {
+            return Err(format!(
+                "{what}: no connection came and went between CA requests {} and {}",
+                k + 1,
+                k + 2
+            ));
+        }
     }
     // Every request was refused under its cause (a request still being answered may
     // briefly make the two differ).

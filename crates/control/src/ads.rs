@@ -108,7 +108,12 @@ pub(crate) async fn serve_client(
                     // would never be pushed to this client.
                     let mesh = mesh_rx.borrow().clone();
                     let type_url = req.type_url.clone();
-                    let step = lock(session).on_request(req, &mesh.snapshot);
+                    let step = {
+                        let mut s = lock(session);
+                        let step = s.on_request(req, &mesh.snapshot);
+                        shared.metrics.account(&mut s);
+                        step
+                    };
                     match step {
                         Ok(step) => {
                             if step.subscribed > 0 {
@@ -163,7 +168,9 @@ pub(crate) async fn serve_client(
                     return;
                 }
                 let mesh = mesh_rx.borrow_and_update().clone();
-                let out = lock(session).on_snapshot(&mesh.snapshot);
+                let mut s = lock(session);
+                let out = s.on_snapshot(&mesh.snapshot);
+                shared.metrics.account(&mut s);
                 out
             }
             _ = tx.closed() => return,

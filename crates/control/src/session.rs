@@ -103,23 +103,25 @@ impl Snapshot {
 
     /// The resources a client subscribed to `explicit` names of `type_url` follows: what
     /// each name (or alias) resolves to, and their dependents, transitively, at most
-    /// `max` names; with the aliases it subscribed to per resource.
+    /// `max` names; with the aliases it subscribed to per resource, and how many names
+    /// were looked at ([`Snapshot::follow_more`]).
     fn follow(
         &self,
         type_url: &str,
         explicit: &BTreeSet<String>,
         max: usize,
-    ) -> (BTreeSet<String>, BTreeMap<String, Vec<String>>) {
+    ) -> (BTreeSet<String>, BTreeMap<String, Vec<String>>, u64) {
         let mut followed = BTreeSet::new();
         let mut alias_of = BTreeMap::new();
         let names = explicit.iter().map(String::as_str);
-        self.follow_more(type_url, names, &mut followed, &mut alias_of, max);
-        (followed, alias_of)
+        let examined = self.follow_more(type_url, names, &mut followed, &mut alias_of, max);
+        (followed, alias_of, examined)
     }
 
     /// Adds to `followed` (at most `max` names in all) and `alias_of` what `names` follow,
     /// as [`Snapshot::follow`] does for all of them: the work is in proportion to
-    /// `names` and what they bring, not to what was followed before.
+    /// `names` and what they bring, not to what was followed before. Returns how many
+    /// names it looked at (each name given, each one reached).
     fn follow_more<'n>(
         &self,
         type_url: &str,
@@ -127,9 +129,11 @@ impl Snapshot {
         followed: &mut BTreeSet<String>,
         alias_of: &mut BTreeMap<String, Vec<String>>,
         max: usize,
-    ) {
+    ) -> u64 {
+        let mut examined = 0;
         let mut stack: Vec<&str> = Vec::new();
         for name in names {
+            examined += 1;
             if let Some(real) = self.resolve(type_url, name) {
                 if real != name {
                     // Kept sorted, as a full pass over the (sorted) names gives them.
@@ -142,6 +146,7 @@ impl Snapshot {
             }
         }
         while let Some(name) = stack.pop() {
+            examined += 1;
             if followed.len() >= max {
                 break;
             }
@@ -154,6 +159,7 @@ impl Snapshot {
                 }
             }
         }
+        examined
     }
 
     /// This snapshot with the list of what differs from `previous`, the snapshot it
@@ -350,6 +356,8 @@ struct TypeState {
     responses_total: u64,
     /// The snapshot generation `known` was last brought in step with (all of it).
     synced: Option<u64>,
+    /// Names looked at for this type since [`Session::take_names_examined`] last asked.
+    examined: u64,
 }
 
 impl TypeState {
@@ -365,7 +373,8 @@ impl TypeState {
             self.alias_of.clear();
             return changed;
         }
-        let (followed, alias_of) = snapshot.follow(type_url, &self.explicit, max);
+        let (followed, alias_of, examined) = snapshot.follow(type_url, &self.explicit, max);
+        self.examined += examined;
         let changed = followed != self.followed || alias_of != self.alias_of;
         self.followed = followed;
         self.alias_of = alias_of;
@@ -381,7 +390,8 @@ impl TypeState {
             return;
         }
         let names = added.iter().map(String::as_str);
-        snapshot.follow_more(type_url, names, &mut self.followed, &mut self.alias_of, max);
+        self.examined +=
+            snapshot.follow_more(type_url, names, &mut self.followed, &mut self.alias_of, max);
     }
 }
 
@@ -394,6 +404,9 @@ pub struct Session {
     limits: SessionLimits,
     types: BTreeMap<String, TypeState>,
     unknown_types: BTreeSet<String>,
+    /// The most names the session has held subscribed of one type, at any moment (the
+    /// cap's high-water mark, kept on every name added).
+    most_names: usize,
 }
 
 impl Session {
@@ -406,7 +419,24 @@ impl Session {
             limits,
             types: BTreeMap::new(),
             unknown_types: BTreeSet::new(),
+            most_names: 0,
         }
+    }
+
+    /// The most names this session has held subscribed of one type, at any moment, even
+    /// within a request it then refused.
+    pub fn most_names(&self) -> usize {
+        self.most_names
+    }
+
+    /// The names looked at, since the last call, to work out what the client follows and
+    /// what to send it: work that grows with what the client asks and what changes, so
+    /// that a cost in the square of its names shows as a count.
+    pub fn take_names_examined(&mut self) -> u64 {
+        self.types
+            .values_mut()
+            .map(|ts| std::mem::take(&mut ts.examined))
+            .sum()
     }
 
     /// The node id from the client's first request that carried one.
@@ -527,6 +557,7 @@ impl Session {
                 }
                 if !ts.wildcard && ts.explicit.insert(name.clone()) {
                     // A client holding (or waiting for) a resource wants to hear about it.
+                    self.most_names = self.most_names.max(ts.explicit.len());
                     ts.explicit_bytes += name.len();
                     step.subscribed += 1;
                     if version.is_empty() {
@@ -556,6 +587,7 @@ impl Session {
                     return Err(too_many_bytes());
                 }
                 ts.explicit.insert(name.clone());
+                self.most_names = self.most_names.max(ts.explicit.len());
                 added.push(name.clone());
                 ts.explicit_bytes += name.len();
                 step.subscribed += 1;
@@ -639,6 +671,12 @@ impl Session {
         else {
             return Vec::new();
         };
+        // Every resource (wildcard) or every one followed, then every one the client holds.
+        let scanned = if ts.wildcard {
+            resources.len()
+        } else {
+            ts.followed.len()
+        } + ts.known.len();
         let mut changed: Vec<Arc<Resource>> = Vec::new();
         if ts.wildcard {
             for (name, res) in resources {
@@ -662,7 +700,7 @@ impl Session {
             .filter(|n| !resources.contains_key(*n) || !ts.interested(n))
             .cloned()
             .collect();
-        self.respond(type_url, snapshot, changed, removed, always)
+        self.respond(type_url, snapshot, changed, removed, always, scanned as u64)
     }
 
     /// Like [`Session::delta`] when only `names` can differ from what the client holds.
@@ -688,10 +726,18 @@ impl Session {
                 None => {}
             }
         }
-        self.respond(type_url, snapshot, changed, removed, false)
+        self.respond(
+            type_url,
+            snapshot,
+            changed,
+            removed,
+            false,
+            names.len() as u64,
+        )
     }
 
-    /// Records what is sent and builds the responses (at least one when `always`).
+    /// Records what is sent and builds the responses (at least one when `always`);
+    /// `scanned` is the names the caller looked at to find them.
     fn respond(
         &mut self,
         type_url: &str,
@@ -699,6 +745,7 @@ impl Session {
         changed: Vec<Arc<Resource>>,
         mut removed: Vec<String>,
         always: bool,
+        scanned: u64,
     ) -> Vec<DeltaDiscoveryResponse> {
         let limits = self.limits;
         let generation = snapshot.generation;
@@ -706,6 +753,7 @@ impl Session {
             return Vec::new();
         };
         ts.synced = Some(generation);
+        ts.examined += scanned + ts.absent_to_report.len() as u64;
         for name in std::mem::take(&mut ts.absent_to_report) {
             if snapshot.resolve(type_url, &name).is_none() && !ts.known.contains_key(&name) {
                 removed.push(name);
@@ -1413,6 +1461,82 @@ mod tests {
         // The refused name was never kept: the session (listed until its stream is gone)
         // holds at most the cap.
         assert_eq!(c.debug(0).types[ADDRESS_TYPE].explicit_subscriptions, 2);
+    }
+
+    #[test]
+    fn the_most_names_held_is_kept_on_every_name_a_refused_request_included() {
+        let limits = SessionLimits {
+            max_names_per_type: 3,
+            ..SessionLimits::default()
+        };
+        let s = snap(1, &[], &[]);
+        let subscribe = |names: &[&str], unsubscribe: &[&str]| DeltaDiscoveryRequest {
+            type_url: ADDRESS_TYPE.into(),
+            resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+            resource_names_unsubscribe: unsubscribe.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        let mut c = Session::new(1, limits);
+        c.on_request(
+            DeltaDiscoveryRequest {
+                resource_names_subscribe: vec!["a".into(), "b".into()],
+                ..initial(ADDRESS_TYPE, &[])
+            },
+            &s,
+        )
+        .unwrap();
+        assert_eq!(c.most_names(), 2);
+        // Dropped again: the mark stays at the most ever held.
+        c.on_request(subscribe(&[], &["a", "b"]), &s).unwrap();
+        assert_eq!(c.most_names(), 2);
+        // Refused on its fourth name: the three kept before the refusal are the mark.
+        assert!(c
+            .on_request(subscribe(&["c", "d", "e", "f"], &[]), &s)
+            .is_err());
+        assert_eq!(c.most_names(), 3);
+        // Names an on-demand client reports on its first request count too.
+        let mut c = Session::new(1, limits);
+        let reported = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..initial(ADDRESS_TYPE, &[("x", ""), ("y", "")])
+        };
+        c.on_request(reported, &s).unwrap();
+        assert_eq!(c.most_names(), 2);
+    }
+
+    /// A client adding names one request at a time costs in proportion to its names, not
+    /// to their square; a new snapshot looks at every name once.
+    #[test]
+    fn names_examined_grow_with_what_is_asked() {
+        const NAMES: u64 = 2_000;
+        let s = snap(1, &[("a", "1")], &[]);
+        let mut c = session();
+        let first = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["*".into()],
+            resource_names_unsubscribe: vec!["*".into()],
+            ..initial(ADDRESS_TYPE, &[])
+        };
+        c.on_request(first, &s).unwrap();
+        c.take_names_examined();
+        for i in 0..NAMES {
+            let req = DeltaDiscoveryRequest {
+                type_url: ADDRESS_TYPE.into(),
+                resource_names_subscribe: vec![format!("nobody/{i}")],
+                ..Default::default()
+            };
+            let step = c.on_request(req, &s).unwrap();
+            assert_eq!(step.responses[0].removed_resources.len(), 1);
+        }
+        // Each request: its name followed, then reported absent. Following every name
+        // again on each request would be NAMES² / 2 (2,000,000 here).
+        assert_eq!(c.take_names_examined(), 2 * NAMES);
+        assert_eq!(c.take_names_examined(), 0, "taken");
+        // A snapshot with another generation: every name followed again, once.
+        let next = snap(2, &[("a", "2")], &[]);
+        c.on_snapshot(&next);
+        let examined = c.take_names_examined();
+        assert!((NAMES..=NAMES + 10).contains(&examined), "{examined}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ambit_identity::CertificateAuthority;
@@ -49,6 +49,11 @@ pub(crate) struct Metrics {
     pub(crate) names_subscribed: Family<TypeLabel, Counter>,
     /// Streams ended because a request broke a per-client bound, per reason.
     pub(crate) requests_refused: Family<ReasonLabel, Counter>,
+    /// The most names one client has held subscribed of one type (the cap's high-water
+    /// mark, kept on every request).
+    pub(crate) most_names: Gauge,
+    /// Names sessions looked at to answer requests and snapshot changes.
+    pub(crate) names_examined: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -79,6 +84,8 @@ impl Metrics {
             reload_errors: Counter::default(),
             names_subscribed: Family::default(),
             requests_refused: Family::default(),
+            most_names: Gauge::default(),
+            names_examined: Counter::default(),
         };
         registry.register(
             "xds_clients",
@@ -128,7 +135,25 @@ impl Metrics {
             "xDS streams ended because a request broke a per-client bound or was malformed, by reason",
             m.requests_refused.clone(),
         );
+        registry.register(
+            "xds_client_names_peak",
+            "The most resource names one client has held subscribed by name, of one type, since the server started (never above the per-client cap)",
+            m.most_names.clone(),
+        );
+        registry.register(
+            "xds_names_examined",
+            "Resource names looked at to work out what clients follow and what to send them (grows with what clients ask and what changes)",
+            m.names_examined.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Counts what `session` did since it was last accounted: its high-water mark of
+    /// names (a refused request's names included) and the names it looked at.
+    pub(crate) fn account(&self, session: &mut Session) {
+        let most = i64::try_from(session.most_names()).unwrap_or(i64::MAX);
+        self.most_names.inner().fetch_max(most, Ordering::Relaxed);
+        self.names_examined.inc_by(session.take_names_examined());
     }
 }
 

@@ -58,8 +58,8 @@ spec:
 /// own issuer, its key made when the demo starts.
 pub(crate) const REVIEWS_JWT_FILE: &str = "reviews-jwt.yaml";
 const DEMO_ISSUER: &str = "https://idp.demo.ambit";
-/// Requests sent to show the split.
-const SPLIT_REQUESTS: usize = 200;
+/// How the split is checked: requests sent and the v2 answers accepted.
+const SPLIT: ambit_lab::stats::ShareCheck = ambit_lab::stats::TEN_PERCENT;
 /// How many requests the client sends on its one HTTP/2 connection.
 const H2_REQUESTS: usize = 20;
 const PATH: &str = "/reviews/1";
@@ -179,7 +179,7 @@ pub(crate) fn through(cluster: &Cluster, waypoint: &WaypointPod) -> anyhow::Resu
 
 /// What the route did.
 pub(crate) struct Routed {
-    /// Of [`SPLIT_REQUESTS`], answered by v1 (neighbour) and v2 (server).
+    /// Of [`SPLIT`]'s requests, answered by v1 (neighbour) and v2 (server).
     split: (usize, usize),
     /// Requests with `x-version: v2` and who answered them.
     header: Vec<Option<String>>,
@@ -216,17 +216,17 @@ pub(crate) fn routed(cluster: &Cluster) -> anyhow::Result<Routed> {
         .iter()
         .map(|r| pod(r).map(str::to_string))
         .collect();
-    let requests = vec![("GET", PATH); SPLIT_REQUESTS];
-    let replies = cluster.http1_from("client", vip, REVIEWS_HOST, &requests)?;
+    let n = SPLIT.samples;
+    let replies = cluster.h2_from("client", vip, REVIEWS_HOST, ("GET", PATH), n)?;
     let on = |name: &str| replies.iter().filter(|r| pod(r) == Some(name)).count();
     let split = (on("neighbour"), on("server"));
-    if split.0 + split.1 != SPLIT_REQUESTS {
-        bail!("{SPLIT_REQUESTS} GETs through the route: not all answered by an app: {replies:?}");
+    if split.0 + split.1 != n || replies.iter().any(|r| r.status != 200) {
+        bail!("{n} GETs through the route: not all answered 200 by an app: {replies:?}");
     }
-    // Binomial(200, 0.1): mean 20, deviation 4.2; 1..=45 is missed by a fair split about
-    // once in a million runs.
-    if !(1..=45).contains(&split.1) {
-        bail!("the 90/10 split sent {} of {SPLIT_REQUESTS} to v2", split.1);
+    // 2,000 requests, 135..=246 answered by v2 (ambit_lab::stats::TEN_PERCENT): a correct
+    // 10 % passes with p = 0.99962; 5 % fails with p = 0.99964, 15 % with p = 0.99970.
+    if let Err(e) = SPLIT.check(split.1) {
+        bail!("the 90/10 split sent too few or too many to v2: {e}");
     }
     Ok(Routed { split, header })
 }
@@ -311,8 +311,9 @@ impl Authenticated {
 impl Routed {
     pub(crate) fn print(&self) {
         println!(
-            "  HTTPRoute default/reviews-canary (from ambit control, applied live): x-version: v2 -> {:?}; {SPLIT_REQUESTS} plain GETs split {} to v1 (neighbour) / {} to v2 (server), weights 90/10",
+            "  HTTPRoute default/reviews-canary (from ambit control, applied live): x-version: v2 -> {:?}; {} GETs on one HTTP/2 connection split {} to v1 (neighbour) / {} to v2 (server), weights 90/10",
             self.header.iter().map(|p| p.as_deref().unwrap_or("?")).collect::<Vec<_>>(),
+            SPLIT.samples,
             self.split.0,
             self.split.1
         );

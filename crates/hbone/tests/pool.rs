@@ -187,44 +187,57 @@ async fn single_flight_failure_is_shared() {
     assert_eq!(pool.connection_count(), 0);
 }
 
-/// A dialer that is cancelled hands the dial over to a waiter.
+/// A dialer that is cancelled hands the dial over to a waiter. Both callers are polled by
+/// hand, so each is known to be where the test needs it: the first dialing (its connect
+/// function called and pending), the second waiting on that dial, before the first is
+/// dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_dialer_hands_over() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
     let c = certs();
     let server = TestServer::start(c.server_config(), fast_settings(), echo).await;
     let pool = Pool::new(ClientSettings::default());
     let k = key(&c, server.addr);
-    let first = {
-        let pool = pool.clone();
-        let k = k.clone();
-        tokio::spawn(async move {
-            pool.connect(
-                k,
-                std::future::pending::<Result<tokio::net::TcpStream, std::io::Error>>,
-                &request(),
-            )
-            .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let req = request();
+    let mut cx = Context::from_waker(Waker::noop());
+
+    let first_called = Arc::new(AtomicUsize::new(0));
+    let called = first_called.clone();
+    let mut first = Box::pin(pool.connect(
+        k.clone(),
+        move || {
+            called.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Result<tokio::net::TcpStream, std::io::Error>>()
+        },
+        &req,
+    ));
+    assert!(first.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(
+        first_called.load(Ordering::SeqCst),
+        1,
+        "the first caller dials"
+    );
+
     let dials = Arc::new(AtomicUsize::new(0));
     let cfg = c.client_config();
-    let second = {
-        let pool = pool.clone();
-        let k = k.clone();
-        let dials = dials.clone();
-        let addr = server.addr;
-        tokio::spawn(async move { pool.connect(k, || dial(addr, cfg, dials), &request()).await })
+    let addr = server.addr;
+    let second_dials = dials.clone();
+    let mut second = Box::pin(pool.connect(k, move || dial(addr, cfg, second_dials), &req));
+    // One poll runs up to its first wait: the first caller's dial, still pending.
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    assert!(second.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(dials.load(Ordering::SeqCst), 0, "the second caller waits");
+
+    // The dialer is cancelled: the waiter takes the dial over.
+    drop(first);
+    let mut s = match tokio::time::timeout(Duration::from_secs(5), second).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!("the waiter never took the dial over"),
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    first.abort();
-    let mut s = tokio::time::timeout(Duration::from_secs(5), second)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
     round_trip(&mut s, b"took over").await;
     assert_eq!(dials.load(Ordering::SeqCst), 1);
+    assert_eq!(first_called.load(Ordering::SeqCst), 1);
 }
 
 /// Distinct keys never share connections.

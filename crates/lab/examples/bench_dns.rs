@@ -12,9 +12,12 @@
 //! `--clients` closed-loop UDP clients (one query in flight each) ask for the service's
 //! name (an authoritative mesh answer) for `--seconds`. The direct figure is the same load
 //! against this driver's own minimal resolver (a fixed reply per query) in the same kind
-//! of namespace. Reported: the median and the spread (min–max) over the rounds.
+//! of namespace. Reported: the median and the spread (min–max) over the rounds. Only a
+//! NOERROR reply with an answer record counts as answered; any other reply to a query
+//! (SERVFAIL, say) is counted apart and shown, never as throughput.
 //!
 //! Needs root (network namespaces). Everything it creates is removed at the end.
+#![cfg_attr(test, allow(dead_code))]
 
 use std::net::UdpSocket;
 use std::path::PathBuf;
@@ -84,8 +87,39 @@ fn query(id: u16) -> Vec<u8> {
     q
 }
 
-/// Closed-loop load from `clients` sockets made in `ns`: answered queries per second.
-fn load(ns: &str, clients: usize, seconds: u64) -> anyhow::Result<f64> {
+/// What a datagram is to the query with id `id`.
+#[derive(Debug, PartialEq, Eq)]
+enum Reply {
+    /// A response, NOERROR, with at least one answer record.
+    Answered,
+    /// A response that answers nothing: another response code (SERVFAIL, NXDOMAIN,
+    /// REFUSED, ...) or no answer record.
+    Failed,
+    /// Not a response to this query (a late one to an earlier query, or not DNS).
+    Other,
+}
+
+fn classify(reply: &[u8], id: u16) -> Reply {
+    if reply.len() < 12 || reply[..2] != id.to_be_bytes() || reply[2] & 0x80 == 0 {
+        return Reply::Other;
+    }
+    let rcode = reply[3] & 0x0f;
+    let answers = u16::from_be_bytes([reply[6], reply[7]]);
+    if rcode == 0 && answers > 0 {
+        Reply::Answered
+    } else {
+        Reply::Failed
+    }
+}
+
+/// Queries per second a load answered, and how many replies answered nothing.
+struct Load {
+    qps: f64,
+    failed: u64,
+}
+
+/// Closed-loop load from `clients` sockets made in `ns`.
+fn load(ns: &str, clients: usize, seconds: u64) -> anyhow::Result<Load> {
     let sockets = Lab::in_netns(ns, || {
         (0..clients)
             .map(|_| {
@@ -98,12 +132,14 @@ fn load(ns: &str, clients: usize, seconds: u64) -> anyhow::Result<f64> {
     })?;
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = sockets
         .into_iter()
         .enumerate()
         .map(|(i, s)| {
             let stop = stop.clone();
             let answered = answered.clone();
+            let failed = failed.clone();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 1500];
                 let mut id = (i as u16).wrapping_mul(4099);
@@ -116,10 +152,12 @@ fn load(ns: &str, clients: usize, seconds: u64) -> anyhow::Result<f64> {
                     // earlier query is skipped (matched by id), so one slow reply costs
                     // that query alone, not every query after it.
                     while let Ok(n) = s.recv(&mut buf) {
-                        if n >= 2 && buf[..2] == id.to_be_bytes() {
-                            answered.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
+                        match classify(&buf[..n], id) {
+                            Reply::Answered => answered.fetch_add(1, Ordering::Relaxed),
+                            Reply::Failed => failed.fetch_add(1, Ordering::Relaxed),
+                            Reply::Other => continue,
+                        };
+                        break;
                     }
                 }
             })
@@ -130,7 +168,10 @@ fn load(ns: &str, clients: usize, seconds: u64) -> anyhow::Result<f64> {
     for t in threads {
         let _ = t.join();
     }
-    Ok(answered.load(Ordering::Relaxed) as f64 / seconds as f64)
+    Ok(Load {
+        qps: answered.load(Ordering::Relaxed) as f64 / seconds as f64,
+        failed: failed.load(Ordering::Relaxed),
+    })
 }
 
 /// Waits until something answers on 127.0.0.1:15053 in `ns`.
@@ -163,7 +204,7 @@ enum Path3 {
     Istio,
 }
 
-fn round(which: Path3, args: &Args, peer: Option<&IstioZtunnel>) -> anyhow::Result<f64> {
+fn round(which: Path3, args: &Args, peer: Option<&IstioZtunnel>) -> anyhow::Result<Load> {
     let lab = Lab::new("bdns")?;
     let ns = lab.netns("node")?;
     lab.exec(&ns, &["ip", "link", "set", "lo", "up"])?;
@@ -238,14 +279,16 @@ fn main() -> anyhow::Result<()> {
         paths.push(Path3::Istio);
     }
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let mut failed = vec![0u64; paths.len()];
     for r in 0..args.rounds {
         let mut order: Vec<usize> = (0..paths.len()).collect();
         if r % 2 == 1 {
             order.reverse();
         }
         for i in order {
-            let qps = round(paths[i], &args, peer.as_ref())?;
-            results[i].push(qps);
+            let load = round(paths[i], &args, peer.as_ref())?;
+            results[i].push(load.qps);
+            failed[i] += load.failed;
         }
     }
     let names = [
@@ -256,18 +299,48 @@ fn main() -> anyhow::Result<()> {
     let direct = summary(&mut results[0].clone()).0;
     let mut report = format!(
         "### DNS queries per second ({} clients, one query in flight each, {} s per run, {} interleaved rounds)\n\n\
-         | path | median q/s | spread (min–max) | vs direct |\n|---|---|---|---|\n",
+         | path | median q/s | spread (min–max) | vs direct | replies answering nothing (all rounds) |\n|---|---|---|---|---|\n",
         args.clients, args.seconds, args.rounds
     );
     for (i, p) in paths.iter().enumerate() {
         let (med, lo, hi) = summary(&mut results[i]);
         report.push_str(&format!(
-            "| {} | {med:.0} | {lo:.0}–{hi:.0} | {:.2} |\n",
+            "| {} | {med:.0} | {lo:.0}–{hi:.0} | {:.2} | {} |\n",
             names[*p as usize],
-            med / direct
+            med / direct,
+            failed[i]
         ));
     }
     print!("{report}");
     std::fs::write(&args.out, report).with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply to `query(id)` with this flags byte (RA, rcode) and answer count.
+    fn reply(id: u16, flags: u8, answers: u16) -> Vec<u8> {
+        let mut r = query(id);
+        r[2] |= 0x80;
+        r[3] = flags;
+        r[6..8].copy_from_slice(&answers.to_be_bytes());
+        r
+    }
+
+    #[test]
+    fn only_a_noerror_answer_counts_as_answered() {
+        assert_eq!(classify(&reply(7, 0x80, 1), 7), Reply::Answered);
+        // SERVFAIL, NXDOMAIN and REFUSED, and a NOERROR without a record, answer nothing.
+        for rcode in [2, 3, 5] {
+            assert_eq!(classify(&reply(7, 0x80 | rcode, 0), 7), Reply::Failed);
+            assert_eq!(classify(&reply(7, 0x80 | rcode, 1), 7), Reply::Failed);
+        }
+        assert_eq!(classify(&reply(7, 0x80, 0), 7), Reply::Failed);
+        // Another query's reply, the query itself echoed, or a scrap: not this one's.
+        assert_eq!(classify(&reply(6, 0x80, 1), 7), Reply::Other);
+        assert_eq!(classify(&query(7), 7), Reply::Other);
+        assert_eq!(classify(&[0, 7, 0x80], 7), Reply::Other);
+    }
 }

@@ -556,6 +556,9 @@ pub(crate) async fn reply(resp: http::Response<hyper::body::Incoming>) -> anyhow
 pub struct AppState {
     /// `/slow` requests begun.
     pub slow_started: AtomicUsize,
+    /// `/delay/<ms>/` requests whose delay ran out, so that the app went on to answer: a
+    /// proxy's answer that comes while this has not moved came before the app's.
+    pub delays_ended: AtomicUsize,
     /// Every request answered: `<pod> <method> <path> host=<host>`.
     pub seen: std::sync::Mutex<Vec<String>>,
     /// Requests so far per `/flaky/<key>/<n>` key.
@@ -725,6 +728,7 @@ async fn answer(
     }
     if let Some(ms) = segment_after(&path, "delay").and_then(|m| m.parse().ok()) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+        state.delays_ended.fetch_add(1, Ordering::SeqCst);
     }
     let mut status = segment_after(&path, "status")
         .and_then(|c| c.parse().ok())

@@ -12,6 +12,7 @@ pub mod l7;
 pub mod mesh;
 pub mod pcap;
 pub mod peer;
+pub mod stats;
 pub mod waypoint;
 
 use std::io::{Read, Write};

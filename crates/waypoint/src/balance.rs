@@ -198,7 +198,7 @@ services:
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-        for _ in 0..200 {
+        for _ in 0..5000 {
             let c = choose_endpoint(&state, me.as_deref(), &fronted, 15008, &mut rng).unwrap();
             let how = match &c.endpoint.transport {
                 Transport::Hbone {
@@ -226,7 +226,10 @@ services:
             ],
             "the unhealthy endpoint is never chosen; both others are"
         );
-        assert!(seen.values().all(|&n| n > 50), "{seen:?}");
+        // An even draw, 5,000 times, 2372..=2628 each: a correct 50 % passes with
+        // p = 0.99972 (over seeds); 45 % or 55 % fails with p = 0.99972 (verified in
+        // ambit_lab::stats).
+        assert!(seen.values().all(|n| (2372..=2628).contains(n)), "{seen:?}");
     }
 
     #[test]

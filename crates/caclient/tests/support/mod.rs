@@ -25,9 +25,11 @@ pub const CA_NAME: &str = "istiod.istio-system.svc";
 /// `ambit_caclient::IMPERSONATED_IDENTITY`.
 const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 
-/// What the CA was sent: the headers of interest, the metadata Struct, the lifetime.
+/// What the CA was sent: the headers of interest, the metadata Struct, the lifetime, and
+/// when it arrived (by the wall clock, which a node's certificate backoff runs on).
 #[derive(Debug, Clone)]
 pub struct Seen {
+    pub at: SystemTime,
     pub authorization: Option<String>,
     pub clusterid: Option<String>,
     pub extra: Option<String>,
@@ -78,6 +80,7 @@ impl IstioCertificateService for Svc {
             });
         let this = &self.0;
         this.seen.lock().unwrap().push(Seen {
+            at: SystemTime::now(),
             authorization: header("authorization"),
             clusterid: header("clusterid"),
             extra: header("x-extra"),

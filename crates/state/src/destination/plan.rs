@@ -444,7 +444,7 @@ services:
         };
         let mut rng = StdRng::seed_from_u64(1);
         let mut to_heavy = 0;
-        for _ in 0..1000 {
+        for _ in 0..2000 {
             if route(&s, &input, &mut rng)
                 .unwrap()
                 .destination()
@@ -455,7 +455,10 @@ services:
                 to_heavy += 1;
             }
         }
-        assert!((850..=950).contains(&to_heavy), "{to_heavy}");
+        // 9:1 by capacity, 2,000 draws, 1754..=1865 to the heavy one: a correct 90 % passes
+        // with p = 0.99962 (over seeds); 85 % fails with p = 0.99970, 95 % with p = 0.99964
+        // (verified in ambit_lab::stats).
+        assert!((1754..=1865).contains(&to_heavy), "{to_heavy}");
     }
 
     /// The weighted draw over all endpoints never changes who may be picked, nor how
@@ -501,8 +504,10 @@ services:
                 heavy += 1;
             }
         }
-        // Expected 3000 (p = 3/4); the bounds are more than 7 standard deviations away.
-        assert!((2800..=3200).contains(&heavy), "{heavy}");
+        // 3:1 by capacity, 4,000 draws, 2902..=3109 to the heavy one: a correct 75 % passes
+        // with p = 0.99979 (over seeds); 70 % and 80 % each fail with p = 0.99979 (verified in
+        // ambit_lab::stats).
+        assert!((2902..=3109).contains(&heavy), "{heavy}");
         // Only zero-capacity endpoints eligible: still picked.
         set(&mut s, "echo-1", 0, true);
         set(&mut s, "echo-2", 0, true);
