@@ -49,6 +49,14 @@ fn config_dump(ns: &str) -> serde_json::Value {
     serde_json::from_str(&body).unwrap()
 }
 
+/// ambit's `/xds_on_demand`: whether on demand is on and what its book holds.
+fn on_demand_status(ns: &str) -> serde_json::Value {
+    let (status, body) =
+        http_get(ns, "127.0.0.1:15000".parse().unwrap(), "/xds_on_demand").unwrap();
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
 fn workload_uids(dump: &serde_json::Value) -> Vec<String> {
     let mut uids: Vec<String> = dump["workloads"]
         .as_array()
@@ -136,7 +144,10 @@ fn on_demand_subscribes_once_follows_removal_and_fails_closed() {
     // Each proxy knows its own workload only.
     let dump = config_dump(&nodes.client_ns);
     assert_eq!(workload_uids(&dump), [CLIENT_UID], "{dump}");
-    assert_eq!(dump["xdsOnDemand"]["enabled"], true, "{dump}");
+    // ztunnel's own flag, and ambit's status beside it.
+    assert_eq!(dump["config"]["xdsOnDemand"], true, "{dump}");
+    assert!(dump.get("xdsOnDemand").is_none(), "only ztunnel's sections");
+    assert_eq!(on_demand_status(&nodes.client_ns)["enabled"], true);
     assert_eq!(workload_uids(&config_dump(&nodes.server_ns)), [SERVER_UID]);
     let before = subscribed(&nodes);
     assert_eq!(
@@ -224,7 +235,8 @@ fn on_demand_subscribes_once_follows_removal_and_fails_closed() {
     });
     let dump = config_dump(&nodes.client_ns);
     assert_eq!(workload_uids(&dump), [CLIENT_UID], "{dump}");
-    assert_eq!(dump["xdsOnDemand"]["names"]["pending"], 1, "{dump}");
+    let names = &on_demand_status(&nodes.client_ns)["names"];
+    assert_eq!(names["pending"], 1, "{names}");
     // The refusal is logged after the connection was closed: had it crossed, the app
     // would have accepted it by now.
     let crossed: Vec<SocketAddr> = accepted.try_iter().collect();
@@ -273,7 +285,7 @@ fn a_name_unused_for_the_idle_time_is_unsubscribed_and_removed() {
         workload_uids(&config_dump(&nodes.client_ns)) == [CLIENT_UID]
     })
     .unwrap_or_else(|e| panic!("{e}: {}", config_dump(&nodes.client_ns)));
-    let names = &config_dump(&nodes.client_ns)["xdsOnDemand"]["names"];
+    let names = &on_demand_status(&nodes.client_ns)["names"];
     assert_eq!(names["answered"], 1, "{names}");
     assert_eq!(names["pending"], 0, "{names}");
 
@@ -373,7 +385,8 @@ fn a_service_vip_on_demand_brings_its_endpoints() {
         .filter_map(|s| s["hostname"].as_str())
         .collect();
     assert_eq!(services, [SERVICE_HOST], "{dump}");
-    assert_eq!(dump["xdsOnDemand"]["names"]["dependents"], 1, "{dump}");
+    let names = &on_demand_status(&nodes.client_ns)["names"];
+    assert_eq!(names["dependents"], 1, "{names}");
     wait_until("the tunnelled connection counted", HANG, || {
         tunnelled(&nodes) == 1
     })

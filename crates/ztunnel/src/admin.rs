@@ -1,5 +1,5 @@
-//! The three operator endpoints: admin (`/config_dump`, `/logging`, `/quitquitquit`) on
-//! localhost, metrics (`/metrics`, `/stats/prometheus`) and readiness (`/healthz/ready`).
+//! The three operator endpoints: admin (`/config_dump`, `/logging`, `/quitquitquit`, and
+//! ambit's `/xds_on_demand`) on localhost, metrics (`/metrics`, `/stats/prometheus`) and readiness (`/healthz/ready`).
 
 use std::sync::Arc;
 
@@ -40,8 +40,16 @@ pub fn admin_handler(ctx: AdminContext) -> Handler {
         match uri.path() {
         "/" => text(
             StatusCode::OK,
-            "ambit admin\n  /config_dump\n  /logging (POST, ?level=<filter> or ?reset)\n  /quitquitquit (POST)\n",
+            "ambit admin\n  /config_dump\n  /xds_on_demand\n  /logging (POST, ?level=<filter> or ?reset)\n  /quitquitquit (POST)\n",
         ),
+        // ambit's addition, its own path so that `/config_dump` keeps ztunnel's sections.
+        "/xds_on_demand" => {
+            let status = serde_json::json!({
+                "enabled": ctx.on_demand.is_some(),
+                "names": ctx.on_demand.as_ref().map(|od| od.status()),
+            });
+            with_type(StatusCode::OK, "application/json", status.to_string())
+        }
         "/config_dump" => {
             let body = serde_json::to_string_pretty(&config_dump(&ctx))
                 .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
@@ -79,14 +87,6 @@ fn config_dump(ctx: &AdminContext) -> serde_json::Value {
             crate::config_dump::config_section(&ctx.config),
         );
         obj.insert("version".into(), ambit_runtime::version::info());
-        // ambit's addition: which xDS mode is on, and what on demand holds.
-        obj.insert(
-            "xdsOnDemand".into(),
-            serde_json::json!({
-                "enabled": ctx.on_demand.is_some(),
-                "names": ctx.on_demand.as_ref().map(|od| od.status()),
-            }),
-        );
         if let Some(pods) = &ctx.workload_state {
             let pods = pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
             obj.insert(
@@ -290,6 +290,12 @@ mod tests {
         ] {
             assert!(dump.get(key).is_some(), "no {key} in {dump}");
         }
+        // ztunnel's flag in `config`; ambit's on-demand status on its own path.
+        assert_eq!(dump["config"]["xdsOnDemand"], false);
+        assert!(dump.get("xdsOnDemand").is_none(), "{dump}");
+        let status: serde_json::Value =
+            serde_json::from_str(&get(&handler, "/xds_on_demand").1).unwrap();
+        assert_eq!(status, serde_json::json!({"enabled": false, "names": null}));
         // The file as written (no uid filled in), each service with empty endpoints.
         assert_eq!(
             dump["staticConfig"]["workloads"],

@@ -95,7 +95,7 @@ pub fn config_section(cfg: &Config) -> Value {
         "altXdsHostname": cfg.xds.as_ref().and_then(|x| x.channel.alt_hostname.clone()),
         "preferedServiceNamespace": cfg.dns.as_ref().and_then(|d| d.preferred_namespace.clone()),
         "secretTtl": duration(cfg.secret_ttl),
-        "xdsOnDemand": false,
+        "xdsOnDemand": cfg.on_demand.is_some(),
         "fakeCa": false,
         "fakeSelfInbound": false,
         "selfTerminationDeadline": duration(cfg.termination_deadline),
@@ -221,5 +221,22 @@ mod tests {
         assert_eq!(v["readinessAddr"], json!({"SocketAddr": "0.0.0.0:15021"}));
         assert_eq!(v["packetMark"], 1337);
         assert_eq!(v["requireOriginalSource"], true);
+    }
+
+    #[test]
+    fn on_demand_is_ztunnels_flag() {
+        for (on, want) in [("false", false), ("true", true)] {
+            let c = config(&[
+                ("XDS_ON_DEMAND", on),
+                ("NODE_NAME", "n"),
+                ("XDS_ADDRESS", "https://istiod.istio-system.svc:15012"),
+                ("ISTIO_META_DNS_CAPTURE", "false"),
+            ]);
+            assert_eq!(
+                config_section(&c)["xdsOnDemand"],
+                want,
+                "XDS_ON_DEMAND={on}"
+            );
+        }
     }
 }
