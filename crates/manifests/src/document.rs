@@ -63,11 +63,11 @@ pub(crate) fn read(
     options: &ParseOptions,
 ) -> Document {
     match read_document(source, index, seg, options) {
-        Document::Refused(mut e) => {
+        Ok(document) => document,
+        Err(mut e) => {
             e.object = object_named(seg.text, options);
-            Document::Refused(e)
+            Document::Refused(*e)
         }
-        other => other,
     }
 }
 
@@ -92,72 +92,221 @@ fn object_named(text: &str, options: &ParseOptions) -> Option<ObjectRef> {
     (kind.is_some() || key.is_some()).then_some(ObjectRef { kind, key })
 }
 
-fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOptions) -> Document {
-    // The parser places the end of a text that does not end in a newline on a line of
-    // its own after it; we place it at the end of the last line.
-    let last_line = seg.text.split('\n').count();
-    let last_len = seg
-        .text
-        .rsplit('\n')
-        .next()
-        .map_or(0, |l| l.chars().count());
-    let shift = |line: usize, column: usize| {
-        let (line, column) = match line > last_line {
-            true => (last_line, last_len + 1),
+/// A document refused, boxed: it is the rare outcome, and large.
+type Refusal = Box<ManifestError>;
+
+/// Places a document's refusals in its file: the document's own positions moved by the
+/// line it starts at.
+struct Placer<'a> {
+    source: &'a str,
+    seg: Segment<'a>,
+    /// The document's last line and its length: the parser places the end of a text that
+    /// does not end in a newline on a line of its own after it; we place it at the end of
+    /// the last line.
+    last_line: usize,
+    last_len: usize,
+}
+
+impl<'a> Placer<'a> {
+    fn new(source: &'a str, seg: Segment<'a>) -> Self {
+        let last_line = seg.text.split('\n').count();
+        let last_len = seg
+            .text
+            .rsplit('\n')
+            .next()
+            .map_or(0, |l| l.chars().count());
+        Placer {
+            source,
+            seg,
+            last_line,
+            last_len,
+        }
+    }
+
+    fn shift(&self, line: usize, column: usize) -> Position {
+        let (line, column) = match line > self.last_line {
+            true => (self.last_line, self.last_len + 1),
             false => (line, column),
         };
         Position {
-            line: line + seg.first_line - 1,
+            line: line + self.seg.first_line - 1,
             column,
         }
-    };
-    let refuse = |kind, position: Option<Position>, field: String, message: String| {
-        Document::Refused(ManifestError {
+    }
+
+    /// Where `path` is in the file, if the document has it.
+    fn find(&self, path: &crate::locate::FieldPath) -> Option<Position> {
+        locate(self.seg.text, path).map(|p| self.shift(p.line, p.column))
+    }
+
+    fn refuse(
+        &self,
+        kind: ErrorKind,
+        position: Option<Position>,
+        field: String,
+        message: String,
+    ) -> Refusal {
+        Box::new(ManifestError {
             object: None,
             kind,
-            source: source.to_string(),
+            source: self.source.to_string(),
             position: Some(position.unwrap_or(Position {
-                line: seg.first_line,
+                line: self.seg.first_line,
                 column: 1,
             })),
             field,
             message,
         })
-    };
-    let invalid = |i: Invalid| {
-        let at = locate(seg.text, &i.path).map(|p| shift(p.line, p.column));
-        refuse(ErrorKind::Invalid, at, i.path.to_string(), i.message)
-    };
+    }
 
-    // A document that does not fit its kind's schema: the parser's message, at the field.
-    let refuse_parse = |e: serde_path_to_error::Error<yaml_serde::Error>| {
+    fn invalid(&self, i: Invalid) -> Refusal {
+        let at = self.find(&i.path);
+        self.refuse(ErrorKind::Invalid, at, i.path.to_string(), i.message)
+    }
+
+    /// A document that does not fit its kind's schema: the parser's message, at the field.
+    fn unfit(&self, e: serde_path_to_error::Error<yaml_serde::Error>) -> Refusal {
         let field = match e.path().to_string() {
             p if p == "." => String::new(),
             p => p,
         };
         let inner = e.inner();
-        let at = inner.location().map(|l| shift(l.line(), l.column()));
+        let at = inner.location().map(|l| self.shift(l.line(), l.column()));
         let message = yaml_message(inner, &field);
-        refuse(ErrorKind::Invalid, at, field, message)
-    };
+        self.refuse(ErrorKind::Invalid, at, field, message)
+    }
 
+    /// Reads the document as `T`, or refuses it at the field at fault.
+    fn deserialize<T: DeserializeOwned>(&self) -> Result<T, Refusal> {
+        serde_path_to_error::deserialize(yaml_serde::Deserializer::from_str(self.seg.text))
+            .map_err(|e| self.unfit(e))
+    }
+}
+
+/// The kinds read, by group and kind.
+enum Known {
+    Policy,
+    Authn,
+    HttpRoute,
+    GrpcRoute,
+}
+
+/// Which kind `group`/`kind` is, if one read, with its version checked; `None` for a kind
+/// skipped.
+fn known(group: &str, version: &str, kind: &str) -> Result<Option<Known>, Invalid> {
+    let version_of = |versions: &[&str], message: String| {
+        if versions.contains(&version) {
+            Ok(())
+        } else {
+            Err(Invalid {
+                path: field!["apiVersion"],
+                message,
+            })
+        }
+    };
+    let security = |versions: &[&str]| {
+        version_of(
+            versions,
+            format!(
+                "{kind} has no version {version:?}; the versions are {}",
+                versions.join(", ")
+            ),
+        )
+    };
+    let gateway = |versions: &[&str]| {
+        version_of(
+            versions,
+            format!(
+                "{kind} is read in versions {} of {GATEWAY_GROUP}, not {version:?}",
+                versions.join(", ")
+            ),
+        )
+    };
+    Ok(Some(match (group, kind) {
+        (SECURITY_GROUP, "AuthorizationPolicy") => {
+            security(AUTHORIZATION_POLICY_VERSIONS)?;
+            Known::Policy
+        }
+        (SECURITY_GROUP, "RequestAuthentication") => {
+            security(REQUEST_AUTHENTICATION_VERSIONS)?;
+            Known::Authn
+        }
+        (GATEWAY_GROUP, "HTTPRoute") => {
+            gateway(HTTP_ROUTE_VERSIONS)?;
+            Known::HttpRoute
+        }
+        (GATEWAY_GROUP, "GRPCRoute") => {
+            gateway(GRPC_ROUTE_VERSIONS)?;
+            Known::GrpcRoute
+        }
+        ("", "List") => {
+            return Err(Invalid {
+                path: field!["kind"],
+                message: "a List is not read; write its items as documents separated by ---".into(),
+            })
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// What every kind's outcome shares: where the document is, its apiVersion and kind, and
+/// where its name is (for a duplicate's refusal).
+struct Read {
+    origin: Origin,
+    api_version: String,
+    kind: String,
+    name_at: Position,
+}
+
+impl Read {
+    fn skipped(self, namespace: String, name: String, reason: SkipReason) -> Document {
+        Document::Skipped {
+            name_at: Some(self.name_at),
+            skipped: Located {
+                origin: self.origin,
+                value: Skipped {
+                    api_version: self.api_version,
+                    kind: self.kind,
+                    namespace: Some(namespace),
+                    name: Some(name),
+                    reason,
+                },
+            },
+        }
+    }
+
+    fn located<T>(&self, value: T) -> Located<T> {
+        Located {
+            origin: self.origin.clone(),
+            value,
+        }
+    }
+}
+
+fn read_document(
+    source: &str,
+    index: usize,
+    seg: Segment<'_>,
+    options: &ParseOptions,
+) -> Result<Document, Refusal> {
+    let at = Placer::new(source, seg);
     // First as any YAML: a syntax error is the parser's own message, its positions moved.
     let value: Value = match yaml_serde::from_str(seg.text) {
         Ok(v) => v,
         Err(e) => {
-            let at = e.location().map(|l| shift(l.line(), l.column()));
+            let position = e.location().map(|l| at.shift(l.line(), l.column()));
             let message = shift_lines(&yaml_message(&e, ""), seg.first_line);
-            return refuse(ErrorKind::Syntax, at, String::new(), message);
+            return Err(at.refuse(ErrorKind::Syntax, position, String::new(), message));
         }
     };
     let Value::Mapping(map) = &value else {
         if value.is_null() {
-            return Document::Empty;
+            return Ok(Document::Empty);
         }
-        return invalid(Invalid {
+        return Err(at.invalid(Invalid {
             path: field![],
             message: "a manifest is a map with apiVersion, kind and metadata".into(),
-        });
+        }));
     };
     let text = |key: &str| -> Result<String, Invalid> {
         match map.get(key) {
@@ -174,67 +323,22 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
     };
     let (api_version, kind) = match (text("apiVersion"), text("kind")) {
         (Ok(a), Ok(k)) => (a, k),
-        (Err(e), _) | (_, Err(e)) => return invalid(e),
+        (Err(e), _) | (_, Err(e)) => return Err(at.invalid(e)),
     };
     let origin = Origin {
         source: source.to_string(),
         document: index,
-        line: locate(seg.text, &field![]).map_or(seg.first_line, |p| shift(p.line, p.column).line),
+        line: at.find(&field![]).map_or(seg.first_line, |p| p.line),
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
-
-    /// Which route kind the document is, if one.
-    enum RouteDoc {
-        Http,
-        Grpc,
-    }
-    let mut route_doc = None;
-    let mut authn_doc = false;
-    match (group, kind.as_str()) {
-        (SECURITY_GROUP, "AuthorizationPolicy" | "RequestAuthentication") => {
-            let versions = match kind.as_str() {
-                "AuthorizationPolicy" => AUTHORIZATION_POLICY_VERSIONS,
-                _ => REQUEST_AUTHENTICATION_VERSIONS,
-            };
-            if !versions.contains(&version) {
-                return invalid(Invalid {
-                    path: field!["apiVersion"],
-                    message: format!(
-                        "{kind} has no version {version:?}; the versions are {}",
-                        versions.join(", ")
-                    ),
-                });
-            }
-            authn_doc = kind == "RequestAuthentication";
-        }
-        (GATEWAY_GROUP, "HTTPRoute" | "GRPCRoute") => {
-            let (versions, doc) = match kind.as_str() {
-                "HTTPRoute" => (HTTP_ROUTE_VERSIONS, RouteDoc::Http),
-                _ => (GRPC_ROUTE_VERSIONS, RouteDoc::Grpc),
-            };
-            if !versions.contains(&version) {
-                return invalid(Invalid {
-                    path: field!["apiVersion"],
-                    message: format!(
-                        "{kind} is read in versions {} of {GATEWAY_GROUP}, not {version:?}",
-                        versions.join(", ")
-                    ),
-                });
-            }
-            route_doc = Some(doc);
-        }
-        ("", "List") => {
-            return invalid(Invalid {
-                path: field!["kind"],
-                message: "a List is not read; write its items as documents separated by ---".into(),
-            })
-        }
-        _ => {
+    let known = match known(group, version, &kind) {
+        Ok(Some(known)) => known,
+        Ok(None) => {
             let meta = |key: &str| match map.get("metadata").and_then(|m| m.get(key)) {
                 Some(Value::String(s)) => Some(s.clone()),
                 _ => None,
             };
-            return Document::Skipped {
+            return Ok(Document::Skipped {
                 skipped: Located {
                     origin,
                     value: Skipped {
@@ -246,146 +350,92 @@ fn read_document(source: &str, index: usize, seg: Segment<'_>, options: &ParseOp
                     },
                 },
                 name_at: None,
-            };
+            });
         }
-    }
-
-    let origin_line = origin.line;
-    let name_at = || {
-        locate(seg.text, &field!["metadata", "name"])
-            .map(|p| shift(p.line, p.column))
-            .unwrap_or(Position {
-                line: origin_line,
-                column: 1,
-            })
+        Err(e) => return Err(at.invalid(e)),
     };
-
-    if let Some(doc) = route_doc {
-        let created = match map.get("metadata").and_then(|m| m.get("creationTimestamp")) {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.as_str()),
-            Some(_) => {
-                return invalid(Invalid {
-                    path: field!["metadata", "creationTimestamp"],
-                    message: "must be a timestamp like 2024-05-01T12:00:00Z".into(),
-                })
-            }
-        };
-        let translated = match doc {
-            RouteDoc::Http => match deserialize::<RouteObject<HttpRuleSpec>>(seg.text) {
-                Ok(obj) => translate_http(obj, created, options),
-                Err(e) => return refuse_parse(e),
-            },
-            RouteDoc::Grpc => match deserialize::<RouteObject<GrpcRuleSpec>>(seg.text) {
-                Ok(obj) => translate_grpc(obj, created, options),
-                Err(e) => return refuse_parse(e),
-            },
-        };
-        let RouteTranslation {
-            namespace,
-            name,
-            outcome,
-        } = match translated {
-            Ok(t) => t,
-            Err(e) => return invalid(e),
-        };
-        return match outcome {
-            RouteOutcome::Route(route) => Document::Route {
-                name_at: name_at(),
-                route: Located {
-                    origin,
-                    value: route,
-                },
-            },
-            RouteOutcome::Skipped(reason) => Document::Skipped {
-                name_at: Some(name_at()),
-                skipped: Located {
-                    origin,
-                    value: Skipped {
-                        api_version,
-                        kind,
-                        namespace: Some(namespace),
-                        name: Some(name),
-                        reason,
-                    },
-                },
-            },
-        };
-    }
-
-    if authn_doc {
-        let obj = match deserialize::<AuthnObject>(seg.text) {
-            Ok(obj) => obj,
-            Err(e) => return refuse_parse(e),
-        };
-        let AuthnTranslation {
-            namespace,
-            name,
-            outcome,
-        } = match translate_authn(obj, options) {
-            Ok(t) => t,
-            Err(e) => return invalid(e),
-        };
-        return match outcome {
-            AuthnOutcome::Authn(authn) => Document::Authn {
-                name_at: name_at(),
-                authn: Located {
-                    origin,
-                    value: authn,
-                },
-            },
-            AuthnOutcome::Skipped(reason) => Document::Skipped {
-                name_at: Some(name_at()),
-                skipped: Located {
-                    origin,
-                    value: Skipped {
-                        api_version,
-                        kind,
-                        namespace: Some(namespace),
-                        name: Some(name),
-                        reason,
-                    },
-                },
-            },
-        };
-    }
-
-    let obj = match deserialize::<Object>(seg.text) {
-        Ok(obj) => obj,
-        Err(e) => return refuse_parse(e),
+    let name_at = at.find(&field!["metadata", "name"]).unwrap_or(Position {
+        line: origin.line,
+        column: 1,
+    });
+    let read = Read {
+        origin,
+        api_version,
+        kind,
+        name_at,
     };
-    let translation = match translate(obj, options) {
-        Ok(t) => t,
-        Err(e) => return invalid(e),
-    };
-    let name_at = name_at();
-    match translation.outcome {
-        Outcome::Policy(policy) => Document::Policy {
-            policy: Located {
-                origin,
-                value: policy,
-            },
-            name_at,
-        },
-        Outcome::Skipped(reason) => Document::Skipped {
-            skipped: Located {
-                origin,
-                value: Skipped {
-                    api_version,
-                    kind,
-                    namespace: Some(translation.namespace),
-                    name: Some(translation.name),
-                    reason,
-                },
-            },
-            name_at: Some(name_at),
-        },
+    match known {
+        Known::HttpRoute | Known::GrpcRoute => read_route(&at, map, known, read, options),
+        Known::Authn => read_authn(&at, read, options),
+        Known::Policy => read_policy(&at, read, options),
     }
 }
 
-/// Reads a document as `T`, keeping the path of the field at fault.
-fn deserialize<T: DeserializeOwned>(
-    text: &str,
-) -> Result<T, serde_path_to_error::Error<yaml_serde::Error>> {
-    serde_path_to_error::deserialize(yaml_serde::Deserializer::from_str(text))
+fn read_route(
+    at: &Placer<'_>,
+    map: &yaml_serde::Mapping,
+    known: Known,
+    read: Read,
+    options: &ParseOptions,
+) -> Result<Document, Refusal> {
+    let created = match map.get("metadata").and_then(|m| m.get("creationTimestamp")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(_) => {
+            return Err(at.invalid(Invalid {
+                path: field!["metadata", "creationTimestamp"],
+                message: "must be a timestamp like 2024-05-01T12:00:00Z".into(),
+            }))
+        }
+    };
+    let translated = match known {
+        Known::GrpcRoute => translate_grpc(
+            at.deserialize::<RouteObject<GrpcRuleSpec>>()?,
+            created,
+            options,
+        ),
+        _ => translate_http(
+            at.deserialize::<RouteObject<HttpRuleSpec>>()?,
+            created,
+            options,
+        ),
+    };
+    let RouteTranslation {
+        namespace,
+        name,
+        outcome,
+    } = translated.map_err(|e| at.invalid(e))?;
+    Ok(match outcome {
+        RouteOutcome::Route(route) => Document::Route {
+            route: read.located(route),
+            name_at: read.name_at,
+        },
+        RouteOutcome::Skipped(reason) => read.skipped(namespace, name, reason),
+    })
+}
+
+fn read_authn(at: &Placer<'_>, read: Read, options: &ParseOptions) -> Result<Document, Refusal> {
+    let AuthnTranslation {
+        namespace,
+        name,
+        outcome,
+    } = translate_authn(at.deserialize::<AuthnObject>()?, options).map_err(|e| at.invalid(e))?;
+    Ok(match outcome {
+        AuthnOutcome::Authn(authn) => Document::Authn {
+            authn: read.located(authn),
+            name_at: read.name_at,
+        },
+        AuthnOutcome::Skipped(reason) => read.skipped(namespace, name, reason),
+    })
+}
+
+fn read_policy(at: &Placer<'_>, read: Read, options: &ParseOptions) -> Result<Document, Refusal> {
+    let translation = translate(at.deserialize::<Object>()?, options).map_err(|e| at.invalid(e))?;
+    Ok(match translation.outcome {
+        Outcome::Policy(policy) => Document::Policy {
+            policy: read.located(policy),
+            name_at: read.name_at,
+        },
+        Outcome::Skipped(reason) => read.skipped(translation.namespace, translation.name, reason),
+    })
 }
