@@ -355,7 +355,7 @@ async fn run_waits_for_the_primary_then_repairs_and_stops() {
 
 mod upgrade {
     use super::*;
-    use ambit_testapi::{ApiServer, Resource, ServerOptions, User};
+    use ambit_fake_apiserver::{ApiServer, Resource, ServerOptions, User};
 
     fn rbac(api: &ApiServer) {
         // The chart's rules: get on the DaemonSet named istio-cni-node only; nodes get.

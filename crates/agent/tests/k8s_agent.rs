@@ -3,7 +3,7 @@
 
 mod common;
 
-use ambit_testapi::{namespace, pod, Resource, ServerOptions, User};
+use ambit_fake_apiserver::{namespace, pod, Resource, ServerOptions, User};
 use common::k8s::{get_body, http, until, Env, FakeProxy, AMBIENT, NODE};
 use common::{assert_rules_kept, ip, packets, require_root, TestNetns};
 use serde_json::json;

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use ambit_cni::istio_api::{CmdAddRequest, IpConfig};
-use ambit_testapi::{namespace, pod, Resource, ServerOptions};
+use ambit_fake_apiserver::{namespace, pod, Resource, ServerOptions};
 use common::k8s::{get_body, http, Env, AMBIENT, NODE};
 use common::{ip, require_root, TestNetns};
 use serde_json::json;

@@ -7,7 +7,7 @@ mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use ambit_testapi::ServerOptions;
+use ambit_fake_apiserver::ServerOptions;
 use common::k8s::{http, Env};
 use common::require_root;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -25,7 +25,7 @@ mod relays;
 
 use std::path::PathBuf;
 
-use ambit_lab::mesh::{TwoNodes, APP_PORT};
+use ambit_netns_lab::mesh::{TwoNodes, APP_PORT};
 use anyhow::{bail, Context};
 use common::setup::{self, DIRECT_ECHO_PORT, DIRECT_IPERF_PORT, MESH_IPERF_PORT};
 use common::{mib, yes, Columns, Proxies, Report};
@@ -59,7 +59,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--seconds" => seconds = val()?.parse().context("--seconds")?,
             "--round-trips" => round_trips = val()?.parse().context("--round-trips")?,
             "--proxy-env" => {
-                proxy_env.push(ambit_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?);
+                proxy_env
+                    .push(ambit_netns_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?);
             }
             "-h" | "--help" => {
                 println!(
@@ -87,9 +88,9 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let ambit = std::fs::canonicalize(&args.ambit)
         .with_context(|| format!("no ambit binary at {}", args.ambit.display()))?;
-    ambit_lab::require_tool("iperf3", "iperf3")?;
-    ambit_lab::require_tool("socat", "socat")?;
-    ambit_lab::require_tool("ss", "iproute2")?;
+    ambit_netns_lab::require_tool("iperf3", "iperf3")?;
+    ambit_netns_lab::require_tool("socat", "socat")?;
+    ambit_netns_lab::require_tool("ss", "iproute2")?;
     let machine = common::machine();
     println!("machine: {machine}");
     println!("node proxy: {}", ambit.display());
@@ -105,7 +106,7 @@ fn main() -> anyhow::Result<()> {
     let nodes =
         TwoNodes::start(&ambit, "bench", &extra_env).context("starting the two-node lab")?;
     // Ctrl-C or SIGTERM: remove the namespaces and processes, then exit.
-    ambit_lab::remove_on_signal(nodes.lab.cleanup_handle());
+    ambit_netns_lab::remove_on_signal(nodes.lab.cleanup_handle());
 
     let proxies = Proxies {
         client: nodes.client_proxy.pid,

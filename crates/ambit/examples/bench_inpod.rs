@@ -35,9 +35,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ambit_lab::cluster::Cluster;
-use ambit_lab::mesh::{EchoMode, APP_PORT};
-use ambit_lab::wait_until;
+use ambit_netns_lab::cluster::Cluster;
+use ambit_netns_lab::mesh::{EchoMode, APP_PORT};
+use ambit_netns_lab::wait_until;
 use anyhow::{bail, Context};
 use common::setup;
 use common::setup::{CLIENT, LOCAL, REMOTE, SOAK, SOAK_CLIENT};
@@ -144,8 +144,8 @@ fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let ambit = std::fs::canonicalize(&args.ambit)
         .with_context(|| format!("no ambit binary at {}", args.ambit.display()))?;
-    ambit_lab::require_tool("iperf3", "iperf3")?;
-    ambit_lab::require_tool("ss", "iproute2")?;
+    ambit_netns_lab::require_tool("iperf3", "iperf3")?;
+    ambit_netns_lab::require_tool("ss", "iproute2")?;
     let machine = common::machine();
     println!("machine: {machine}");
     println!("node proxy: {}", ambit.display());
@@ -163,7 +163,7 @@ fn main() -> anyhow::Result<()> {
     let mut cluster = Cluster::start_configured(&ambit, "bench-inpod", 2, &specs, running, "")
         .context("starting the in-pod lab")?;
     // Ctrl-C or SIGTERM: remove the namespaces and processes, then exit.
-    ambit_lab::remove_on_signal(cluster.lab.cleanup_handle());
+    ambit_netns_lab::remove_on_signal(cluster.lab.cleanup_handle());
 
     let pid = |node: usize| -> anyhow::Result<u32> {
         Ok(cluster.nodes[node]

@@ -33,10 +33,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit_lab::cluster::{Cluster, ClusterSpec};
-use ambit_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
-use ambit_lab::peer::{IstioZtunnel, NodeProxy};
-use ambit_lab::wait_until;
+use ambit_netns_lab::cluster::{Cluster, ClusterSpec};
+use ambit_netns_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT};
+use ambit_netns_lab::peer::{IstioZtunnel, NodeProxy};
+use ambit_netns_lab::wait_until;
 use anyhow::{bail, Context};
 use common::setup::{CLIENT, LOCAL, REMOTE, SOAK, SOAK_CLIENT};
 use common::{setup, Cpu, Pcts, Proxies, Target};
@@ -97,7 +97,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--enroll-pods" => a.enroll_pods = val()?.parse().context("--enroll-pods")?,
             "--proxy-env" => a
                 .proxy_env
-                .push(ambit_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?),
+                .push(ambit_netns_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?),
             "--title" => a.title = val()?,
             "-h" | "--help" => {
                 println!("usage: see the top of crates/ambit/examples/bench_peer.rs");
@@ -562,7 +562,7 @@ fn dedicated(impls: &[NodeProxy; 2], args: &Args) -> anyhow::Result<Vec<Figure>>
             .with_context(|| format!("starting the {} pair", proxy.label()))?,
         );
     }
-    ambit_lab::remove_all_on_signal(labs.iter().map(|l| l.lab.cleanup_handle()).collect());
+    ambit_netns_lab::remove_all_on_signal(labs.iter().map(|l| l.lab.cleanup_handle()).collect());
     let proxies: Vec<Proxies> = labs
         .iter()
         .map(|n| Proxies {
@@ -630,7 +630,9 @@ fn inpod(
         .with_context(|| format!("starting the {} cluster", proxy.label()))?;
         clusters.push(c);
     }
-    ambit_lab::remove_all_on_signal(clusters.iter().map(|c| c.lab.cleanup_handle()).collect());
+    ambit_netns_lab::remove_all_on_signal(
+        clusters.iter().map(|c| c.lab.cleanup_handle()).collect(),
+    );
     let pid = |c: &Cluster, node: usize| -> anyhow::Result<u32> {
         Ok(c.nodes[node].ztunnel.as_ref().context("no node proxy")?.pid)
     };
@@ -887,8 +889,8 @@ fn main() -> anyhow::Result<()> {
     let ambit = std::fs::canonicalize(&args.ambit)
         .with_context(|| format!("no ambit binary at {}", args.ambit.display()))?;
     let peer = IstioZtunnel::find(&args.peer)?;
-    ambit_lab::require_tool("iperf3", "iperf3")?;
-    ambit_lab::require_tool("ss", "iproute2")?;
+    ambit_netns_lab::require_tool("iperf3", "iperf3")?;
+    ambit_netns_lab::require_tool("ss", "iproute2")?;
     let machine = common::machine();
     let peer_version = std::process::Command::new(&peer.bin)
         .arg("version")

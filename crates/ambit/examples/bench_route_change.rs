@@ -15,8 +15,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
-use ambit_lab::peer::NodeProxy;
+use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
+use ambit_netns_lab::peer::NodeProxy;
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -112,7 +112,7 @@ fn main() -> anyhow::Result<()> {
         proxy_env: &[],
         control: Some(&ambit),
     })?;
-    ambit_lab::remove_on_signal(cluster.lab.cleanup_handle());
+    ambit_netns_lab::remove_on_signal(cluster.lab.cleanup_handle());
     cluster.serve_http("server", APP_PORT)?;
     cluster.serve_manifests(ROUTE_FILE, &route("start"))?;
     let _waypoint = cluster.start_waypoint(1, "waypoint", WAYPOINT_IP, None)?;

@@ -1,4 +1,4 @@
-//! The waypoint's routes benchmark: the L7 lab (`ambit_lab::l7`), `echo` behind
+//! The waypoint's routes benchmark: the L7 lab (`ambit_netns_lab::l7`), `echo` behind
 //! `ambit waypoint` with HTTPRoutes from its config file, measured in interleaved rounds
 //! against the same waypoint with no route and against `echo-direct` (no waypoint):
 //!
@@ -24,8 +24,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit_lab::l7::L7Lab;
-use ambit_lab::mesh::SERVICE_PORT;
+use ambit_netns_lab::l7::L7Lab;
+use ambit_netns_lab::mesh::SERVICE_PORT;
 use anyhow::Context;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;

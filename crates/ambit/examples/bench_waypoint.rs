@@ -1,4 +1,4 @@
-//! The waypoint's benchmark driver: the L7 lab (`ambit_lab::l7`: two nodes with a node
+//! The waypoint's benchmark driver: the L7 lab (`ambit_netns_lab::l7`: two nodes with a node
 //! proxy each, `ambit waypoint` in the server node, the `echo` service behind it and
 //! `echo-direct`, the same endpoints without a waypoint), measured in interleaved rounds:
 //!
@@ -23,8 +23,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ambit_lab::l7::L7Lab;
-use ambit_lab::mesh::SERVICE_PORT;
+use ambit_netns_lab::l7::L7Lab;
+use ambit_netns_lab::mesh::SERVICE_PORT;
 use anyhow::Context;
 use bytes::Bytes;
 use l7_load::{fmt, load, paced, request, Path, BARE_HOST, BARE_VIP};
@@ -74,14 +74,14 @@ fn args() -> anyhow::Result<Args> {
 /// started beside the lab's: its RSS once ready.
 fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Result<(u64, u64)> {
     use std::fmt::Write;
-    let mut mesh = ambit_lab::l7::l7_mesh();
+    let mut mesh = ambit_netns_lab::l7::l7_mesh();
     for i in 0..n {
         let (a, b) = (i / 250, i % 250);
         let _ = write!(
             mesh,
             "- name: s{i}\n  namespace: default\n  hostname: s{i}.default.svc.cluster.local\n  vips: [\"/10.97.{a}.{}\"]\n  ports: {{80: 8080}}\n  waypoint: {{destination: \"/{}\", hboneMtlsPort: 15009}}\n",
             b + 1,
-            ambit_lab::waypoint::WAYPOINT_IP
+            ambit_netns_lab::waypoint::WAYPOINT_IP
         );
     }
     let mut policies = String::new();
@@ -116,17 +116,17 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
         &env,
     )?;
     let ready: SocketAddr = ([127, 0, 0, 1], 25021).into();
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the scale waypoint to be ready",
         Duration::from_secs(60),
         || {
             matches!(
-                ambit_lab::http_get(&lab.nodes.server_ns, ready, "/healthz/ready"),
+                ambit_netns_lab::http_get(&lab.nodes.server_ns, ready, "/healthz/ready"),
                 Ok((200, _))
             )
         },
     )?;
-    let dump = ambit_lab::http_get(
+    let dump = ambit_netns_lab::http_get(
         &lab.nodes.server_ns,
         ([127, 0, 0, 1], 25000).into(),
         "/config_dump",
@@ -150,11 +150,11 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
 /// `bench_waypoint --bare-proxy LISTEN CA_DIR`: the bare proxy as its own process, with
 /// the waypoint's identity, to the lab's two endpoints.
 fn bare_proxy(listen: &str, ca_dir: &str) -> anyhow::Result<()> {
-    use ambit_lab::l7::PLAIN_POD_IP;
-    use ambit_lab::mesh::{APP_PORT, SERVER_IP};
+    use ambit_netns_lab::l7::PLAIN_POD_IP;
+    use ambit_netns_lab::mesh::{APP_PORT, SERVER_IP};
     let ca = ambit_identity::CertificateAuthority::from_plugin_dir(std::path::Path::new(ca_dir))?;
     let cert = ca.issue(
-        &ambit_identity::SpiffeId::parse(ambit_lab::l7::WAYPOINT_ID)?,
+        &ambit_identity::SpiffeId::parse(ambit_netns_lab::l7::WAYPOINT_ID)?,
         Duration::from_secs(86400),
     )?;
     let endpoints = vec![
@@ -179,7 +179,7 @@ fn bare_proxy(listen: &str, ca_dir: &str) -> anyhow::Result<()> {
 /// Puts the bare proxy where a waypoint would stand for `echo-bare`, and waits until a
 /// request through it is answered.
 fn start_bare(lab: &L7Lab) -> anyhow::Result<u32> {
-    use ambit_lab::waypoint::WAYPOINT_PORT;
+    use ambit_netns_lab::waypoint::WAYPOINT_PORT;
     let nodes = &lab.nodes;
     nodes.lab.exec(
         &nodes.server_ns,
@@ -189,7 +189,7 @@ fn start_bare(lab: &L7Lab) -> anyhow::Result<u32> {
             "add",
             &format!("{BARE_IP}/24"),
             "dev",
-            ambit_lab::mesh::LINK_DEV,
+            ambit_netns_lab::mesh::LINK_DEV,
         ],
     )?;
     let me = std::env::current_exe()?;
@@ -212,7 +212,7 @@ fn start_bare(lab: &L7Lab) -> anyhow::Result<u32> {
     // The top-level `services:` (a workload's own, indented, come before it).
     let mesh = mesh.replacen("\nservices:\n", &format!("\n{workload}"), 1) + &service;
     std::fs::write(&nodes.config_path, mesh)?;
-    let through = ambit_lab::wait_until(
+    let through = ambit_netns_lab::wait_until(
         "a request through the bare proxy",
         Duration::from_secs(20),
         || {

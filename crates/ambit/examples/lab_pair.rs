@@ -15,8 +15,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use ambit_lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP};
-use ambit_lab::peer::{IstioZtunnel, NodeProxy};
+use ambit_netns_lab::mesh::{TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP};
+use ambit_netns_lab::peer::{IstioZtunnel, NodeProxy};
 use anyhow::{bail, Context};
 use common::setup::{self, DIRECT_IPERF_PORT, MESH_IPERF_PORT};
 
@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
             "--ambit" => ambit = Some(PathBuf::from(val()?)),
             "--peer" => peer = Some(PathBuf::from(val()?)),
             "--proxy-env" => {
-                env.push(ambit_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?)
+                env.push(ambit_netns_lab::parse_env_pair(&val()?).map_err(anyhow::Error::msg)?)
             }
             "--client" => sides[0] = Some(val()?),
             "--server" => sides[1] = Some(val()?),
@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
         env: &env,
         ..TwoNodesSpec::of("pair", client.clone(), server.clone())
     })?;
-    ambit_lab::remove_on_signal(nodes.lab.cleanup_handle());
+    ambit_netns_lab::remove_on_signal(nodes.lab.cleanup_handle());
     setup::dedicated_paths(&nodes)?;
     println!(
         "{} client, {} server up.\nclient node {} (proxy pid {}), server node {} (proxy pid {})",

@@ -132,7 +132,7 @@ fn main() -> ExitCode {
     // the node proxy, as it does for ztunnel.
     let as_ztunnel = name == "ztunnel";
     if as_ztunnel && std::env::args_os().len() == 1 {
-        return ambit_ztunnel::main();
+        return ambit_nodeproxy_process::main();
     }
     // Installed as `waypoint`: no argument runs the waypoint.
     if name == "waypoint" && std::env::args_os().len() == 1 {
@@ -161,7 +161,7 @@ fn main() -> ExitCode {
         }
         Command::Waypoint => ambit_waypoint::main(),
         Command::Proxy { kind, .. } if kind == "waypoint" => ambit_waypoint::main(),
-        Command::Ztunnel | Command::Proxy { .. } => ambit_ztunnel::main(),
+        Command::Ztunnel | Command::Proxy { .. } => ambit_nodeproxy_process::main(),
         Command::Agent(args) => match agent_cli::run(*args, matches.subcommand_matches("agent")) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -7,11 +7,11 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ambit_lab::mesh::{
+use ambit_netns_lab::mesh::{
     mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, SERVER_IP, SERVICE_PORT,
 };
-use ambit_lab::peer::NodeProxy;
-use ambit_lab::{http_get, wait_until};
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::{http_get, wait_until};
 
 fn ambit() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ambit"))
@@ -396,7 +396,7 @@ fn certificates_rotate_under_an_open_tunnel_and_outlive_a_ca_outage() {
 #[test]
 fn the_proxy_is_not_ready_before_its_first_sync() {
     let ambit = ambit();
-    let lab = ambit_lab::Lab::new("cp-ready").unwrap();
+    let lab = ambit_netns_lab::Lab::new("cp-ready").unwrap();
     let ns = lab.netns("node").unwrap();
     let ca_dir = lab.dir.path().join("ca");
     ambit_identity::CertificateAuthority::ephemeral("cluster.local")
@@ -404,7 +404,7 @@ fn the_proxy_is_not_ready_before_its_first_sync() {
         .write_plugin_dir(&ca_dir)
         .unwrap();
     let listen: SocketAddr = "127.0.0.1:15012".parse().unwrap();
-    let mut plane = ambit_lab::control::ControlPlane::prepare(
+    let mut plane = ambit_netns_lab::control::ControlPlane::prepare(
         &lab,
         &ns,
         listen,
@@ -421,7 +421,7 @@ fn the_proxy_is_not_ready_before_its_first_sync() {
         ("NODE_NAME", "node1".to_string()),
     ]);
     let proxy = lab.spawn(&ns, "proxy", &ambit, &["ztunnel"], &env).unwrap();
-    let ready = |lab: &ambit_lab::Lab| {
+    let ready = |lab: &ambit_netns_lab::Lab| {
         assert!(
             lab.is_running(proxy.pid),
             "{}",

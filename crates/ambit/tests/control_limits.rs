@@ -17,8 +17,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_lab::control::ControlPlane;
-use ambit_lab::{wait_until, Lab};
+use ambit_netns_lab::control::ControlPlane;
+use ambit_netns_lab::{wait_until, Lab};
 use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, ADDRESS_TYPE};
 use bytes::{Buf, Bytes, BytesMut};
 use prost::Message;

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
-use ambit_lab::mesh::EchoMode;
-use ambit_lab::peer::NodeProxy;
-use ambit_lab::Lab;
+use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
+use ambit_netns_lab::mesh::EchoMode;
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::Lab;
 use ambit_zds::Netns;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -108,8 +108,9 @@ fn ask(socket: &UdpSocket, bytes: &[u8]) -> Option<u8> {
 
 #[test]
 fn pods_resolve_mesh_names_through_the_dns_proxy_and_forward_the_rest() {
-    let dir = ambit_lab::tempfile_dir::TempDir::new(&format!("ambit-dns-{}", std::process::id()))
-        .unwrap();
+    let dir =
+        ambit_netns_lab::tempfile_dir::TempDir::new(&format!("ambit-dns-{}", std::process::id()))
+            .unwrap();
     let resolv = dir.path().join("resolv.conf");
     std::fs::write(&resolv, format!("nameserver {GATEWAY}\n")).unwrap();
     let b =

@@ -6,9 +6,9 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::cluster::{Cluster, PodSpec};
-use ambit_lab::mesh::{metric_sum, EchoMode};
-use ambit_lab::wait_until;
+use ambit_netns_lab::cluster::{Cluster, PodSpec};
+use ambit_netns_lab::mesh::{metric_sum, EchoMode};
+use ambit_netns_lab::wait_until;
 
 const APP_PORT: u16 = 8080;
 

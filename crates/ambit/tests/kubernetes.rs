@@ -1,4 +1,4 @@
-//! ambit on "Kubernetes", as root: the test API server (crates/testapi) on the first node,
+//! ambit on "Kubernetes", as root: the test API server (crates/testing/fake-apiserver) on the first node,
 //! the node agents in Kubernetes mode watching it, pods created as the kubelet creates them
 //! (the API object first, then the sandbox through a real CNI chain ending with the
 //! `istio-cni` plugin in Kubernetes mode, then the pod's IP and phase), ambit's node proxies
@@ -9,11 +9,11 @@ use std::net::{Shutdown, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::cluster::{counted_packets, rules_kept, Cluster, ClusterSpec, PodSpec};
-use ambit_lab::kube::REDIRECTION;
-use ambit_lab::mesh::EchoMode;
-use ambit_lab::peer::NodeProxy;
-use ambit_lab::{http_get, wait_until};
+use ambit_netns_lab::cluster::{counted_packets, rules_kept, Cluster, ClusterSpec, PodSpec};
+use ambit_netns_lab::kube::REDIRECTION;
+use ambit_netns_lab::mesh::EchoMode;
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::{http_get, wait_until};
 
 const APP_PORT: u16 = 8080;
 const WAIT: Duration = Duration::from_secs(20);
@@ -183,9 +183,14 @@ fn pods_on_kubernetes_are_captured_through_cni_annotated_released_and_survive_an
     cluster
         .kube()
         .api
-        .update(ambit_testapi::Resource::Pods, Some("default"), "b", |p| {
-            p["metadata"]["labels"]["touched"] = serde_json::json!("yes");
-        })
+        .update(
+            ambit_fake_apiserver::Resource::Pods,
+            Some("default"),
+            "b",
+            |p| {
+                p["metadata"]["labels"]["touched"] = serde_json::json!("yes");
+            },
+        )
         .unwrap();
     settled(&cluster, 1, "update", 1);
     if let Err(e) = rules_kept(&rules_before, &cluster.iptables_counted("b").unwrap()) {

@@ -8,10 +8,10 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
-use ambit_lab::mesh::{EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP};
-use ambit_lab::peer::NodeProxy;
-use ambit_lab::{wait_until, Lab};
+use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
+use ambit_netns_lab::mesh::{EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP};
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::{wait_until, Lab};
 use socket2::{Domain, Socket, Type};
 
 fn ambit() -> &'static Path {
@@ -232,7 +232,8 @@ fn a_flood_from_the_clients_own_address_does_not_shed_its_handshake() {
     });
     for (payload, got) in &answers {
         let got = got.as_ref().unwrap_or_else(|e| {
-            let log = |p: &ambit_lab::Process| std::fs::read_to_string(&p.log).unwrap_or_default();
+            let log =
+                |p: &ambit_netns_lab::Process| std::fs::read_to_string(&p.log).unwrap_or_default();
             panic!(
                 "{payload:?}: {e}\nclient proxy:\n{}\nserver proxy:\n{}",
                 log(&nodes.client_proxy),

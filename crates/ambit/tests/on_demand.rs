@@ -10,12 +10,12 @@ use std::net::{Shutdown, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ambit_lab::mesh::{
+use ambit_netns_lab::mesh::{
     mesh_yaml, metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, LINK_DEV, SERVER_IP,
     SERVICE_HOST, SERVICE_PORT, SERVICE_VIP,
 };
-use ambit_lab::peer::NodeProxy;
-use ambit_lab::{http_get, wait_until};
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::{http_get, wait_until};
 
 const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
 const CLIENT_UID: &str = "cluster1//v1/Pod/default/client";
@@ -249,7 +249,7 @@ fn on_demand_subscribes_once_follows_removal_and_fails_closed() {
 /// One round trip from the client node on a socket the capture rule leaves alone (the
 /// proxy's own mark), so that it goes straight to `dst`.
 fn direct_round_trip(nodes: &TwoNodes, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
-    let mut conn = ambit_lab::Lab::in_netns(&nodes.client_ns, move || {
+    let mut conn = ambit_netns_lab::Lab::in_netns(&nodes.client_ns, move || {
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
         s.set_mark(ambit_wellknown::marks::PROXY)?;
         s.connect_timeout(&dst.into(), Duration::from_secs(10))?;

@@ -95,7 +95,7 @@ async fn the_proxy_fetches_its_certificate_from_the_ca() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let dump = loop {
         assert!(Instant::now() < deadline, "no certificate in /config_dump");
-        let _ = ambit_lab::send_client_hello(hbone);
+        let _ = ambit_netns_lab::send_client_hello(hbone);
         if let Some(dump) = get(admin, "/config_dump").and_then(|r| certificates(&r)) {
             if dump
                 .iter()

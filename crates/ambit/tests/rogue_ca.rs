@@ -191,7 +191,7 @@ fn run(ca: &support::Server, case: &Case) -> Result<(), String> {
     let what = format!("{:?}", case.defect);
     let (_proxy, [hbone, admin, stats], lines) = start_proxy(ca);
     let requests = || ca.ca.seen.lock().unwrap().len();
-    let poke = || drop(ambit_lab::send_client_hello(hbone));
+    let poke = || drop(ambit_netns_lab::send_client_hello(hbone));
     // A TLS client makes the proxy fetch its certificate (the first attempts may come
     // before the listener is up).
     let deadline = Instant::now() + DEADLINE;

@@ -7,10 +7,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::mesh::{
+use ambit_netns_lab::mesh::{
     metric_sum, EchoMode, TwoNodes, APP_PORT, SERVER_IP, SERVICE_HOST, SERVICE_PORT,
 };
-use ambit_lab::{wait_until, Lab};
+use ambit_netns_lab::{wait_until, Lab};
 
 fn ambit() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ambit"))

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ambit_identity::{CertificateAuthority, SpiffeId};
-use ambit_lab::mesh::{
+use ambit_netns_lab::mesh::{
     metric_sum, EchoMode, TwoNodes, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_HOST, SERVICE_PORT,
     SERVICE_VIP,
 };
-use ambit_lab::{wait_until, Lab};
+use ambit_netns_lab::{wait_until, Lab};
 
 fn ambit() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_ambit"))
@@ -115,7 +115,7 @@ fn service_vip_reaches_an_endpoint_on_its_target_port() {
         metric_sum(&text, "istio_tcp_connections_closed_total", &labels) == 1
     })
     .unwrap();
-    let dump = ambit_lab::http_get(
+    let dump = ambit_netns_lab::http_get(
         &nodes.server_ns,
         "127.0.0.1:15000".parse().unwrap(),
         "/config_dump",
@@ -353,7 +353,7 @@ async fn hbone_server_answers_bad_requests_with_ztunnel_status_codes() {
 
 #[test]
 fn ipv6_client_reaches_server_through_ip6t_original_destination() {
-    use ambit_lab::mesh::SERVER_IP6;
+    use ambit_netns_lab::mesh::SERVER_IP6;
     let nodes = TwoNodes::start(ambit(), "e2e-v6", &[]).unwrap();
     let accepted = nodes.start_app_server(EchoMode::Mirror).unwrap();
     let capture = nodes.capture_link().unwrap();
@@ -599,18 +599,18 @@ fn service_endpoints_on_two_nodes_share_connections_by_capacity() {
     // HBONE inbound), the server the heavy one (node2).
     let endpoint =
         format!("  services:\n    default/{SERVICE_HOST}:\n      {SERVICE_PORT}: {APP_PORT}\n");
-    let mesh = ambit_lab::mesh::mesh_yaml()
+    let mesh = ambit_netns_lab::mesh::mesh_yaml()
         .replacen("  services: {}\n", &format!("  capacity: 1\n{endpoint}"), 1)
         .replacen("  node: node2\n", "  node: node2\n  capacity: 4\n", 1);
     assert!(
         mesh.contains("capacity: 1") && mesh.contains("capacity: 4"),
         "{mesh}"
     );
-    let nodes = TwoNodes::launch(ambit_lab::mesh::TwoNodesSpec {
+    let nodes = TwoNodes::launch(ambit_netns_lab::mesh::TwoNodesSpec {
         mesh: Some(&mesh),
-        ..ambit_lab::mesh::TwoNodesSpec::pair(
+        ..ambit_netns_lab::mesh::TwoNodesSpec::pair(
             "e2e-weights",
-            &ambit_lab::peer::NodeProxy::Ambit(ambit().to_path_buf()),
+            &ambit_netns_lab::peer::NodeProxy::Ambit(ambit().to_path_buf()),
         )
     })
     .unwrap();
@@ -620,7 +620,7 @@ fn service_endpoints_on_two_nodes_share_connections_by_capacity() {
         std::net::TcpListener::bind(SocketAddr::from((CLIENT_IP, APP_PORT)))
     })
     .unwrap();
-    let _local = ambit_lab::mesh::serve_echo(listener, EchoMode::Double);
+    let _local = ambit_netns_lab::mesh::serve_echo(listener, EchoMode::Double);
     let vip = SocketAddr::from((SERVICE_VIP, SERVICE_PORT));
     // 100 connections, not 50: with p = 1/5 for the light endpoint, 50 cannot make both
     // checks below fail by luck less than once in a million (0.8^50 = 1.4e-5 alone).

@@ -1,5 +1,5 @@
 //! Waypoints end to end, as root: two nodes (dedicated mode) and a test waypoint pod in
-//! the server node (`ambit_lab::waypoint::observe_waypoint`). A client's connection to a
+//! the server node (`ambit_netns_lab::waypoint::observe_waypoint`). A client's connection to a
 //! service with a waypoint goes to the waypoint first, with the service's VIP as the
 //! authority and the client's identity; the waypoint's onward connection reaches the pod
 //! with the waypoint's identity. A request a waypoint misdirects (an authority for an IP
@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use ambit_lab::mesh::{metric_sum, SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
-use ambit_lab::peer::NodeProxy;
-use ambit_lab::waypoint::{observe_waypoint, WAYPOINT_ID};
+use ambit_netns_lab::mesh::{metric_sum, SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::waypoint::{observe_waypoint, WAYPOINT_ID};
 
 fn ambit() -> NodeProxy {
     NodeProxy::Ambit(Path::new(env!("CARGO_BIN_EXE_ambit")).to_path_buf())
@@ -83,12 +83,12 @@ fn a_service_with_a_waypoint_is_reached_through_it() {
 /// connection to the server's pod goes straight there, never back to itself.
 #[test]
 fn traffic_from_the_waypoint_itself_goes_direct() {
-    use ambit_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, CLIENT_IP, SERVER_IP};
+    use ambit_netns_lab::mesh::{EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, CLIENT_IP, SERVER_IP};
     use std::io::{Read, Write};
     use std::net::{Shutdown, SocketAddr};
     use std::time::Duration;
 
-    let mesh = ambit_lab::waypoint::waypoint_mesh().replace(
+    let mesh = ambit_netns_lab::waypoint::waypoint_mesh().replace(
         "  workloadName: server\n",
         &format!(
             "  workloadName: server\n  waypoint: {{destination: \"/{CLIENT_IP}\", hboneMtlsPort: 15008}}\n"
@@ -117,7 +117,7 @@ fn traffic_from_the_waypoint_itself_goes_direct() {
         ("destination_workload", "server"),
     ];
     let mut text = String::new();
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the client node to count it",
         Duration::from_secs(5),
         || {
@@ -131,7 +131,7 @@ fn traffic_from_the_waypoint_itself_goes_direct() {
         ("source_principal", CLIENT_ID),
         ("destination_workload", "server"),
     ];
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the server node to count it",
         Duration::from_secs(5),
         || {
@@ -147,10 +147,14 @@ fn traffic_from_the_waypoint_itself_goes_direct() {
 /// client asked for, then the payload.
 #[test]
 fn a_proxy_application_tunnel_gets_the_header_then_the_payload() {
-    use ambit_lab::mesh::{APP_PORT, CLIENT_IP, SERVER_IP};
-    let got =
-        ambit_lab::waypoint::observe_app_tunnel("e2e-apptunnel", &ambit(), &ambit(), b"payload")
-            .unwrap();
+    use ambit_netns_lab::mesh::{APP_PORT, CLIENT_IP, SERVER_IP};
+    let got = ambit_netns_lab::waypoint::observe_app_tunnel(
+        "e2e-apptunnel",
+        &ambit(),
+        &ambit(),
+        b"payload",
+    )
+    .unwrap();
     // Signature, v2 PROXY, TCP over IPv4, 12 address bytes + TLV 0xD0 (3 + id).
     let mut want = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
     want.extend_from_slice(&[0x21, 0x11]);

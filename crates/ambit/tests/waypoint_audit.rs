@@ -12,9 +12,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::jwt::{now, Issuer};
-use ambit_lab::l7::{request, L7Lab, Reply, WAYPOINT_ID};
-use ambit_lab::mesh::{metric_sum, SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
+use ambit_netns_lab::jwt::{now, Issuer};
+use ambit_netns_lab::l7::{request, L7Lab, Reply, WAYPOINT_ID};
+use ambit_netns_lab::mesh::{metric_sum, SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
 use serde_json::json;
 
 const ISS: &str = "https://idp.example.com";
@@ -338,12 +338,12 @@ fn retries_have_a_ceiling_and_a_budget() {
     );
     assert_eq!(
         lab.app.seen_with(" /retry/status/500 ").len(),
-        1 + ambit_routes::MAX_RETRY_ATTEMPTS as usize
+        1 + ambit_gateway_routes::MAX_RETRY_ATTEMPTS as usize
     );
     let metrics = lab.waypoint_metrics().unwrap();
     assert_eq!(
         counter(&metrics, "ambit_waypoint_upstream_retries_total"),
-        u64::from(ambit_routes::MAX_RETRY_ATTEMPTS)
+        u64::from(ambit_gateway_routes::MAX_RETRY_ATTEMPTS)
     );
     let refused = |m: &str, reason| {
         metric_sum(
@@ -368,7 +368,7 @@ fn retries_have_a_ceiling_and_a_budget() {
     assert!(replies.iter().all(|r| r.status == 500), "{replies:?}");
     let after = lab.waypoint_metrics().unwrap();
     let retried = counter(&after, "ambit_waypoint_upstream_retries_total")
-        - u64::from(ambit_routes::MAX_RETRY_ATTEMPTS);
+        - u64::from(ambit_gateway_routes::MAX_RETRY_ATTEMPTS);
     assert!(refused(&after, "budget") >= 1, "{after}");
     assert_eq!(
         lab.app.seen_with("/retry/budget/").len() as u64,

@@ -9,8 +9,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::l7::L7Lab;
-use ambit_lab::mesh::{SERVICE_PORT, SERVICE_VIP};
+use ambit_netns_lab::l7::L7Lab;
+use ambit_netns_lab::mesh::{SERVICE_PORT, SERVICE_VIP};
 
 fn launch(tag: &str) -> L7Lab {
     L7Lab::launch(tag, Path::new(env!("CARGO_BIN_EXE_ambit")), "").unwrap()

@@ -1,5 +1,5 @@
 //! RequestAuthentication at `ambit waypoint` end to end, as root: the L7 lab, tokens
-//! signed in the test by an Ed25519 issuer (`ambit_lab::jwt`), real HTTP/1.1 clients in
+//! signed in the test by an Ed25519 issuer (`ambit_netns_lab::jwt`), real HTTP/1.1 clients in
 //! the client node. Key sets inline and fetched from a `jwksUri` served in the server
 //! node; a missing token passes to authorization, where `requestPrincipals` and
 //! `request.auth.claims` decide. (Each algorithm, and the fetcher against servers that are
@@ -9,9 +9,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::jwt::{now, Issuer};
-use ambit_lab::l7::{request, L7Lab, Reply};
-use ambit_lab::mesh::metric_sum;
+use ambit_netns_lab::jwt::{now, Issuer};
+use ambit_netns_lab::l7::{request, L7Lab, Reply};
+use ambit_netns_lab::mesh::metric_sum;
 use serde_json::json;
 
 const ISS: &str = "https://idp.example.com";
@@ -86,11 +86,11 @@ fn serve_jwks(lab: &L7Lab, body: String) {
                 "add",
                 &format!("{JWKS_IP}/24"),
                 "dev",
-                ambit_lab::mesh::LINK_DEV,
+                ambit_netns_lab::mesh::LINK_DEV,
             ],
         )
         .unwrap();
-    let listener = ambit_lab::Lab::in_netns(&lab.nodes.server_ns, || {
+    let listener = ambit_netns_lab::Lab::in_netns(&lab.nodes.server_ns, || {
         std::net::TcpListener::bind(SocketAddr::from((JWKS_IP, JWKS_PORT)))
     })
     .unwrap();
@@ -135,7 +135,7 @@ fn tokens_are_validated_and_feed_authorization() {
     let t = now();
     let good =
         idp.token(&json!({"sub": "alice", "aud": "echo", "exp": t + 600, "group": "admins"}));
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the RequestAuthentication to load",
         Duration::from_secs(10),
         || {
@@ -242,7 +242,7 @@ fn a_key_set_that_cannot_be_fetched_refuses_its_tokens() {
     )
     .unwrap();
     let token = remote.token(&json!({"sub": "carol", "exp": now() + 600}));
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the RequestAuthentication to load",
         Duration::from_secs(10),
         || get(&lab, "/any", &[("x-remote-token", token.clone())]).status == 401,

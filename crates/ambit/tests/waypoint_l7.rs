@@ -2,14 +2,14 @@
 //! the waypoint pod in the server node and the `echo` service behind it with two
 //! endpoints, one in the mesh (HBONE through the server's node proxy) and one outside it
 //! (plaintext). Real HTTP/1.1 and HTTP/2 clients in the client node dial the service's
-//! VIP as unmodified apps do (`ambit_lab::l7`).
+//! VIP as unmodified apps do (`ambit_netns_lab::l7`).
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_lab::l7::{L7Lab, PLAIN_POD, SERVER_POD, TCP_PORT, WAYPOINT_ID};
-use ambit_lab::mesh::{metric_sum, SERVICE_HOST};
+use ambit_netns_lab::l7::{L7Lab, PLAIN_POD, SERVER_POD, TCP_PORT, WAYPOINT_ID};
+use ambit_netns_lab::mesh::{metric_sum, SERVICE_HOST};
 
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/default/sa/client";
 
@@ -114,7 +114,7 @@ fn requests_through_the_waypoint() {
         ("destination_service", SERVICE_HOST),
         ("destination_service_name", "echo"),
     ];
-    ambit_lab::wait_until("the waypoint to count", Duration::from_secs(10), || {
+    ambit_netns_lab::wait_until("the waypoint to count", Duration::from_secs(10), || {
         text = lab.waypoint_metrics().unwrap_or_default();
         let ok = [source.as_slice(), &[("response_code", "200")]].concat();
         let denied = [source.as_slice(), &[("response_code", "403")]].concat();
@@ -185,7 +185,7 @@ fn requests_through_the_waypoint() {
 /// with 400, and counted.
 #[test]
 fn an_authority_the_waypoint_does_not_front_is_refused() {
-    use ambit_lab::mesh::{CLIENT_IP, SERVICE_PORT, SERVICE_VIP};
+    use ambit_netns_lab::mesh::{CLIENT_IP, SERVICE_PORT, SERVICE_VIP};
     let lab = launch("wp-front");
     let cases = [
         (format!("{SERVICE_VIP}:{SERVICE_PORT}"), 200),
@@ -227,7 +227,7 @@ fn sigterm_under_load_finishes_in_flight_requests() {
         let lab = lab.clone();
         std::thread::spawn(move || lab.http1(&[("GET", "/slow"), ("GET", "/slow")]))
     };
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the requests to reach the apps",
         Duration::from_secs(10),
         || lab.app.slow_started.load(Ordering::SeqCst) >= 21,
@@ -270,7 +270,7 @@ fn sigterm_under_load_finishes_in_flight_requests() {
 /// connection; and each request leaves an access log line with Istio's fields.
 #[test]
 fn upgrades_pass_through_and_requests_are_logged() {
-    use ambit_lab::mesh::{SERVICE_PORT, SERVICE_VIP};
+    use ambit_netns_lab::mesh::{SERVICE_PORT, SERVICE_VIP};
     use std::io::{BufRead, BufReader, Write};
     let lab = launch("wp-upgrade");
     let mut s = lab
@@ -312,7 +312,7 @@ fn upgrades_pass_through_and_requests_are_logged() {
     let replies = lab.http1(&[("GET", "/logged")]).unwrap();
     assert_eq!(replies[0].status, 200);
     let mut log = String::new();
-    ambit_lab::wait_until("the access line", Duration::from_secs(10), || {
+    ambit_netns_lab::wait_until("the access line", Duration::from_secs(10), || {
         log = lab.waypoint_log();
         log.lines()
             .any(|l| l.contains("\taccess\t") && l.contains("path=/logged"))
@@ -385,7 +385,7 @@ spec:
     )
     .unwrap();
     let req = |method: &str, path: &str, headers: &[(&str, &str)]| {
-        let mut r = ambit_lab::l7::request(method, path).unwrap();
+        let mut r = ambit_netns_lab::l7::request(method, path).unwrap();
         for (k, v) in headers {
             if *k == "host" {
                 // Origin form, so that the Host header is the request's host (an
@@ -461,7 +461,7 @@ fn a_refused_policy_fails_closed_and_its_last_good_version_stays() {
         lab.waypoint_log()
     );
     std::fs::write(&lab.policies, POLICIES).unwrap();
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the fixed policies to load",
         Duration::from_secs(10),
         || status("GET") == 200,
@@ -469,7 +469,7 @@ fn a_refused_policy_fails_closed_and_its_last_good_version_stays() {
     .unwrap_or_else(|e| panic!("{e}\n{}", lab.waypoint_log()));
     assert_eq!(status("DELETE"), 403);
     std::fs::write(&lab.policies, &bad).unwrap();
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the broken version to be refused",
         Duration::from_secs(10),
         || {
@@ -489,11 +489,11 @@ fn a_refused_policy_fails_closed_and_its_last_good_version_stays() {
 /// 503 `no healthy upstream`, counted with the flag `UH`.
 #[test]
 fn failed_connects_are_retried_elsewhere_and_no_endpoint_is_503() {
-    use ambit_lab::l7::{EMPTY_HOST, EMPTY_VIP, FLAKY_HOST, FLAKY_VIP};
-    use ambit_lab::mesh::SERVICE_PORT;
+    use ambit_netns_lab::l7::{EMPTY_HOST, EMPTY_VIP, FLAKY_HOST, FLAKY_VIP};
+    use ambit_netns_lab::mesh::SERVICE_PORT;
     let lab = launch("wp-retry");
     let to = |host: &str| {
-        let mut r = ambit_lab::l7::request("GET", "/").unwrap();
+        let mut r = ambit_netns_lab::l7::request("GET", "/").unwrap();
         *r.uri_mut() = format!("http://{host}:{SERVICE_PORT}/").parse().unwrap();
         r.headers_mut()
             .insert("host", http::HeaderValue::from_str(host).unwrap());

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ambit_lab::l7::{request, L7Lab, Reply, GRPC_VIP, PLAIN_POD, SERVER_POD};
-use ambit_lab::mesh::{metric_sum, SERVICE_PORT};
+use ambit_netns_lab::l7::{request, L7Lab, Reply, GRPC_VIP, PLAIN_POD, SERVER_POD};
+use ambit_netns_lab::mesh::{metric_sum, SERVICE_PORT};
 
 /// `echo` port 80: every filter, weights, timeouts and retries. `echo-v1` is the server
 /// pod (in the mesh), `echo-v2` the plain pod.
@@ -113,10 +113,10 @@ fn header<'r>(r: &'r Reply, name: &str) -> Option<&'r str> {
 fn http_routes_through_the_waypoint() {
     let lab = launch("wp-routes", ROUTES);
 
-    // A 90/10 split, counted on the v2 side (ambit_lab::stats::TEN_PERCENT): 2,000 requests
+    // A 90/10 split, counted on the v2 side (ambit_netns_lab::stats::TEN_PERCENT): 2,000 requests
     // on one HTTP/2 connection, 135..=246 answered by v2. A correct 10 % passes with
     // p = 0.99962; 5 % fails with p = 0.99964, 15 % with p = 0.99970.
-    let split = &ambit_lab::stats::TEN_PERCENT;
+    let split = &ambit_netns_lab::stats::TEN_PERCENT;
     let replies = lab
         .h2("GET", "/split", split.samples)
         .unwrap_or_else(|e| panic!("{e:#}\n{}", lab.waypoint_log()));
@@ -208,7 +208,7 @@ fn http_routes_through_the_waypoint() {
     // A mirror gets a copy (its host marked -shadow); the client sees the primary only.
     let r = get(&lab, "/mirror/one", &[]);
     assert_eq!(r.pod(), Some(SERVER_POD), "{r:?}");
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the mirror to receive its copy",
         Duration::from_secs(5),
         || !lab.app.seen_with("plain GET /mirror/one").is_empty(),
@@ -286,7 +286,7 @@ fn http_routes_through_the_waypoint() {
             (status, String::from_utf8_lossy(&body).into_owned())
         })
     };
-    ambit_lab::wait_until("the slow request to begin", Duration::from_secs(5), || {
+    ambit_netns_lab::wait_until("the slow request to begin", Duration::from_secs(5), || {
         lab.app.slow_started.load(Ordering::SeqCst) >= 1
     })
     .unwrap();
@@ -295,7 +295,7 @@ fn http_routes_through_the_waypoint() {
         "backendRefs: [{name: echo-v2, port: 80}]",
     );
     std::fs::write(&lab.policies, changed).unwrap();
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "the changed route to be used",
         Duration::from_secs(10),
         || {

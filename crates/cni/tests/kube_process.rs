@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use ambit_testapi::{ApiServer, ServerOptions};
+use ambit_fake_apiserver::{ApiServer, ServerOptions};
 use serde_json::{json, Value};
 
 const CHILD_MARKER: &str = "AMBIT_CNI_TEST_AS_PLUGIN";
@@ -119,17 +119,18 @@ impl<'a> Setup<'a> {
     fn new(dir: &Path, api: &'a ApiServer) -> Setup<'a> {
         let run_dir = dir.join("run");
         std::fs::create_dir_all(&run_dir).unwrap();
-        api.create(ambit_testapi::namespace(
+        api.create(ambit_fake_apiserver::namespace(
             "shop",
             &[("istio.io/dataplane-mode", "ambient")],
         ))
         .unwrap();
-        api.create(ambit_testapi::namespace("plain", &[])).unwrap();
-        api.create(ambit_testapi::namespace("istio-system", &[]))
+        api.create(ambit_fake_apiserver::namespace("plain", &[]))
             .unwrap();
-        api.create(ambit_testapi::pod("shop", "web-0", "n1"))
+        api.create(ambit_fake_apiserver::namespace("istio-system", &[]))
             .unwrap();
-        api.create(ambit_testapi::pod("plain", "app-0", "n1"))
+        api.create(ambit_fake_apiserver::pod("shop", "web-0", "n1"))
+            .unwrap();
+        api.create(ambit_fake_apiserver::pod("plain", "app-0", "n1"))
             .unwrap();
         api.write_kubeconfig(&run_dir.join("istio-cni-kubeconfig"), &api.admin_token())
             .unwrap();

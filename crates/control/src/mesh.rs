@@ -138,7 +138,7 @@ pub struct Mesh {
     pub waypoint_resources: Vec<Resource>,
     /// The HTTPRoutes and GRPCRoutes read from manifest files, in reading order, and
     /// their resources (each its document as written).
-    pub routes: Vec<Located<ambit_routes::Route>>,
+    pub routes: Vec<Located<ambit_gateway_routes::Route>>,
     pub route_resources: Vec<Resource>,
     /// The RequestAuthentications' resources (each its document as written).
     pub authn_resources: Vec<Resource>,
@@ -186,28 +186,28 @@ impl Mesh {
     /// What users should be told of the routes, a line per refusal: a backend this mesh
     /// lacks, a match another route always wins over, a route of the other kind.
     pub fn route_status(&self) -> Vec<String> {
-        let table = ambit_routes::RouteTable::new(
+        let table = ambit_gateway_routes::RouteTable::new(
             self.routes
                 .iter()
                 .map(|r| std::sync::Arc::new(r.value.clone())),
         );
-        let service = |k: &ambit_routes::ServiceKey| {
+        let service = |k: &ambit_gateway_routes::ServiceKey| {
             self.config
                 .services
                 .iter()
                 .find(|s| s.namespace == k.namespace && s.name == k.name)
         };
-        let ports_of = |k: &ambit_routes::ServiceKey| {
+        let ports_of = |k: &ambit_gateway_routes::ServiceKey| {
             service(k).map_or_else(Vec::new, |s| s.ports.keys().copied().collect())
         };
-        let problem = |b: &ambit_routes::ServiceBackend| match service(&b.service) {
+        let problem = |b: &ambit_gateway_routes::ServiceBackend| match service(&b.service) {
             None => Some(format!("backend {} does not exist in the mesh", b.service)),
             Some(s) if !s.ports.contains_key(&b.port) => {
                 Some(format!("backend {} has no port {}", b.service, b.port))
             }
             Some(_) => None,
         };
-        ambit_routes::status(&table, ports_of, problem)
+        ambit_gateway_routes::status(&table, ports_of, problem)
             .iter()
             .flat_map(|f| f.log_lines())
             .collect()
@@ -404,7 +404,7 @@ fn served<K: DocumentKind>(
 #[derive(Default)]
 struct Manifests {
     policies: Vec<(Located<WaypointPolicy>, String)>,
-    routes: Vec<(Located<ambit_routes::Route>, String)>,
+    routes: Vec<(Located<ambit_gateway_routes::Route>, String)>,
     authns: Vec<(Located<ambit_manifests::WaypointAuthn>, String)>,
     /// `<kind>/<namespace>/<name>` of each → the file that defines it.
     documents_at: BTreeMap<String, PathBuf>,

@@ -883,14 +883,21 @@ spec:
 
 /// A waypoint's xDS client of addresses and routes, holding the routes by name.
 /// The routes a waypoint's client holds, and whether it is ready.
-type HeldRoutes =
-    Arc<std::sync::Mutex<(ambit_waypoint_xds::DocumentStore<ambit_routes::Route>, bool)>>;
+type HeldRoutes = Arc<
+    std::sync::Mutex<(
+        ambit_waypoint_xds::DocumentStore<ambit_gateway_routes::Route>,
+        bool,
+    )>,
+>;
 
 fn route_client(fx: &Fixture) -> (HeldRoutes, tokio::task::JoinHandle<()>) {
     use ambit_waypoint_xds::WaypointRoutes;
     use ambit_xds::{Addresses, DeltaClient, Limits, NodeConfig, XdsClient};
     let held: Arc<
-        std::sync::Mutex<(ambit_waypoint_xds::DocumentStore<ambit_routes::Route>, bool)>,
+        std::sync::Mutex<(
+            ambit_waypoint_xds::DocumentStore<ambit_gateway_routes::Route>,
+            bool,
+        )>,
     > = Arc::default();
     let delta = DeltaClient::subscribing(NodeConfig::default().to_node(), Limits::default())
         .subscribe(Addresses::default())

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use ambit_lab::mesh::{
+use ambit_netns_lab::mesh::{
     metric_sum, EchoMode, TwoNodes, TwoNodesSpec, APP_PORT, CLIENT_IP, SERVER_IP, SERVICE_PORT,
     SERVICE_VIP,
 };
-use ambit_lab::peer::NodeProxy;
+use ambit_netns_lab::peer::NodeProxy;
 
 use crate::report::{control_summary, doubled_echo};
 use crate::DemoArgs;
@@ -29,7 +29,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
         control: Some(ambit.clone()),
         ..TwoNodesSpec::pair("demo", &NodeProxy::Ambit(ambit.clone()))
     })?;
-    ambit_lab::remove_on_signal(nodes.lab.cleanup_handle());
+    ambit_netns_lab::remove_on_signal(nodes.lab.cleanup_handle());
     let accepted = nodes.start_app_server(EchoMode::Double)?;
     let capture = nodes.capture_link().ok();
     if capture.is_none() {

@@ -1,5 +1,5 @@
 //! `ambit demo`: a whole mesh on this machine in network namespaces (the lab in
-//! `ambit-lab`), real traffic through the node proxies over HBONE, and a short report of
+//! `ambit-netns-lab`), real traffic through the node proxies over HBONE, and a short report of
 //! what crossed the wire. In-pod mode by default ([`shared`]: the node agent, the CNI chain,
 //! a service, a policy, DNS, and HTTP through a real waypoint, [`waypoint`]); dedicated mode
 //! with `--dedicated` ([`dedicated`]). Never linked into a node binary: the `ambit` binary
@@ -22,7 +22,7 @@ pub struct DemoArgs {
     pub dedicated: bool,
     /// Extra environment for both node proxies, e.g. `RUST_LOG=debug` (repeatable;
     /// dedicated mode).
-    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = ambit_lab::parse_env_pair)]
+    #[arg(long = "proxy-env", value_name = "KEY=VALUE", requires = "dedicated", value_parser = ambit_netns_lab::parse_env_pair)]
     pub proxy_env: Vec<(String, String)>,
 }
 

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
-use ambit_lab::control::ControlPlane;
+use ambit_netns_lab::control::ControlPlane;
 use anyhow::{bail, Context};
 
 /// Two lines on the control plane: where it runs and what its clients acknowledged.

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use ambit_lab::cluster::{Cluster, ClusterSpec, PodSpec};
-use ambit_lab::mesh::{metric_sum, EchoMode};
-use ambit_lab::peer::NodeProxy;
+use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
+use ambit_netns_lab::mesh::{metric_sum, EchoMode};
+use ambit_netns_lab::peer::NodeProxy;
 
 use crate::report::{control_summary, doubled_echo};
 use crate::waypoint::{
@@ -120,7 +120,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         // Config over delta xDS and certificates from its CA: no node holds the CA key.
         control: Some(&ambit),
     })?;
-    ambit_lab::remove_on_signal(cluster.lab.cleanup_handle());
+    ambit_netns_lab::remove_on_signal(cluster.lab.cleanup_handle());
     let seen_server = cluster.serve_app("server", APP_PORT, EchoMode::Double)?;
     let seen_neighbour = cluster.serve_app("neighbour", APP_PORT, EchoMode::Double)?;
     for pod in ["neighbour", "server"] {
@@ -337,7 +337,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
         println!(
             "  ip netns exec {} curl -s 127.0.0.1:{}/stats/prometheus | grep 'reporter=\"waypoint\"'",
             cluster.nodes[waypoint.node].ns,
-            ambit_lab::l7::WAYPOINT_STATS
+            ambit_netns_lab::l7::WAYPOINT_STATS
         );
         if let Some(plane) = &cluster.control {
             println!(
@@ -354,7 +354,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
             println!(
                 "  ip netns exec {} curl -s {}/debug   # what ambit control sent each node proxy",
                 plane.ns,
-                ambit_lab::control::CONTROL_ADMIN
+                ambit_netns_lab::control::CONTROL_ADMIN
             );
             println!(
                 "  edit {}/mesh.yaml                     # pushed to the node proxies as a delta",

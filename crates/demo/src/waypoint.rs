@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::bail;
 
-use ambit_lab::cluster::waypoint::WaypointPod;
-use ambit_lab::cluster::Cluster;
-use ambit_lab::l7::Reply;
-use ambit_lab::mesh::metric_sum;
+use ambit_netns_lab::cluster::waypoint::WaypointPod;
+use ambit_netns_lab::cluster::Cluster;
+use ambit_netns_lab::l7::Reply;
+use ambit_netns_lab::mesh::metric_sum;
 
 pub(crate) const REVIEWS_HOST: &str = "reviews.default.svc.cluster.local";
 pub(crate) const REVIEWS_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
@@ -59,7 +59,7 @@ spec:
 pub(crate) const REVIEWS_JWT_FILE: &str = "reviews-jwt.yaml";
 const DEMO_ISSUER: &str = "https://idp.demo.ambit";
 /// How the split is checked: requests sent and the v2 answers accepted.
-const SPLIT: ambit_lab::stats::ShareCheck = ambit_lab::stats::TEN_PERCENT;
+const SPLIT: ambit_netns_lab::stats::ShareCheck = ambit_netns_lab::stats::TEN_PERCENT;
 /// How many requests the client sends on its one HTTP/2 connection.
 const H2_REQUESTS: usize = 20;
 const PATH: &str = "/reviews/1";
@@ -149,7 +149,7 @@ pub(crate) fn through(cluster: &Cluster, waypoint: &WaypointPod) -> anyhow::Resu
         labels.extend(workload.map(|w| ("destination_workload", w)));
         metric_sum(text, "istio_requests_total", &labels)
     };
-    let counted = ambit_lab::wait_until(
+    let counted = ambit_netns_lab::wait_until(
         "the waypoint to count every request",
         Duration::from_secs(10),
         || {
@@ -188,7 +188,7 @@ pub(crate) struct Routed {
 /// Serves the route through ambit control, waits for the waypoint to apply it, then shows
 /// the header route and the 90/10 split.
 pub(crate) fn routed(cluster: &Cluster) -> anyhow::Result<Routed> {
-    use ambit_lab::cluster::http::request;
+    use ambit_netns_lab::cluster::http::request;
     let vip = SocketAddr::from((REVIEWS_VIP, REVIEWS_PORT));
     cluster.serve_manifests(REVIEWS_ROUTE_FILE, REVIEWS_ROUTE)?;
     let with_header = || -> anyhow::Result<Vec<Reply>> {
@@ -204,7 +204,7 @@ pub(crate) fn routed(cluster: &Cluster) -> anyhow::Result<Routed> {
     };
     // The route reaches the waypoint over xDS: its header rule is in force once every
     // request carrying the header lands on v2.
-    let applied = ambit_lab::wait_until(
+    let applied = ambit_netns_lab::wait_until(
         "the waypoint to apply the route",
         Duration::from_secs(20),
         || with_header().is_ok_and(|rs| rs.iter().all(|r| pod(r) == Some("server"))),
@@ -223,7 +223,7 @@ pub(crate) fn routed(cluster: &Cluster) -> anyhow::Result<Routed> {
     if split.0 + split.1 != n || replies.iter().any(|r| r.status != 200) {
         bail!("{n} GETs through the route: not all answered 200 by an app: {replies:?}");
     }
-    // 2,000 requests, 135..=246 answered by v2 (ambit_lab::stats::TEN_PERCENT): a correct
+    // 2,000 requests, 135..=246 answered by v2 (ambit_netns_lab::stats::TEN_PERCENT): a correct
     // 10 % passes with p = 0.99962; 5 % fails with p = 0.99964, 15 % with p = 0.99970.
     if let Err(e) = SPLIT.check(split.1) {
         bail!("the 90/10 split sent too few or too many to v2: {e}");
@@ -241,8 +241,8 @@ pub(crate) struct Authenticated {
 /// Serves a RequestAuthentication for `reviews` through ambit control (an inline key set
 /// of a key made now), then sends a forged token, a good one and none.
 pub(crate) fn authenticated(cluster: &Cluster) -> anyhow::Result<Authenticated> {
-    use ambit_lab::cluster::http::request;
-    use ambit_lab::jwt::{now, Issuer};
+    use ambit_netns_lab::cluster::http::request;
+    use ambit_netns_lab::jwt::{now, Issuer};
     let issuer = Issuer::new(DEMO_ISSUER, "demo-key")?;
     let doc = format!(
         "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: reviews-jwt, namespace: default}}\nspec:\n  targetRefs: [{{kind: Service, group: \"\", name: reviews}}]\n  jwtRules:\n  - issuer: {DEMO_ISSUER}\n    jwks: '{}'\n",
@@ -265,7 +265,7 @@ pub(crate) fn authenticated(cluster: &Cluster) -> anyhow::Result<Authenticated> 
             .pop()
             .ok_or_else(|| anyhow::anyhow!("no answer"))
     };
-    let applied = ambit_lab::wait_until(
+    let applied = ambit_netns_lab::wait_until(
         "the waypoint to apply the RequestAuthentication",
         Duration::from_secs(20),
         || send(Some(&forged_token)).is_ok_and(|r| r.status == 401),

@@ -43,7 +43,7 @@ pub(crate) enum Document {
         name_at: Position,
     },
     Route {
-        route: Located<ambit_routes::Route>,
+        route: Located<ambit_gateway_routes::Route>,
         name_at: Position,
     },
     Skipped {

@@ -15,7 +15,7 @@
 //!
 //! And the Gateway API's `HTTPRoute` (`gateway.networking.k8s.io/v1`, `v1beta1`) and
 //! `GRPCRoute` (`v1`), checked as their CRDs check them and translated into the routes
-//! model ([`ambit_routes::Route`]); a route attached to no Service of its namespace (a
+//! model ([`ambit_gateway_routes::Route`]); a route attached to no Service of its namespace (a
 //! Gateway's) is skipped. Other kinds are skipped with a note.
 //!
 //! A bad document is refused alone, with the file, line, column and field at fault

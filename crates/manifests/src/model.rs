@@ -246,7 +246,7 @@ pub struct Parsed {
     /// RequestAuthentications attached by `targetRefs`, each once.
     pub authns: Vec<Located<WaypointAuthn>>,
     /// HTTPRoutes and GRPCRoutes attached to Services (mesh routes), each once.
-    pub routes: Vec<Located<ambit_routes::Route>>,
+    pub routes: Vec<Located<ambit_gateway_routes::Route>>,
     pub skipped: Vec<Located<Skipped>>,
     pub errors: Vec<ManifestError>,
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ambit_routes::*;
+use ambit_gateway_routes::*;
 
 use super::*;
 

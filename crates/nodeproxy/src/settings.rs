@@ -1,5 +1,5 @@
 //! The data path's settings: the part of the node proxy's configuration it reads. Built
-//! once by the process from the environment (`ambit_ztunnel::config`).
+//! once by the process from the environment (`ambit_nodeproxy_process::config`).
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 use ambit_state::{parse_local_config, ProxyState};
 
 /// The interop suite hands this file to both ztunnels and compares their `/config_dump`.
-const RICH_MESH: &str = include_str!("../../interop/tests/interop/rich_mesh.yaml");
+const RICH_MESH: &str = include_str!("../../testing/interop/tests/interop/rich_mesh.yaml");
 
 #[test]
 fn interop_rich_mesh_loads() {

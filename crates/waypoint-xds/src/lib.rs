@@ -21,10 +21,10 @@ use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use ambit_gateway_routes::Route;
 use ambit_manifests::{parse_documents, ParseOptions, Parsed, WaypointAuthn, WaypointPolicy};
 use ambit_proto::ambit::waypoint::v1 as wp;
 use ambit_proto::{WAYPOINT_AUTHN_TYPE, WAYPOINT_POLICY_TYPE, WAYPOINT_ROUTE_TYPE};
-use ambit_routes::Route;
 use ambit_xds::resource::message_name;
 use ambit_xds::{ConvertError, Decoded, Measured, Rejection, ResourceType, Slot};
 use prost::Message;
@@ -350,7 +350,7 @@ impl<K: DocumentKind> ResourceType for Documents<K> {
         let patterns = count(body, b"RegularExpression") as u64;
         let estimate = name.len() as u64
             + body.len() as u64 * BYTES_PER_DOCUMENT_BYTE
-            + patterns * ambit_routes::MAX_COMPILED_BYTES as u64;
+            + patterns * ambit_gateway_routes::MAX_COMPILED_BYTES as u64;
         Ok(Measured {
             estimate,
             slot: Slot::First,

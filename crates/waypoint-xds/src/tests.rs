@@ -288,7 +288,7 @@ fn the_estimate_charges_the_document_and_its_patterns() {
     assert_eq!(plain, 1 + ROUTE.len() as u64 * BYTES_PER_DOCUMENT_BYTE);
     let with_regex = format!("{ROUTE}# RegularExpression\n");
     let e = ty.measure("n", with_regex.as_bytes()).unwrap().estimate;
-    assert!(e >= ambit_routes::MAX_COMPILED_BYTES as u64, "{e}");
+    assert!(e >= ambit_gateway_routes::MAX_COMPILED_BYTES as u64, "{e}");
     assert!(ty
         .measure("n", &vec![b'a'; MAX_DOCUMENT_BYTES + 5000])
         .is_err());

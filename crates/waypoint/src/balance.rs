@@ -228,7 +228,7 @@ services:
         );
         // An even draw, 5,000 times, 2372..=2628 each: a correct 50 % passes with
         // p = 0.99972 (over seeds); 45 % or 55 % fails with p = 0.99972 (verified in
-        // ambit_lab::stats).
+        // ambit_netns_lab::stats).
         assert!(seen.values().all(|n| (2372..=2628).contains(n)), "{seen:?}");
     }
 

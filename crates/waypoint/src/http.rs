@@ -21,7 +21,7 @@ use crate::authz::{self, Verdict};
 use crate::balance::{choose, Choice};
 use crate::downstream::{Downstream, Outcome};
 use crate::replay::{Deadline, Tee};
-use crate::routing::{self, Plan, RouteRequest};
+use crate::request_plan::{self, Plan, RouteRequest};
 use crate::upstream::{Body, BoxError, Version};
 use crate::Waypoint;
 use ambit_runtime::drain::DrainWatcher;
@@ -36,7 +36,7 @@ pub const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 pub const MAX_STREAMS: u32 = 100;
 /// Connect attempts per opaque tunnel, the first included (Istio's default retry: connect
 /// failures retried on another endpoint, twice). HTTP requests follow their route's
-/// retry policy ([`routing::RetryPolicy`]).
+/// retry policy ([`request_plan::RetryPolicy`]).
 pub const CONNECT_ATTEMPTS: usize = 3;
 
 /// Serves HTTP on `io` until the client closes or the drain ends it gracefully.
@@ -281,7 +281,7 @@ async fn handle_request(
     // The query as forwarded (without a token parameter authentication removed).
     let query_at = forwarded_target.find('?');
     let routes = wp.routes.get();
-    let plan = routing::plan(
+    let plan = request_plan::plan(
         &routes.table,
         &state,
         &down.fronted,
@@ -336,7 +336,7 @@ async fn handle_request(
         );
     }
     for m in &fwd.request_headers {
-        ambit_routes::apply_headers(m, &mut parts.headers);
+        ambit_gateway_routes::apply_headers(m, &mut parts.headers);
     }
     let authority = fwd.host.map_or(host, str::to_string);
     let target = match &fwd.path {
@@ -514,7 +514,7 @@ async fn handle_request(
         }
         let (mut parts, body) = response.into_parts();
         for m in &fwd.response_headers {
-            ambit_routes::apply_headers(m, &mut parts.headers);
+            ambit_gateway_routes::apply_headers(m, &mut parts.headers);
         }
         finish.outcome.response_code = parts.status.as_u16();
         if grpc {

@@ -11,7 +11,7 @@
 //! - [`policies`]: what a policy load comes to, failing closed on a refused document;
 //! - [`authn`]: RequestAuthentication's JWT rules that apply to a request (decided by
 //!   `ambit_jwt`: 401 for a bad token, the identity to authorization for a good one);
-//! - [`routing`]: what the HTTPRoutes and GRPCRoutes attached to the dialled Service make
+//! - [`request_plan`]: what the HTTPRoutes and GRPCRoutes attached to the dialled Service make
 //!   of a request (404, 500, a redirect, or a backend with filters, timeouts and
 //!   retries); [`replay`]: request bodies kept for retries and fed to mirrors;
 //! - [`head`]: what a request head becomes before any decision (one authority, no
@@ -38,9 +38,9 @@ pub mod http;
 pub mod metrics;
 pub mod policies;
 pub mod replay;
+pub mod request_plan;
 pub mod retry_budget;
 pub mod route_status;
-pub mod routing;
 pub mod run;
 pub mod tcp;
 pub mod tunnel;
@@ -70,7 +70,7 @@ pub struct Waypoint {
     /// RequestAuthentications (JWT rules) attached to this waypoint or its Services.
     pub authns: Shared<authn::AuthnSet>,
     /// HTTPRoutes and GRPCRoutes attached to the Services this waypoint fronts.
-    pub routes: Shared<routing::Routes>,
+    pub routes: Shared<request_plan::Routes>,
     /// Mirrored requests in flight: past the bound, a mirror is skipped.
     pub mirrors: Arc<tokio::sync::Semaphore>,
     pub upstream: Arc<Upstream>,

@@ -6,13 +6,13 @@
 
 use serde_json::{json, Value};
 
-use ambit_routes::{
+use ambit_gateway_routes::{
     BackendTarget, Filter, HeaderMatch, PathMatch, QueryMatch, RouteMatch, ServiceBackend,
     ServiceKey, ValueMatch,
 };
 use ambit_state::ProxyState;
 
-use crate::routing::{resolve, Routes};
+use crate::request_plan::{resolve, Routes};
 
 /// Why a backend cannot be sent to in `state`, if it cannot.
 pub fn backend_problem(state: &ProxyState, b: &ServiceBackend, domain: &str) -> Option<String> {
@@ -30,11 +30,11 @@ pub fn status<'t>(
     routes: &'t Routes,
     state: &ProxyState,
     domain: &str,
-) -> Vec<ambit_routes::FrontendStatus<'t>> {
+) -> Vec<ambit_gateway_routes::FrontendStatus<'t>> {
     let ports_of = |k: &ServiceKey| {
         resolve(state, k, domain).map_or_else(Vec::new, |s| s.ports.keys().copied().collect())
     };
-    ambit_routes::status(&routes.table, ports_of, |b| {
+    ambit_gateway_routes::status(&routes.table, ports_of, |b| {
         backend_problem(state, b, domain)
     })
 }

@@ -31,7 +31,7 @@ use crate::authn::AuthnSet;
 use crate::authz::PolicySet;
 use crate::config::{Config, MeshSource};
 use crate::metrics::Metrics;
-use crate::routing::Routes;
+use crate::request_plan::Routes;
 use crate::upstream::Upstream;
 use crate::Waypoint;
 
@@ -239,7 +239,7 @@ fn start_mesh(
                     Ok(typed) => {
                         typed.apply(&mut held_routes);
                         return routes.replace(Routes {
-                            table: ambit_routes::RouteTable::new(held_routes.to_vec()),
+                            table: ambit_gateway_routes::RouteTable::new(held_routes.to_vec()),
                             ..Routes::default()
                         });
                     }
@@ -261,7 +261,7 @@ fn start_mesh(
 
 /// Reads the policy and route documents after `previous`: each bad one is reported with
 /// its file, line and field and stands at its last good version; a bad policy without
-/// one fails closed ([`crate::policies::merge`], [`crate::routing::merge_routes`]).
+/// one fails closed ([`crate::policies::merge`], [`crate::request_plan::merge_routes`]).
 pub fn load_config(
     path: &Path,
     previous: Option<&PolicySet>,
@@ -285,7 +285,7 @@ pub fn load_config(
         .into_iter()
         .map(|r| r.value)
         .collect();
-    let routes = crate::routing::merge_routes(routes, &parsed.errors, previous_routes);
+    let routes = crate::request_plan::merge_routes(routes, &parsed.errors, previous_routes);
     for key in &routes.kept {
         tracing::warn!(route = %key, "a refused version: the last good one stays");
     }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use ambit_agent::k8s::{run_with, K8sConfig, Options};
 use ambit_agent::zds::ZdsOptions;
+use ambit_fake_apiserver::{pod, ApiServer, Resource, ServerOptions};
 use ambit_k8s::client::{connect, ClientSource};
-use ambit_testapi::{pod, ApiServer, Resource, ServerOptions};
 use ambit_zds::protocol::{decode_request, encode_ack, encode_hello};
 use ambit_zds::{Incoming, ZdsSocket};
 use serde_json::json;
@@ -317,7 +317,7 @@ impl Env {
         }
     }
 
-    pub fn patches(&self) -> Vec<ambit_testapi::RecordedRequest> {
+    pub fn patches(&self) -> Vec<ambit_fake_apiserver::RecordedRequest> {
         self.api
             .requests()
             .into_iter()

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ambit_lab::{wait_until, Lab};
+use ambit_netns_lab::{wait_until, Lab};
 use anyhow::{bail, Context};
 
 /// Upper bound on connections per second of a connection-rate run (bounds the memory the

@@ -5,9 +5,9 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::time::Duration;
 
-use ambit_lab::cluster::{Cluster, PodSpec};
-use ambit_lab::mesh::{metric_sum, serve_echo, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
-use ambit_lab::{wait_until, Lab};
+use ambit_netns_lab::cluster::{Cluster, PodSpec};
+use ambit_netns_lab::mesh::{metric_sum, serve_echo, EchoMode, TwoNodes, APP_PORT, SERVER_IP};
+use ambit_netns_lab::{wait_until, Lab};
 use anyhow::{bail, Context};
 
 use super::Target;

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ambit_lab::l7::{L7Lab, DIRECT_HOST, DIRECT_VIP};
-use ambit_lab::mesh::{SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
+use ambit_netns_lab::l7::{L7Lab, DIRECT_HOST, DIRECT_VIP};
+use ambit_netns_lab::mesh::{SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_identity::{CertificateAuthority, SpiffeId};
-use ambit_lab::mesh::{TwoNodes, SERVER_IP};
-use ambit_lab::Lab;
+use ambit_netns_lab::mesh::{TwoNodes, SERVER_IP};
+use ambit_netns_lab::Lab;
 use anyhow::Context;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -268,7 +268,7 @@ fn children_cpu_seconds(pid: u32) -> anyhow::Result<f64> {
 }
 
 fn wait_children_reaped(pid: u32) -> anyhow::Result<()> {
-    ambit_lab::wait_until(
+    ambit_netns_lab::wait_until(
         "socat to reap its children",
         Duration::from_secs(10),
         || {

@@ -2,15 +2,14 @@
 //! and namespaces kept as invalid targets, as the specification asks), a weight, and
 //! header-modifier filters.
 
-use ambit_routes::{Backend, BackendTarget, Filter, RouteKind, ServiceBackend, ServiceKey};
+use ambit_gateway_routes::{Backend, Filter, RouteKind};
 
-use super::fields::{check_group, check_kind, check_object_name, port};
 use super::filters::filters;
 use super::invalid;
+use super::object_ref::backend_object;
 use crate::locate::{field, FieldPath};
 use crate::route_schema::BackendRefSpec;
-use crate::translate::{check_dns, Invalid};
-use crate::values::Text;
+use crate::translate::Invalid;
 
 // The CRDs' limits.
 const MAX_BACKEND_REFS: usize = 16;
@@ -29,54 +28,6 @@ pub(super) fn backend_refs(
         ));
     }
     Ok(spec)
-}
-
-/// A backend object reference: a Service of this namespace with a port, or why not.
-pub(super) fn backend_object(
-    p: &FieldPath,
-    group: Option<&Text>,
-    kind: Option<&Text>,
-    name: &Text,
-    ns: Option<&Text>,
-    port_written: Option<i64>,
-    namespace: &str,
-) -> Result<BackendTarget, Invalid> {
-    let group = group.map_or("", |g| g.0.as_str());
-    let kind = kind.map_or("Service", |k| k.0.as_str());
-    check_group(group).map_err(|m| invalid(p.at(field!["group"]), m))?;
-    check_kind(kind).map_err(|m| invalid(p.at(field!["kind"]), m))?;
-    check_object_name(&name.0).map_err(|m| invalid(p.at(field!["name"]), m))?;
-    let target_ns = match ns {
-        Some(Text(n)) => {
-            check_dns(n, 63, false).map_err(|m| invalid(p.at(field!["namespace"]), m))?;
-            n.clone()
-        }
-        None => namespace.to_string(),
-    };
-    let port = port_written
-        .map(|n| port(n).map_err(|m| invalid(p.at(field!["port"]), m)))
-        .transpose()?;
-    if !(group.is_empty() && kind == "Service") {
-        return Ok(BackendTarget::Invalid(format!(
-            "{kind} (group {group:?}) is not a backend kind the waypoint sends to; only Services are"
-        )));
-    }
-    let Some(port) = port else {
-        return Err(invalid(
-            p.at(field!["port"]),
-            "a Service backend must have a port",
-        ));
-    };
-    if target_ns != namespace {
-        return Ok(BackendTarget::Invalid(format!(
-            "Service {target_ns}/{} is in another namespace, and ReferenceGrants (which would permit it) are not read",
-            name.0
-        )));
-    }
-    Ok(BackendTarget::Service(ServiceBackend {
-        service: ServiceKey::new(target_ns, name.0.clone()),
-        port,
-    }))
 }
 
 pub(super) fn backends(

@@ -2,14 +2,14 @@
 //! with the CRD's checks between them; the types this waypoint does not apply make the rule
 //! unsupported.
 
-use ambit_routes::{
+use ambit_gateway_routes::{
     BackendTarget, Filter, HeaderModifier, Mirror, PathModifier, Redirect, Rewrite, RouteKind,
 };
 use http::header::HeaderName;
 
-use super::backends::backend_object;
 use super::fields::{check_hostname, header_name, header_value, port, MAX_PATH};
 use super::invalid;
+use super::object_ref::backend_object;
 use crate::locate::{field, FieldPath};
 use crate::route_schema::{
     BackendObjectSpec, FilterSpec, HeaderFilterSpec, MirrorSpec, PathModifierSpec, RedirectSpec,

@@ -1,7 +1,7 @@
 //! A route's head: its name and namespace, creation time, the Service parents it attaches
 //! to (others noted), and its hostnames (checked only).
 
-use ambit_routes::{CreationTime, ParentRef, ServiceKey};
+use ambit_gateway_routes::{CreationTime, ParentRef, ServiceKey};
 
 use super::fields::{check_group, check_hostname, check_kind, check_object_name, port};
 use super::{invalid, GATEWAY_GROUP};

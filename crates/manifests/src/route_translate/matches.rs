@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use ambit_routes::{
+use ambit_gateway_routes::{
     grpc_path_match, GrpcMatchType, HeaderMatch, PathMatch, Pattern, QueryMatch, RouteMatch,
     ValueMatch,
 };
@@ -103,8 +103,8 @@ pub(super) fn grpc_match(p: FieldPath, m: GrpcMatchSpec) -> Result<RouteMatch, I
             let name = method.method.as_ref().map(|s| s.0.as_str());
             grpc_path_match(kind, service, name).map_err(|e| {
                 let at = match e {
-                    ambit_routes::GrpcMatchError::Method(_) => mp.at(field!["method"]),
-                    ambit_routes::GrpcMatchError::Service(_) => mp.at(field!["service"]),
+                    ambit_gateway_routes::GrpcMatchError::Method(_) => mp.at(field!["method"]),
+                    ambit_gateway_routes::GrpcMatchError::Service(_) => mp.at(field!["service"]),
                     _ => mp,
                 };
                 invalid(at, e.to_string())

@@ -1,7 +1,7 @@
 //! An HTTPRoute or GRPCRoute, as read ([`crate::route_schema`]), checked as the Gateway API
 //! CRDs check it (required fields, value patterns, list limits, and the rules between
 //! fields their validation expressions state) and translated into the routes model
-//! ([`ambit_routes::Route`]): defaults filled, names lower-cased, expressions compiled.
+//! ([`ambit_gateway_routes::Route`]): defaults filled, names lower-cased, expressions compiled.
 //!
 //! Only `parentRefs` of kind Service in the route's own namespace attach a route to a
 //! waypoint's frontend; other parents (a Gateway, a ServiceEntry, a Service of another
@@ -11,18 +11,20 @@
 //!
 //! One module per part of a route: its head (`head`: metadata, parentRefs, hostnames), its
 //! rules (`rule`), their matches (`matches`), backends (`backends`) and filters
-//! (`filters`); `fields` checks the values they share.
+//! (`filters`); `object_ref` reads what a backend or a mirror refers to, `fields` checks the
+//! values they all share.
 
 mod backends;
 mod fields;
 mod filters;
 mod head;
 mod matches;
+mod object_ref;
 mod rule;
 
 use std::collections::HashSet;
 
-use ambit_routes::{Route, RouteKind, RouteMatch, Rule, Timeouts};
+use ambit_gateway_routes::{Route, RouteKind, RouteMatch, Rule, Timeouts};
 
 use crate::locate::{field, FieldPath};
 use crate::model::SkipReason;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ambit_routes::{
+use ambit_gateway_routes::{
     parse_duration, Filter, PathMatch, PathModifier, Redirect, Retry, Rewrite, RouteKind,
     RouteMatch, Rule, Timeouts, MAX_RETRY_ATTEMPTS, MIN_RETRY_BACKOFF,
 };

@@ -457,7 +457,7 @@ services:
         }
         // 9:1 by capacity, 2,000 draws, 1754..=1865 to the heavy one: a correct 90 % passes
         // with p = 0.99962 (over seeds); 85 % fails with p = 0.99970, 95 % with p = 0.99964
-        // (verified in ambit_lab::stats).
+        // (verified in ambit_netns_lab::stats).
         assert!((1754..=1865).contains(&to_heavy), "{to_heavy}");
     }
 
@@ -506,7 +506,7 @@ services:
         }
         // 3:1 by capacity, 4,000 draws, 2902..=3109 to the heavy one: a correct 75 % passes
         // with p = 0.99979 (over seeds); 70 % and 80 % each fail with p = 0.99979 (verified in
-        // ambit_lab::stats).
+        // ambit_netns_lab::stats).
         assert!((2902..=3109).contains(&heavy), "{heavy}");
         // Only zero-capacity endpoints eligible: still picked.
         set(&mut s, "echo-1", 0, true);
