@@ -7,6 +7,7 @@
 //! bench_xds --fanout --ambit target/release/ambit --out FILE [--rounds 3] [--clients 100]
 //! bench_xds --local-file --ambit target/release/ambit --out FILE [--rounds 3]
 //! bench_xds --under-control --ambit target/release/ambit --out FILE [--rounds 3]
+//!     [--destinations 1000]
 //! ```
 //!
 //! Every mode takes `--workloads N` (10,000 unless told; a service per ten workloads).
@@ -31,7 +32,14 @@
 //!
 //! Under-control mode: `ambit control` serves the mesh, and a node proxy subscribes to it
 //! whole (wildcard) or on demand (`XDS_ON_DEMAND=true`, asking for its own workload only):
-//! RSS ten seconds after ready, each way, interleaved.
+//! RSS ten seconds after ready, each way, interleaved. With `--destinations N`, the
+//! on-demand proxy is then asked (through its SOCKS5 listener) for connections to N
+//! distinct workloads of the mesh, one after another, each looked up on demand before it
+//! is decided; RSS is sampled ten seconds after the last, and the proxy's `/xds_on_demand`
+//! must show the N names answered. The workloads' nodes are not in the bench, so each
+//! connection ends once decided (the dial fails): what stays is what the lookups brought
+//! into the store and the metric series each destination adds. The same connections are
+//! then made through a wildcard proxy, for what serving them costs without on demand.
 //!
 //! Needs root (network namespaces). Everything it creates is removed at the end.
 
@@ -89,6 +97,7 @@ struct Args {
     fanout: bool,
     local_file: bool,
     under_control: bool,
+    destinations: usize,
     only: Option<String>,
     proxy_env: Vec<(String, String)>,
 }
@@ -104,6 +113,7 @@ fn parse_args() -> anyhow::Result<Args> {
         fanout: false,
         local_file: false,
         under_control: false,
+        destinations: 0,
         only: None,
         proxy_env: Vec::new(),
     };
@@ -120,6 +130,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--fanout" => a.fanout = true,
             "--local-file" => a.local_file = true,
             "--under-control" => a.under_control = true,
+            "--destinations" => a.destinations = val()?.parse().context("--destinations")?,
             "--workloads" => {
                 let n: usize = val()?.parse().context("--workloads")?;
                 let _ = MESH_SIZE.set(n.clamp(10, 250_000));
@@ -784,6 +795,13 @@ fn local_mesh_yaml(only_w0: bool) -> String {
 /// Waits until the proxy `proc` in `ns` is ready (its readiness port answers 200), then
 /// ten seconds more; returns the time to ready (ms) and the RSS then (KiB).
 fn ready_then_rss(ns: &str, proc: &ambit_netns_lab::Process) -> anyhow::Result<(f64, u64)> {
+    let ready_ms = wait_ready(ns, proc)?;
+    std::thread::sleep(Duration::from_secs(10));
+    Ok((ready_ms, rss_kib(proc.pid)?))
+}
+
+/// Milliseconds from now until the proxy in `ns` answers ready.
+fn wait_ready(ns: &str, proc: &ambit_netns_lab::Process) -> anyhow::Result<f64> {
     let started = Instant::now();
     let ready: std::net::SocketAddr = ([127, 0, 0, 1], 15021).into();
     while !matches!(
@@ -798,9 +816,49 @@ fn ready_then_rss(ns: &str, proc: &ambit_netns_lab::Process) -> anyhow::Result<(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
-    std::thread::sleep(Duration::from_secs(10));
-    Ok((ready_ms, rss_kib(proc.pid)?))
+    Ok(started.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Asks the proxy in `ns` for a connection to each of `n` distinct workloads (w1, w2, …)
+/// through its SOCKS5 listener, one after another, each until the proxy closes it (it
+/// decides after the on-demand lookup, and the dial fails); then checks that its
+/// `/xds_on_demand` holds the n names answered besides its own workload.
+fn ask_for_destinations(ns: &str, n: usize, on_demand: bool) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let socks: std::net::SocketAddr = ([127, 0, 0, 1], 15080).into();
+    for i in 1..=n.min(mesh_workloads() - 1) {
+        let ip = workload_ip(i).octets();
+        Lab::in_netns(ns, || {
+            let mut s = std::net::TcpStream::connect_timeout(&socks, CONNECT_GUARD)?;
+            s.set_read_timeout(Some(CONNECT_GUARD))?;
+            // No authentication; then CONNECT to the workload's IPv4 address, port 8080.
+            s.write_all(&[5, 1, 0])?;
+            let mut method = [0u8; 2];
+            s.read_exact(&mut method)?;
+            s.write_all(&[5, 1, 0, 1, ip[0], ip[1], ip[2], ip[3], 0x1f, 0x90])?;
+            // As ztunnel, the proxy replies before it decides; the connection is decided
+            // (after the lookup) and ends, since the workload's node is not here: read
+            // to its end.
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest)?;
+            Ok(())
+        })
+        .with_context(|| format!("SOCKS5 connection to w{i}"))?;
+    }
+    if !on_demand {
+        return Ok(());
+    }
+    let (status, body) =
+        ambit_netns_lab::http_get(ns, ([127, 0, 0, 1], 15000).into(), "/xds_on_demand")?;
+    let v: serde_json::Value = serde_json::from_str(&body)
+        .with_context(|| format!("/xds_on_demand answered {status}: {body}"))?;
+    let answered = v["names"]["answered"].as_u64().unwrap_or(0);
+    // Its own workload's uid, and an address name per destination.
+    if answered < n as u64 + 1 {
+        bail!("the proxy holds {answered} names answered after {n} destinations: {body}");
+    }
+    eprintln!("on demand after {n} destinations: {}", v["names"]);
+    Ok(())
 }
 
 struct LocalRound {
@@ -930,8 +988,16 @@ fn proxy_under_control(
     args: &Args,
     lab: &Lab,
     control: &ambit_netns_lab::control::ControlPlane,
-    on_demand: bool,
+    kind: UnderControl,
 ) -> anyhow::Result<(u64, f64)> {
+    let on_demand = matches!(
+        kind,
+        UnderControl::OnDemandIdle | UnderControl::OnDemandServing
+    );
+    let serving = matches!(
+        kind,
+        UnderControl::OnDemandServing | UnderControl::WildcardServing
+    );
     // Beside the control server, on loopback: their ports do not meet.
     let ns = control.ns.clone();
     let mut env: Vec<(&str, String)> = control.proxy_env("node0")?;
@@ -942,19 +1008,31 @@ fn proxy_under_control(
         ("PROXY_WORKLOAD_INFO", "ns0/w0/default".to_string()),
         ("NODE_NAME", "node0".to_string()),
         ("XDS_ON_DEMAND", on_demand.to_string()),
+        ("UNSTABLE_ENABLE_SOCKS5", "true".to_string()),
     ]);
     for (k, v) in &args.proxy_env {
         env.retain(|(ek, _)| ek != k);
         env.push((k.as_str(), v.clone()));
     }
-    let proc = lab.spawn(
-        &ns,
-        if on_demand { "on-demand" } else { "wildcard" },
-        &args.ambit,
-        &["ztunnel"],
-        &env,
-    )?;
-    let (ready_ms, rss) = ready_then_rss(&ns, &proc)?;
+    let proc = lab.spawn(&ns, kind.name(), &args.ambit, &["ztunnel"], &env)?;
+    let (ready_ms, rss) = if serving {
+        let ready_ms = wait_ready(&ns, &proc)?;
+        ask_for_destinations(&ns, args.destinations, on_demand)?;
+        std::thread::sleep(Duration::from_secs(10));
+        let rss = rss_kib(proc.pid)?;
+        // After the sample, since rendering them takes memory of its own: the metric
+        // series the connections left (a label set per destination and family).
+        let (_, metrics) =
+            ambit_netns_lab::http_get(&ns, ([127, 0, 0, 1], 15020).into(), "/metrics")?;
+        let series = metrics
+            .lines()
+            .filter(|l| l.starts_with("istio_tcp_"))
+            .count();
+        eprintln!("{}: {series} istio_tcp_* series", kind.name());
+        (ready_ms, rss)
+    } else {
+        ready_then_rss(&ns, &proc)?
+    };
     lab.signal_and_wait(
         proc.pid,
         nix::sys::signal::Signal::SIGTERM,
@@ -963,9 +1041,35 @@ fn proxy_under_control(
     Ok((rss, ready_ms))
 }
 
+/// The proxies a round of under-control mode starts, one after another.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum UnderControl {
+    Wildcard,
+    /// On demand, asked for nothing but its own workload.
+    OnDemandIdle,
+    /// On demand, after connections to `--destinations` distinct workloads.
+    OnDemandServing,
+    /// Wildcard, after the same connections: what serving them costs without on demand.
+    WildcardServing,
+}
+
+impl UnderControl {
+    fn name(self) -> &'static str {
+        match self {
+            UnderControl::Wildcard => "wildcard",
+            UnderControl::OnDemandIdle => "on-demand",
+            UnderControl::OnDemandServing => "on-demand-serving",
+            UnderControl::WildcardServing => "wildcard-serving",
+        }
+    }
+}
+
 fn under_control(args: &Args) -> anyhow::Result<String> {
-    let mut wildcard = Vec::new();
-    let mut on_demand = Vec::new();
+    let mut kinds = vec![UnderControl::Wildcard, UnderControl::OnDemandIdle];
+    if args.destinations > 0 {
+        kinds.extend([UnderControl::OnDemandServing, UnderControl::WildcardServing]);
+    }
+    let mut rss_mib: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
     for round in 0..args.rounds {
         let lab = Lab::new("bxc")?;
         let cns = lab.netns("control")?;
@@ -986,24 +1090,18 @@ fn under_control(args: &Args) -> anyhow::Result<String> {
         // The mesh in several files, as the fan-out mode writes it (a file is bounded).
         write_mesh(&control.mesh_dir)?;
         control.start(&lab)?;
-        for od in if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        } {
-            let (rss, ready_ms) = proxy_under_control(args, &lab, &control, od)?;
+        // Each round starts with the next kind: none always goes first.
+        for k in 0..kinds.len() {
+            let at = (k + round) % kinds.len();
+            let (rss, ready_ms) = proxy_under_control(args, &lab, &control, kinds[at])?;
             eprintln!(
-                "round {}/{}: {}: ready in {ready_ms:.0} ms, RSS 10 s after ready {:.1} MiB",
+                "round {}/{}: {}: ready in {ready_ms:.0} ms, RSS {:.1} MiB",
                 round + 1,
                 args.rounds,
-                if od { "on demand" } else { "wildcard" },
+                kinds[at].name(),
                 rss as f64 / 1024.0
             );
-            if od {
-                on_demand.push(rss as f64 / 1024.0)
-            } else {
-                wildcard.push(rss as f64 / 1024.0)
-            }
+            rss_mib[at].push(rss as f64 / 1024.0);
         }
         control.stop(&lab)?;
     }
@@ -1016,16 +1114,21 @@ fn under_control(args: &Args) -> anyhow::Result<String> {
         args.rounds
     )?;
     writeln!(out, "| figure | median (spread) |\n|---|---|")?;
-    writeln!(
-        out,
-        "| RSS 10 s after ready, wildcard (MiB) | {} |",
-        median_spread(&wildcard)
-    )?;
-    writeln!(
-        out,
-        "| RSS 10 s after ready, on demand (MiB) | {} |",
-        median_spread(&on_demand)
-    )?;
+    for (kind, rss) in kinds.iter().zip(&rss_mib) {
+        let what = match kind {
+            UnderControl::Wildcard => "RSS 10 s after ready, wildcard (MiB)".to_string(),
+            UnderControl::OnDemandIdle => "RSS 10 s after ready, on demand (MiB)".to_string(),
+            UnderControl::OnDemandServing => format!(
+                "RSS 10 s after connections to {} distinct destinations, on demand (MiB)",
+                args.destinations
+            ),
+            UnderControl::WildcardServing => format!(
+                "RSS 10 s after connections to {} distinct destinations, wildcard (MiB)",
+                args.destinations
+            ),
+        };
+        writeln!(out, "| {what} | {} |", median_spread(rss))?;
+    }
     Ok(out)
 }
 
