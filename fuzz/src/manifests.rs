@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use ambit_manifests::{parse_bytes, JwksSource, ParseOptions, MAX_INLINE_JWKS_BYTES};
 use ambit_gateway_routes::{Frontend, Request, RouteTable, Selection};
+use ambit_manifests::{parse_bytes, JwksSource, ParseOptions, MAX_INLINE_JWKS_BYTES};
 use ambit_state::Authorization;
 
 /// What the bytes came to.
