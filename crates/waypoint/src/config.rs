@@ -1,7 +1,7 @@
 //! The waypoint's environment: Istio's names where they exist (`POD_NAME`,
 //! `POD_NAMESPACE`, `SERVICE_ACCOUNT`, `INSTANCE_IP`, `CLUSTER_ID`, `TRUST_DOMAIN`,
 //! `XDS_ADDRESS`, `CA_ADDRESS`, …), read by the same reader as the node proxy's
-//! (`ambit-meshenv`), and ambit's own for what Istio has no name for.
+//! (the process kit, `ambit-process`), and ambit's own for what Istio has no name for.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -11,7 +11,7 @@ use crate::{run, workspace, Error, Result};
 /// The `ambit` binary to put in the images: `AMBIT_BIN`, else the one in this test
 /// executable's target directory (`target/<profile>/ambit`). When that is missing or older
 /// than a source file, this runs `cargo build -p ambit --bin ambit` (`cargo test -p
-/// ambit-deploy` builds only this crate and the libraries it uses; `cargo test --workspace`
+/// ambit-packaging` builds only this crate and the libraries it uses; `cargo test --workspace`
 /// builds the binary, with the workspace's features, and this leaves it alone).
 pub fn ambit_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("AMBIT_BIN") {
