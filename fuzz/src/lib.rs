@@ -22,6 +22,7 @@ pub mod jwt;
 pub mod local_config;
 pub mod manifests;
 pub mod pod_cgroup;
+pub mod pod_labels;
 pub mod request_authz;
 pub mod request_head;
 pub mod socks5_request;

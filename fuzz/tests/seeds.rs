@@ -802,6 +802,43 @@ fn request_head_seeds() {
 }
 
 #[test]
+fn pod_labels_seeds() {
+    let map = |pairs: &[(&str, &str)]| -> Result<BTreeMap<String, String>, String> {
+        Ok(pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    };
+    replay(
+        "pod_labels",
+        pod_labels::run,
+        vec![
+            (
+                "waypoint",
+                map(&[
+                    ("gateway.istio.io/managed", "istio.io-mesh-controller"),
+                    ("gateway.networking.k8s.io/gateway-class-name", "istio-waypoint"),
+                    ("gateway.networking.k8s.io/gateway-name", "waypoint"),
+                    ("istio.io/dataplane-mode", "none"),
+                ]),
+            ),
+            (
+                "annotations",
+                map(&[
+                    (
+                        "kubectl.kubernetes.io/last-applied-configuration",
+                        "{\"apiVersion\":\"v1\",\"kind\":\"Pod\"}\n",
+                    ),
+                    ("note", "tab\there \u{e9}\u{e9} \\ end"),
+                ]),
+            ),
+            ("yaml_not_kubelet", Err("NotKeyValue".into())),
+            ("bad_escape", Err("BadValue".into())),
+        ],
+    );
+}
+
+#[test]
 fn spiffe_id_seeds() {
     replay(
         "spiffe_id",

@@ -42,6 +42,11 @@ pub struct ControlArgs {
     /// ALT_XDS_HOSTNAME / ALT_CA_HOSTNAME, or the IP they dial.
     #[arg(long = "serving-name", default_value = DEFAULT_SERVING_NAME)]
     pub serving_names: Vec<String>,
+    /// The server's SPIFFE id, put in its serving certificate: waypoints check it
+    /// (AMBIT_CONTROL_IDENTITY) instead of a host name. Default:
+    /// spiffe://<trust domain>/ns/istio-system/sa/ambit-control, as the chart installs it.
+    #[arg(long)]
+    pub identity: Option<String>,
     /// Operator port: /metrics, /ready, /debug. Loopback only: /debug shows the whole mesh.
     #[arg(long, default_value = "127.0.0.1:15014", value_parser = loopback_addr)]
     pub admin: SocketAddr,
@@ -76,6 +81,12 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
     let mut cfg = ControlConfig::new(args.mesh, args.ca, args.tokens);
     cfg.listen = args.listen;
     cfg.serving_names = args.serving_names;
+    cfg.identity = match &args.identity {
+        Some(id) => ambit_identity::SpiffeId::parse(id)
+            .map_err(|e| anyhow::anyhow!("--identity {id}: {e}"))?,
+        None => ambit_control::config::default_identity(&args.trust_domain)
+            .map_err(|e| anyhow::anyhow!("--trust-domain {}: {e}", args.trust_domain))?,
+    };
     cfg.trust_domain = args.trust_domain;
     cfg.max_clients = args.max_clients;
     cfg.max_per_source = args.max_per_source.unwrap_or((args.max_clients / 4).max(1));

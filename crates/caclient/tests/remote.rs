@@ -20,6 +20,7 @@ const DAY: Duration = Duration::from_secs(86400);
 fn issuer(addr: SocketAddr, root_pem: &str, shared: bool) -> RemoteIssuer {
     let address = format!("https://{addr}");
     let channel = GrpcChannel::new(ChannelConfig {
+        server_identity: None,
         address: address.clone(),
         root: RootCa::Inline(root_pem.to_string()),
         alt_hostname: Some(CA_NAME.to_string()),

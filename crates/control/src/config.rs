@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ambit_identity::CaError;
+use ambit_identity::{CaError, SpiffeId};
 use ambit_manifests::ParseOptions;
 
 use crate::mesh::MeshError;
@@ -48,6 +48,10 @@ pub struct ControlConfig {
     pub listen: SocketAddr,
     /// DNS names of the serving certificate.
     pub serving_names: Vec<String>,
+    /// The server's own SPIFFE id, the one URI SAN of its serving certificate: waypoints
+    /// verify this id, not a host name (default
+    /// `spiffe://cluster.local/ns/istio-system/sa/ambit-control`, the chart's).
+    pub identity: SpiffeId,
     /// The trust domain the CA signs for (and an ephemeral root is named after).
     pub trust_domain: String,
     /// xDS streams served at once.
@@ -74,6 +78,16 @@ pub struct ControlConfig {
     pub manifests: ParseOptions,
 }
 
+/// The chart's identity for the control server in `trust_domain` (an error names a trust
+/// domain that cannot be in a SPIFFE id).
+pub fn default_identity(trust_domain: &str) -> Result<SpiffeId, ambit_identity::SpiffeError> {
+    SpiffeId::new(trust_domain, DEFAULT_NAMESPACE, DEFAULT_SERVICE_ACCOUNT)
+}
+
+/// Where the chart installs the control server, and its service account.
+pub const DEFAULT_NAMESPACE: &str = "istio-system";
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "ambit-control";
+
 impl ControlConfig {
     /// The defaults: istiod's port and name, `cluster.local`, 1024 clients (a quarter of
     /// them per source), 10 s to authenticate, 5 min idle, 1 s polling, 24 h workload
@@ -85,6 +99,7 @@ impl ControlConfig {
             tokens_file,
             listen: SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 15012),
             serving_names: vec![DEFAULT_SERVING_NAME.to_string()],
+            identity: default_identity("cluster.local").expect("cluster.local is a trust domain"),
             trust_domain: "cluster.local".to_string(),
             max_clients: 1024,
             max_per_source: 256,

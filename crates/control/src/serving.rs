@@ -61,7 +61,13 @@ pub(crate) fn issue_serving(
 ) -> Result<(Arc<CertifiedKey>, SystemTime), ControlError> {
     let now = SystemTime::now();
     let (chain, key, not_after) = ca
-        .issue_server_cert(&config.serving_names, ips, config.serving_cert_ttl, now)
+        .issue_server_cert(
+            &config.serving_names,
+            ips,
+            Some(&config.identity),
+            config.serving_cert_ttl,
+            now,
+        )
         .map_err(ControlError::ServingCert)?;
     let signing = ambit_identity::crypto_provider()
         .key_provider
@@ -126,5 +132,35 @@ pub(crate) async fn renew_loop(
                 renew_at = SystemTime::now() + Duration::from_secs(60);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waypoints check the server's SPIFFE id, not a name: the serving certificate carries
+    /// it as its one URI SAN, beside the names and addresses node proxies dial.
+    #[test]
+    fn the_serving_certificate_proves_the_servers_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ControlConfig::new(
+            dir.path().join("mesh"),
+            dir.path().join("ca"),
+            dir.path().join("tokens.yaml"),
+        );
+        config.identity =
+            ambit_identity::SpiffeId::parse("spiffe://cluster.local/ns/mesh-ops/sa/ctl").unwrap();
+        let ca = load_ca(&config).unwrap();
+        let (key, _) = issue_serving(&ca, &config, &serving_ips(IpAddr::V4(Ipv4Addr::UNSPECIFIED)))
+            .unwrap();
+        let leaf = &key.cert[0];
+        assert_eq!(
+            ambit_identity::svid_identity(leaf).unwrap().to_string(),
+            "spiffe://cluster.local/ns/mesh-ops/sa/ctl"
+        );
+        // The DNS name node proxies verify is still there (an IA5String, as written).
+        let name = b"istiod.istio-system.svc";
+        assert!(leaf.as_ref().windows(name.len()).any(|w| w == name));
     }
 }

@@ -116,6 +116,23 @@ pub(crate) fn client_config(
     Ok(Arc::new(config))
 }
 
+/// A client that accepts only a server proving `expected` (see
+/// [`ambit_identity::spiffe_server_verifier`]).
+pub(crate) fn spiffe_client_config(
+    roots: RootCertStore,
+    expected: ambit_identity::SpiffeId,
+) -> Result<Arc<ClientConfig>, GrpcError> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| GrpcError::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(ambit_identity::spiffe_server_verifier(roots, expected))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Dials the server for tonic: TCP with keepalive, then TLS.
 #[derive(Clone)]
 pub(crate) struct TlsConnector {

@@ -47,6 +47,10 @@ pub struct ChannelConfig {
     pub root: RootCa,
     /// Another server name the certificate may prove instead of the address's host.
     pub alt_hostname: Option<String>,
+    /// When set, the server must prove this SPIFFE identity (byte for byte) with a
+    /// certificate chaining to `root`, and host names are not looked at: a server whose
+    /// certificate the mesh CA issued, as a workload's.
+    pub server_identity: Option<ambit_identity::SpiffeId>,
     pub token: Token,
     /// Sent as `clusterid`.
     pub cluster_id: String,
@@ -66,6 +70,7 @@ struct Inner {
     server_name: rustls::pki_types::ServerName<'static>,
     port: u16,
     alt_hostname: Option<String>,
+    server_identity: Option<ambit_identity::SpiffeId>,
     root: RootCa,
     token: Token,
     metadata: MetadataMap,
@@ -155,6 +160,7 @@ impl GrpcChannel {
                 host,
                 port,
                 alt_hostname: cfg.alt_hostname,
+                server_identity: cfg.server_identity,
                 root: cfg.root,
                 token: cfg.token,
                 metadata,
@@ -176,7 +182,10 @@ impl GrpcChannel {
             tracing::info!(root = %inner.root, "the root certificate changed: reconnecting with the new one");
         }
         let roots = inner.root.load()?;
-        let tls = connect::client_config(roots, inner.alt_hostname.as_deref())?;
+        let tls = match &inner.server_identity {
+            Some(id) => connect::spiffe_client_config(roots, id.clone())?,
+            None => connect::client_config(roots, inner.alt_hostname.as_deref())?,
+        };
         let connector = connect::TlsConnector::new(
             tls,
             inner.host.clone(),

@@ -53,6 +53,7 @@ async fn serve(pki: &TestPki) -> SocketAddr {
 
 fn config(addr: SocketAddr, root: RootCa, alt: Option<&str>) -> ChannelConfig {
     ChannelConfig {
+        server_identity: None,
         address: format!("{addr}"),
         root,
         alt_hostname: alt.map(str::to_string),
@@ -163,4 +164,52 @@ fn bad_configuration_is_refused_with_the_reason() {
         RootCa::from_env_value(Some("-----BEGIN")),
         RootCa::Inline(_)
     ));
+}
+
+/// A server whose certificate the mesh CA issued with a SPIFFE id (and no name the client
+/// dials): accepted only by a channel expecting exactly that id, host names not looked at.
+#[tokio::test]
+async fn a_server_identity_is_checked_byte_for_byte_instead_of_its_name() {
+    use ambit_identity::{CertificateAuthority, SpiffeId};
+    let ca = CertificateAuthority::ephemeral("cluster.local").unwrap();
+    let id = SpiffeId::parse("spiffe://cluster.local/ns/istio-system/sa/ambit-control").unwrap();
+    let (chain, key, _) = ca
+        .issue_server_cert(
+            &["not-what-is-dialled.example".to_string()],
+            &[],
+            Some(&id),
+            std::time::Duration::from_secs(3600),
+            std::time::SystemTime::now(),
+        )
+        .unwrap();
+    let pki = TestPki {
+        root_pem: ca.root_pem(),
+        chain,
+        key: rustls::pki_types::PrivateKeyDer::Pkcs8(key),
+    };
+    let addr = serve(&pki).await;
+    let expecting = |expected: &str, root: String| {
+        let mut cfg = config(addr, RootCa::Inline(root), None);
+        cfg.server_identity = Some(SpiffeId::parse(expected).unwrap());
+        GrpcChannel::new(cfg).unwrap()
+    };
+    // By name alone (127.0.0.1 is not in the certificate): refused.
+    let by_name = GrpcChannel::new(config(addr, RootCa::Inline(ca.root_pem()), None)).unwrap();
+    assert!(call(&by_name).await.is_err());
+    // The id it proves: accepted, though the dialled IP is nowhere in the certificate.
+    let seen = call(&expecting(&id.to_string(), ca.root_pem())).await.unwrap();
+    assert!(seen.iter().any(|s| s == "authorization=Bearer tok-123"), "{seen:?}");
+    // Another id, one that differs only in case, or the right id from another root:
+    // refused.
+    for other in [
+        "spiffe://cluster.local/ns/istio-system/sa/istiod",
+        "spiffe://cluster.local/ns/istio-system/sa/Ambit-control",
+    ] {
+        let err = call(&expecting(other, ca.root_pem())).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{other}: {err}");
+    }
+    let stranger = CertificateAuthority::ephemeral("cluster.local").unwrap();
+    assert!(call(&expecting(&id.to_string(), stranger.root_pem()))
+        .await
+        .is_err());
 }

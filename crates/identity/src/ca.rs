@@ -323,13 +323,16 @@ impl CertificateAuthority {
     }
 
     /// Mints a TLS *server* certificate (for a control plane's xDS/CA port, not a workload):
-    /// DNS and IP SANs, `serverAuth` only, a fresh ECDSA P-256 key, valid for `ttl` from
+    /// DNS and IP SANs and, when given, the server's SPIFFE id as its one URI SAN (clients
+    /// that verify a SPIFFE identity, as a waypoint does ambit's control server, look only
+    /// at that), `serverAuth` only, a fresh ECDSA P-256 key, valid for `ttl` from
     /// `now` (clamped to the CA's own expiry). Returns the chain (leaf, then the
     /// intermediates), the PKCS#8 key and the leaf's expiry.
     pub fn issue_server_cert(
         &self,
         dns_names: &[String],
         ips: &[std::net::IpAddr],
+        spiffe: Option<&SpiffeId>,
         ttl: Duration,
         now: SystemTime,
     ) -> Result<
@@ -358,6 +361,14 @@ impl CertificateAuthority {
             params
                 .subject_alt_names
                 .push(rcgen::SanType::IpAddress(*ip));
+        }
+        if let Some(id) = spiffe {
+            let uri =
+                rcgen::Ia5String::try_from(id.to_string()).map_err(|source| CaError::Rcgen {
+                    context: "a SPIFFE id that is not IA5 (ASCII)",
+                    source,
+                })?;
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
         }
         params.not_before = x509::to_offset(not_before);
         params.not_after = x509::to_offset(not_after);

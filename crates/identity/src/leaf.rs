@@ -158,6 +158,7 @@ mod tests {
             .issue_server_cert(
                 &["istiod.istio-system.svc".to_string()],
                 &["127.0.0.1".parse().unwrap()],
+                None,
                 hour,
                 now,
             )

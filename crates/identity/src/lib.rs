@@ -27,4 +27,5 @@ pub use manager::{CertManager, Clock, IssueFuture, Issuer, Priority, MAX_IN_FLIG
 pub use spiffe::{has_spiffe_scheme, SpiffeError, SpiffeId};
 pub use tls::{
     client_config, crypto_provider, peer_identity, placeholder_server_name, server_config,
+    spiffe_server_verifier,
 };

@@ -103,6 +103,20 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// A verifier for a server that must prove one SPIFFE identity, chaining to `roots`
+/// (serverAuth; DNS names and IPs are not looked at): how a waypoint checks ambit's
+/// control server, whose certificate comes from the mesh CA as a workload's does.
+pub fn spiffe_server_verifier(
+    roots: RootCertStore,
+    expected: SpiffeId,
+) -> Arc<dyn rustls::client::danger::ServerCertVerifier> {
+    Arc::new(ExpectedServerVerifier::new(
+        Arc::new(roots),
+        vec![expected],
+        crypto_provider(),
+    ))
+}
+
 /// The server name to hand to `connect` (SNI is off, so it never goes on the wire): `0.0.0.0`.
 pub fn placeholder_server_name() -> ServerName<'static> {
     ServerName::from(IpAddr::V4(Ipv4Addr::UNSPECIFIED))

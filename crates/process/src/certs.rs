@@ -34,6 +34,7 @@ pub fn cert_manager(settings: &CertSettings<'_>) -> anyhow::Result<Arc<CertManag
     let ca = match settings.source {
         CaSource::Remote(remote) => {
             let channel = GrpcChannel::new(ChannelConfig {
+                server_identity: None,
                 address: remote.address.clone(),
                 root: RootCa::from_env_value(remote.root.as_deref()),
                 alt_hostname: remote.alt_hostname.clone(),

@@ -21,6 +21,39 @@ pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot bind the {what} endpoint on {addr}"))
 }
 
+/// Binds `addr` without listening yet: a port taken fails start-up at once, while a
+/// connection before [`Reserved::listen`] is refused (not left waiting in a backlog), as a
+/// proxy that is not ready must serve nothing.
+pub fn reserve(addr: SocketAddr, what: &str) -> anyhow::Result<Reserved> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .with_context(|| format!("cannot open a socket for the {what} endpoint"))?;
+    // As `TcpListener::bind` does: a restart binds again past TIME_WAIT.
+    socket
+        .set_reuseaddr(true)
+        .and_then(|()| socket.bind(addr))
+        .with_context(|| format!("cannot bind the {what} endpoint on {addr}"))?;
+    Ok(Reserved { socket, addr })
+}
+
+/// A bound port that does not accept yet.
+pub struct Reserved {
+    socket: tokio::net::TcpSocket,
+    addr: SocketAddr,
+}
+
+impl Reserved {
+    pub fn listen(self) -> anyhow::Result<TcpListener> {
+        let addr = self.addr;
+        self.socket
+            .listen(1024)
+            .with_context(|| format!("cannot listen on {addr}"))
+    }
+}
+
 /// Where the operator ports listen.
 #[derive(Debug, Clone, Copy)]
 pub struct OperatorAddrs {

@@ -26,6 +26,7 @@ pub fn xds_config(
         .collect();
     headers.sort();
     let channel = ambit_grpc::ChannelConfig {
+        server_identity: None,
         address: address.to_string(),
         root: ambit_grpc::RootCa::from_env_value(env.get("XDS_ROOT_CA")),
         alt_hostname: env

@@ -45,8 +45,9 @@ pub struct Config {
     pub instance_ip: Option<std::net::IpAddr>,
     /// The mesh: `LOCAL_XDS_PATH` (a file, re-read when it changes), else `XDS_ADDRESS`.
     pub mesh: MeshSource,
-    /// `AMBIT_WAYPOINT_CONFIG`: a file or directory of Kubernetes-shaped policy documents.
-    pub policy_path: Option<PathBuf>,
+    /// Where the L7 configuration (AuthorizationPolicy, RequestAuthentication, HTTPRoute,
+    /// GRPCRoute) comes from.
+    pub l7: L7Source,
     /// Where certificates come from.
     pub ca: CaSource,
     pub secret_ttl: Duration,
@@ -83,6 +84,23 @@ pub struct Config {
     pub xfcc_client_identity: bool,
 }
 
+/// Where the L7 configuration comes from. Never the `XDS_ADDRESS` stream: istiod answers
+/// ambit's types there with nothing (then no policy would be enforced) or with an error
+/// that closes the whole stream, workloads included.
+#[derive(Debug, Clone)]
+pub enum L7Source {
+    /// `AMBIT_WAYPOINT_CONFIG`: a file or directory of Kubernetes-shaped documents.
+    File(PathBuf),
+    /// `AMBIT_CONTROL_ADDRESS`: a second delta xDS stream, to `ambit control`, for the
+    /// `ambit.waypoint.v1.*` types (default in istiod's pod: the chart's Service).
+    Control(Box<XdsConfig>),
+    /// `AMBIT_WAYPOINT_NO_L7_POLICY=true`: none, said explicitly.
+    Nothing,
+}
+
+/// Where the chart installs `ambit control`: found by default from istiod's pod.
+pub const DEFAULT_CONTROL_ADDRESS: &str = "https://ambit-control.istio-system.svc:15012";
+
 /// Where the mesh state comes from.
 #[derive(Debug, Clone)]
 pub enum MeshSource {
@@ -118,7 +136,30 @@ impl Config {
         Config::from_checked_env(&Env::new(vars))
     }
 
+    /// Istio's names (istiod's pod) are read first, each where ambit's own is unset
+    /// ([`crate::istio_pod`]); then everything from the result.
     fn from_checked_env(env: &Env<'_>) -> Result<Config, ConfigError> {
+        let info_dir = env
+            .get("AMBIT_POD_INFO_DIR")
+            .filter(|d| !d.trim().is_empty())
+            .unwrap_or(crate::istio_pod::DEFAULT_POD_INFO_DIR);
+        let labels_path = std::path::Path::new(info_dir).join("labels");
+        let labels = std::fs::read(&labels_path).ok().map(|bytes| {
+            let path = labels_path.display().to_string();
+            (path, String::from_utf8_lossy(&bytes).into_owned())
+        });
+        let translated = crate::istio_pod::translate(
+            env,
+            labels.as_ref().map(|(p, t)| (p.as_str(), t.as_str())),
+        )?;
+        let vars = crate::istio_pod::overlay(env, &translated);
+        let inner = Env::new(&vars);
+        let read = Config::from_translated_env(&inner, translated.from_istiod);
+        env.read.borrow_mut().extend(inner.read.borrow().iter());
+        read
+    }
+
+    fn from_translated_env(env: &Env<'_>, from_istiod: bool) -> Result<Config, ConfigError> {
         let required = |var: &'static str| -> Result<String, ConfigError> {
             match env.get(var).map(str::trim) {
                 Some(v) if !v.is_empty() => Ok(v.to_string()),
@@ -179,6 +220,7 @@ impl Config {
             local_ca_dir.as_ref(),
             matches!(mesh, MeshSource::File(_)),
         )?;
+        let l7 = l7_source(env, from_istiod, &cluster_id, &trust_domain)?;
         let ipv6 = env.bool("IPV6_ENABLED", true)?;
         let wildcard = if ipv6 { "[::]" } else { "0.0.0.0" };
         let admin_addr = env.addr("AMBIT_ADMIN_ADDR", &format!("127.0.0.1:{}", ports::ADMIN))?;
@@ -244,10 +286,7 @@ impl Config {
                 .to_string(),
             instance_ip: env.parse("INSTANCE_IP", "the pod's IP address")?,
             mesh,
-            policy_path: env
-                .get("AMBIT_WAYPOINT_CONFIG")
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from),
+            l7,
             ca,
             secret_ttl: secret_ttl(env)?,
             hbone_addr: env.addr("AMBIT_HBONE_ADDR", &format!("{wildcard}:{}", ports::HBONE))?,
@@ -265,6 +304,72 @@ impl Config {
     }
 }
 
+/// `AMBIT_WAYPOINT_CONFIG` (a file wins), else `AMBIT_CONTROL_ADDRESS` (in istiod's pod,
+/// the chart's Service unless set empty), else nothing only when said explicitly.
+fn l7_source(
+    env: &Env<'_>,
+    from_istiod: bool,
+    cluster_id: &str,
+    trust_domain: &str,
+) -> Result<L7Source, ConfigError> {
+    if let Some(path) = env.get("AMBIT_WAYPOINT_CONFIG").filter(|p| !p.is_empty()) {
+        return Ok(L7Source::File(PathBuf::from(path)));
+    }
+    let address = match env.get("AMBIT_CONTROL_ADDRESS").map(str::trim) {
+        Some("") => None,
+        Some(a) => Some(ambit_grpc::with_scheme(a)),
+        None if from_istiod => Some(DEFAULT_CONTROL_ADDRESS.to_string()),
+        None => None,
+    };
+    let no_policy = env.bool("AMBIT_WAYPOINT_NO_L7_POLICY", false)?;
+    let Some(address) = address else {
+        return if no_policy {
+            Ok(L7Source::Nothing)
+        } else {
+            Err(ConfigError::Missing {
+                var: "AMBIT_CONTROL_ADDRESS",
+                because: "AMBIT_WAYPOINT_CONFIG is not set either: the waypoint would enforce \
+                          no AuthorizationPolicy at all (set AMBIT_WAYPOINT_NO_L7_POLICY=true \
+                          to run without L7 configuration on purpose)",
+            })
+        };
+    };
+    let identity = match env.get("AMBIT_CONTROL_IDENTITY").map(str::trim) {
+        Some(id) => SpiffeId::parse(id).map_err(|_| ConfigError::Invalid {
+            var: "AMBIT_CONTROL_IDENTITY",
+            value: id.to_string(),
+            expected: "the control server's SPIFFE id, spiffe://<trust domain>/ns/<namespace>/sa/<service account>",
+        })?,
+        None => {
+            let namespace = service_namespace(&address).unwrap_or("istio-system");
+            SpiffeId::new(trust_domain, namespace, "ambit-control").map_err(|_| {
+                ConfigError::Invalid {
+                    var: "AMBIT_CONTROL_ADDRESS",
+                    value: address.clone(),
+                    expected: "a Service address <name>.<namespace>.svc:<port> whose namespace \
+                               makes a SPIFFE id (or set AMBIT_CONTROL_IDENTITY)",
+                }
+            })?
+        }
+    };
+    // The xDS node and token as for istiod; the server proves its SPIFFE id with a
+    // certificate chaining to the mesh root (XDS_ROOT_CA), not a host name.
+    let mut control = xds_config(env, &address, cluster_id)?;
+    control.channel.alt_hostname = None;
+    control.channel.headers.clear();
+    control.channel.server_identity = Some(identity);
+    Ok(L7Source::Control(Box::new(control)))
+}
+
+/// The namespace of a Service address (`https://<name>.<namespace>.svc[.<domain>]:<port>`).
+fn service_namespace(address: &str) -> Option<&str> {
+    let host = address.split_once("://").map_or(address, |(_, h)| h);
+    let host = host.split(['/', ':']).next()?;
+    let mut labels = host.split('.');
+    let (_name, namespace, svc) = (labels.next()?, labels.next()?, labels.next()?);
+    (svc == "svc" && !namespace.is_empty()).then_some(namespace)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +380,9 @@ mod tests {
             ("POD_NAME", "waypoint-0"),
             ("SERVICE_ACCOUNT", "waypoint"),
             ("LOCAL_XDS_PATH", "/mesh.yaml"),
+            ("AMBIT_WAYPOINT_CONFIG", "/policies"),
+            // No istiod pod info on this machine, whatever /etc/istio/pod holds.
+            ("AMBIT_POD_INFO_DIR", "/nonexistent-pod-info"),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -305,6 +413,130 @@ mod tests {
         assert!(matches!(c.ca, CaSource::Ephemeral));
         assert_eq!(c.upgrade_types.names(), ["websocket"]);
         assert!(!c.xfcc_client_identity);
+        assert!(matches!(&c.l7, L7Source::File(p) if p.as_os_str() == "/policies"));
+    }
+
+    /// The waypoint never runs with no L7 policy unless told so, and its L7 stream goes to
+    /// ambit's control server, which must prove the chart's SPIFFE id.
+    #[test]
+    fn l7_source() {
+        let e = Config::from_env(&vars(&[("AMBIT_WAYPOINT_CONFIG", "")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "AMBIT_CONTROL_ADDRESS is required when AMBIT_WAYPOINT_CONFIG is not set"
+            ),
+            "{e}"
+        );
+        let c = Config::from_env(&vars(&[
+            ("AMBIT_WAYPOINT_CONFIG", ""),
+            ("AMBIT_WAYPOINT_NO_L7_POLICY", "true"),
+        ]))
+        .unwrap();
+        assert!(matches!(c.l7, L7Source::Nothing));
+        let control = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("AMBIT_WAYPOINT_CONFIG", "")];
+            all.extend_from_slice(pairs);
+            match Config::from_env(&vars(&all)).map(|c| c.l7) {
+                Ok(L7Source::Control(x)) => Ok((
+                    x.channel.address.clone(),
+                    x.channel.server_identity.as_ref().map(ToString::to_string),
+                )),
+                Ok(other) => Err(format!("{other:?}")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(
+            control(&[(
+                "AMBIT_CONTROL_ADDRESS",
+                "ambit-control.mesh-ops.svc.cluster.local:15012"
+            )]),
+            Ok((
+                "https://ambit-control.mesh-ops.svc.cluster.local:15012".to_string(),
+                Some("spiffe://cluster.local/ns/mesh-ops/sa/ambit-control".to_string())
+            ))
+        );
+        assert_eq!(
+            control(&[
+                ("AMBIT_CONTROL_ADDRESS", "10.0.0.5:15012"),
+                (
+                    "AMBIT_CONTROL_IDENTITY",
+                    "spiffe://cluster.local/ns/ops/sa/ctl"
+                ),
+                ("TRUST_DOMAIN", "td.example"),
+            ]),
+            Ok((
+                "https://10.0.0.5:15012".to_string(),
+                Some("spiffe://cluster.local/ns/ops/sa/ctl".to_string())
+            ))
+        );
+        // In istiod's pod, the chart's Service by default; set empty, none.
+        assert_eq!(
+            control(&[("CA_ADDR", "istiod.istio-system.svc:15012")]),
+            Ok((
+                DEFAULT_CONTROL_ADDRESS.to_string(),
+                Some("spiffe://cluster.local/ns/istio-system/sa/ambit-control".to_string())
+            ))
+        );
+        // Set empty (the helper drops an empty value, so a blank one stands for it).
+        let e = control(&[("CA_ADDR", "istiod:15012"), ("AMBIT_CONTROL_ADDRESS", " ")]);
+        assert!(e
+            .unwrap_err()
+            .starts_with("AMBIT_CONTROL_ADDRESS is required"));
+        let e = control(&[
+            ("AMBIT_CONTROL_ADDRESS", "c:15012"),
+            ("AMBIT_CONTROL_IDENTITY", "ambit-control"),
+        ]);
+        assert!(e
+            .unwrap_err()
+            .starts_with("AMBIT_CONTROL_IDENTITY=\"ambit-control\""));
+    }
+
+    /// Started as istiod starts its waypoint pod: its variables and its labels file.
+    #[test]
+    fn istiods_pod_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("labels"),
+            "gateway.networking.k8s.io/gateway-class-name=\"istio-waypoint\"\n\
+             gateway.networking.k8s.io/gateway-name=\"shop-waypoint\"\n",
+        )
+        .unwrap();
+        let info = dir.path().display().to_string();
+        let c = Config::from_env(&vars(&[
+            ("LOCAL_XDS_PATH", ""),
+            ("AMBIT_WAYPOINT_CONFIG", ""),
+            ("AMBIT_POD_INFO_DIR", &info),
+            ("SERVICE_ACCOUNT", "shop-waypoint"),
+            ("CA_ADDR", "istiod.istio-system.svc:15012"),
+            ("PROXY_CONFIG", "{}\n"),
+            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+            ("ISTIO_META_NETWORK", "network-1"),
+            ("TRUST_DOMAIN", "cluster.local"),
+        ]))
+        .unwrap();
+        assert_eq!(c.gateway, "shop-waypoint");
+        assert_eq!(c.gateway_class, "istio-waypoint");
+        assert_eq!(c.cluster_id, "Kubernetes");
+        assert_eq!(c.network, "network-1");
+        match (&c.mesh, &c.ca) {
+            (MeshSource::Xds(x), CaSource::Remote(ca)) => {
+                assert_eq!(x.channel.address, "https://istiod.istio-system.svc:15012");
+                assert_eq!(x.channel.server_identity, None, "istiod is checked by name");
+                assert_eq!(ca.address, "https://istiod.istio-system.svc:15012");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(&c.l7, L7Source::Control(x) if x.channel.address == DEFAULT_CONTROL_ADDRESS)
+        );
+        // A labels file that is not the kubelet's is refused by path and line.
+        std::fs::write(dir.path().join("labels"), "gateway-name: x\n").unwrap();
+        let e = Config::from_env(&vars(&[("AMBIT_POD_INFO_DIR", &info)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("labels: line 1: expected key="), "{e}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod downstream;
 pub mod front;
 pub mod head;
 pub mod http;
+pub mod istio_pod;
 pub mod metrics;
 pub mod policies;
 pub mod replay;

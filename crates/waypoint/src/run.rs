@@ -29,7 +29,7 @@ use ambit_waypoint_xds::{DocumentStore, WaypointAuthns, WaypointPolicies, Waypoi
 
 use crate::authn::AuthnSet;
 use crate::authz::PolicySet;
-use crate::config::{Config, MeshSource};
+use crate::config::{Config, L7Source, MeshSource};
 use crate::metrics::Metrics;
 use crate::request_plan::Routes;
 use crate::upstream::Upstream;
@@ -47,6 +47,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let proxy_ready = ready.register("proxy");
     let state_ready = ready.register("state manager");
     let cert_ready = ready.register("certificate");
+    let l7_ready = ready.register("L7 configuration");
 
     let mut registry = ambit_process::lifecycle::registry();
     let metrics = Metrics::register(&mut registry);
@@ -68,27 +69,14 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let routes = Shared::new(Routes::default());
     let authns = Shared::new(AuthnSet::default());
     let jwks = Arc::new(jwks_cache()?);
-    if let Some(path) = &cfg.policy_path {
-        let loaded = load_config(path, None, None, &jwks);
-        policies.replace(loaded.policies);
-        routes.replace(loaded.routes);
-        authns.replace(loaded.authns);
-        spawn_config_watch(
-            path.clone(),
-            policies.clone(),
-            routes.clone(),
-            authns.clone(),
-            jwks.clone(),
-        );
-    }
-    start_mesh(
-        &cfg,
-        &state,
-        (&policies, &routes, &authns, &jwks),
-        xds_metrics,
-        state_ready,
-        &mut registry,
-    )?;
+    let l7 = L7Sinks {
+        policies: policies.clone(),
+        routes: routes.clone(),
+        authns: authns.clone(),
+        jwks: jwks.clone(),
+    };
+    start_l7(&cfg, l7, xds_metrics.clone(), l7_ready)?;
+    start_mesh(&cfg, &state, xds_metrics, state_ready, &mut registry)?;
 
     let wp = Arc::new(Waypoint {
         cfg: cfg.clone(),
@@ -108,7 +96,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let mut lifecycle = Lifecycle::default();
     let watcher = lifecycle.drain.clone();
     // Bind everything before serving anything, so a conflict fails start-up cleanly.
-    let hbone = ambit_process::operator::bind(cfg.hbone_addr, "HBONE").await?;
+    let hbone = ambit_process::operator::reserve(cfg.hbone_addr, "HBONE")?;
     let operator = OperatorPorts::bind(&OperatorAddrs {
         admin: cfg.admin_addr,
         admin_ipv6_twin: false,
@@ -155,9 +143,25 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         });
     }
     let gate = Gate::new(Limits::quarter_per_source(cfg.max_handshakes));
-    let server = tokio::spawn(serve_hbone(wp.clone(), hbone, gate, watcher.clone()));
+    // Nothing is served before the workloads, the certificate and a first L7 snapshot are
+    // held: a waypoint without its policies would let every request through.
+    let server = {
+        let (wp, ready, drain) = (wp.clone(), ready.clone(), watcher.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ready.until_only(&["proxy"]) => {}
+                _ = drain.draining() => return,
+            }
+            let hbone = match hbone.listen() {
+                Ok(listener) => listener,
+                Err(e) => return tracing::error!("HBONE: {e:#}"),
+            };
+            drop(proxy_ready);
+            tracing::info!("ready: serving HBONE");
+            serve_hbone(wp, hbone, gate, drain).await
+        })
+    };
     drop(watcher);
-    drop(proxy_ready);
 
     lifecycle.shutdown_requested().await;
     lifecycle
@@ -173,18 +177,11 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
 }
 
 /// The mesh state: ztunnel's local config file (re-read when it changes; a bad file keeps
-/// the last good state) or delta xDS. Over xDS, without a local policy path, the policies
-/// come from the control plane too (ambit's own type, `ambit.waypoint.v1.AuthorizationPolicy`,
-/// which `ambit control` serves).
+/// the last good state) or delta xDS, subscribed to `istio.workload.Address` only. Nothing
+/// of ambit's goes on that stream: it may be istiod's.
 fn start_mesh(
     cfg: &Arc<Config>,
     state: &Shared<ProxyState>,
-    (policies, routes, authns, jwks): (
-        &Shared<PolicySet>,
-        &Shared<Routes>,
-        &Shared<AuthnSet>,
-        &Arc<ambit_jwt::JwksCache>,
-    ),
     metrics: ambit_xds::XdsMetrics,
     ready: BlockReady,
     registry: &mut Registry,
@@ -206,24 +203,82 @@ fn start_mesh(
         MeshSource::Xds(xds) => {
             let channel = GrpcChannel::new(xds.channel.clone())
                 .with_context(|| format!("XDS_ADDRESS={}", xds.channel.address))?;
-            tracing::info!(address = %xds.channel.address, node = %xds.node.node_id(), "xDS: connecting to the control plane");
+            tracing::info!(address = %xds.channel.address, node = %xds.node.node_id(), "xDS: connecting to the control plane for workloads");
             let limits = ambit_xds::Limits::default();
-            let mut delta = ambit_xds::DeltaClient::subscribing(xds.node.to_node(), limits)
-                .subscribe(ambit_xds::Addresses {
+            let delta = ambit_xds::DeltaClient::subscribing(xds.node.to_node(), limits).subscribe(
+                ambit_xds::Addresses {
                     budget: limits.max_held_addresses,
-                });
-            let from_xds = cfg.policy_path.is_none();
-            if from_xds {
-                delta = delta
-                    .subscribe(WaypointPolicies::default())
-                    .subscribe(WaypointRoutes::default())
-                    .subscribe(WaypointAuthns::default());
-            }
+                },
+            );
             let client = ambit_xds::XdsClient::new(channel, delta)
                 .with_metrics(metrics)
                 .on_ready(move || drop(ready));
-            let (mesh, policies, routes) = (state.clone(), policies.clone(), routes.clone());
-            let (authns, jwks) = (authns.clone(), jwks.clone());
+            let mesh = state.clone();
+            tokio::spawn(client.run(move |batch| mesh.update(|s| batch.apply(s))));
+            Ok(())
+        }
+    }
+}
+
+/// Where the L7 configuration lands.
+struct L7Sinks {
+    policies: Shared<PolicySet>,
+    routes: Shared<Routes>,
+    authns: Shared<AuthnSet>,
+    jwks: Arc<ambit_jwt::JwksCache>,
+}
+
+/// The L7 configuration: a watched file or directory, or a delta xDS stream of its own to
+/// `ambit control` for the `ambit.waypoint.v1.*` types. What a stream delivered stays
+/// when the server goes away (the client reconnects with what it holds), and `ready` is
+/// released on the first snapshot of all three types.
+fn start_l7(
+    cfg: &Arc<Config>,
+    sinks: L7Sinks,
+    metrics: ambit_xds::XdsMetrics,
+    ready: BlockReady,
+) -> anyhow::Result<()> {
+    let L7Sinks {
+        policies,
+        routes,
+        authns,
+        jwks,
+    } = sinks;
+    match &cfg.l7 {
+        L7Source::File(path) => {
+            let loaded = load_config(path, None, None, &jwks);
+            policies.replace(loaded.policies);
+            routes.replace(loaded.routes);
+            authns.replace(loaded.authns);
+            spawn_config_watch(path.clone(), policies, routes, authns, jwks);
+            drop(ready);
+        }
+        L7Source::Nothing => {
+            tracing::warn!(
+                "AMBIT_WAYPOINT_NO_L7_POLICY=true: no AuthorizationPolicy, route or \
+                 RequestAuthentication is enforced (L4 policy still is, by the node proxies)"
+            );
+            drop(ready);
+        }
+        L7Source::Control(control) => {
+            let channel = GrpcChannel::new(control.channel.clone())
+                .with_context(|| format!("AMBIT_CONTROL_ADDRESS={}", control.channel.address))?;
+            tracing::info!(
+                address = %control.channel.address,
+                server = ?control.channel.server_identity.as_ref().map(ToString::to_string),
+                "xDS: connecting to ambit's control server for the L7 configuration"
+            );
+            let limits = ambit_xds::Limits::default();
+            let delta = ambit_xds::DeltaClient::subscribing(control.node.to_node(), limits)
+                .subscribe(WaypointPolicies::default())
+                .subscribe(WaypointRoutes::default())
+                .subscribe(WaypointAuthns::default());
+            let client = ambit_xds::XdsClient::new(channel, delta)
+                .with_metrics(metrics)
+                .on_ready(move || {
+                    tracing::info!("L7 configuration: a first snapshot of every type held");
+                    drop(ready)
+                });
             let mut held = DocumentStore::default();
             let mut held_routes = DocumentStore::default();
             let mut held_authns = DocumentStore::default();
@@ -251,12 +306,14 @@ fn start_mesh(
                         let all = held_authns.to_vec().iter().map(|a| (**a).clone()).collect();
                         authns.replace(AuthnSet::new(all, &jwks));
                     }
-                    Err(batch) => mesh.update(|s| batch.apply(s)),
+                    Err(_) => {
+                        tracing::warn!("L7 stream: a batch of a type not subscribed, ignored")
+                    }
                 }
             }));
-            Ok(())
         }
     }
+    Ok(())
 }
 
 /// Reads the policy and route documents after `previous`: each bad one is reported with

@@ -132,6 +132,7 @@ async fn tls_stream_with_token_and_cluster_id_gets_ready() {
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
     let addr = serve(Ads { seen: seen_tx }, &pki).await;
     let channel = GrpcChannel::new(ChannelConfig {
+        server_identity: None,
         address: format!("localhost:{}", addr.port()),
         root: RootCa::Inline(root_pem),
         alt_hostname: None,

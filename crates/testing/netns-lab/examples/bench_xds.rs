@@ -1349,6 +1349,7 @@ fn fanout(args: &Args) -> anyhow::Result<String> {
         let started = Instant::now();
         for c in 0..args.clients {
             let channel = ambit_grpc::GrpcChannel::new(ambit_grpc::ChannelConfig {
+                server_identity: None,
                 address: format!("https://{listen}"),
                 root: ambit_grpc::RootCa::File(root.clone()),
                 alt_hostname: Some(XDS_NAME.into()),

@@ -5,6 +5,7 @@
 //! pod; `http` serves and sends HTTP in the pods.
 
 pub mod http;
+pub mod istiod_pod;
 pub mod waypoint;
 
 use std::io::Write;

@@ -45,7 +45,8 @@ impl ControlPlane {
         nodes: &[&str],
         mesh: &str,
     ) -> anyhow::Result<ControlPlane> {
-        let mesh_dir = lab.dir.path().join("control-mesh");
+        // Named after its namespace: a lab may run two (istiod's stand-in and the L7 one).
+        let mesh_dir = lab.dir.path().join(format!("control-mesh-{ns}"));
         std::fs::create_dir_all(&mesh_dir)?;
         std::fs::write(mesh_dir.join(MESH_FILE), mesh)?;
         let mut yaml = String::new();
@@ -53,11 +54,11 @@ impl ControlPlane {
         for node in nodes {
             let token = format!("lab-{node}-{:016x}", rand::random::<u64>());
             yaml.push_str(&format!("- token: {token}\n  node: {node}\n"));
-            let file = lab.dir.path().join(format!("token-{node}"));
+            let file = lab.dir.path().join(format!("token-{ns}-{node}"));
             std::fs::write(&file, &token)?;
             tokens.push((node.to_string(), file));
         }
-        let tokens_path = lab.dir.path().join("tokens.yaml");
+        let tokens_path = lab.dir.path().join(format!("tokens-{ns}.yaml"));
         std::fs::write(&tokens_path, yaml)?;
         Ok(ControlPlane {
             ns: ns.to_string(),

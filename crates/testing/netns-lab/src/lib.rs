@@ -147,6 +147,20 @@ impl Lab {
         args: &[&str],
         env: &[(&str, String)],
     ) -> anyhow::Result<Process> {
+        self.spawn_at(ns, name, program, args, env, None)
+    }
+
+    /// [`Lab::spawn`] in the working directory `cwd` (a pod's root, say, whose relative
+    /// default paths the program reads).
+    pub fn spawn_at(
+        &self,
+        ns: &str,
+        name: &str,
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+        cwd: Option<&Path>,
+    ) -> anyhow::Result<Process> {
         let log = self.dir.path().join(format!("{name}.log"));
         let out = std::fs::File::create(&log)?;
         let err = out.try_clone()?;
@@ -156,6 +170,9 @@ impl Lab {
         cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
         }
         let child = cmd
             .stdin(Stdio::null())

@@ -3,8 +3,8 @@
 //! configures one: from the control server when the cluster has one (delta xDS and its CA,
 //! with a token bound to the waypoint's identity, as a pod's service-account token is),
 //! else from the cluster's mesh file and CA directory. Its policies come from a file, or
-//! from the control server, which serves the AuthorizationPolicy manifests of its mesh
-//! directory ([`Cluster::serve_manifests`]).
+//! from the control server on a second stream, which serves the AuthorizationPolicy
+//! manifests of its mesh directory ([`Cluster::serve_manifests`]).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -25,6 +25,9 @@ pub struct WaypointPod {
     /// Its address; HBONE on port 15008.
     pub ip: Ipv4Addr,
     pub identity: String,
+    /// Its readiness and stats ports, on the node's loopback.
+    pub ready_port: u16,
+    pub stats_port: u16,
 }
 
 impl WaypointPod {
@@ -64,6 +67,8 @@ impl Cluster {
                     .to_string();
                 vec![
                     ("XDS_ADDRESS", address.clone()),
+                    // Its L7 configuration on a stream of its own, to the same server.
+                    ("AMBIT_CONTROL_ADDRESS", address.clone()),
                     ("CA_ADDRESS", address),
                     ("XDS_ROOT_CA", root.clone()),
                     ("CA_ROOT_CA", root),
@@ -94,8 +99,10 @@ impl Cluster {
             ("TERMINATION_GRACE_PERIOD_SECONDS", "15".to_string()),
             ("RUST_LOG", "info".to_string()),
         ]);
-        if let Some(p) = policies {
-            env.push(("AMBIT_WAYPOINT_CONFIG", p.display().to_string()));
+        match (policies, &self.control) {
+            (Some(p), _) => env.push(("AMBIT_WAYPOINT_CONFIG", p.display().to_string())),
+            (None, Some(_)) => {}
+            (None, None) => env.push(("AMBIT_WAYPOINT_NO_L7_POLICY", "true".to_string())),
         }
         let process = self.lab.spawn(
             ns,
@@ -124,6 +131,8 @@ impl Cluster {
             node,
             ip,
             identity,
+            ready_port: WAYPOINT_READY,
+            stats_port: WAYPOINT_STATS,
         })
     }
 
@@ -131,7 +140,7 @@ impl Cluster {
     pub fn waypoint_metrics(&self, waypoint: &WaypointPod) -> anyhow::Result<String> {
         let (status, body) = http_get(
             &self.nodes[waypoint.node].ns,
-            ([127, 0, 0, 1], WAYPOINT_STATS).into(),
+            ([127, 0, 0, 1], waypoint.stats_port).into(),
             "/stats/prometheus",
         )?;
         if status != 200 {
@@ -191,15 +200,22 @@ fn grant_identity_token(
     lab: &Lab,
     identity: &str,
 ) -> anyhow::Result<PathBuf> {
-    let count = |debug: &serde_json::Value| debug.pointer("/tokens/count").and_then(|c| c.as_u64());
-    let before =
-        count(&plane.debug()?).context("the control server's /debug has no tokens.count")?;
     let token = format!("lab-wp-{:016x}", rand::random::<u64>());
     let file = lab.dir.path().join(format!(
         "token-{}",
         identity.rsplit('/').next().unwrap_or("waypoint")
     ));
     std::fs::write(&file, &token)?;
+    grant_token(plane, &token, identity)?;
+    Ok(file)
+}
+
+/// Adds `token`, bound to `identity`, to the server's tokens file and waits until it is
+/// loaded.
+pub fn grant_token(plane: &ControlPlane, token: &str, identity: &str) -> anyhow::Result<()> {
+    let count = |debug: &serde_json::Value| debug.pointer("/tokens/count").and_then(|c| c.as_u64());
+    let before =
+        count(&plane.debug()?).context("the control server's /debug has no tokens.count")?;
     let mut tokens = std::fs::read_to_string(&plane.tokens_path)?;
     tokens.push_str(&format!("- token: {token}\n  identity: {identity}\n"));
     let tmp = plane.tokens_path.with_extension("tmp");
@@ -212,5 +228,5 @@ fn grant_identity_token(
         || plane.debug().ok().and_then(|d| count(&d)) == Some(before + 1),
     )
     .with_context(|| format!("ambit control's log:\n{}", plane.log()))?;
-    Ok(file)
+    Ok(())
 }

@@ -1,0 +1,254 @@
+//! The waypoint in the pod istiod renders, as root in network namespaces: started as
+//! `proxy waypoint --domain … --serviceCluster …` with istiod's environment (`CA_ADDR`
+//! without a scheme, `PROXY_CONFIG`'s `discoveryAddress`, `ISTIO_META_*`), its token and
+//! root at the pod's paths and its labels file. The cluster's `ambit control` stands in for
+//! istiod (workloads and certificates); a second `ambit control` serves the L7
+//! configuration on a stream of its own. Checked: the workloads stream carries nothing of
+//! ambit's; the policy is enforced (GET 200, DELETE 403); with the L7 server gone the
+//! waypoint keeps enforcing; a fresh waypoint that cannot reach it stays not ready and
+//! refuses HBONE; without any L7 source the waypoint refuses to start and says why.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use ambit_netns_lab::cluster::istiod_pod::{pod_name, IstiodPod};
+use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
+use ambit_netns_lab::control::{ControlPlane, CONTROL_PORT};
+use ambit_netns_lab::peer::NodeProxy;
+use ambit_netns_lab::{wait_until, Lab};
+use ambit_proto::{ADDRESS_TYPE, WAYPOINT_AUTHN_TYPE, WAYPOINT_POLICY_TYPE, WAYPOINT_ROUTE_TYPE};
+
+const HOST: &str = "reviews.default.svc.cluster.local";
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+const PORT: u16 = 80;
+const APP_PORT: u16 = 9080;
+const WAYPOINT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 3);
+const LATE_WAYPOINT_IP: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 4);
+
+/// The waypoint pod and `reviews` behind it.
+fn mesh_yaml() -> String {
+    let pod = pod_name("waypoint");
+    format!(
+        r#"- uid: cluster1//v1/Pod/default/{pod}
+  name: {pod}
+  namespace: default
+  serviceAccount: waypoint
+  trustDomain: cluster.local
+  workloadIps: ["{WAYPOINT_IP}"]
+  protocol: HBONE
+  node: node2
+  canonicalName: waypoint
+  workloadName: waypoint
+services:
+- name: reviews
+  namespace: default
+  hostname: {HOST}
+  vips: ["/{VIP}"]
+  ports: {{{PORT}: {APP_PORT}}}
+  waypoint: {{destination: "/{WAYPOINT_IP}", hboneMtlsPort: 15008}}
+"#
+    )
+}
+
+/// Served by the L7 control server only: on `reviews`, the client may GET.
+const POLICY: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-read-only, namespace: default}
+spec:
+  targetRefs: [{kind: Service, group: "", name: reviews}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
+    to: [{operation: {methods: ["GET"]}}]
+"#;
+
+/// GET and DELETE from the client, through the waypoint: their statuses.
+fn get_and_delete(cluster: &Cluster) -> (u16, u16) {
+    let replies = cluster
+        .http1_from(
+            "client",
+            SocketAddr::from((VIP, PORT)),
+            HOST,
+            &[("GET", "/reviews/1"), ("DELETE", "/reviews/1")],
+        )
+        .unwrap();
+    assert_eq!(replies.len(), 2, "{replies:?}");
+    (replies[0].status, replies[1].status)
+}
+
+/// The types a control server's client subscribed to, for the client whose node id
+/// names `pod`.
+fn subscribed_types(plane: &ControlPlane, pod: &str) -> Vec<String> {
+    let debug = plane.debug().unwrap();
+    let clients = debug["clients"].as_array().cloned().unwrap_or_default();
+    let client = clients
+        .iter()
+        .find(|c| c["node_id"].as_str().is_some_and(|n| n.contains(pod)))
+        .unwrap_or_else(|| panic!("no client of {pod} in {debug:#}"));
+    let mut types: Vec<String> = client["types"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no types in {client:#}"))
+        .keys()
+        .cloned()
+        .collect();
+    types.sort();
+    types
+}
+
+#[test]
+fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
+    let ambit = Path::new(env!("CARGO_BIN_EXE_ambit"));
+    let pods = [
+        PodSpec::new("client", 0),
+        PodSpec::new("server", 1).endpoint_of(&format!("default/{HOST}"), &[]),
+    ];
+    let mesh = mesh_yaml();
+    let cluster = Cluster::launch(ClusterSpec {
+        ambit,
+        tag: "wp-istiod",
+        node_proxies: vec![NodeProxy::Ambit(ambit.to_path_buf()); 2],
+        pods: &pods,
+        create: pods.len(),
+        extra_yaml: &mesh,
+        proxy_env: &[],
+        control: Some(ambit),
+    })
+    .unwrap();
+    cluster.serve_http("server", APP_PORT).unwrap();
+    let istiod = cluster.control.as_ref().unwrap();
+
+    // The L7 control server, on node1, with the mesh's CA (its serving certificate chains
+    // to the root the pod trusts) and only the policy.
+    let mut l7 = ControlPlane::prepare(
+        &cluster.lab,
+        &cluster.nodes[0].ns,
+        SocketAddr::from((cluster.nodes[0].ip, CONTROL_PORT)),
+        ambit,
+        &istiod.ca_dir,
+        &[],
+        POLICY,
+    )
+    .unwrap();
+    l7.start(&cluster.lab).unwrap();
+
+    let waypoint = cluster
+        .spawn_istiod_waypoint(&IstiodPod {
+            node: 1,
+            name: "waypoint",
+            ip: WAYPOINT_IP,
+            l7_control: Some(&l7),
+            ports: (25100, 25120, 25121),
+        })
+        .unwrap();
+    let log = |pod: &ambit_netns_lab::cluster::waypoint::WaypointPod| {
+        std::fs::read_to_string(&pod.process.log).unwrap_or_default()
+    };
+    wait_until(
+        "the waypoint started from istiod's pod to be ready",
+        Duration::from_secs(30),
+        || matches!(cluster.waypoint_readiness(&waypoint), Ok((200, _))),
+    )
+    .unwrap_or_else(|e| panic!("{e}; its log:\n{}", log(&waypoint)));
+
+    // Its Gateway's name and class came from the labels file, the rest from istiod's
+    // variables (the dump shows what it runs with).
+    let admin = SocketAddr::from(([127, 0, 0, 1], 25100));
+    let (status, dump) =
+        ambit_netns_lab::http_get(&cluster.nodes[1].ns, admin, "/config_dump").unwrap();
+    assert_eq!(status, 200, "{dump}");
+    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    assert_eq!(dump["waypoint"]["gateway"], "waypoint", "{dump:#}");
+    assert_eq!(
+        dump["waypoint"]["gatewayClass"], "istio-waypoint",
+        "{dump:#}"
+    );
+
+    // Two streams: istiod's carries workloads only; ambit's, the three L7 types only.
+    assert_eq!(
+        subscribed_types(istiod, &pod_name("waypoint")),
+        [ADDRESS_TYPE]
+    );
+    let mut l7_types = [
+        WAYPOINT_POLICY_TYPE,
+        WAYPOINT_ROUTE_TYPE,
+        WAYPOINT_AUTHN_TYPE,
+    ];
+    l7_types.sort();
+    assert_eq!(subscribed_types(&l7, &pod_name("waypoint")), l7_types);
+
+    assert_eq!(get_and_delete(&cluster), (200, 403), "{}", log(&waypoint));
+
+    // The L7 server goes away: the last snapshot stays in force.
+    l7.stop(&cluster.lab).unwrap();
+    assert_eq!(get_and_delete(&cluster), (200, 403), "{}", log(&waypoint));
+    assert!(matches!(
+        cluster.waypoint_readiness(&waypoint),
+        Ok((200, _))
+    ));
+
+    // A fresh waypoint that cannot reach it holds its workloads and certificate but no L7
+    // snapshot: not ready, and its HBONE port refuses connections.
+    let late = cluster
+        .spawn_istiod_waypoint(&IstiodPod {
+            node: 0,
+            name: "late-waypoint",
+            ip: LATE_WAYPOINT_IP,
+            l7_control: Some(&l7),
+            ports: (25200, 25220, 25221),
+        })
+        .unwrap();
+    wait_until(
+        "the late waypoint to wait for its L7 configuration only",
+        Duration::from_secs(30),
+        || {
+            matches!(cluster.waypoint_readiness(&late),
+                Ok((500, body)) if body.trim() == "not ready, pending: L7 configuration, proxy")
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?}; its log:\n{}",
+            cluster.waypoint_readiness(&late),
+            log(&late)
+        )
+    });
+    let refused = Lab::in_netns(&cluster.nodes[0].ns, || {
+        Ok(TcpStream::connect_timeout(
+            &SocketAddr::from((LATE_WAYPOINT_IP, 15008)),
+            Duration::from_secs(2),
+        )
+        .map(|_| ())
+        .map_err(|e| e.kind()))
+    })
+    .unwrap();
+    assert_eq!(
+        refused,
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "a waypoint without its policies must not take HBONE connections"
+    );
+    assert!(cluster.lab.is_running(late.process.pid));
+
+    // No L7 source at all (the control address set empty): it refuses to start and says
+    // why.
+    let none = cluster
+        .spawn_istiod_waypoint(&IstiodPod {
+            node: 0,
+            name: "no-l7-waypoint",
+            ip: Ipv4Addr::new(10, 78, 0, 5),
+            l7_control: None,
+            ports: (25300, 25320, 25321),
+        })
+        .unwrap();
+    wait_until(
+        "the waypoint without an L7 source to exit",
+        Duration::from_secs(20),
+        || !cluster.lab.is_running(none.process.pid),
+    )
+    .unwrap();
+    let said = log(&none);
+    assert!(
+        said.contains("AMBIT_CONTROL_ADDRESS is required when AMBIT_WAYPOINT_CONFIG is not set"),
+        "{said}"
+    );
+}
