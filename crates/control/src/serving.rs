@@ -152,8 +152,12 @@ mod tests {
         config.identity =
             ambit_identity::SpiffeId::parse("spiffe://cluster.local/ns/mesh-ops/sa/ctl").unwrap();
         let ca = load_ca(&config).unwrap();
-        let (key, _) = issue_serving(&ca, &config, &serving_ips(IpAddr::V4(Ipv4Addr::UNSPECIFIED)))
-            .unwrap();
+        let (key, _) = issue_serving(
+            &ca,
+            &config,
+            &serving_ips(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        )
+        .unwrap();
         let leaf = &key.cert[0];
         assert_eq!(
             ambit_identity::svid_identity(leaf).unwrap().to_string(),

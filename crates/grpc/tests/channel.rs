@@ -197,8 +197,13 @@ async fn a_server_identity_is_checked_byte_for_byte_instead_of_its_name() {
     let by_name = GrpcChannel::new(config(addr, RootCa::Inline(ca.root_pem()), None)).unwrap();
     assert!(call(&by_name).await.is_err());
     // The id it proves: accepted, though the dialled IP is nowhere in the certificate.
-    let seen = call(&expecting(&id.to_string(), ca.root_pem())).await.unwrap();
-    assert!(seen.iter().any(|s| s == "authorization=Bearer tok-123"), "{seen:?}");
+    let seen = call(&expecting(&id.to_string(), ca.root_pem()))
+        .await
+        .unwrap();
+    assert!(
+        seen.iter().any(|s| s == "authorization=Bearer tok-123"),
+        "{seen:?}"
+    );
     // Another id, one that differs only in case, or the right id from another root:
     // refused.
     for other in [

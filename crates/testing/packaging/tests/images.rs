@@ -305,11 +305,15 @@ fn ztunnel_image_runs_under_the_charts_security_settings() {
     );
 }
 
-/// The waypoint image run as a waypoint pod runs: the image's own user and entrypoint, no
-/// capabilities, no privilege escalation, a read-only root; the projected token and
-/// istiod's root certificate mounted read-only where Istio mounts them (found there by
-/// default), the policy files read-only; Istio's environment pointing at `ambit control`
-/// for xDS and the CA. It becomes ready, holds a certificate for its identity from that CA
+/// The waypoint image run as istiod's waypoint pod runs, translated from the pod istiod
+/// renders: its arguments (`proxy waypoint --domain … --serviceCluster …`), its
+/// environment (`CA_ADDR` without a scheme, `PROXY_CONFIG: {}`, `ISTIO_META_*`), the
+/// image's own user and entrypoint, no capabilities, no privilege escalation, a read-only
+/// root with the pod's emptyDirs; the projected token, istiod's root certificate and the
+/// pod's labels mounted read-only where Istio mounts them (found there by default).
+/// `ambit control` stands in for istiod (xDS and the CA at `CA_ADDR`) and serves the L7
+/// policy on the waypoint's second stream (`AMBIT_CONTROL_ADDRESS`, the one variable of
+/// ambit's: in a cluster its default names the chart's Service). It becomes ready, holds a certificate for its identity from that CA
 /// (the client's handshake checks it; the pod never sees a CA key), carries a request from
 /// the client to the app, refuses one by its policy, counts both, and stops cleanly on
 /// SIGTERM as PID 1.
@@ -335,27 +339,78 @@ fn waypoint_image_runs_as_a_waypoint_pod() {
     let tokens = volume("istio-token", &[("istio-token", &node.waypoint_token)]);
     let root = std::fs::read_to_string(&node.root_cert).unwrap();
     let ca_cert = volume("istiod-ca-cert", &[("root-cert.pem", &root)]);
-    let policies = volume("policies", &[("no-delete.yaml", NO_DELETE)]);
-
-    let control = format!("https://{CONTROL_ADDR}");
+    let labels = volume(
+        "istio-podinfo",
+        &[(
+            "labels",
+            "gateway.istio.io/managed=\"istio.io-mesh-controller\"\n\
+             gateway.networking.k8s.io/gateway-class-name=\"istio-waypoint\"\n\
+             gateway.networking.k8s.io/gateway-name=\"waypoint\"\n\
+             istio.io/dataplane-mode=\"none\"\n",
+        )],
+    );
+    node.serve_policy("no-delete.yaml", NO_DELETE).unwrap();
+    // istiod's emptyDirs: the only places the pod could write.
+    let empty = |name: &str| {
+        let dir = hosts.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, PermissionsExt::from_mode(0o777)).unwrap();
+        dir
+    };
     let mut run = PodmanRun::new(&f.images.waypoint.name)
         .name(&format!("{}-waypoint", node.ns))
         .network_ns(&ambit_netns_lab::Lab::netns_path(&node.ns))
-        .mount(&tokens, "/var/run/secrets/tokens", true)
+        .mount(
+            &empty("workload-socket"),
+            "/var/run/secrets/workload-spiffe-uds",
+            false,
+        )
         .mount(&ca_cert, "/var/run/secrets/istio", true)
-        .mount(&policies, "/etc/ambit/waypoint", true);
+        .mount(&empty("istio-data"), "/var/lib/istio/data", false)
+        .mount(&empty("istio-envoy"), "/etc/istio/proxy", false)
+        .mount(&tokens, "/var/run/secrets/tokens", true)
+        .mount(&labels, "/etc/istio/pod", true)
+        .args(&[
+            "proxy",
+            "waypoint",
+            "--domain",
+            "default.svc.cluster.local",
+            "--serviceCluster",
+            "waypoint.default",
+            "--proxyLogLevel",
+            "warning",
+            "--proxyComponentLogLevel",
+            "misc:error",
+            "--log_output_level",
+            "default:info",
+        ]);
     run.cap_drop = vec!["ALL".into()];
     run.read_only = true;
     run.no_new_privileges = true;
+    let instance_ip = WAYPOINT_IP.to_string();
     for (k, v) in [
+        ("ISTIO_META_SERVICE_ACCOUNT", "waypoint"),
+        ("ISTIO_META_NODE_NAME", "node1"),
+        ("PILOT_CERT_PROVIDER", "istiod"),
+        ("CA_ADDR", CONTROL_ADDR),
         ("POD_NAME", WAYPOINT_POD),
         ("POD_NAMESPACE", "default"),
+        ("INSTANCE_IP", &instance_ip),
         ("SERVICE_ACCOUNT", "waypoint"),
-        ("INSTANCE_IP", &WAYPOINT_IP.to_string()),
-        ("CLUSTER_ID", "cluster1"),
-        ("XDS_ADDRESS", &control),
-        ("CA_ADDRESS", &control),
-        ("AMBIT_WAYPOINT_CONFIG", "/etc/ambit/waypoint"),
+        ("HOST_IP", &instance_ip),
+        ("ISTIO_CPU_LIMIT", "0"),
+        ("PROXY_CONFIG", "{}\n"),
+        ("GOMEMLIMIT", "1073741824"),
+        ("ISTIO_META_CLUSTER_ID", "cluster1"),
+        ("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"),
+        ("ISTIO_META_WORKLOAD_NAME", "waypoint"),
+        (
+            "ISTIO_META_OWNER",
+            "kubernetes://apis/apps/v1/namespaces/default/deployments/waypoint",
+        ),
+        ("ISTIO_META_MESH_ID", "cluster.local"),
+        ("TRUST_DOMAIN", "cluster.local"),
+        ("AMBIT_CONTROL_ADDRESS", CONTROL_ADDR),
         ("TERMINATION_GRACE_PERIOD_SECONDS", "10"),
     ] {
         run = run.env(k, v);

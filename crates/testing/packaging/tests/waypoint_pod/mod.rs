@@ -61,6 +61,7 @@ pub struct Node {
     lab: Lab,
     pub ns: String,
     control: Process,
+    mesh_dir: PathBuf,
     ca: CertificateAuthority,
     /// The token the waypoint presents (its projected service-account token).
     pub waypoint_token: String,
@@ -169,10 +170,39 @@ impl Node {
             lab,
             ns,
             control,
+            mesh_dir: mesh,
             ca,
             waypoint_token,
             rt,
         })
+    }
+
+    /// Adds an L7 document to the control server's mesh directory and waits until it is
+    /// served (the mesh generation moves on).
+    pub fn serve_policy(&self, file: &str, yaml: &str) -> anyhow::Result<()> {
+        let generation = || -> anyhow::Result<u64> {
+            let (status, body) =
+                ambit_netns_lab::http_get(&self.ns, CONTROL_ADMIN.parse()?, "/debug")?;
+            anyhow::ensure!(status == 200, "control /debug answered {status}");
+            let debug: serde_json::Value = serde_json::from_str(&body)?;
+            anyhow::ensure!(
+                debug["mesh"]["error"].is_null(),
+                "control refused it: {debug:#}"
+            );
+            debug["mesh"]["generation"]
+                .as_u64()
+                .context("/debug has no mesh.generation")
+        };
+        let before = generation()?;
+        let tmp = self.mesh_dir.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml)?;
+        std::fs::rename(&tmp, self.mesh_dir.join(file))?;
+        ambit_netns_lab::wait_until(
+            "ambit control to serve the policy",
+            Duration::from_secs(20),
+            || generation().map_or(true, |g| g > before),
+        )?;
+        generation().map(|_| ())
     }
 
     /// The control server's log, and whether it still runs.
