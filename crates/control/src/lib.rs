@@ -17,6 +17,7 @@ mod ads;
 pub mod ca_service;
 pub mod config;
 pub mod convert;
+pub mod kubernetes;
 pub mod mesh;
 mod reload;
 pub mod server;
