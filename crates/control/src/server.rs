@@ -124,7 +124,9 @@ impl Control {
         };
         let gatekeeper = {
             let shared = shared.clone();
-            Arc::new(move |head: &http::request::Parts| admit_request(&shared, head))
+            Arc::new(move |head: &http::request::Parts| {
+                server::Admission::Now(admit_request(&shared, head))
+            })
         };
         let mut stop = shutdown_rx.clone();
         tasks.push(tokio::spawn(server::serve(

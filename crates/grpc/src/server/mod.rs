@@ -22,7 +22,7 @@ mod serve;
 
 #[cfg(feature = "testing")]
 pub use incoming::{incoming, incoming_until, AcceptOptions, Incoming, TlsConnection};
-pub use serve::{serve, Gatekeeper, RequestLimits, ServeOptions};
+pub use serve::{serve, Admission, Gatekeeper, RequestLimits, ServeOptions};
 
 /// A TLS acceptor proving `chain` with `key`, offering HTTP/2 (ALPN `h2`) as gRPC wants,
 /// with aws-lc-rs and its safe default protocol versions.

@@ -93,8 +93,14 @@ pub struct RequestLimits {
 
 /// Decides a request from its head alone, before its body is read: `Err` is the status
 /// the client gets (`UNAUTHENTICATED` for a missing or unknown token, say).
-pub type Gatekeeper =
-    Arc<dyn Fn(&http::request::Parts) -> Result<RequestLimits, Box<Status>> + Send + Sync>;
+pub type Gatekeeper = Arc<dyn Fn(&http::request::Parts) -> Admission + Send + Sync>;
+
+/// A gatekeeper's verdict: now, or once something it must ask (an API server's
+/// TokenReview, say) has answered. Either way nothing of the body is read before it.
+pub enum Admission {
+    Now(Result<RequestLimits, Box<Status>>),
+    Later(Pin<Box<dyn Future<Output = Result<RequestLimits, Box<Status>>> + Send>>),
+}
 
 /// Serves `routes` on `listener` over `tls` until `stop` resolves, then lets open
 /// connections finish (GOAWAY) for at most `drain_timeout`.
@@ -370,11 +376,32 @@ impl Service<http::Request<Incoming>> for PerConnection {
     }
 
     fn call(&mut self, request: http::Request<Incoming>) -> Self::Future {
-        let (mut parts, body) = request.into_parts();
-        let limits = match (self.server.gatekeeper)(&parts) {
-            Ok(limits) => limits,
-            Err(status) => return refuse(*status),
-        };
+        let (parts, body) = request.into_parts();
+        match (self.server.gatekeeper)(&parts) {
+            Admission::Now(Ok(limits)) => self.admitted(parts, body, limits),
+            Admission::Now(Err(status)) => refuse(*status),
+            Admission::Later(verdict) => {
+                let mut this = self.clone();
+                Box::pin(async move {
+                    match verdict.await {
+                        Ok(limits) => this.admitted(parts, body, limits).await,
+                        Err(status) => Ok(status.into_http()),
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl PerConnection {
+    /// A request the gatekeeper let through: its stream counted against the shares, its
+    /// body bounded, then routed.
+    fn admitted(
+        &mut self,
+        mut parts: http::request::Parts,
+        body: Incoming,
+        limits: RequestLimits,
+    ) -> ResponseFuture {
         self.conn.ticket.prove();
         let Some(guard) = self.server.streams.enter(&self.conn) else {
             let streams = &self.server.streams;
