@@ -164,18 +164,39 @@ impl ApiError {
         ApiError::new(400, "BadRequest", message)
     }
 
-    /// 422: `Kind "name" is invalid: field: problem`.
+    /// 422: `Kind "name" is invalid: field: problem` (`Kind.group` outside the core group).
     pub fn invalid(resource: Resource, name: &str, field_error: &str) -> ApiError {
+        ApiError::invalid_kind(resource.group(), resource.kind(), name, field_error)
+    }
+
+    /// 422 naming the kind `group`/`kind` (a custom resource's body names its own kind).
+    pub fn invalid_kind(group: &str, kind: &str, name: &str, field_error: &str) -> ApiError {
+        let mut d = Map::new();
+        d.insert("name".into(), json!(name));
+        if !group.is_empty() {
+            d.insert("group".into(), json!(group));
+        }
+        d.insert("kind".into(), json!(kind));
         ApiError::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {field_error}", resource.kind()),
+            format!(
+                "{} \"{name}\" is invalid: {field_error}",
+                crate::resource::qualified_kind(group, kind)
+            ),
         )
-        .with_details(json!({
-            "name": name,
-            "group": resource.group(),
-            "kind": resource.kind(),
-        }))
+        .with_details(Value::Object(d))
+    }
+
+    /// 405 for a method no route of the path takes (a GET of create-only TokenReviews), as
+    /// the API server's router answers it.
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+        .with_details(json!({}))
     }
 
     pub fn method_not_supported(resource: Resource, verb: &str) -> ApiError {
@@ -262,6 +283,20 @@ mod tests {
         assert_eq!(s["code"], 404);
         assert_eq!(s["details"], json!({"name": "x", "kind": "pods"}));
         assert_eq!(ApiError::too_many_requests(1).retry_after, Some(1));
+        assert_eq!(
+            ApiError::invalid(Resource::DaemonSets, "d", "metadata.name: Required value").message,
+            "DaemonSet.apps \"d\" is invalid: metadata.name: Required value"
+        );
+        let e = ApiError::invalid(Resource::Pods, "p", "x");
+        assert_eq!(e.message, "Pod \"p\" is invalid: x");
+        assert_eq!(
+            e.to_status()["details"],
+            json!({"name": "p", "kind": "Pod"})
+        );
+        assert_eq!(
+            ApiError::method_not_allowed().to_status()["reason"],
+            "MethodNotAllowed"
+        );
         assert_eq!(
             ApiError::expired(3, 10).message,
             "too old resource version: 3 (10)"

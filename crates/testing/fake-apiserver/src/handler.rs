@@ -7,10 +7,11 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{json, Value};
 
+use crate::authn::{self, Tokens};
 use crate::error::ApiError;
 use crate::ops::{self, CreateStatus, PatchType, Sub};
 use crate::rbac::{self, Attributes, User};
-use crate::resource::{self, Resource};
+use crate::resource::{self, served_as, Resource};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{key_of, Event, Store};
 use crate::table::{self, IncludeObject};
@@ -67,6 +68,8 @@ pub enum WatchStart {
 #[derive(Debug)]
 pub struct WatchPlan {
     pub filter: WatchFilter,
+    /// The version asked for: the events' objects show it.
+    pub version: &'static str,
     pub start: WatchStart,
     pub bookmarks: bool,
     pub timeout: Option<Duration>,
@@ -92,6 +95,8 @@ fn done(r: Result<Response, ApiError>) -> Handled {
 pub struct Settings<'a> {
     pub rbac: bool,
     pub server_url: &'a str,
+    /// The bearer tokens, for TokenReviews.
+    pub tokens: &'a Tokens,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -101,9 +106,10 @@ enum Route {
     Api,
     Apis,
     Group(String),
-    Discovery(String),
+    Discovery(String, &'static str),
     Resource {
         r: Resource,
+        version: &'static str,
         ns: Option<String>,
         name: Option<String>,
         sub: Option<String>,
@@ -120,34 +126,37 @@ fn route(path: &str) -> Option<Route> {
         _ => {}
     }
     let segs: Vec<&str> = path.split('/').skip(1).collect();
-    let (group, rest) = match segs.as_slice() {
-        ["api", "v1", rest @ ..] => ("", rest),
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
         ["apis", g] => return resource::api_group(g).map(|_| Route::Group(g.to_string())),
-        ["apis", g, "v1", rest @ ..] => (*g, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
         _ => return None,
     };
-    resource::resource_list(group)?;
+    let version = resource::served_version(group, version)?;
     let res = |plural: &str| Resource::from_plural(group, plural);
     let own = |s: &&str| Some(s.to_string());
     match rest {
-        [] => Some(Route::Discovery(group.to_string())),
+        [] => Some(Route::Discovery(group.to_string(), version)),
         ["namespaces", ns, plural, tail @ ..] if res(plural).is_some_and(|r| r.namespaced()) => {
             let r = res(plural)?;
             match tail {
                 [] => Some(Route::Resource {
                     r,
+                    version,
                     ns: own(ns),
                     name: None,
                     sub: None,
                 }),
                 [name] => Some(Route::Resource {
                     r,
+                    version,
                     ns: own(ns),
                     name: own(name),
                     sub: None,
                 }),
                 [name, sub] => Some(Route::Resource {
                     r,
+                    version,
                     ns: own(ns),
                     name: own(name),
                     sub: own(sub),
@@ -160,18 +169,21 @@ fn route(path: &str) -> Option<Route> {
             match (tail, r.namespaced()) {
                 ([], _) => Some(Route::Resource {
                     r,
+                    version,
                     ns: None,
                     name: None,
                     sub: None,
                 }),
                 ([name], false) => Some(Route::Resource {
                     r,
+                    version,
                     ns: None,
                     name: own(name),
                     sub: None,
                 }),
                 ([name, sub], false) => Some(Route::Resource {
                     r,
+                    version,
                     ns: None,
                     name: own(name),
                     sub: own(sub),
@@ -257,7 +269,7 @@ pub fn handle(store: &mut Store, settings: &Settings, req: &Request) -> Handled 
     let Some(route) = route(req.path) else {
         return done(Err(ApiError::not_found_path()));
     };
-    let (r, ns, name, sub) = match route {
+    let (r, version, ns, name, sub) = match route {
         Route::Version => return done(Ok(ok(200, resource::version()))),
         Route::Health => return done(Ok(ok(200, json!("ok")))),
         Route::Api => return done(Ok(ok(200, resource::api_versions(settings.server_url)))),
@@ -269,14 +281,20 @@ pub fn handle(store: &mut Store, settings: &Settings, req: &Request) -> Handled 
                     .ok_or_else(ApiError::not_found_path),
             )
         }
-        Route::Discovery(g) => {
+        Route::Discovery(g, v) => {
             return done(
-                resource::resource_list(&g)
+                resource::resource_list(&g, v)
                     .map(|v| ok(200, v))
                     .ok_or_else(ApiError::not_found_path),
             )
         }
-        Route::Resource { r, ns, name, sub } => (r, ns, name, sub),
+        Route::Resource {
+            r,
+            version,
+            ns,
+            name,
+            sub,
+        } => (r, version, ns, name, sub),
     };
     let sub = match sub.as_deref() {
         None => Sub::Main,
@@ -320,17 +338,30 @@ pub fn handle(store: &mut Store, settings: &Settings, req: &Request) -> Handled 
         let why = rbac::forbidden_message(req.user, &attrs);
         return done(Err(ApiError::forbidden(Some(r), attrs.name, &why)));
     }
+    if !r.stored() {
+        // TokenReviews: the API server routes nothing but a POST of the collection.
+        return done(match (name, verb) {
+            (Some(_), _) => Err(ApiError::not_found_path()),
+            (None, "create") => decode_body(req.content_type, req.body)
+                .and_then(|mut body| ops::check_type(r, version, &mut body).map(|()| body))
+                .and_then(|body| authn::token_review(settings.tokens, body))
+                .map(|answer| ok(201, served_as(r, version, &answer).into_owned())),
+            (None, _) => Err(ApiError::method_not_allowed()),
+        });
+    }
     let ns = ns.as_deref();
     let name = name.as_deref().unwrap_or_default();
     let as_table =
         table::wants_table(req.accept).then(|| IncludeObject::parse(q.get("includeObject")));
     let write = |res: Result<ops::Outcome, ApiError>, status: u16| match res {
-        Ok((obj, events)) => Handled::Done(ok(status, (*obj).clone()), events),
+        Ok((obj, events)) => {
+            Handled::Done(ok(status, served_as(r, version, &obj).into_owned()), events)
+        }
         Err(e) => Handled::Done(e.into(), Vec::new()),
     };
     match verb {
-        "list" => done(list(store, r, ns, &q, as_table)),
-        "watch" => match plan_watch(r, ns, (!name.is_empty()).then_some(name), &q) {
+        "list" => done(list(store, r, version, ns, &q, as_table)),
+        "watch" => match plan_watch(r, version, ns, (!name.is_empty()).then_some(name), &q) {
             Ok(p) => Handled::Watch(WatchPlan { table: as_table, ..p }),
             Err(e) => done(Err(e)),
         },
@@ -340,22 +371,28 @@ pub fn handle(store: &mut Store, settings: &Settings, req: &Request) -> Handled 
                 .map(|o| match as_table {
                     Some(include) => {
                         let meta = json!({"resourceVersion": o.pointer("/metadata/resourceVersion").cloned()});
-                        ok(200, table::table(r, &[(**o).clone()], meta, include, table::now()))
+                        ok(200, table::table(r, version, &[(**o).clone()], meta, include, table::now()))
                     }
-                    None => ok(200, (**o).clone()),
+                    None => ok(200, served_as(r, version, o).into_owned()),
                 })
                 .ok_or_else(|| ApiError::not_found(r, name)),
         ),
         "create" => match decode_body(req.content_type, req.body) {
-            Ok(body) => write(ops::create(store, r, ns, body, CreateStatus::Reset), 201),
+            Ok(body) => write(
+                ops::create(store, r, version, ns, body, CreateStatus::Reset),
+                201,
+            ),
             Err(e) => done(Err(e)),
         },
         "update" => match decode_body(req.content_type, req.body) {
-            Ok(body) => write(ops::update(store, r, ns, name, sub, body), 200),
+            Ok(body) => write(ops::update(store, r, version, ns, name, sub, body), 200),
             Err(e) => done(Err(e)),
         },
         "patch" => match PatchType::from_content_type(req.content_type.unwrap_or_default()) {
-            Ok(pt) => write(ops::patch(store, r, ns, name, sub, pt, req.body), 200),
+            Ok(pt) => write(
+                ops::patch(store, r, version, ns, name, sub, pt, req.body),
+                200,
+            ),
             Err(e) => done(Err(e)),
         },
         "delete" => {
@@ -401,6 +438,7 @@ fn selectors(r: Resource, q: &Query) -> Result<(LabelSelector, FieldSelector), A
 
 fn plan_watch(
     r: Resource,
+    version: &'static str,
     ns: Option<&str>,
     name: Option<&str>,
     q: &Query,
@@ -432,6 +470,7 @@ fn plan_watch(
             labels,
             fields,
         },
+        version,
         start: if initial { WatchStart::Snapshot } else { start },
         bookmarks: q.flag("allowWatchBookmarks"),
         timeout,
@@ -468,6 +507,7 @@ fn decode_continue(token: &str) -> Result<(u64, String, String), ApiError> {
 fn list(
     store: &Store,
     r: Resource,
+    version: &str,
     ns: Option<&str>,
     q: &Query,
     as_table: Option<IncludeObject>,
@@ -533,38 +573,37 @@ fn list(
             let mut meta = json!({"resourceVersion": rv.to_string()});
             meta["continue"] = json!(encode_continue(rv, ns, name));
             meta["remainingItemCount"] = json!(remaining);
-            return Ok(ok(200, list_body(r, meta, items, as_table)));
+            return Ok(ok(200, list_body(r, version, meta, items, as_table)));
         }
-        let mut item = (**o).clone();
-        if let Some(m) = item.as_object_mut() {
+        // Built-in kinds' items leave their type out; custom resources' (unstructured
+        // objects) keep it.
+        let mut item = served_as(r, version, o).into_owned();
+        if let (false, Some(m)) = (r.is_custom(), item.as_object_mut()) {
             m.remove("apiVersion");
             m.remove("kind");
         }
         items.push(item);
         last = Some((k.1.clone(), k.2.clone()));
     }
-    Ok(ok(
-        200,
-        list_body(
-            r,
-            json!({"resourceVersion": rv.to_string()}),
-            items,
-            as_table,
-        ),
-    ))
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if r.is_custom() {
+        // An unstructured list carries the empty token too.
+        meta["continue"] = json!("");
+    }
+    Ok(ok(200, list_body(r, version, meta, items, as_table)))
 }
 
 fn list_body(
     r: Resource,
+    version: &str,
     meta: Value,
     items: Vec<Value>,
     as_table: Option<IncludeObject>,
 ) -> Value {
     match as_table {
-        Some(include) => table::table(r, &items, meta, include, table::now()),
-        None => {
-            json!({"kind": list_kind(r), "apiVersion": r.api_version(), "metadata": meta, "items": items})
-        }
+        Some(include) => table::table(r, version, &items, meta, include, table::now()),
+        None => json!({"kind": list_kind(r), "apiVersion": r.api_version_in(version),
+                       "metadata": meta, "items": items}),
     }
 }
 
@@ -591,11 +630,16 @@ mod tests {
     }
 
     fn call(s: &mut Store, rbac: bool, r: Request) -> Response {
+        call_with(s, rbac, &Tokens::default(), r)
+    }
+
+    fn call_with(s: &mut Store, rbac: bool, tokens: &Tokens, r: Request) -> Response {
         match handle(
             s,
             &Settings {
                 rbac,
                 server_url: "127.0.0.1:1",
+                tokens,
             },
             &r,
         ) {
@@ -654,6 +698,7 @@ mod tests {
         assert_eq!(
             route("/api/v1/namespaces/x/pods/p/status"),
             Some(Route::Resource {
+                version: "v1",
                 r: Resource::Pods,
                 ns: Some("x".into()),
                 name: Some("p".into()),
@@ -663,6 +708,7 @@ mod tests {
         assert_eq!(
             route("/api/v1/namespaces/x"),
             Some(Route::Resource {
+                version: "v1",
                 r: Resource::Namespaces,
                 ns: None,
                 name: Some("x".into()),
@@ -672,6 +718,7 @@ mod tests {
         assert_eq!(
             route("/api/v1/pods"),
             Some(Route::Resource {
+                version: "v1",
                 r: Resource::Pods,
                 ns: None,
                 name: None,
@@ -681,6 +728,7 @@ mod tests {
         assert_eq!(
             route("/apis/apps/v1/namespaces/k/daemonsets"),
             Some(Route::Resource {
+                version: "v1",
                 r: Resource::DaemonSets,
                 ns: Some("k".into()),
                 name: None,
@@ -689,7 +737,7 @@ mod tests {
         );
         assert_eq!(
             route("/apis/apps/v1"),
-            Some(Route::Discovery("apps".into()))
+            Some(Route::Discovery("apps".into(), "v1"))
         );
         assert_eq!(route("/apis/apps"), Some(Route::Group("apps".into())));
         assert_eq!(
@@ -699,6 +747,41 @@ mod tests {
         );
         assert_eq!(route("/apis/batch/v1/jobs"), None);
         assert_eq!(route("/api/v1/services"), None);
+        assert_eq!(
+            route("/apis/security.istio.io/v1beta1/namespaces/x/authorizationpolicies/p"),
+            Some(Route::Resource {
+                version: "v1beta1",
+                r: Resource::AuthorizationPolicies,
+                ns: Some("x".into()),
+                name: Some("p".into()),
+                sub: None
+            })
+        );
+        assert_eq!(
+            route("/apis/security.istio.io/v1beta1"),
+            Some(Route::Discovery("security.istio.io".into(), "v1beta1"))
+        );
+        assert_eq!(route("/apis/security.istio.io/v1alpha1"), None);
+        assert_eq!(
+            route("/apis/gateway.networking.k8s.io/v1beta1/gateways"),
+            None
+        );
+        assert_eq!(route("/api/v2/pods"), None);
+        assert_eq!(
+            route("/apis/gateway.networking.k8s.io/v1/gatewayclasses/istio/status"),
+            Some(Route::Resource {
+                version: "v1",
+                r: Resource::GatewayClasses,
+                ns: None,
+                name: Some("istio".into()),
+                sub: Some("status".into())
+            })
+        );
+        assert_eq!(
+            route("/apis/authentication.k8s.io/v1/namespaces/x/tokenreviews"),
+            None,
+            "cluster-scoped"
+        );
         assert_eq!(decode("a%3Db+c%2"), "a=b c%2");
     }
 
@@ -912,6 +995,7 @@ mod tests {
             &Settings {
                 rbac: false,
                 server_url: "",
+                tokens: &Tokens::default(),
             },
             &req(
                 "GET",
@@ -929,5 +1013,241 @@ mod tests {
             }
             Handled::Done(r, _) => panic!("{r:?}"),
         }
+    }
+
+    fn status_of(r: &Response) -> (u16, &str) {
+        (r.status, r.body["message"].as_str().unwrap_or_default())
+    }
+
+    const APS: &str = "/apis/security.istio.io/v1/namespaces/default/authorizationpolicies";
+    const APS_BETA: &str =
+        "/apis/security.istio.io/v1beta1/namespaces/default/authorizationpolicies";
+
+    #[test]
+    fn custom_resources_read_through_either_version() {
+        let mut s = setup();
+        let admin = User::admin();
+        let body = json!({"apiVersion": "security.istio.io/v1beta1", "kind": "AuthorizationPolicy",
+                          "metadata": {"name": "deny"}, "spec": {"action": "DENY"}})
+        .to_string();
+        let created = call(
+            &mut s,
+            false,
+            req("POST", APS_BETA, "", body.as_bytes(), &admin),
+        );
+        assert_eq!(created.status, 201, "{:?}", created.body);
+        assert_eq!(created.body["apiVersion"], "security.istio.io/v1beta1");
+        // The same body through the other version is refused, as kube-apiserver words it.
+        let refused = call(&mut s, false, req("POST", APS, "", body.as_bytes(), &admin));
+        assert_eq!(status_of(&refused), (400, "the API version in the data (security.istio.io/v1beta1) does not match the expected API version (security.istio.io/v1)"));
+        assert_eq!(refused.body["reason"], "BadRequest");
+        for (base, version) in [(APS, "v1"), (APS_BETA, "v1beta1")] {
+            let api_version = format!("security.istio.io/{version}");
+            let got = call(
+                &mut s,
+                false,
+                req("GET", &format!("{base}/deny"), "", b"", &admin),
+            );
+            assert_eq!(got.body["apiVersion"], api_version);
+            assert_eq!(got.body["spec"]["action"], "DENY");
+            let list = call(&mut s, false, req("GET", base, "", b"", &admin));
+            assert_eq!(list.body["apiVersion"], api_version);
+            assert_eq!(list.body["kind"], "AuthorizationPolicyList");
+            // Unstructured lists keep their items' type, and the empty continue token.
+            assert_eq!(list.body["items"][0]["apiVersion"], api_version);
+            assert_eq!(list.body["items"][0]["kind"], "AuthorizationPolicy");
+            assert_eq!(list.body["metadata"]["continue"], "");
+            let sel = call(
+                &mut s,
+                false,
+                req(
+                    "GET",
+                    "/apis/security.istio.io/v1beta1/authorizationpolicies",
+                    "fieldSelector=metadata.namespace%3Ddefault,metadata.name%3Ddeny",
+                    b"",
+                    &admin,
+                ),
+            );
+            assert_eq!(names(&sel), ["deny"]);
+            let plan = handle(
+                &mut s,
+                &Settings {
+                    rbac: false,
+                    server_url: "",
+                    tokens: &Tokens::default(),
+                },
+                &req("GET", base, "watch=1", b"", &admin),
+            );
+            match plan {
+                Handled::Watch(p) => assert_eq!(p.version, version),
+                Handled::Done(r, _) => panic!("{r:?}"),
+            }
+        }
+        let none = call(
+            &mut s,
+            false,
+            req(
+                "GET",
+                APS_BETA,
+                "fieldSelector=metadata.name%3Dother",
+                b"",
+                &admin,
+            ),
+        );
+        assert!(names(&none).is_empty());
+        // Writes answer in the version they were sent to.
+        let patched = call(
+            &mut s,
+            false,
+            Request {
+                content_type: Some("application/merge-patch+json"),
+                ..req(
+                    "PATCH",
+                    &format!("{APS_BETA}/deny/status"),
+                    "",
+                    br#"{"status":{"x":"y"}}"#,
+                    &admin,
+                )
+            },
+        );
+        assert_eq!(patched.body["apiVersion"], "security.istio.io/v1beta1");
+        assert_eq!(patched.body["status"]["x"], "y");
+        let mut table = req("GET", APS_BETA, "", b"", &admin);
+        table.accept = Some("application/json;as=Table;v=v1;g=meta.k8s.io");
+        let t = call(
+            &mut s,
+            false,
+            Request {
+                query: "includeObject=Object",
+                ..table
+            },
+        );
+        assert_eq!(
+            t.body["rows"][0]["object"]["apiVersion"],
+            "security.istio.io/v1beta1"
+        );
+        assert_eq!(t.body["rows"][0]["cells"][0], "deny");
+        let gone = call(
+            &mut s,
+            false,
+            req("DELETE", &format!("{APS}/deny"), "", b"", &admin),
+        );
+        assert_eq!(
+            gone.body["details"],
+            json!({"name": "deny", "group": "security.istio.io",
+            "kind": "authorizationpolicies", "uid": created.body["metadata"]["uid"]})
+        );
+        let missing = call(
+            &mut s,
+            false,
+            req("GET", &format!("{APS_BETA}/deny"), "", b"", &admin),
+        );
+        assert_eq!(
+            status_of(&missing),
+            (
+                404,
+                "authorizationpolicies.security.istio.io \"deny\" not found"
+            )
+        );
+    }
+
+    #[test]
+    fn token_reviews_are_answered_never_stored() {
+        let mut s = setup();
+        let mut tokens = Tokens::default();
+        tokens.insert(
+            "pod-token",
+            User::service_account("default", "app"),
+            &["istio-ca"],
+        );
+        let reviewer = User::service_account("istio-system", "istiod");
+        let path = "/apis/authentication.k8s.io/v1/tokenreviews";
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                          "spec": {"token": "pod-token", "audiences": ["istio-ca"]}})
+        .to_string();
+        let denied = call_with(
+            &mut s,
+            true,
+            &tokens,
+            req("POST", path, "", body.as_bytes(), &reviewer),
+        );
+        assert_eq!(status_of(&denied), (403, "tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:istio-system:istiod\" cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\" at the cluster scope"));
+        // istiod's grant: create tokenreviews (the auth-delegator role's rule).
+        for (kind, obj) in [
+            (
+                "clusterroles",
+                json!({"metadata": {"name": "delegator"}, "rules": [
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]}),
+            ),
+            (
+                "clusterrolebindings",
+                json!({"metadata": {"name": "delegator"},
+                "roleRef": {"kind": "ClusterRole", "name": "delegator"},
+                "subjects": [{"kind": "ServiceAccount", "name": "istiod", "namespace": "istio-system"}]}),
+            ),
+        ] {
+            let path = format!("/apis/rbac.authorization.k8s.io/v1/{kind}");
+            let r = call(
+                &mut s,
+                false,
+                req(
+                    "POST",
+                    &path,
+                    "",
+                    obj.to_string().as_bytes(),
+                    &User::admin(),
+                ),
+            );
+            assert_eq!(r.status, 201, "{:?}", r.body);
+        }
+        let rv = s.rv();
+        let answer = call_with(
+            &mut s,
+            true,
+            &tokens,
+            req("POST", path, "", body.as_bytes(), &reviewer),
+        );
+        assert_eq!(answer.status, 201, "{:?}", answer.body);
+        assert_eq!(answer.body["kind"], "TokenReview");
+        assert_eq!(answer.body["status"]["authenticated"], true);
+        assert_eq!(
+            answer.body["status"]["user"]["username"],
+            "system:serviceaccount:default:app"
+        );
+        assert_eq!(answer.body["status"]["audiences"], json!(["istio-ca"]));
+        assert_eq!(s.rv(), rv, "nothing stored");
+        // Only creation is routed; the other verbs are refused by the router (after RBAC).
+        let list = call_with(&mut s, true, &tokens, req("GET", path, "", b"", &reviewer));
+        assert_eq!(status_of(&list), (403, "tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:istio-system:istiod\" cannot list resource \"tokenreviews\" in API group \"authentication.k8s.io\" at the cluster scope"));
+        let admin = User::admin();
+        let list = call_with(&mut s, true, &tokens, req("GET", path, "", b"", &admin));
+        assert_eq!(list.body, ApiError::method_not_allowed().to_status());
+        assert_eq!(
+            status_of(&list),
+            (
+                405,
+                "the server does not allow this method on the requested resource"
+            )
+        );
+        let del = call_with(&mut s, false, &tokens, req("DELETE", path, "", b"", &admin));
+        assert_eq!(del.status, 405);
+        let named = call_with(
+            &mut s,
+            false,
+            &tokens,
+            req("GET", &format!("{path}/x"), "", b"", &admin),
+        );
+        assert_eq!(
+            status_of(&named),
+            (404, "the server could not find the requested resource")
+        );
+        let wrong = body.replace("authentication.k8s.io/v1", "authentication.k8s.io/v1beta1");
+        let r = call_with(
+            &mut s,
+            false,
+            &tokens,
+            req("POST", path, "", wrong.as_bytes(), &admin),
+        );
+        assert_eq!(status_of(&r), (400, "the API version in the data (authentication.k8s.io/v1beta1) does not match the expected API version (authentication.k8s.io/v1)"));
     }
 }

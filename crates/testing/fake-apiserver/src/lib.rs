@@ -1,19 +1,36 @@
 //! A test-only Kubernetes API server: enough of kube-apiserver, faithfully, for kube-rs,
 //! kubectl and Python's `kubernetes` client to run unmodified against it.
 //!
-//! It serves core/v1 pods (with `status`), namespaces and nodes, apps/v1 daemonsets and
-//! the RBAC kinds over HTTPS (HTTP/1.1) with bearer-token authentication, RBAC
-//! authorization, list paging, watches with bookmarks and 410 expiry, and Kubernetes'
-//! error bodies. Tests drive it through [`ApiServer`]: objects, tokens, faults (dropped
-//! watches, failed requests, compaction) and a log of the requests clients sent.
+//! It serves, over HTTPS (HTTP/1.1) with bearer-token authentication and RBAC
+//! authorization:
+//! - core/v1 pods (with `status`), namespaces, nodes, config maps and events; apps/v1
+//!   daemonsets; the RBAC kinds;
+//! - Istio's `security.istio.io` AuthorizationPolicies and RequestAuthentications in two
+//!   versions, `v1` (storage, preferred) and `v1beta1`, and Gateway API's
+//!   `gateway.networking.k8s.io/v1` Gateways, GatewayClasses, HTTPRoutes and GRPCRoutes,
+//!   as kube-apiserver serves their CustomResourceDefinitions: a `status` subresource,
+//!   `metadata.generation` bumped by any change but to metadata and status, conversion
+//!   `None` (one object, shown in whichever version it is read, listed or watched
+//!   through; a body naming another version is refused 400), items of lists keeping
+//!   their type, and the default columns of a CRD without printer columns (Name, Age);
+//! - `authentication.k8s.io/v1` TokenReviews (create only, never stored), answered from
+//!   the server's own tokens and their audiences (see [`authn`]).
+//!
+//! with list paging, label and field selectors, watches with bookmarks and 410 expiry,
+//! server-side Tables for kubectl, and Kubernetes' error bodies. Tests drive it through
+//! [`ApiServer`]: objects, tokens, faults (dropped watches, failed requests, compaction)
+//! and a log of the requests clients sent.
 //!
 //! Modules, sans IO except [`server`] and [`tls`]:
+//! - [`resource`]: the kinds, their versions, discovery.
 //! - [`selector`]: label and field selectors.
+//! - [`authn`]: tokens, audiences, TokenReview answers.
 //! - [`rbac`]: users and RBAC evaluation, Kubernetes' 403 wording.
 //! - [`store`]: objects, the resourceVersion counter, the bounded event history.
-//! - [`ops`]: create/update/patch/delete rules (status subresource, no-op writes).
+//! - [`ops`]: create/update/patch/delete rules (status subresource, generation, type checks,
+//!   no-op writes).
 //! - [`watch`]: which events a watcher gets, their wire form.
-//! - [`handler`]: routing, verbs, lists and paging; plans watches.
+//! - [`handler`]: routing, verbs, versions, lists and paging; plans watches.
 //! - [`table`]: server-side printing (the Tables kubectl prints for humans).
 //!
 //! ```no_run
@@ -22,6 +39,8 @@
 //! let api = ApiServer::start(ServerOptions { rbac: true, ..Default::default() }).await?;
 //! api.apply_yaml("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n...")?;
 //! api.add_token("cni-token", User::service_account("istio-system", "istio-cni"));
+//! // A pod's projected token for Istio's CA: good in TokenReviews for `istio-ca` only.
+//! api.add_token_with_audiences("pod-token", User::service_account("default", "web"), &["istio-ca"]);
 //! api.write_kubeconfig(std::path::Path::new("/tmp/kubeconfig"), "cni-token")?;
 //! api.create(pod("default", "web", "node-1"))?;
 //! // The kubelet's part: status changes bypass the subresource rules.
@@ -38,12 +57,26 @@
 //! deletecollection (405); deletion is immediate (no graceful deletion or finalizers;
 //! deleting a namespace deletes its objects at once); ClusterRole aggregation is not
 //! evaluated; discovery and `/healthz`-style paths are open to any authenticated user
-//! (`/healthz`, `/readyz`, `/livez`, `/version` also to anonymous ones); no OpenAPI
-//! (kubectl needs `--validate=false` for files); no defaulting of pod specs; a watch from a
+//! (`/healthz`, `/readyz`, `/livez`, `/version` also to anonymous ones); no aggregated
+//! discovery (clients fall back to the per-group documents); no OpenAPI (kubectl needs
+//! `--validate=false` for files); no defaulting of pod specs; a watch from a
 //! resourceVersion newer than the store's starts after it instead of waiting; objects in
 //! a namespace need the namespace to exist (as the NamespaceLifecycle admission says).
+//! Custom resources are not checked against the CRDs' schemas, get none of their
+//! defaults (a real Gateway's or GatewayClass's status starts with "Waiting for
+//! controller" conditions; here it starts empty) and none of their CEL rules, and print
+//! the default Name and Age columns, not the printer columns the real CRDs declare
+//! (Gateway: Class, Address, Programmed; GatewayClass: Controller, Accepted; HTTPRoute
+//! and GRPCRoute: Hostnames; AuthorizationPolicy: Action); only Gateway API's `v1` is
+//! served (not `v1beta1`), and `events.k8s.io` is not. Of events' validation only the
+//! namespace rule is enforced, of config maps' only immutability. A TokenReview's `error`
+//! is the authenticator's own sentence ("invalid bearer token", or the audience
+//! mismatch), not the aggregate of every authenticator kube-apiserver runs; tokens carry
+//! no `extra` fields. [`ApiServer::get`] and [`ApiServer::update`] see objects in their
+//! storage version.
 #![forbid(unsafe_code)]
 
+pub mod authn;
 pub mod error;
 pub mod handler;
 pub mod ops;
@@ -66,6 +99,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 use tokio::sync::watch as tokio_watch;
 
+pub use authn::API_AUDIENCE;
 pub use error::ApiError;
 pub use rbac::User;
 pub use resource::Resource;
@@ -209,6 +243,7 @@ impl ApiServer {
                 ops::create(
                     &mut store,
                     Resource::Namespaces,
+                    "v1",
                     None,
                     json!({"metadata": {"name": ns}}),
                     CreateStatus::Reset,
@@ -216,7 +251,7 @@ impl ApiServer {
             }
         }
         let admin_token = random_token();
-        lock(&inner.tokens).insert(admin_token.clone(), User::admin());
+        lock(&inner.tokens).insert(&admin_token, User::admin(), &[API_AUDIENCE]);
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let (shutdown, shutdown_rx) = tokio_watch::channel(false);
         let task = tokio::spawn(server::serve(
@@ -249,9 +284,17 @@ impl ApiServer {
         self.ca_pem.clone()
     }
 
-    /// Makes `token` authenticate as `user`.
+    /// Makes `token` authenticate as `user`, bound to the API server's own audience
+    /// ([`API_AUDIENCE`]): it works for requests and in TokenReviews for that audience.
     pub fn add_token(&self, token: &str, user: User) {
-        lock(&self.inner.tokens).insert(token.to_string(), user);
+        self.add_token_with_audiences(token, user, &[API_AUDIENCE]);
+    }
+
+    /// Makes `token` authenticate as `user` for `audiences` only, as a projected
+    /// service-account token bound to them (Istio's `istio-ca` one): a TokenReview asking
+    /// for one of them accepts it; requests to the API need [`API_AUDIENCE`] among them.
+    pub fn add_token_with_audiences(&self, token: &str, user: User, audiences: &[&str]) {
+        lock(&self.inner.tokens).insert(token, user, audiences);
     }
 
     /// A token for a `system:masters` user.
@@ -274,9 +317,9 @@ impl ApiServer {
         std::fs::write(path, self.kubeconfig(token))
     }
 
-    /// Creates or replaces every object of a supported kind in a multi-document YAML
-    /// stream (a rendered chart, say); other kinds are skipped. Returns `Kind/name` or
-    /// `Kind/namespace/name` of each object applied.
+    /// Creates or replaces every object of a stored kind (in any version it is served in)
+    /// in a multi-document YAML stream (a rendered chart, say); other kinds are skipped.
+    /// Returns `Kind/name` or `Kind/namespace/name` of each object applied.
     pub fn apply_yaml(&self, multi_doc_yaml: &str) -> anyhow::Result<Vec<String>> {
         use serde::Deserialize;
         let mut applied = Vec::new();
@@ -309,7 +352,7 @@ impl ApiServer {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            let Some(r) = Resource::from_kind(api_version, &kind) else {
+            let Some(r) = Resource::from_kind(api_version, &kind).filter(|r| r.stored()) else {
                 tracing::debug!(
                     api_version,
                     kind,
@@ -318,15 +361,24 @@ impl ApiServer {
                 );
                 continue;
             };
+            let version = resource::split_api_version(api_version).1.to_string();
             let ns = r
                 .namespaced()
                 .then(|| namespace_of(&obj).unwrap_or("default").to_string());
             let mut store = lock(&self.inner.store);
             let key = key_of(r, ns.as_deref(), &name);
             let outcome = if store.get(&key).is_some() {
-                ops::update(&mut store, r, ns.as_deref(), &name, ops::Sub::Main, obj)
+                let sub = ops::Sub::Main;
+                ops::update(&mut store, r, &version, ns.as_deref(), &name, sub, obj)
             } else {
-                ops::create(&mut store, r, ns.as_deref(), obj, CreateStatus::Keep)
+                ops::create(
+                    &mut store,
+                    r,
+                    &version,
+                    ns.as_deref(),
+                    obj,
+                    CreateStatus::Keep,
+                )
             }
             .map_err(|e| anyhow::anyhow!("applying {kind} {name}: {e}"))?;
             self.inner.publish(outcome.1);
@@ -338,26 +390,39 @@ impl ApiServer {
         Ok(applied)
     }
 
-    /// Creates `obj` (its kind from `apiVersion`/`kind`, its namespace from
-    /// `metadata.namespace`, default "default"). A given pod status is kept.
+    /// Creates `obj` (its kind from `apiVersion`/`kind`, in any version it is served in,
+    /// its namespace from `metadata.namespace`, default "default"). A given status is
+    /// kept. Returns the object as that version shows it.
     pub fn create(&self, obj: Value) -> anyhow::Result<Value> {
         let api_version = obj
             .get("apiVersion")
             .and_then(Value::as_str)
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .to_string();
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
-        let r = Resource::from_kind(api_version, kind).ok_or_else(|| {
-            anyhow::anyhow!("{api_version} {kind} is not a kind this server stores")
-        })?;
+        let r = Resource::from_kind(&api_version, kind)
+            .filter(|r| r.stored())
+            .ok_or_else(|| {
+                anyhow::anyhow!("{api_version} {kind} is not a kind this server stores")
+            })?;
+        let version = resource::split_api_version(&api_version).1;
         let ns = r
             .namespaced()
             .then(|| namespace_of(&obj).unwrap_or("default").to_string());
         let mut store = lock(&self.inner.store);
-        let (o, events) = ops::create(&mut store, r, ns.as_deref(), obj, CreateStatus::Keep)?;
+        let (o, events) = ops::create(
+            &mut store,
+            r,
+            version,
+            ns.as_deref(),
+            obj,
+            CreateStatus::Keep,
+        )?;
         self.inner.publish(events);
-        Ok((*o).clone())
+        Ok(resource::served_as(r, version, &o).into_owned())
     }
 
+    /// The stored object (in its storage version).
     pub fn get(&self, resource: Resource, namespace: Option<&str>, name: &str) -> Option<Value> {
         lock(&self.inner.store)
             .get(&key_of(resource, namespace, name))

@@ -90,29 +90,52 @@ fn dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// How Kubernetes validates names of `r`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NameRule {
+    Label,
+    Subdomain,
+    PathSegment,
+}
+
+fn name_rule(r: Resource) -> NameRule {
+    match r {
+        Resource::Namespaces => NameRule::Label,
+        Resource::ClusterRoles
+        | Resource::ClusterRoleBindings
+        | Resource::Roles
+        | Resource::RoleBindings => NameRule::PathSegment,
+        // Pods, nodes, config maps, events, daemonsets, and custom resources.
+        _ => NameRule::Subdomain,
+    }
+}
+
 fn name_error(r: Resource, name: &str) -> Option<String> {
-    let ok = match r {
-        Resource::Namespaces => dns_label(name),
-        Resource::Pods | Resource::Nodes | Resource::DaemonSets => {
-            name.len() <= 253 && name.split('.').all(dns_label)
+    let rule = name_rule(r);
+    let ok = match rule {
+        NameRule::Label => dns_label(name),
+        NameRule::Subdomain => name.len() <= 253 && name.split('.').all(dns_label),
+        NameRule::PathSegment => {
+            !name.contains('/') && !name.contains('%') && name != "." && name != ".."
         }
-        _ => !name.contains('/') && !name.contains('%') && name != "." && name != "..",
     };
     if ok {
         return None;
     }
-    Some(match r {
-        Resource::Namespaces => format!(
+    Some(match rule {
+        NameRule::Label => format!(
             "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 label must consist \
              of lower case alphanumeric characters or '-', and must start and end with an \
              alphanumeric character"
         ),
-        Resource::Pods | Resource::Nodes | Resource::DaemonSets => format!(
+        NameRule::Subdomain => format!(
             "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must \
              consist of lower case alphanumeric characters, '-' or '.', and must start and end \
              with an alphanumeric character"
         ),
-        _ => format!("metadata.name: Invalid value: \"{name}\": may not contain '/' or '%'"),
+        NameRule::PathSegment => {
+            format!("metadata.name: Invalid value: \"{name}\": may not contain '/' or '%'")
+        }
     })
 }
 
@@ -132,31 +155,127 @@ fn meta_mut(obj: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
         .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
 }
 
-/// Checks `apiVersion`/`kind` if the body has them (clients may leave them out; the URL
-/// says which type is meant) and fills them in.
-fn check_type(r: Resource, body: &mut Value) -> Result<(), ApiError> {
+fn version_mismatch(data: &str, expected: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "the API version in the data ({data}) does not match the expected API version ({expected})"
+    ))
+}
+
+/// Checks a body's `apiVersion`/`kind` against the request's `version` of `r`, then puts
+/// the object in the storage version. A built-in kind's body may leave both out (the URL
+/// says which type is meant); a custom resource's is decoded as an unstructured object,
+/// so it needs its kind, a missing `apiVersion` is an empty one, and a wrong kind is
+/// refused by validation (422) as kube-apiserver does.
+pub(crate) fn check_type(r: Resource, version: &str, body: &mut Value) -> Result<(), ApiError> {
+    let expected = r.api_version_in(version);
+    let name = meta_str(body, "name").unwrap_or_default().to_string();
+    let raw = body.to_string();
     let obj = body
         .as_object_mut()
         .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
-    if let Some(v) = obj.get("apiVersion").and_then(Value::as_str) {
-        if v != r.api_version() {
+    let api_version = obj.get("apiVersion").and_then(Value::as_str);
+    let kind = obj.get("kind").and_then(Value::as_str);
+    if r.is_custom() {
+        let Some(kind) = kind.filter(|k| !k.is_empty()) else {
+            let summary = match raw.get(..30) {
+                Some(head) if raw.len() > 30 => format!("{head} ..."),
+                _ => raw.clone(),
+            };
             return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({})",
-                r.api_version()
-            )));
-        }
-    }
-    if let Some(k) = obj.get("kind").and_then(Value::as_str) {
-        if k != r.kind() {
-            return Err(ApiError::bad_request(format!(
-                "the kind in the data ({k}) does not match the expected kind ({})",
+                "the object provided is unrecognized (must be of type {}): Object 'Kind' is \
+                 missing in '{raw}' ({summary})",
                 r.kind()
             )));
+        };
+        let data = api_version.unwrap_or_default();
+        if data != expected {
+            return Err(version_mismatch(data, &expected));
+        }
+        if kind != r.kind() {
+            return Err(ApiError::invalid_kind(
+                r.group(),
+                kind,
+                &name,
+                &format!("kind: Invalid value: \"{kind}\": must be {}", r.kind()),
+            ));
+        }
+    } else {
+        if let Some(v) = api_version {
+            if v != expected {
+                return Err(version_mismatch(v, &expected));
+            }
+        }
+        if let Some(k) = kind {
+            if k != r.kind() {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({})",
+                    r.kind()
+                )));
+            }
         }
     }
     obj.insert("apiVersion".into(), json!(r.api_version()));
     obj.insert("kind".into(), json!(r.kind()));
     Ok(())
+}
+
+/// An event's namespace must be its involved object's (or, for an object without one,
+/// empty or `default`), as kube-apiserver's validation of core/v1 events says.
+fn event_error(event: &Value) -> Option<String> {
+    let ns = meta_str(event, "namespace").unwrap_or_default();
+    let involved = event
+        .pointer("/involvedObject/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let event_time = event
+        .get("eventTime")
+        .is_some_and(|t| t.as_str().is_some_and(|s| !s.is_empty()));
+    let ok = match (involved.is_empty(), event_time) {
+        (true, false) => ns.is_empty() || ns == "default",
+        (true, true) => ns == "default" || ns == "kube-system",
+        (false, false) => ns == involved,
+        (false, true) => true,
+    };
+    (!ok).then(|| {
+        format!("involvedObject.namespace: Invalid value: \"{involved}\": does not match event.namespace")
+    })
+}
+
+/// Writes to an immutable config map's data are refused, as kube-apiserver's validation does.
+fn config_map_error(old: &Value, new: &Value) -> Option<String> {
+    if old.get("immutable") != Some(&json!(true)) {
+        return None;
+    }
+    let forbidden = |f: &str| format!("{f}: Forbidden: field is immutable when `immutable` is set");
+    let mut errs = Vec::new();
+    if new.get("immutable") != Some(&json!(true)) {
+        errs.push(forbidden("immutable"));
+    }
+    for field in ["data", "binaryData"] {
+        if old.get(field) != new.get(field) {
+            errs.push(forbidden(field));
+        }
+    }
+    match errs.len() {
+        0 => None,
+        1 => errs.pop(),
+        _ => Some(format!("[{}]", errs.join(", "))),
+    }
+}
+
+/// Whether an update changes what `metadata.generation` counts: the spec, or for a
+/// custom resource anything but metadata and status (as CRDs with a status subresource).
+fn generation_changes(r: Resource, old: &Value, new: &Value) -> bool {
+    if !r.is_custom() {
+        return new.get("spec") != old.get("spec");
+    }
+    let content = |v: &Value| -> Option<Map<String, Value>> {
+        let mut m = v.as_object()?.clone();
+        m.remove("metadata");
+        m.remove("status");
+        Some(m)
+    };
+    content(old) != content(new)
 }
 
 /// How a create treats a pod's `status`.
@@ -168,15 +287,22 @@ pub enum CreateStatus {
     Keep,
 }
 
-/// Creates `body` in namespace `ns` (from the path).
+/// Creates `body`, sent for `version` of `r`, in namespace `ns` (from the path).
 pub fn create(
     store: &mut Store,
     r: Resource,
+    version: &str,
     ns: Option<&str>,
     mut body: Value,
     status: CreateStatus,
 ) -> Result<Outcome, ApiError> {
-    check_type(r, &mut body)?;
+    if !r.stored() {
+        return Err(ApiError::internal(&format!(
+            "{} are not stored",
+            r.plural()
+        )));
+    }
+    check_type(r, version, &mut body)?;
     let meta = meta_mut(&mut body)?;
     if r.namespaced() {
         let path_ns = ns.unwrap_or("default");
@@ -221,6 +347,12 @@ pub fn create(
     if let Some(e) = name_error(r, &name) {
         return Err(ApiError::invalid(r, &name, &e));
     }
+    if r == Resource::Events {
+        if let Some(e) = event_error(&body) {
+            return Err(ApiError::invalid(r, &name, &e));
+        }
+    }
+    let meta = meta_mut(&mut body)?;
     meta.insert("name".into(), json!(name));
     meta.insert("uid".into(), json!(new_uid()));
     meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
@@ -271,6 +403,10 @@ pub fn create(
                        "desiredNumberScheduled": 0, "numberReady": 0}),
             );
         }
+        // A custom resource with a status subresource: create cannot set status.
+        _ if r.is_custom() && status == CreateStatus::Reset => {
+            obj.remove("status");
+        }
         _ => {}
     }
     let ev = store.insert(key, body);
@@ -284,17 +420,19 @@ fn current(store: &Store, key: &Key) -> Result<Arc<Value>, ApiError> {
         .ok_or_else(|| ApiError::not_found(key.0, &key.2))
 }
 
-/// Writes `new` over `old` (the object at `key`) under Kubernetes' rules for `sub`.
+/// Writes `body` (sent for `version`) over `old` (the object at `key`) under Kubernetes'
+/// rules for `sub`.
 fn finish_update(
     store: &mut Store,
     key: Key,
+    version: &str,
     old: Arc<Value>,
     body: Value,
     sub: Sub,
 ) -> Result<Outcome, ApiError> {
     let r = key.0;
     let mut body = body;
-    check_type(r, &mut body)?;
+    check_type(r, version, &mut body)?;
     let want_rv = meta_str(&body, "resourceVersion").unwrap_or_default();
     let old_rv = meta_str(&old, "resourceVersion").unwrap_or_default();
     if !want_rv.is_empty() && want_rv != old_rv {
@@ -315,7 +453,8 @@ fn finish_update(
             new
         }
         Sub::Status => {
-            // The old object with the body's status, labels and annotations.
+            // The old object with the body's status, and for built-in kinds its labels and
+            // annotations (a custom resource's status write takes its status only).
             let mut new = (*old).clone();
             let o = new
                 .as_object_mut()
@@ -324,6 +463,9 @@ fn finish_update(
                 Some(s) => o.insert("status".into(), s.clone()),
                 None => o.remove("status"),
             };
+            if r.is_custom() {
+                return write_if_changed(store, key, old, new);
+            }
             let m = meta_mut(&mut new)?;
             for field in ["labels", "annotations"] {
                 match body.get("metadata").and_then(|bm| bm.get(field)) {
@@ -349,13 +491,28 @@ fn finish_update(
             None => m.remove(field),
         };
     }
-    if r.has_generation() && sub == Sub::Main && new.get("spec") != old.get("spec") {
+    if r == Resource::ConfigMaps {
+        if let Some(e) = config_map_error(&old, &new) {
+            return Err(ApiError::invalid(r, &key.2, &e));
+        }
+    }
+    if r.has_generation() && sub == Sub::Main && generation_changes(r, &old, &new) {
         let generation = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
         meta_mut(&mut new)?.insert("generation".into(), json!(generation + 1));
     }
+    write_if_changed(store, key, old, new)
+}
+
+/// Stores `new` unless it equals `old` (a no-op write bumps nothing).
+fn write_if_changed(
+    store: &mut Store,
+    key: Key,
+    old: Arc<Value>,
+    new: Value,
+) -> Result<Outcome, ApiError> {
     if new == *old {
         return Ok((old, Vec::new()));
     }
@@ -363,10 +520,11 @@ fn finish_update(
     Ok((ev.object.clone(), vec![ev]))
 }
 
-/// Replaces the object at (`r`, `ns`, `name`) with `body` (PUT).
+/// Replaces the object at (`r`, `ns`, `name`) with `body`, sent for `version` (PUT).
 pub fn update(
     store: &mut Store,
     r: Resource,
+    version: &str,
     ns: Option<&str>,
     name: &str,
     sub: Sub,
@@ -394,11 +552,11 @@ pub fn update(
             if let Some(m) = body.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("resourceVersion");
             }
-            return create(store, r, ns, body, CreateStatus::Reset);
+            return create(store, r, version, ns, body, CreateStatus::Reset);
         }
         return Err(ApiError::not_found(r, name));
     };
-    finish_update(store, key, old, body, sub)
+    finish_update(store, key, version, old, body, sub)
 }
 
 /// Drops strategic-merge `$` directives so the rest applies as a merge patch.
@@ -411,10 +569,13 @@ fn strip_directives(v: &mut Value) {
     }
 }
 
-/// Applies a PATCH of type `pt` to the object (PATCH).
+/// Applies a PATCH of type `pt`, sent for `version`, to the object as that version shows
+/// it (PATCH).
+#[allow(clippy::too_many_arguments)] // the parts of the request, each one meaningful
 pub fn patch(
     store: &mut Store,
     r: Resource,
+    version: &str,
     ns: Option<&str>,
     name: &str,
     sub: Sub,
@@ -425,7 +586,7 @@ pub fn patch(
     let old = current(store, &key)?;
     let mut patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    let mut doc = (*old).clone();
+    let mut doc = crate::resource::served_as(r, version, &old).into_owned();
     match pt {
         PatchType::Merge | PatchType::Strategic => {
             if !patch.is_object() {
@@ -449,7 +610,7 @@ pub fn patch(
             "the name of the object ({patched_name}) does not match the name on the URL ({name})"
         )));
     }
-    finish_update(store, key, old, doc, sub)
+    finish_update(store, key, version, old, doc, sub)
 }
 
 /// Changes the stored object with `f`, bypassing the subresource rules (a test's kubelet).
@@ -544,6 +705,7 @@ mod tests {
         create(
             &mut s,
             Resource::Namespaces,
+            "v1",
             None,
             json!({"metadata": {"name": "default"}}),
             CreateStatus::Reset,
@@ -552,6 +714,7 @@ mod tests {
         create(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             json!({"metadata": {"name": "p", "labels": {"app": "x"}}, "spec": {"nodeName": "n1"},
                    "status": {"phase": "Running"}}),
@@ -602,6 +765,7 @@ mod tests {
         let e = create(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             json!({"metadata": {"name": "p"}}),
             CreateStatus::Reset,
@@ -614,6 +778,7 @@ mod tests {
         let e = create(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("nope"),
             json!({"metadata": {"name": "q"}}),
             CreateStatus::Reset,
@@ -623,6 +788,7 @@ mod tests {
         let e = create(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             json!({"metadata": {}}),
             CreateStatus::Reset,
@@ -632,6 +798,7 @@ mod tests {
         let e = create(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             json!({"kind": "Node", "metadata": {"name": "z"}}),
             CreateStatus::Reset,
@@ -641,6 +808,7 @@ mod tests {
         let (p, _) = create(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             json!({"metadata": {"generateName": "web-"}}),
             CreateStatus::Reset,
@@ -654,7 +822,7 @@ mod tests {
     fn status_subresource_rules() {
         let mut s = setup();
         // Main resource: status changes are ignored, spec and labels apply.
-        let (p, ev) = patch(&mut s, Resource::Pods, Some("default"), "p", Sub::Main, PatchType::Merge,
+        let (p, ev) = patch(&mut s, Resource::Pods, "v1", Some("default"), "p", Sub::Main, PatchType::Merge,
             br#"{"spec":{"nodeName":"n2"},"status":{"phase":"Failed"},"metadata":{"labels":{"a":"b"}}}"#).unwrap();
         assert_eq!(ev.len(), 1);
         assert_eq!(p["status"]["phase"], "Pending");
@@ -665,7 +833,7 @@ mod tests {
             "a spec change bumps generation"
         );
         // Status: spec changes are ignored, status and annotations apply.
-        let (p, _) = patch(&mut s, Resource::Pods, Some("default"), "p", Sub::Status, PatchType::Merge,
+        let (p, _) = patch(&mut s, Resource::Pods, "v1", Some("default"), "p", Sub::Status, PatchType::Merge,
             br#"{"spec":{"nodeName":"n3"},"status":{"phase":"Running","podIP":"10.0.0.1"},"metadata":{"annotations":{"k":"v"}}}"#).unwrap();
         assert_eq!(p["spec"]["nodeName"], "n2");
         assert_eq!(p["status"]["podIP"], "10.0.0.1");
@@ -678,6 +846,7 @@ mod tests {
         let (p, _) = update(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Status,
@@ -695,6 +864,7 @@ mod tests {
         let (p, ev) = patch(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -709,6 +879,7 @@ mod tests {
         let (_, ev) = patch(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -720,6 +891,7 @@ mod tests {
         let (_, ev) = update(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -737,6 +909,7 @@ mod tests {
         patch(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -748,6 +921,7 @@ mod tests {
         let e = update(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -764,6 +938,7 @@ mod tests {
         let (p, _) = update(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -775,6 +950,7 @@ mod tests {
         let e = patch(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -786,6 +962,7 @@ mod tests {
         let e = update(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "nope",
             Sub::Main,
@@ -796,6 +973,7 @@ mod tests {
         let e = patch(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -818,6 +996,7 @@ mod tests {
         let (p, _) = patch(
             &mut s,
             Resource::Pods,
+            "v1",
             Some("default"),
             "p",
             Sub::Main,
@@ -862,5 +1041,323 @@ mod tests {
             Some(&json!({"preconditions": {"uid": uid}})),
         )
         .unwrap();
+    }
+
+    fn ap(version: &str) -> Value {
+        json!({"apiVersion": format!("security.istio.io/{version}"), "kind": "AuthorizationPolicy",
+               "metadata": {"name": "deny", "labels": {"a": "1"}},
+               "spec": {"action": "DENY"}, "status": {"validationMessages": []}})
+    }
+
+    const AP: Resource = Resource::AuthorizationPolicies;
+
+    #[test]
+    fn custom_resources_store_one_version_with_generation_and_status_rules() {
+        let mut s = setup();
+        let (p, _) = create(
+            &mut s,
+            AP,
+            "v1beta1",
+            Some("default"),
+            ap("v1beta1"),
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        assert_eq!(p["apiVersion"], "security.istio.io/v1", "stored in v1");
+        assert_eq!(p["metadata"]["generation"], 1);
+        assert!(p.get("status").is_none(), "create cannot set status");
+        // Through v1beta1 a patch sees the object as v1beta1 shows it.
+        let (p, _) = patch(
+            &mut s,
+            AP,
+            "v1beta1",
+            Some("default"),
+            "deny",
+            Sub::Main,
+            PatchType::Json,
+            br#"[{"op":"test","path":"/apiVersion","value":"security.istio.io/v1beta1"},
+                 {"op":"replace","path":"/spec/action","value":"ALLOW"}]"#,
+        )
+        .unwrap();
+        assert_eq!(p["apiVersion"], "security.istio.io/v1");
+        assert_eq!(p["metadata"]["generation"], 2);
+        // Metadata changes leave the generation; any other field than status bumps it.
+        let (p, _) = patch(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            "deny",
+            Sub::Main,
+            PatchType::Merge,
+            br#"{"metadata":{"labels":{"b":"2"}},"status":{"x":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(p["metadata"]["generation"], 2);
+        assert!(
+            p.get("status").is_none(),
+            "the main resource ignores status"
+        );
+        let (p, _) = patch(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            "deny",
+            Sub::Main,
+            PatchType::Merge,
+            br#"{"extra":{"x":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(p["metadata"]["generation"], 3);
+        // The status subresource takes status only: not labels, not spec.
+        let (p, ev) = patch(&mut s, AP, "v1beta1", Some("default"), "deny", Sub::Status, PatchType::Merge,
+            br#"{"metadata":{"labels":{"c":"3"}},"spec":{"action":"DENY"},"status":{"conditions":[]}}"#).unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(p["status"], json!({"conditions": []}));
+        assert!(p["metadata"]["labels"].get("c").is_none());
+        assert_eq!(p["spec"]["action"], "ALLOW");
+        assert_eq!(p["metadata"]["generation"], 3);
+        // The Rust API (a controller's stand-in) may create with a status.
+        let mut other = ap("v1");
+        other["metadata"]["name"] = json!("other");
+        let (p, _) = create(&mut s, AP, "v1", Some("default"), other, CreateStatus::Keep).unwrap();
+        assert_eq!(p["status"], json!({"validationMessages": []}));
+    }
+
+    #[test]
+    fn custom_resource_bodies_are_type_checked_as_kube_apiserver_does() {
+        let mut s = setup();
+        let e = create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            ap("v1beta1"),
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (400, "the API version in the data (security.istio.io/v1beta1) does not match the expected API version (security.istio.io/v1)"));
+        let mut wrong_group = ap("v1");
+        wrong_group["apiVersion"] = json!("networking.istio.io/v1");
+        let e = create(
+            &mut s,
+            AP,
+            "v1beta1",
+            Some("default"),
+            wrong_group,
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!(e.message, "the API version in the data (networking.istio.io/v1) does not match the expected API version (security.istio.io/v1beta1)");
+        let mut wrong_kind = ap("v1");
+        wrong_kind["kind"] = json!("RequestAuthentication");
+        let e = create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            wrong_kind,
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (422, "RequestAuthentication.security.istio.io \"deny\" is invalid: kind: Invalid value: \"RequestAuthentication\": must be AuthorizationPolicy"));
+        let mut no_kind = ap("v1");
+        no_kind.as_object_mut().unwrap().remove("kind");
+        let e = create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            no_kind,
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 400);
+        assert!(e.message.starts_with("the object provided is unrecognized (must be of type AuthorizationPolicy): Object 'Kind' is missing in '{"), "{}", e.message);
+        let mut no_version = ap("v1");
+        no_version.as_object_mut().unwrap().remove("apiVersion");
+        let e = create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            no_version,
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!(e.message, "the API version in the data () does not match the expected API version (security.istio.io/v1)");
+        let mut bad_name = ap("v1");
+        bad_name["metadata"]["name"] = json!("Deny");
+        let e = create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            bad_name,
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert!(e.message.starts_with("AuthorizationPolicy.security.istio.io \"Deny\" is invalid: metadata.name: Invalid value"), "{}", e.message);
+        // An update through one version with a body of the other is refused too.
+        create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            ap("v1"),
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        let e = update(
+            &mut s,
+            AP,
+            "v1beta1",
+            Some("default"),
+            "deny",
+            Sub::Main,
+            ap("v1"),
+        )
+        .unwrap_err();
+        assert_eq!(e.message, "the API version in the data (security.istio.io/v1) does not match the expected API version (security.istio.io/v1beta1)");
+        update(
+            &mut s,
+            AP,
+            "v1beta1",
+            Some("default"),
+            "deny",
+            Sub::Main,
+            ap("v1beta1"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn config_maps_and_events() {
+        let mut s = setup();
+        let cm = json!({"metadata": {"name": "c"}, "data": {"a": "1"}, "immutable": true});
+        let (c, _) = create(
+            &mut s,
+            Resource::ConfigMaps,
+            "v1",
+            Some("default"),
+            cm,
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        assert!(c["metadata"].get("generation").is_none());
+        let e = patch(
+            &mut s,
+            Resource::ConfigMaps,
+            "v1",
+            Some("default"),
+            "c",
+            Sub::Main,
+            PatchType::Merge,
+            br#"{"data":{"a":"2"}}"#,
+        )
+        .unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (422, "ConfigMap \"c\" is invalid: data: Forbidden: field is immutable when `immutable` is set"));
+        let e = patch(
+            &mut s,
+            Resource::ConfigMaps,
+            "v1",
+            Some("default"),
+            "c",
+            Sub::Main,
+            PatchType::Merge,
+            br#"{"immutable":false,"binaryData":{"b":"AA=="}}"#,
+        )
+        .unwrap_err();
+        assert!(e.message.ends_with("is invalid: [immutable: Forbidden: field is immutable when `immutable` is set, binaryData: Forbidden: field is immutable when `immutable` is set]"), "{}", e.message);
+        // Its metadata may still change.
+        patch(
+            &mut s,
+            Resource::ConfigMaps,
+            "v1",
+            Some("default"),
+            "c",
+            Sub::Main,
+            PatchType::Merge,
+            br#"{"metadata":{"labels":{"x":"y"}}}"#,
+        )
+        .unwrap();
+        let ev = |name: &str, involved_ns: &str| {
+            json!({"metadata": {"name": name},
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": involved_ns}, "reason": "R"})
+        };
+        create(
+            &mut s,
+            Resource::Events,
+            "v1",
+            Some("default"),
+            ev("p.1", "default"),
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        let e = create(
+            &mut s,
+            Resource::Events,
+            "v1",
+            Some("default"),
+            ev("p.2", "other"),
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!((e.code, e.message.as_str()), (422, "Event \"p.2\" is invalid: involvedObject.namespace: Invalid value: \"other\": does not match event.namespace"));
+        let node_event =
+            json!({"metadata": {"name": "n.1"}, "involvedObject": {"kind": "Node", "name": "n1"}});
+        create(
+            &mut s,
+            Resource::Events,
+            "v1",
+            Some("default"),
+            node_event,
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        let e = create(
+            &mut s,
+            Resource::TokenReviews,
+            "v1",
+            None,
+            json!({}),
+            CreateStatus::Reset,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 500);
+    }
+
+    #[test]
+    fn deleting_a_namespace_takes_its_custom_resources() {
+        let mut s = setup();
+        create(
+            &mut s,
+            AP,
+            "v1",
+            Some("default"),
+            ap("v1"),
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        let gc = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+                        "metadata": {"name": "istio"}, "spec": {"controllerName": "istio.io/gateway-controller"}});
+        create(
+            &mut s,
+            Resource::GatewayClasses,
+            "v1",
+            None,
+            gc,
+            CreateStatus::Reset,
+        )
+        .unwrap();
+        let (_, ev) = delete(&mut s, Resource::Namespaces, None, "default", None).unwrap();
+        assert!(ev.iter().any(|e| e.key.0 == AP));
+        assert!(s.get(&key_of(AP, Some("default"), "deny")).is_none());
+        assert!(
+            s.get(&key_of(Resource::GatewayClasses, None, "istio"))
+                .is_some(),
+            "cluster-scoped"
+        );
     }
 }

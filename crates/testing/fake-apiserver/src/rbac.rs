@@ -10,14 +10,42 @@ use crate::store::Store;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct User {
     pub name: String,
+    /// "" when the user has none (TokenReviews leave it out).
+    pub uid: String,
     pub groups: Vec<String>,
 }
 
+/// A stable UUID-shaped id for `what` (RFC 9562 version 8: derived, not random), standing
+/// in for a ServiceAccount object's uid.
+fn derived_uid(what: &str) -> String {
+    let fnv = |seed: u64| {
+        what.bytes().fold(seed, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_be_bytes());
+    b[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142).to_be_bytes());
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 impl User {
-    /// A service account's user: `system:serviceaccount:<ns>:<name>` and its groups.
+    /// A service account's user: `system:serviceaccount:<ns>:<name>`, its groups, and a uid
+    /// that is the same for the same account every time.
     pub fn service_account(ns: &str, name: &str) -> User {
         User {
             name: format!("system:serviceaccount:{ns}:{name}"),
+            uid: derived_uid(&format!("serviceaccount/{ns}/{name}")),
             groups: vec![
                 "system:serviceaccounts".into(),
                 format!("system:serviceaccounts:{ns}"),
@@ -30,6 +58,7 @@ impl User {
     pub fn admin() -> User {
         User {
             name: "admin".into(),
+            uid: String::new(),
             groups: vec!["system:masters".into(), "system:authenticated".into()],
         }
     }
@@ -42,7 +71,17 @@ impl User {
         }
         User {
             name: name.into(),
+            uid: String::new(),
             groups: g,
+        }
+    }
+
+    /// The user of requests without credentials on the public paths.
+    pub fn anonymous() -> User {
+        User {
+            name: "system:anonymous".into(),
+            uid: String::new(),
+            groups: vec!["system:unauthenticated".into()],
         }
     }
 }
@@ -319,6 +358,16 @@ mod tests {
         for (user, a, want) in cases {
             assert_eq!(allows(&s, user, &a), want, "{} {a:?}", user.name);
         }
+    }
+
+    #[test]
+    fn service_accounts_have_stable_distinct_uids() {
+        let a = User::service_account("istio-system", "ztunnel");
+        assert_eq!(a.uid, User::service_account("istio-system", "ztunnel").uid);
+        assert_ne!(a.uid, User::service_account("default", "ztunnel").uid);
+        assert_eq!(a.uid.len(), 36);
+        assert_eq!(&a.uid[14..15], "8", "version 8: {}", a.uid);
+        assert!(User::admin().uid.is_empty());
     }
 
     #[test]

@@ -277,11 +277,34 @@ pub fn field_value(resource: Resource, obj: &Value, field: &str) -> Option<Strin
             ),
             Resource::Namespaces => field == "status.phase",
             Resource::Nodes => field == "spec.unschedulable",
+            Resource::Events => matches!(
+                field,
+                "involvedObject.kind"
+                    | "involvedObject.namespace"
+                    | "involvedObject.name"
+                    | "involvedObject.uid"
+                    | "involvedObject.apiVersion"
+                    | "involvedObject.resourceVersion"
+                    | "involvedObject.fieldPath"
+                    | "reason"
+                    | "reportingComponent"
+                    | "source"
+                    | "type"
+            ),
             _ => false,
         },
     };
     if !supported {
         return None;
+    }
+    if resource == Resource::Events && field == "source" {
+        // The source's component, else the reporting controller.
+        let component = s("/source/component");
+        return Some(if component.is_empty() {
+            s("/reportingComponent")
+        } else {
+            component
+        });
     }
     let pointer = format!("/{}", field.replace('.', "/"));
     let value = s(&pointer);
@@ -464,5 +487,39 @@ mod tests {
         );
         let esc = FieldSelector::parse(r"metadata.name=a\,b", Resource::Pods).unwrap();
         assert_eq!(esc.pinned_name(), Some("a,b"));
+    }
+
+    #[test]
+    fn event_and_custom_resource_fields() {
+        let ev = json!({"metadata": {"name": "e", "namespace": "ns1"},
+            "involvedObject": {"kind": "Pod", "name": "web", "namespace": "ns1"},
+            "reason": "Scheduled", "type": "Normal", "reportingComponent": "scheduler"});
+        for (sel, want) in [
+            ("involvedObject.kind=Pod,involvedObject.name=web", true),
+            ("reason=Scheduled,type=Normal", true),
+            ("type=Warning", false),
+            // No source.component: the reporting controller is the source.
+            ("source=scheduler", true),
+            ("reportingComponent=scheduler", true),
+            ("metadata.namespace=ns1", true),
+        ] {
+            let f = FieldSelector::parse(sel, Resource::Events).unwrap();
+            assert_eq!(f.matches(Resource::Events, &ev), want, "{sel}");
+        }
+        let mut sourced = ev.clone();
+        sourced["source"] = json!({"component": "kubelet"});
+        let f = FieldSelector::parse("source=kubelet", Resource::Events).unwrap();
+        assert!(f.matches(Resource::Events, &sourced));
+        assert!(FieldSelector::parse("reason=x", Resource::ConfigMaps).is_err());
+        let gw = json!({"metadata": {"name": "g", "namespace": "ns1"}});
+        for r in [
+            Resource::Gateways,
+            Resource::AuthorizationPolicies,
+            Resource::ConfigMaps,
+        ] {
+            let f = FieldSelector::parse("metadata.name=g,metadata.namespace=ns1", r).unwrap();
+            assert!(f.matches(r, &gw), "{r:?}");
+            assert!(FieldSelector::parse("spec.gatewayClassName=x", r).is_err());
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The thin HTTP layer: TLS, authentication, fault injection, the request log, and the
 //! streaming of watches planned by [`crate::handler`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,9 +17,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, watch};
 
+use crate::authn::Tokens;
 use crate::error::ApiError;
 use crate::handler::{self, Handled, Settings, WatchPlan, WatchStart};
 use crate::rbac::User;
+use crate::resource::served_as;
 use crate::store::{Event, Store};
 use crate::table;
 use crate::watch::{bookmark, event_line};
@@ -70,7 +72,7 @@ pub(crate) struct FaultState {
 pub(crate) struct Inner {
     pub store: Mutex<Store>,
     pub events: broadcast::Sender<Arc<Event>>,
-    pub tokens: Mutex<HashMap<String, User>>,
+    pub tokens: Mutex<Tokens>,
     pub faults: Mutex<FaultState>,
     pub log: Mutex<VecDeque<RecordedRequest>>,
     pub kill: watch::Sender<u64>,
@@ -91,7 +93,7 @@ impl Inner {
         Inner {
             store: Mutex::new(Store::new(opts.history)),
             events,
-            tokens: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(Tokens::default()),
             faults: Mutex::new(FaultState::default()),
             log: Mutex::new(VecDeque::new()),
             kill: watch::channel(0).0,
@@ -284,7 +286,7 @@ async fn handle_http(
             .eq_ignore_ascii_case("bearer")
             .then(|| t.trim().to_string())
     });
-    let user = token.and_then(|t| lock(&inner.tokens).get(&t).cloned());
+    let user = token.and_then(|t| lock(&inner.tokens).authenticate(&t));
     let mut rec = RecordedRequest {
         method: method.clone(),
         path: target.clone(),
@@ -325,10 +327,7 @@ async fn handle_http(
     let public = PUBLIC_PATHS.contains(&path.trim_end_matches('/'));
     let user = match user {
         Some(u) => u,
-        None if public => User {
-            name: "system:anonymous".into(),
-            groups: vec!["system:unauthenticated".into()],
-        },
+        None if public => User::anonymous(),
         None => return finish(&mut rec, error(&ApiError::unauthorized())),
     };
     let (fail, delay) = inner.take_fault(&method, &target);
@@ -338,10 +337,6 @@ async fn handle_http(
     if let Some(code) = fail {
         return finish(&mut rec, error(&ApiError::injected(code)));
     }
-    let settings = Settings {
-        rbac: inner.opts.rbac,
-        server_url: &inner.host,
-    };
     let hreq = handler::Request {
         method: &method,
         path: &path,
@@ -353,9 +348,17 @@ async fn handle_http(
     };
     let plan = {
         let mut store = lock(&inner.store);
+        // The token table, which TokenReviews read: only ever locked after the store.
+        let tokens = lock(&inner.tokens);
+        let settings = Settings {
+            rbac: inner.opts.rbac,
+            server_url: &inner.host,
+            tokens: &tokens,
+        };
         match handler::handle(&mut store, &settings, &hreq) {
             Handled::Done(resp, events) => {
                 inner.publish(events);
+                drop(tokens);
                 drop(store);
                 return finish(&mut rec, full(resp.status, &resp.body, resp.retry_after));
             }
@@ -395,7 +398,7 @@ fn start_watch(inner: &Arc<Inner>, plan: WatchPlan) -> hyper::Response<RespBody>
                     .map(|(_, o)| object_line(&plan, "ADDED", o))
                     .collect();
                 if plan.initial_events_end {
-                    lines.push(event_line("BOOKMARK", &bookmark(r, rv, true)));
+                    lines.push(event_line("BOOKMARK", &bookmark(r, plan.version, rv, true)));
                 }
                 (lines, rv, rx, false)
             }
@@ -436,14 +439,17 @@ fn start_watch(inner: &Arc<Inner>, plan: WatchPlan) -> hyper::Response<RespBody>
         .unwrap_or_else(|_| error(&ApiError::internal("building the watch response")))
 }
 
-/// An event line for `obj`, as a one-row Table when the watch asked for Tables.
+/// An event line for `obj`, in the watch's version, as a one-row Table when the watch
+/// asked for Tables.
 fn object_line(plan: &WatchPlan, kind: &str, obj: &Value) -> Vec<u8> {
+    let r = plan.filter.resource;
     match plan.table {
         Some(include) => {
             let meta =
                 serde_json::json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")});
             let t = table::table(
-                plan.filter.resource,
+                r,
+                plan.version,
                 std::slice::from_ref(obj),
                 meta,
                 include,
@@ -451,7 +457,7 @@ fn object_line(plan: &WatchPlan, kind: &str, obj: &Value) -> Vec<u8> {
             );
             event_line(kind, &t)
         }
-        None => event_line(kind, obj),
+        None => event_line(kind, &served_as(r, plan.version, obj)),
     }
 }
 
@@ -501,7 +507,7 @@ async fn run_watch(
                     }
                 }
                 progress = progress.max(rv);
-                let b = bookmark(plan.filter.resource, progress, false);
+                let b = bookmark(plan.filter.resource, plan.version, progress, false);
                 if send(event_line("BOOKMARK", &b)).await.is_err() { return; }
             }
             _ = &mut sleep, if deadline.is_some() => return,

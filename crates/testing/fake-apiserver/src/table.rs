@@ -1,11 +1,12 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for (`Accept:
 //! application/json;as=Table;...`) when it prints for humans, with the columns Kubernetes
-//! prints for each kind (pods' wide columns too; other kinds' wide-only columns are left
-//! out). Sans IO.
+//! prints for each kind (pods' and events' wide columns too; other built-in kinds'
+//! wide-only columns are left out). Custom resources get the columns kube-apiserver gives
+//! a CustomResourceDefinition that declares none: Name and Age. Sans IO.
 
 use serde_json::{json, Value};
 
-use crate::resource::Resource;
+use crate::resource::{served_as, Resource};
 
 /// What a Table row carries besides its cells (`includeObject`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,43 +110,138 @@ fn int(obj: &Value, pointer: &str) -> i64 {
     obj.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
 }
 
-fn columns(r: Resource) -> Vec<(&'static str, &'static str)> {
-    let name = ("Name", "name");
+/// A column definition: name, type, format, priority (1: only with `-o wide`).
+struct Col(&'static str, &'static str, &'static str, u8);
+
+const NAME: Col = Col("Name", "string", "name", 0);
+
+fn col(name: &'static str) -> Col {
+    Col(name, "string", "", 0)
+}
+
+fn int_col(name: &'static str) -> Col {
+    Col(name, "integer", "", 0)
+}
+
+fn wide(name: &'static str) -> Col {
+    Col(name, "string", "", 1)
+}
+
+fn columns(r: Resource) -> Vec<Col> {
     match r {
         Resource::Pods => vec![
-            name,
-            ("Ready", ""),
-            ("Status", ""),
-            ("Restarts", ""),
-            ("Age", ""),
-            ("IP", ""),
-            ("Node", ""),
-            ("Nominated Node", ""),
-            ("Readiness Gates", ""),
+            NAME,
+            col("Ready"),
+            col("Status"),
+            int_col("Restarts"),
+            col("Age"),
+            wide("IP"),
+            wide("Node"),
+            wide("Nominated Node"),
+            wide("Readiness Gates"),
         ],
-        Resource::Namespaces => vec![name, ("Status", ""), ("Age", "")],
+        Resource::Namespaces => vec![NAME, col("Status"), col("Age")],
         Resource::Nodes => vec![
-            name,
-            ("Status", ""),
-            ("Roles", ""),
-            ("Age", ""),
-            ("Version", ""),
+            NAME,
+            col("Status"),
+            col("Roles"),
+            col("Age"),
+            col("Version"),
+        ],
+        Resource::ConfigMaps => vec![NAME, col("Data"), col("Age")],
+        Resource::Events => vec![
+            col("Last Seen"),
+            col("Type"),
+            col("Reason"),
+            col("Object"),
+            wide("Subobject"),
+            wide("Source"),
+            col("Message"),
+            wide("First Seen"),
+            wide("Count"),
+            Col("Name", "string", "name", 1),
         ],
         Resource::DaemonSets => vec![
-            name,
-            ("Desired", ""),
-            ("Current", ""),
-            ("Ready", ""),
-            ("Up-to-date", ""),
-            ("Available", ""),
-            ("Node Selector", ""),
-            ("Age", ""),
+            NAME,
+            int_col("Desired"),
+            int_col("Current"),
+            int_col("Ready"),
+            int_col("Up-to-date"),
+            int_col("Available"),
+            col("Node Selector"),
+            col("Age"),
         ],
-        Resource::ClusterRoles | Resource::Roles => vec![name, ("Created At", "date-time")],
-        Resource::ClusterRoleBindings | Resource::RoleBindings => {
-            vec![name, ("Role", ""), ("Age", "")]
+        // The default printer.
+        Resource::ClusterRoles | Resource::Roles | Resource::TokenReviews => {
+            vec![NAME, Col("Created At", "string", "date-time", 0)]
         }
+        Resource::ClusterRoleBindings | Resource::RoleBindings => {
+            vec![NAME, col("Role"), col("Age")]
+        }
+        Resource::AuthorizationPolicies
+        | Resource::RequestAuthentications
+        | Resource::GatewayClasses
+        | Resource::Gateways
+        | Resource::HttpRoutes
+        | Resource::GrpcRoutes => vec![NAME, Col("Age", "date", "", 0)],
     }
+}
+
+/// `translateTimestampSince`: a timestamp's age, `<unknown>` when unset.
+fn since(obj: &Value, pointer: &str, now: i64) -> Option<String> {
+    let t = obj.pointer(pointer).and_then(Value::as_str)?;
+    Some(match parse_timestamp(t) {
+        Some(t) => human_duration(now - t),
+        None => "<unknown>".into(),
+    })
+}
+
+/// An event's row, as kubectl's event printer fills it.
+fn event_cells(obj: &Value, now: i64) -> Vec<Value> {
+    let unknown = || "<unknown>".to_string();
+    let first = since(obj, "/firstTimestamp", now)
+        .or_else(|| since(obj, "/eventTime", now))
+        .unwrap_or_else(unknown);
+    let mut last = since(obj, "/lastTimestamp", now).unwrap_or_else(|| first.clone());
+    let mut count = int(obj, "/count");
+    if obj.get("series").is_some_and(|v| !v.is_null()) {
+        last = since(obj, "/series/lastObservedTime", now).unwrap_or_else(unknown);
+        count = int(obj, "/series/count");
+    } else if count == 0 {
+        count = 1;
+    }
+    let kind = s(obj, "/involvedObject/kind").to_ascii_lowercase();
+    let target = match s(obj, "/involvedObject/name") {
+        "" => kind,
+        n => format!("{kind}/{n}"),
+    };
+    let first_non_empty = |a: &'static str, b: &'static str| {
+        let v = s(obj, a);
+        if v.is_empty() {
+            s(obj, b)
+        } else {
+            v
+        }
+    };
+    let component = first_non_empty("/source/component", "/reportingComponent");
+    let instance = first_non_empty("/source/host", "/reportingInstance");
+    let source = if instance.is_empty() {
+        component.to_string()
+    } else {
+        format!("{component}, {instance}")
+    };
+    vec![
+        json!(last),
+        json!(s(obj, "/type")),
+        json!(s(obj, "/reason")),
+        json!(target),
+        json!(s(obj, "/involvedObject/fieldPath")),
+        json!(source),
+        json!(s(obj, "/message").trim()),
+        json!(first),
+        json!(count),
+        json!(s(obj, "/metadata/name")),
+    ]
 }
 
 fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
@@ -192,6 +288,15 @@ fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
             ]
         }
         Resource::Namespaces => vec![name, json!(s(obj, "/status/phase")), json!(age(obj, now))],
+        Resource::ConfigMaps => {
+            let len = |f: &str| obj.get(f).and_then(Value::as_object).map_or(0, |m| m.len());
+            vec![
+                name,
+                json!(len("data") + len("binaryData")),
+                json!(age(obj, now)),
+            ]
+        }
+        Resource::Events => event_cells(obj, now),
         Resource::Nodes => {
             let ready = obj
                 .pointer("/status/conditions")
@@ -251,7 +356,7 @@ fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
                 json!(age(obj, now)),
             ]
         }
-        Resource::ClusterRoles | Resource::Roles => {
+        Resource::ClusterRoles | Resource::Roles | Resource::TokenReviews => {
             vec![name, json!(s(obj, "/metadata/creationTimestamp"))]
         }
         Resource::ClusterRoleBindings | Resource::RoleBindings => vec![
@@ -263,10 +368,16 @@ fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
             )),
             json!(age(obj, now)),
         ],
+        Resource::AuthorizationPolicies
+        | Resource::RequestAuthentications
+        | Resource::GatewayClasses
+        | Resource::Gateways
+        | Resource::HttpRoutes
+        | Resource::GrpcRoutes => vec![name, json!(age(obj, now))],
     }
 }
 
-fn row(r: Resource, obj: &Value, include: IncludeObject, now: i64) -> Value {
+fn row(r: Resource, version: &str, obj: &Value, include: IncludeObject, now: i64) -> Value {
     let mut row = json!({"cells": cells(r, obj, now)});
     match include {
         IncludeObject::None => {}
@@ -281,15 +392,17 @@ fn row(r: Resource, obj: &Value, include: IncludeObject, now: i64) -> Value {
             let mut o = obj.clone();
             o["kind"] = json!(r.kind());
             o["apiVersion"] = json!(r.api_version());
-            row["object"] = o;
+            row["object"] = served_as(r, version, &o).into_owned();
         }
     }
     row
 }
 
-/// A Table of `objects` with the list's `metadata` (resourceVersion, continue).
+/// A Table of `objects` (as read through `version`) with the list's `metadata`
+/// (resourceVersion, continue).
 pub fn table(
     r: Resource,
+    version: &str,
     objects: &[Value],
     list_meta: Value,
     include: IncludeObject,
@@ -297,17 +410,8 @@ pub fn table(
 ) -> Value {
     let defs: Vec<Value> = columns(r)
         .into_iter()
-        .map(|(name, format)| {
-            let kind = if name == "Restarts"
-                || (r == Resource::DaemonSets && !matches!(name, "Name" | "Node Selector" | "Age"))
-            {
-                "integer"
-            } else {
-                "string"
-            };
-            // Pods' columns after Age are the wide ones.
-            let wide = r == Resource::Pods && matches!(name, "IP" | "Node" | "Nominated Node" | "Readiness Gates");
-            json!({"name": name, "type": kind, "format": format, "description": "", "priority": i32::from(wide)})
+        .map(|Col(name, kind, format, priority)| {
+            json!({"name": name, "type": kind, "format": format, "description": "", "priority": priority})
         })
         .collect();
     json!({
@@ -315,7 +419,7 @@ pub fn table(
         "apiVersion": "meta.k8s.io/v1",
         "metadata": list_meta,
         "columnDefinitions": defs,
-        "rows": objects.iter().map(|o| row(r, o, include, now)).collect::<Vec<_>>(),
+        "rows": objects.iter().map(|o| row(r, version, o, include, now)).collect::<Vec<_>>(),
     })
 }
 
@@ -357,6 +461,7 @@ mod tests {
         let now = parse_timestamp("2026-01-01T00:00:30Z").unwrap();
         let t = table(
             Resource::Pods,
+            "v1",
             &[pod],
             json!({"resourceVersion": "3"}),
             IncludeObject::Metadata,
@@ -375,5 +480,106 @@ mod tests {
         )));
         assert!(!wants_table(Some("application/json")));
         assert!(!wants_table(None));
+    }
+
+    #[test]
+    fn config_map_event_and_custom_resource_rows() {
+        let now = parse_timestamp("2026-01-01T00:10:00Z").unwrap();
+        let created = json!({"name": "x", "creationTimestamp": "2026-01-01T00:00:00Z"});
+        let cm =
+            json!({"metadata": created, "data": {"a": "1", "b": "2"}, "binaryData": {"c": ""}});
+        let t = table(
+            Resource::ConfigMaps,
+            "v1",
+            &[cm],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        let names: Vec<&Value> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["name"])
+            .collect();
+        assert_eq!(names, ["Name", "Data", "Age"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["x", 3, "10m"]));
+        let gw = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": created});
+        let t = table(
+            Resource::Gateways,
+            "v1",
+            &[gw],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        assert_eq!(
+            t["columnDefinitions"],
+            json!([{"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0},
+                   {"name": "Age", "type": "date", "format": "", "description": "", "priority": 0}])
+        );
+        assert_eq!(t["rows"][0]["cells"], json!(["x", "10m"]));
+        let ev = json!({"metadata": {"name": "web.1", "namespace": "default"},
+            "involvedObject": {"kind": "Pod", "name": "web", "fieldPath": "spec.containers{app}"},
+            "reason": "Pulled", "type": "Normal", "message": "pulled  ", "count": 3,
+            "source": {"component": "kubelet", "host": "n1"},
+            "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:09:00Z"});
+        let t = table(
+            Resource::Events,
+            "v1",
+            &[ev],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "60s",
+                "Normal",
+                "Pulled",
+                "pod/web",
+                "spec.containers{app}",
+                "kubelet, n1",
+                "pulled",
+                "10m",
+                3,
+                "web.1"
+            ])
+        );
+        let priorities: Vec<&Value> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["priority"])
+            .collect();
+        assert_eq!(priorities, [0, 0, 0, 0, 1, 1, 0, 1, 1, 1]);
+        // A new-style event: eventTime, the reporting controller, a series.
+        let ev = json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Node"},
+            "eventTime": "2026-01-01T00:05:00.000000Z", "reportingComponent": "ambit",
+            "series": {"count": 7, "lastObservedTime": "2026-01-01T00:09:30.000000Z"}});
+        let t = table(
+            Resource::Events,
+            "v1",
+            &[ev],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["30s", "", "", "node", "", "ambit", "", "5m", 7, "e"])
+        );
+        let bare = json!({"metadata": {"name": "b"}});
+        let t = table(
+            Resource::Events,
+            "v1",
+            &[bare],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        assert_eq!(t["rows"][0]["cells"][0], "<unknown>");
+        assert_eq!(t["rows"][0]["cells"][8], 1, "a singleton event counts 1");
     }
 }

@@ -62,14 +62,14 @@ pub fn event_line(kind: &str, object: &Value) -> Vec<u8> {
     line
 }
 
-/// A BOOKMARK's object: only the type and the resourceVersion (plus, for the end of a
-/// streamed initial list, Kubernetes' annotation saying so).
-pub fn bookmark(resource: Resource, rv: u64, initial_events_end: bool) -> Value {
+/// A BOOKMARK's object in the watch's `version`: only the type and the resourceVersion
+/// (plus, for the end of a streamed initial list, Kubernetes' annotation saying so).
+pub fn bookmark(resource: Resource, version: &str, rv: u64, initial_events_end: bool) -> Value {
     let mut meta = json!({"resourceVersion": rv.to_string()});
     if initial_events_end {
         meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    json!({"kind": resource.kind(), "apiVersion": resource.api_version(), "metadata": meta})
+    json!({"kind": resource.kind(), "apiVersion": resource.api_version_in(version), "metadata": meta})
 }
 
 #[cfg(test)]
@@ -135,10 +135,13 @@ mod tests {
             line,
             b"{\"object\":{\"a\":1},\"type\":\"ADDED\"}\n".to_vec()
         );
-        let b = bookmark(Resource::Pods, 7, false);
+        let b = bookmark(Resource::Pods, "v1", 7, false);
         assert_eq!(
             b,
             json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}})
         );
+        let b = bookmark(Resource::AuthorizationPolicies, "v1beta1", 8, true);
+        assert_eq!(b["apiVersion"], "security.istio.io/v1beta1");
+        assert_eq!(b["kind"], "AuthorizationPolicy");
     }
 }
