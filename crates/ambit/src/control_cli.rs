@@ -24,17 +24,39 @@ use ambit_runtime::http::{text, with_type, Handler};
 pub struct ControlArgs {
     /// Directory of mesh files (`*.yaml`/`*.yml` in ztunnel's local-config schema:
     /// workloads, services, policies), merged and watched for changes.
-    #[arg(long)]
-    pub mesh: PathBuf,
+    #[arg(
+        long,
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    pub mesh: Option<PathBuf>,
     /// Istio plug-in CA directory (ca-cert.pem, ca-key.pem, root-cert.pem,
     /// cert-chain.pem). When it holds none of them, an ephemeral root is made and written
     /// there, so clients can trust its root-cert.pem.
-    #[arg(long)]
-    pub ca: PathBuf,
+    #[arg(
+        long,
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    pub ca: Option<PathBuf>,
     /// Tokens file: a YAML list of `{token, node}` (may ask for the identities of the
     /// workloads on that node) and `{token, identity}` (that identity only). Keep it 0600.
+    #[arg(
+        long,
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    pub tokens: Option<PathBuf>,
+    /// Serve the waypoints' L7 configuration (AuthorizationPolicy, RequestAuthentication,
+    /// HTTPRoute, GRPCRoute) from the API server instead of files, beside istiod: streams
+    /// only from waypoints' service accounts (TokenReview, audience istio-ca), no CA, the
+    /// serving certificate from istiod's CA (CA_ADDRESS, CA_ROOT_CA, AUTH_TOKEN) for
+    /// --identity.
     #[arg(long)]
-    pub tokens: PathBuf,
+    pub kubernetes: bool,
+    /// With --kubernetes: a kubeconfig (default: the in-cluster service account).
+    #[arg(long, conflicts_with_all = ["mesh", "ca", "tokens"])]
+    pub kubeconfig: Option<PathBuf>,
     /// Where delta xDS and the CA are served (TLS, HTTP/2).
     #[arg(long, default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -78,7 +100,11 @@ pub fn run(args: ControlArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ControlArgs) -> anyhow::Result<()> {
-    let mut cfg = ControlConfig::new(args.mesh, args.ca, args.tokens);
+    let mut cfg = ControlConfig::new(
+        args.mesh.clone().unwrap_or_default(),
+        args.ca.clone().unwrap_or_default(),
+        args.tokens.clone().unwrap_or_default(),
+    );
     cfg.listen = args.listen;
     cfg.serving_names = args.serving_names;
     cfg.identity = match &args.identity {
@@ -93,7 +119,11 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
     cfg.max_cert_ttl = Duration::from_secs(args.max_cert_ttl_secs);
     cfg.default_cert_ttl = cfg.default_cert_ttl.min(cfg.max_cert_ttl);
     let admin = ambit_process::operator::bind(args.admin, "operator").await?;
-    let control = Arc::new(Control::start(cfg).await?);
+    let control = if args.kubernetes {
+        Arc::new(start_kubernetes(cfg, args.kubeconfig.as_deref()).await?)
+    } else {
+        Arc::new(Control::start(cfg).await?)
+    };
     let mut lifecycle = Lifecycle::default();
     tokio::spawn(ambit_runtime::http::serve(
         admin,
@@ -107,6 +137,42 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
         .await;
     control.shutdown().await;
     Ok(())
+}
+
+/// `--kubernetes`: the API client, and the certificate manager for the serving
+/// certificate (istiod's CA, as a workload reaches it: CA_ADDRESS, CA_ROOT_CA, AUTH_TOKEN,
+/// CLUSTER_ID).
+async fn start_kubernetes(
+    cfg: ControlConfig,
+    kubeconfig: Option<&std::path::Path>,
+) -> anyhow::Result<Control> {
+    use ambit_k8s::client::{connect, ClientSource};
+    let source = ClientSource::detect(kubeconfig).context(
+        "--kubernetes: no --kubeconfig and not in a cluster (KUBERNETES_SERVICE_HOST is unset)",
+    )?;
+    let client = connect(&source)
+        .await
+        .with_context(|| format!("--kubernetes: the API client from {source}"))?;
+    let env = ambit_process::env::ProcessEnv::capture();
+    let (ca, cluster_id, secret_ttl) = env.read(|env| {
+        Ok((
+            ambit_process::ca::ca_source(env, None, false)?,
+            env.get("CLUSTER_ID")
+                .filter(|c| !c.is_empty())
+                .unwrap_or("Kubernetes")
+                .to_string(),
+            ambit_process::ca::secret_ttl(env)?,
+        ))
+    })?;
+    let certs = ambit_process::certs::cert_manager(&ambit_process::certs::CertSettings {
+        source: &ca,
+        trust_domain: &cfg.trust_domain,
+        cluster_id: &cluster_id,
+        secret_ttl,
+        impersonate: false,
+    })?;
+    tracing::info!(api = %source, identity = %cfg.identity, "serving the L7 configuration from the API server");
+    Ok(Control::start_kubernetes(cfg, client, certs).await?)
 }
 
 /// `--admin`: an address on loopback. `/debug` shows every workload, policy and client of
@@ -179,6 +245,34 @@ mod tests {
         ]);
         assert_eq!(cli.args.serving_names, ["a.example", "b.example"]);
         assert!(Cli::try_parse_from(["x", "--mesh", "m"]).is_err());
+    }
+
+    /// `--kubernetes` needs no files, and takes none.
+    #[test]
+    fn kubernetes_mode_takes_no_files() {
+        let cli = Cli::parse_from(["x", "--kubernetes", "--kubeconfig", "/k"]);
+        assert!(cli.args.kubernetes && cli.args.mesh.is_none());
+        assert_eq!(
+            cli.args.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/k"))
+        );
+        for bad in [
+            &["x", "--kubernetes", "--mesh", "m"][..],
+            &[
+                "x",
+                "--kubeconfig",
+                "/k",
+                "--mesh",
+                "m",
+                "--ca",
+                "c",
+                "--tokens",
+                "t",
+            ],
+            &["x"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

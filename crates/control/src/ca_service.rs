@@ -194,7 +194,12 @@ impl IstioCertificateService for CaService {
             shared.config.default_cert_ttl,
             shared.config.max_cert_ttl,
         );
-        match shared.ca.sign_request(&body.csr, ttl, SystemTime::now()) {
+        let Some(ca) = shared.ca.as_ref() else {
+            return Err(Status::unimplemented(
+                "ambit control --kubernetes is not a CA: istiod signs the mesh's certificates",
+            ));
+        };
+        match ca.sign_request(&body.csr, ttl, SystemTime::now()) {
             Ok(signed) => {
                 shared.metrics.csr_signed.inc();
                 tracing::info!(%peer, "signed {id} for {binding}, valid {}s", ttl.as_secs());

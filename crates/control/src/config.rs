@@ -125,6 +125,11 @@ pub enum ControlError {
     ServingCert(#[source] CaError),
     #[error("the serving certificate's key: {0}")]
     ServingKey(#[source] rustls::Error),
+    #[error("the serving certificate for {identity} from the mesh CA (CA_ADDRESS): {source}")]
+    ServingFromCa {
+        identity: String,
+        source: ambit_identity::ManagerError,
+    },
     #[error("the mesh: {0}")]
     Mesh(#[from] MeshError),
     #[error("the tokens: {0}")]

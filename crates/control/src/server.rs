@@ -84,7 +84,8 @@ impl Control {
         let shared = Arc::new(Shared {
             client_slots: Arc::new(Semaphore::new(config.max_clients)),
             config,
-            ca,
+            ca: Some(ca),
+            kube: None,
             mesh_tx,
             tokens: RwLock::new(Arc::new(tokens)),
             status: Mutex::new(ReloadStatus::default()),
@@ -168,14 +169,21 @@ impl Control {
         self.local_addr
     }
 
-    /// The CA's trust anchors (what clients verify the serving certificate with).
-    pub fn root_pem(&self) -> String {
-        self.shared.ca.root_pem()
+    /// The CA's trust anchors (what clients verify the serving certificate with); none
+    /// with `--kubernetes`, where istiod's root is.
+    pub fn root_pem(&self) -> Option<String> {
+        self.shared.ca.as_ref().map(|ca| ca.root_pem())
     }
 
-    /// True once the CA and mesh are loaded and the listener is up.
+    /// True once the CA and mesh are loaded and the listener is up; with `--kubernetes`,
+    /// once every watch has listed too.
     pub fn is_ready(&self) -> bool {
         self.shared.listening.load(Ordering::Acquire)
+            && self
+                .shared
+                .kube
+                .as_ref()
+                .is_none_or(|k| k.synced.load(Ordering::Acquire))
     }
 
     /// The generation of the mesh served.

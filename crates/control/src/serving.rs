@@ -121,7 +121,10 @@ pub(crate) async fn renew_loop(
             _ = stopped(&mut stop) => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        match issue_serving(&shared.ca, &shared.config, &ips) {
+        let Some(ca) = shared.ca.as_ref() else {
+            return;
+        };
+        match issue_serving(ca, &shared.config, &ips) {
             Ok((cert, next)) => {
                 *resolver.current.write().unwrap_or_else(|p| p.into_inner()) = cert;
                 renew_at = next;

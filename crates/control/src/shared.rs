@@ -54,6 +54,11 @@ pub(crate) struct Metrics {
     pub(crate) most_names: Gauge,
     /// Names sessions looked at to answer requests and snapshot changes.
     pub(crate) names_examined: Counter,
+    /// `--kubernetes`: streams refused because the token's service account runs no
+    /// waypoint.
+    pub(crate) not_a_waypoint: Counter,
+    /// `--kubernetes`: object versions refused by the readers.
+    pub(crate) objects_refused: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +91,8 @@ impl Metrics {
             requests_refused: Family::default(),
             most_names: Gauge::default(),
             names_examined: Counter::default(),
+            not_a_waypoint: Counter::default(),
+            objects_refused: Counter::default(),
         };
         registry.register(
             "xds_clients",
@@ -145,6 +152,16 @@ impl Metrics {
             "Resource names looked at to work out what clients follow and what to send them (grows with what clients ask and what changes)",
             m.names_examined.clone(),
         );
+        registry.register(
+            "xds_not_a_waypoint",
+            "Streams refused (--kubernetes) because the token's service account runs no waypoint Gateway",
+            m.not_a_waypoint.clone(),
+        );
+        registry.register(
+            "kubernetes_objects_refused",
+            "Object versions read from the API server (--kubernetes) and refused; a refused version's last accepted one stays",
+            m.objects_refused.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -164,7 +181,10 @@ pub(crate) struct ClientEntry {
 
 pub(crate) struct Shared {
     pub(crate) config: ControlConfig,
-    pub(crate) ca: CertificateAuthority,
+    /// The CA (none with `--kubernetes`: istiod signs).
+    pub(crate) ca: Option<CertificateAuthority>,
+    /// `--kubernetes`: who may follow, and whether the watches have listed once.
+    pub(crate) kube: Option<Arc<crate::kubernetes::KubeShared>>,
     pub(crate) mesh_tx: watch::Sender<Arc<MeshState>>,
     pub(crate) tokens: RwLock<Arc<Tokens>>,
     pub(crate) status: Mutex<ReloadStatus>,

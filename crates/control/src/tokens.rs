@@ -78,7 +78,7 @@ pub struct Tokens {
     by_digest: HashMap<[u8; 32], Binding>,
 }
 
-fn digest(token: &str) -> [u8; 32] {
+pub(crate) fn digest(token: &str) -> [u8; 32] {
     let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes());
     let mut out = [0u8; 32];
     out.copy_from_slice(d.as_ref());

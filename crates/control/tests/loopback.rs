@@ -86,11 +86,21 @@ async fn the_serving_certificate_is_renewed() {
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.serving_cert_ttl = Duration::from_secs(2);
     let control = Control::start(cfg).await.unwrap();
-    let first = serving_leaf(control.local_addr(), &control.root_pem()).await;
+    let first = serving_leaf(
+        control.local_addr(),
+        &control.root_pem().expect("a file-mode CA"),
+    )
+    .await;
     let start = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        if serving_leaf(control.local_addr(), &control.root_pem()).await != first {
+        if serving_leaf(
+            control.local_addr(),
+            &control.root_pem().expect("a file-mode CA"),
+        )
+        .await
+            != first
+        {
             break;
         }
         assert!(
@@ -141,7 +151,7 @@ async fn start() -> Fixture {
     assert!(control.is_ready());
     // The ephemeral root is published for clients.
     let written = std::fs::read_to_string(dir.path().join("ca/root-cert.pem")).unwrap();
-    assert_eq!(written, control.root_pem());
+    assert_eq!(written, control.root_pem().expect("a file-mode CA"));
     Fixture {
         _dir: dir,
         mesh,
@@ -264,7 +274,7 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 async fn xds_snapshot_ack_push_and_bad_file() {
     let fx = start().await;
     let addr = fx.control.local_addr();
-    let root = fx.control.root_pem();
+    let root = fx.control.root_pem().expect("a file-mode CA");
     let mut ads = Ads::open(channel(addr, &root, "istiod.istio-system.svc")).await;
     let (a, p) = ads.initial().await;
     assert_eq!(
@@ -364,7 +374,11 @@ async fn xds_snapshot_ack_push_and_bad_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_of_the_world_is_unimplemented() {
     let fx = start().await;
-    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "localhost");
+    let ch = channel(
+        fx.control.local_addr(),
+        &fx.control.root_pem().expect("a file-mode CA"),
+        "localhost",
+    );
     // "localhost" is not a serving name: the handshake fails.
     let mut client = AggregatedDiscoveryServiceClient::new(ch);
     let (_tx, rx) = mpsc::channel::<DiscoveryRequest>(1);
@@ -372,7 +386,11 @@ async fn state_of_the_world_is_unimplemented() {
         .stream_aggregated_resources(ReceiverStream::new(rx))
         .await
         .is_err());
-    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1");
+    let ch = channel(
+        fx.control.local_addr(),
+        &fx.control.root_pem().expect("a file-mode CA"),
+        "127.0.0.1",
+    );
     let mut client = AggregatedDiscoveryServiceClient::new(ch);
     let (_tx, rx) = mpsc::channel::<DiscoveryRequest>(1);
     let status = client
@@ -418,7 +436,7 @@ async fn ca_signs_allowed_identities_and_refuses_the_rest() {
     let fx = start().await;
     let ch = channel(
         fx.control.local_addr(),
-        &fx.control.root_pem(),
+        &fx.control.root_pem().expect("a file-mode CA"),
         "istiod.istio-system.svc",
     );
     let client_id = "spiffe://cluster.local/ns/default/sa/client";
@@ -430,7 +448,10 @@ async fn ca_signs_allowed_identities_and_refuses_the_rest() {
     let chain = create(ch.clone(), Some("node1-token"), &req.pem, Some(client_id))
         .await
         .unwrap();
-    assert_eq!(chain.last().unwrap(), &fx.control.root_pem());
+    assert_eq!(
+        chain.last().unwrap(),
+        &fx.control.root_pem().expect("a file-mode CA")
+    );
     let cert = WorkloadCertificate::from_ca_response(id.clone(), req.key, &chain).unwrap();
     assert_eq!(
         ambit_identity::svid_identity(cert.leaf().unwrap()).unwrap(),
@@ -484,7 +505,11 @@ async fn ca_signs_allowed_identities_and_refuses_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_update_reaches_a_hundred_clients() {
     let fx = start().await;
-    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1");
+    let ch = channel(
+        fx.control.local_addr(),
+        &fx.control.root_pem().expect("a file-mode CA"),
+        "127.0.0.1",
+    );
     let mut clients = Vec::new();
     for _ in 0..100 {
         let mut ads = Ads::open(ch.clone()).await;
@@ -527,7 +552,11 @@ async fn one_update_reaches_a_hundred_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_request_is_refused_and_others_are_served() {
     let fx = start().await;
-    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1");
+    let ch = channel(
+        fx.control.local_addr(),
+        &fx.control.root_pem().expect("a file-mode CA"),
+        "127.0.0.1",
+    );
 
     let big = DeltaDiscoveryRequest {
         node: Some(Node {
@@ -579,7 +608,11 @@ async fn an_oversized_request_is_refused_and_others_are_served() {
     // Another client, on the same connection and on a new one, gets the snapshot.
     for ch in [
         ch,
-        channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1"),
+        channel(
+            fx.control.local_addr(),
+            &fx.control.root_pem().expect("a file-mode CA"),
+            "127.0.0.1",
+        ),
     ] {
         let mut ads = Ads::open(ch).await;
         let (a, p) = ads.initial().await;
@@ -649,7 +682,11 @@ fn waypoint_client(fx: &Fixture) -> (Shared, tokio::task::JoinHandle<()>) {
         .subscribe(Addresses::default())
         .subscribe(WaypointPolicies::default());
     let transport = TokenTransport {
-        channel: channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1"),
+        channel: channel(
+            fx.control.local_addr(),
+            &fx.control.root_pem().expect("a file-mode CA"),
+            "127.0.0.1",
+        ),
         token: NODE1_TOKEN,
     };
     let (on_ready, sink) = (held.clone(), held.clone());
@@ -695,7 +732,7 @@ async fn waypoints_get_their_policies_and_ztunnels_never_do() {
             "policies.yaml:9: security.istio.io/v1 AuthorizationPolicy default/ztunnel-only"
         ));
 
-    let root = fx.control.root_pem();
+    let root = fx.control.root_pem().expect("a file-mode CA");
     let mut ztunnel = Ads::open(channel(fx.control.local_addr(), &root, "127.0.0.1")).await;
     ztunnel.initial().await;
     let (waypoint, task) = waypoint_client(&fx);
@@ -795,7 +832,11 @@ async fn a_nack_of_the_waypoints_type_is_recorded_and_tokens_are_checked() {
         fx.control.debug_json()["mesh"]["resources"][WAYPOINT_POLICY_TYPE] == 1
     })
     .await;
-    let ch = channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1");
+    let ch = channel(
+        fx.control.local_addr(),
+        &fx.control.root_pem().expect("a file-mode CA"),
+        "127.0.0.1",
+    );
     let subscribe = DeltaDiscoveryRequest {
         node: Some(Node {
             id: "waypoint~10.0.0.9~waypoint.default~default.svc.cluster.local".into(),
@@ -903,7 +944,11 @@ fn route_client(fx: &Fixture) -> (HeldRoutes, tokio::task::JoinHandle<()>) {
         .subscribe(Addresses::default())
         .subscribe(WaypointRoutes::default());
     let transport = TokenTransport {
-        channel: channel(fx.control.local_addr(), &fx.control.root_pem(), "127.0.0.1"),
+        channel: channel(
+            fx.control.local_addr(),
+            &fx.control.root_pem().expect("a file-mode CA"),
+            "127.0.0.1",
+        ),
         token: NODE1_TOKEN,
     };
     let (on_ready, sink) = (held.clone(), held.clone());

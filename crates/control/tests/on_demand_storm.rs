@@ -211,7 +211,10 @@ async fn a_name_storm_is_capped_refused_counted_and_others_are_served() {
     cfg.poll_interval = Duration::from_millis(100);
     let cap = cfg.limits.max_names_per_type;
     let control = Arc::new(Control::start(cfg).await.unwrap());
-    let ch = channel(control.local_addr(), &control.root_pem());
+    let ch = channel(
+        control.local_addr(),
+        &control.root_pem().expect("a file-mode CA"),
+    );
 
     // The well-behaved client asks for the server by address and gets it.
     let (good_tx, mut good_rx) = open(ch.clone(), on_demand_first(vec!["/10.0.0.3".into()])).await;
@@ -308,7 +311,10 @@ async fn many_small_subscriptions_are_each_answered_and_others_are_served() {
     let mut cfg = ControlConfig::new(mesh_dir.clone(), dir.path().join("ca"), tokens);
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     let control = Control::start(cfg).await.unwrap();
-    let ch = channel(control.local_addr(), &control.root_pem());
+    let ch = channel(
+        control.local_addr(),
+        &control.root_pem().expect("a file-mode CA"),
+    );
 
     let (storm_tx, mut storm_rx) = open(ch.clone(), on_demand_first(Vec::new())).await;
     let before = names_examined(&control);

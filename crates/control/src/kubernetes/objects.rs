@@ -178,15 +178,10 @@ impl Objects {
         }
     }
 
-    /// Forgets every object of `kind` (a re-list replaces them all).
-    pub fn clear(&mut self, kind: Kind) {
-        let keys: Vec<ObjectKey> = self
-            .held
-            .keys()
-            .filter(|k| k.kind == kind)
-            .cloned()
-            .collect();
-        for key in keys {
+    /// Forgets every object `keep` says no to (a re-list: what it did not list is gone).
+    pub fn retain(&mut self, keep: impl Fn(&ObjectKey) -> bool) {
+        let gone: Vec<ObjectKey> = self.held.keys().filter(|k| !keep(k)).cloned().collect();
+        for key in gone {
             self.delete(&key);
         }
     }

@@ -174,7 +174,7 @@ fn deletes_clears_and_limits() {
     objects.apply(b.clone(), &route("b", json!(80)), &o);
     let bytes = objects.bytes;
     assert!(bytes > 0);
-    objects.clear(Kind::HttpRoute);
+    objects.retain(|k| k.kind != Kind::HttpRoute);
     assert_eq!(objects.len(), 1);
     objects.delete(&a);
     assert!(objects.is_empty());

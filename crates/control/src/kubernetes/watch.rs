@@ -1,0 +1,274 @@
+//! The watches: cluster-wide, on the L7 kinds and on Gateways and GatewayClasses. Each
+//! event lands in [`State`] (sans IO); a re-list (after a dropped watch or a 410) replaces
+//! a kind's objects with what it listed, object by object, so an unchanged object is no
+//! change and a refused one keeps its last accepted version. What is served is rebuilt by
+//! the file mode's readers when the documents changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ambit_manifests::ParseOptions;
+use futures_util::StreamExt;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::objects::{Kind, ObjectKey, Objects, Outcome};
+use super::waypoints::Waypoints;
+use crate::shared::{lock, stopped, Shared};
+
+/// What one watch follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    L7(Kind),
+    Gateways,
+    GatewayClasses,
+}
+
+impl Source {
+    pub const ALL: [Source; 6] = [
+        Source::L7(Kind::AuthorizationPolicy),
+        Source::L7(Kind::RequestAuthentication),
+        Source::L7(Kind::HttpRoute),
+        Source::L7(Kind::GrpcRoute),
+        Source::Gateways,
+        Source::GatewayClasses,
+    ];
+
+    /// The group, version, kind and plural watched.
+    pub fn resource(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        match self {
+            Source::L7(k) => (k.group(), k.version(), k.name(), k.plural()),
+            Source::Gateways => ("gateway.networking.k8s.io", "v1", "Gateway", "gateways"),
+            Source::GatewayClasses => (
+                "gateway.networking.k8s.io",
+                "v1",
+                "GatewayClass",
+                "gatewayclasses",
+            ),
+        }
+    }
+}
+
+/// An object's key, as the API server gave it.
+fn key_of(kind: Kind, object: &Value) -> Option<ObjectKey> {
+    let text = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    Some(ObjectKey {
+        kind,
+        namespace: text("/metadata/namespace")?,
+        name: text("/metadata/name")?,
+    })
+}
+
+/// Everything the watches hold.
+#[derive(Debug, Default)]
+pub struct State {
+    pub objects: Objects,
+    pub waypoints: Waypoints,
+    /// Objects of a re-list in progress, per source.
+    relisting: BTreeMap<Source, Vec<Value>>,
+    /// Sources listed once at least.
+    synced: BTreeSet<Source>,
+}
+
+/// A refusal (or a dropped object) to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub key: ObjectKey,
+    pub message: String,
+    pub kept: bool,
+}
+
+impl State {
+    /// Takes one event; returns the refusals it caused.
+    pub fn on_event(
+        &mut self,
+        source: Source,
+        event: Event<Value>,
+        options: &ParseOptions,
+    ) -> Vec<Refused> {
+        match event {
+            Event::Init => {
+                self.relisting.insert(source, Vec::new());
+                Vec::new()
+            }
+            Event::InitApply(object) => {
+                self.relisting.entry(source).or_default().push(object);
+                Vec::new()
+            }
+            Event::InitDone => {
+                let listed = self.relisting.remove(&source).unwrap_or_default();
+                self.synced.insert(source);
+                self.replace(source, listed, options)
+            }
+            Event::Apply(object) => self.apply(source, &object, options),
+            Event::Delete(object) => {
+                match source {
+                    Source::L7(kind) => {
+                        if let Some(key) = key_of(kind, &object) {
+                            self.objects.delete(&key);
+                        }
+                    }
+                    Source::Gateways => self.waypoints.delete_gateway(&object),
+                    Source::GatewayClasses => self.waypoints.delete_class(&object),
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    fn apply(&mut self, source: Source, object: &Value, options: &ParseOptions) -> Vec<Refused> {
+        match source {
+            Source::L7(kind) => {
+                let Some(key) = key_of(kind, object) else {
+                    return Vec::new();
+                };
+                match self.objects.apply(key.clone(), object, options) {
+                    Outcome::Accepted => Vec::new(),
+                    Outcome::Refused { message, kept } => vec![Refused { key, message, kept }],
+                    Outcome::OverLimit { message } => vec![Refused {
+                        key,
+                        message,
+                        kept: false,
+                    }],
+                }
+            }
+            Source::Gateways => {
+                self.waypoints.apply_gateway(object);
+                Vec::new()
+            }
+            Source::GatewayClasses => {
+                self.waypoints.apply_class(object);
+                Vec::new()
+            }
+        }
+    }
+
+    /// A re-list: what it did not list is gone, what it listed is applied.
+    fn replace(
+        &mut self,
+        source: Source,
+        listed: Vec<Value>,
+        options: &ParseOptions,
+    ) -> Vec<Refused> {
+        match source {
+            Source::L7(kind) => {
+                let keep: BTreeSet<ObjectKey> =
+                    listed.iter().filter_map(|o| key_of(kind, o)).collect();
+                self.objects.retain(|k| k.kind != kind || keep.contains(k));
+            }
+            Source::Gateways => self.waypoints.clear_gateways(),
+            Source::GatewayClasses => self.waypoints.clear_classes(),
+        }
+        listed
+            .iter()
+            .flat_map(|o| self.apply(source, o, options))
+            .collect()
+    }
+
+    /// Every source listed once.
+    pub fn synced(&self) -> bool {
+        Source::ALL.iter().all(|s| self.synced.contains(s))
+    }
+}
+
+/// Runs the watches until `stop`, publishing what is served when it changes.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    client: kube::Client,
+    kube: Arc<super::KubeShared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let streams = Source::ALL.map(|source| {
+        let (group, version, kind, plural) = source.resource();
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &resource);
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .map(move |event| (source, event))
+            .boxed()
+    });
+    let mut events = futures_util::stream::select_all(streams);
+    let options = shared.config.manifests.clone();
+    let mut state = State::default();
+    let mut published: Option<Vec<(PathBuf, String)>> = None;
+    let mut dirty = false;
+    loop {
+        let next = tokio::select! {
+            _ = stopped(&mut stop) => return,
+            next = events.next() => next,
+            _ = tokio::time::sleep(Duration::from_millis(50)), if dirty => {
+                dirty = false;
+                publish(&shared, &kube, &state, &mut published);
+                continue;
+            }
+        };
+        let Some((source, event)) = next else { return };
+        let as_value = |o: DynamicObject| serde_json::to_value(o).unwrap_or(Value::Null);
+        let event = match event {
+            Ok(Event::Init) => Event::Init,
+            Ok(Event::InitApply(o)) => Event::InitApply(as_value(o)),
+            Ok(Event::InitDone) => Event::InitDone,
+            Ok(Event::Apply(o)) => Event::Apply(as_value(o)),
+            Ok(Event::Delete(o)) => Event::Delete(as_value(o)),
+            Err(e) => {
+                tracing::warn!(?source, "watch: {e} (it re-lists)");
+                continue;
+            }
+        };
+        for r in state.on_event(source, event, &options) {
+            shared.metrics.objects_refused.inc();
+            if r.kept {
+                tracing::warn!(
+                    "{}: refused, its last accepted version stays: {}",
+                    r.key,
+                    r.message
+                );
+            } else {
+                tracing::error!("{}: refused: {}", r.key, r.message);
+            }
+        }
+        *lock(&kube.waypoints) = state.waypoints.clone();
+        dirty = true;
+    }
+}
+
+/// Rebuilds what is served when the documents changed.
+fn publish(
+    shared: &Shared,
+    kube: &super::KubeShared,
+    state: &State,
+    published: &mut Option<Vec<(PathBuf, String)>>,
+) {
+    if state.synced() {
+        kube.synced
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+    let documents = state.objects.documents();
+    if published.as_ref() == Some(&documents) {
+        return;
+    }
+    match crate::mesh::build(&documents, &shared.config.manifests) {
+        Ok(mesh) => {
+            shared.publish(mesh);
+            *published = Some(documents);
+        }
+        Err(e) => {
+            shared.metrics.reload_errors.inc();
+            tracing::error!("the objects cannot be served together, the last served stay: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
