@@ -4,8 +4,10 @@
 //! - [`waypoints`]: which service accounts run a waypoint Gateway (sans IO);
 //! - [`review`]: who a token belongs to (TokenReview), cached and bounded;
 //! - [`watch`]: the watches, and what is served rebuilt from them;
+//! - [`events`]: a Warning Event on each refused object version;
 //! - `serve`: the server, its gatekeeper and its certificate from the mesh CA.
 
+pub mod events;
 pub mod objects;
 pub mod review;
 mod serve;

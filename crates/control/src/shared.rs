@@ -59,6 +59,9 @@ pub(crate) struct Metrics {
     pub(crate) not_a_waypoint: Counter,
     /// `--kubernetes`: object versions refused by the readers.
     pub(crate) objects_refused: Counter,
+    /// `--kubernetes`: Events about refusals that could not be written (or were dropped
+    /// because too many were waiting).
+    pub(crate) events_failed: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -93,6 +96,7 @@ impl Metrics {
             names_examined: Counter::default(),
             not_a_waypoint: Counter::default(),
             objects_refused: Counter::default(),
+            events_failed: Counter::default(),
         };
         registry.register(
             "xds_clients",
@@ -161,6 +165,11 @@ impl Metrics {
             "kubernetes_objects_refused",
             "Object versions read from the API server (--kubernetes) and refused; a refused version's last accepted one stays",
             m.objects_refused.clone(),
+        );
+        registry.register(
+            "kubernetes_events_failed",
+            "Warning Events about refused objects not written (the API server refused them, or too many were waiting)",
+            m.events_failed.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -34,6 +34,7 @@ fn policy(name: &str, methods: &[&str]) -> Value {
 
 struct Fixture {
     api: ApiServer,
+    client: kube::Client,
     control: Control,
     ca_root: String,
     _dir: tempfile::TempDir,
@@ -82,7 +83,9 @@ async fn start() -> Fixture {
     .unwrap();
     let mut cfg = ControlConfig::new(Default::default(), Default::default(), Default::default());
     cfg.listen = "127.0.0.1:0".parse().unwrap();
-    let control = Control::start_kubernetes(cfg, client, certs).await.unwrap();
+    let control = Control::start_kubernetes(cfg, client.clone(), certs)
+        .await
+        .unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;
     while !control.is_ready() {
         assert!(
@@ -93,6 +96,7 @@ async fn start() -> Fixture {
     }
     Fixture {
         api,
+        client,
         control,
         ca_root: ca.root_pem(),
         _dir: dir,

@@ -86,6 +86,9 @@ pub struct Refused {
     pub key: ObjectKey,
     pub message: String,
     pub kept: bool,
+    /// The object's `uid` and `resourceVersion`, for the Event that names it.
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
 }
 
 impl State {
@@ -132,15 +135,24 @@ impl State {
                 let Some(key) = key_of(kind, object) else {
                     return Vec::new();
                 };
-                match self.objects.apply(key.clone(), object, options) {
-                    Outcome::Accepted => Vec::new(),
-                    Outcome::Refused { message, kept } => vec![Refused { key, message, kept }],
-                    Outcome::OverLimit { message } => vec![Refused {
-                        key,
-                        message,
-                        kept: false,
-                    }],
-                }
+                let meta = |f: &str| {
+                    object
+                        .pointer(&format!("/metadata/{f}"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
+                let (message, kept) = match self.objects.apply(key.clone(), object, options) {
+                    Outcome::Accepted => return Vec::new(),
+                    Outcome::Refused { message, kept } => (message, kept),
+                    Outcome::OverLimit { message } => (message, false),
+                };
+                vec![Refused {
+                    key,
+                    message,
+                    kept,
+                    uid: meta("uid"),
+                    resource_version: meta("resourceVersion"),
+                }]
             }
             Source::Gateways => {
                 self.waypoints.apply_gateway(object);
@@ -198,7 +210,8 @@ pub(crate) async fn run(
             .map(move |event| (source, event))
             .boxed()
     });
-    let mut events = futures_util::stream::select_all(streams);
+    let mut watched = futures_util::stream::select_all(streams);
+    let mut events = super::events::Reporter::spawn(client.clone(), shared.clone());
     let options = shared.config.manifests.clone();
     let mut state = State::default();
     let mut published: Option<Vec<(PathBuf, String)>> = None;
@@ -206,7 +219,7 @@ pub(crate) async fn run(
     loop {
         let next = tokio::select! {
             _ = stopped(&mut stop) => return,
-            next = events.next() => next,
+            next = watched.next() => next,
             _ = tokio::time::sleep(Duration::from_millis(50)), if dirty => {
                 dirty = false;
                 publish(&shared, &kube, &state, &mut published);
@@ -237,6 +250,7 @@ pub(crate) async fn run(
             } else {
                 tracing::error!("{}: refused: {}", r.key, r.message);
             }
+            events.report(r);
         }
         *lock(&kube.waypoints) = state.waypoints.clone();
         dirty = true;
