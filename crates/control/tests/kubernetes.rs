@@ -243,6 +243,31 @@ async fn a_waypoint_follows_the_api_servers_policies() {
         wp.quiet_for(Duration::from_millis(300)).await,
         "a refused version was pushed"
     );
+    // ... and a Warning Event says so on the object, with the field at fault.
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(fx.client.clone(), "shop");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let event = loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        if let Some(e) = list.items.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("read-only")
+                && e.involved_object.kind.as_deref() == Some("AuthorizationPolicy")
+        }) {
+            break e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Event for the refused policy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let message = event.message.unwrap_or_default();
+    assert!(
+        message.contains("still served")
+            && message.contains("spec.rules[0].to[0].operation.methods[0]"),
+        "{message}"
+    );
 
     // A dropped watch re-lists: nothing changes, nothing is pushed.
     let generation = fx.control.mesh_generation();
