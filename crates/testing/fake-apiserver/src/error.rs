@@ -160,6 +160,11 @@ impl ApiError {
         )
     }
 
+    /// 415 for a request body in a media type (or of a kind) the server cannot decode.
+    pub fn unsupported_media(message: &str) -> ApiError {
+        ApiError::new(415, "UnsupportedMediaType", message)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(400, "BadRequest", message)
     }

@@ -254,6 +254,9 @@ fn parse_rv(s: &str) -> Result<u64, ApiError> {
 
 fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
     let media = content_type.unwrap_or("application/json");
+    if media.starts_with(crate::proto::PROTOBUF) {
+        return crate::proto::decode(body);
+    }
     if media.contains("yaml") {
         let text = std::str::from_utf8(body)
             .map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;

@@ -31,6 +31,8 @@
 //!   no-op writes).
 //! - [`watch`]: which events a watcher gets, their wire form.
 //! - [`handler`]: routing, verbs, versions, lists and paging; plans watches.
+//! - [`proto`]: the protobuf request bodies kubectl's generators send (config maps and
+//!   namespaces).
 //! - [`table`]: server-side printing (the Tables kubectl prints for humans).
 //!
 //! ```no_run
@@ -58,7 +60,9 @@
 //! deleting a namespace deletes its objects at once); ClusterRole aggregation is not
 //! evaluated; discovery and `/healthz`-style paths are open to any authenticated user
 //! (`/healthz`, `/readyz`, `/livez`, `/version` also to anonymous ones); no aggregated
-//! discovery (clients fall back to the per-group documents); no OpenAPI (kubectl needs
+//! discovery (clients fall back to the per-group documents); protobuf request bodies
+//! are decoded for config maps and namespaces only (others get 415), and responses are
+//! always JSON; no OpenAPI (kubectl needs
 //! `--validate=false` for files); no defaulting of pod specs; a watch from a
 //! resourceVersion newer than the store's starts after it instead of waiting; objects in
 //! a namespace need the namespace to exist (as the NamespaceLifecycle admission says).
@@ -80,6 +84,7 @@ pub mod authn;
 pub mod error;
 pub mod handler;
 pub mod ops;
+pub mod proto;
 pub mod rbac;
 pub mod resource;
 pub mod selector;
