@@ -8,6 +8,7 @@ use std::process::Stdio;
 
 use ambit_fake_apiserver::{namespace, pod, ApiServer, Resource, ServerOptions, User};
 use common::require_tool;
+use serde_json::json;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 
@@ -469,4 +470,204 @@ async fn kubectl_human_watch_prints_table_rows() {
     let rows = done.unwrap_or_else(|_| panic!("kubectl --watch printed no update: {text}"));
     assert_eq!(rows[0], ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
     assert_eq!(rows[1][..3], ["a", "0/1", "Pending"]);
+}
+
+/// The first `n` lines of kubectl's human output, split into cells.
+fn rows(out: &str, n: usize) -> Vec<Vec<String>> {
+    out.lines()
+        .take(n)
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+const POLICY_V1BETA1: &str = "apiVersion: security.istio.io/v1beta1
+kind: AuthorizationPolicy
+metadata:
+  name: deny-all
+  namespace: default
+spec:
+  action: DENY
+  rules: [{}]
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_a_v1beta1_policy_and_reads_it_as_v1() {
+    let api = setup().await;
+    let k = Kubectl::new(&api, &api.admin_token());
+    let file = k.dir.path().join("policy.yaml");
+    std::fs::write(&file, POLICY_V1BETA1).unwrap();
+    let file = file.to_str().unwrap();
+    let out = k.ok(&["apply", "--validate=false", "-f", file]).await;
+    assert_eq!(
+        out.trim(),
+        "authorizationpolicy.security.istio.io/deny-all created"
+    );
+    let create = api
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST" && r.path.contains("authorizationpolicies"))
+        .unwrap();
+    assert!(
+        create.path.starts_with(
+            "/apis/security.istio.io/v1beta1/namespaces/default/authorizationpolicies"
+        ),
+        "{}",
+        create.path
+    );
+    let yaml = k
+        .ok(&[
+            "get",
+            "authorizationpolicies.v1.security.istio.io",
+            "deny-all",
+            "-o",
+            "yaml",
+        ])
+        .await;
+    let v1: serde_json::Value = yaml_serde::from_str(&yaml).unwrap();
+    assert_eq!(v1["apiVersion"], "security.istio.io/v1", "{yaml}");
+    assert_eq!(v1["kind"], "AuthorizationPolicy");
+    assert_eq!(v1["spec"], json!({"action": "DENY", "rules": [{}]}));
+    assert_eq!(v1["metadata"]["generation"], 1);
+    let beta = k
+        .json(&[
+            "get",
+            "authorizationpolicies.v1beta1.security.istio.io",
+            "deny-all",
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(beta["apiVersion"], "security.istio.io/v1beta1");
+    assert_eq!(beta["metadata"]["uid"], v1["metadata"]["uid"], "one object");
+    // Applying a change: kubectl patches the v1beta1 object; the generation counts it.
+    std::fs::write(file, POLICY_V1BETA1.replace("DENY", "ALLOW")).unwrap();
+    let out = k.ok(&["apply", "--validate=false", "-f", file]).await;
+    assert_eq!(
+        out.trim(),
+        "authorizationpolicy.security.istio.io/deny-all configured"
+    );
+    let stored = api
+        .get(Resource::AuthorizationPolicies, Some("default"), "deny-all")
+        .unwrap();
+    assert_eq!(stored["apiVersion"], "security.istio.io/v1");
+    assert_eq!(stored["spec"]["action"], "ALLOW");
+    assert_eq!(stored["metadata"]["generation"], 2);
+    // The short name, the preferred version, and a CRD's default columns.
+    let out = k.ok(&["get", "ap"]).await;
+    let r = rows(&out, 2);
+    assert_eq!(r[0], ["NAME", "AGE"]);
+    assert_eq!(r[1][0], "deny-all");
+    let out = k.ok(&["get", "ap", "deny-all", "-o", "name"]).await;
+    assert_eq!(out.trim(), "authorizationpolicy.security.istio.io/deny-all");
+    k.ok(&["delete", "-f", file]).await;
+    assert!(api
+        .get(Resource::AuthorizationPolicies, Some("default"), "deny-all")
+        .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_gateways_config_maps_events_and_token_reviews() {
+    let api = setup().await;
+    api.create(json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "istio-waypoint"}, "spec": {"controllerName": "istio.io/mesh-controller"}}))
+        .unwrap();
+    for (ns, name) in [("default", "waypoint"), ("team", "ingress")] {
+        api.create(
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"gatewayClassName": "istio-waypoint",
+                     "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}}),
+        )
+        .unwrap();
+    }
+    let k = Kubectl::new(&api, &api.admin_token());
+    let out = k.ok(&["get", "gtw"]).await;
+    let r = rows(&out, 3);
+    assert_eq!(r[0], ["NAME", "AGE"]);
+    assert_eq!(r[1][0], "waypoint");
+    assert_eq!(r.len(), 2, "one namespace: {out}");
+    let out = k.ok(&["get", "gtw", "-A"]).await;
+    assert_eq!(rows(&out, 1)[0], ["NAMESPACE", "NAME", "AGE"]);
+    assert!(out.contains("ingress"), "{out}");
+    let out = k.ok(&["get", "gc"]).await;
+    assert_eq!(rows(&out, 2)[1][0], "istio-waypoint");
+    let gw = k
+        .json(&[
+            "get",
+            "gateways.gateway.networking.k8s.io",
+            "-A",
+            "--field-selector",
+            "metadata.name=ingress",
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(names(&gw), ["ingress"]);
+    assert_eq!(gw["items"][0]["apiVersion"], "gateway.networking.k8s.io/v1");
+
+    // Config maps: kubectl's own create, and its columns.
+    let out = k
+        .ok(&[
+            "create",
+            "configmap",
+            "settings",
+            "--from-literal=mode=ambient",
+            "--from-literal=log=info",
+        ])
+        .await;
+    assert_eq!(out.trim(), "configmap/settings created");
+    // kubectl's generators send protobuf.
+    let create = api
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST" && r.path.starts_with("/api/v1/namespaces/default/configmaps"))
+        .unwrap();
+    assert_eq!(
+        create.content_type.as_deref(),
+        Some("application/vnd.kubernetes.protobuf")
+    );
+    let out = k.ok(&["create", "namespace", "made-by-kubectl"]).await;
+    assert_eq!(out.trim(), "namespace/made-by-kubectl created");
+    let ns = api
+        .get(Resource::Namespaces, None, "made-by-kubectl")
+        .unwrap();
+    assert_eq!(ns["status"]["phase"], "Active");
+    let cm = api
+        .get(Resource::ConfigMaps, Some("default"), "settings")
+        .unwrap();
+    assert_eq!(cm["data"], json!({"mode": "ambient", "log": "info"}));
+    let out = k.ok(&["get", "cm", "settings"]).await;
+    let r = rows(&out, 2);
+    assert_eq!(r[0], ["NAME", "DATA", "AGE"]);
+    assert_eq!(r[1][..2], ["settings", "2"]);
+
+    // Events about a pod, selected by their fields, with kubectl's columns.
+    for (name, pod_name, reason) in [("a.1", "a", "Scheduled"), ("b.1", "b", "Pulled")] {
+        api.create(json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": "default"},
+            "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": "default"},
+            "reason": reason, "type": "Normal", "message": format!("{reason} {pod_name}"),
+            "source": {"component": "kubelet"}}))
+            .unwrap();
+    }
+    let out = k
+        .ok(&["get", "ev", "--field-selector", "involvedObject.name=b"])
+        .await;
+    let r = rows(&out, 3);
+    assert_eq!(
+        r[0],
+        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    );
+    assert_eq!(r[1][1..], ["Normal", "Pulled", "pod/b", "Pulled", "b"]);
+    assert_eq!(r.len(), 2, "{out}");
+
+    // TokenReviews can only be created.
+    let (ok, _, err) = k.run(&["get", "tokenreviews"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "(MethodNotAllowed): the server does not allow this method on the requested resource"
+        ),
+        "{err}"
+    );
 }
