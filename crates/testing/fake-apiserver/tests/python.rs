@@ -2,8 +2,8 @@
 
 mod common;
 
-use ambit_fake_apiserver::{pod, ApiServer, Resource, ServerOptions, User};
-use serde_json::Value;
+use ambit_fake_apiserver::{namespace, pod, ApiServer, Resource, ServerOptions, User};
+use serde_json::{json, Value};
 
 /// The Debian python (this machine's `python3` may be a pyenv shim without the package).
 const PYTHON: &str = "/usr/bin/python3";
@@ -40,12 +40,36 @@ except ApiException as e:
 print(json.dumps(out))
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_client_lists_watches_patches_and_is_denied() {
+fn require_client() {
     assert!(
         std::path::Path::new("/usr/lib/python3/dist-packages/kubernetes/__init__.py").exists(),
         "Python's kubernetes client is not installed: install the Debian package python3-kubernetes (scripts/test does)"
     );
+}
+
+/// Runs `script` with `KUBECONFIG` set to an admin kubeconfig; its stdout as JSON.
+async fn run(api: &ApiServer, script: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("admin");
+    api.write_kubeconfig(&admin, &api.admin_token()).unwrap();
+    let out = tokio::process::Command::new(PYTHON)
+        .args(["-c", script])
+        .env("KUBECONFIG", &admin)
+        .env("HOME", dir.path())
+        .output()
+        .await
+        .expect("running /usr/bin/python3");
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the script's JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_lists_watches_patches_and_is_denied() {
+    require_client();
     let api = ApiServer::start(ServerOptions {
         rbac: true,
         ..Default::default()
@@ -111,5 +135,98 @@ async fn python_client_lists_watches_patches_and_is_denied() {
     assert_eq!(
         status_patch.content_type.as_deref(),
         Some("application/strategic-merge-patch+json")
+    );
+}
+
+const CUSTOM_SCRIPT: &str = r#"
+import json, os
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+out = {}
+config.load_kube_config(config_file=os.environ["KUBECONFIG"])
+co = client.CustomObjectsApi()
+gw = ("gateway.networking.k8s.io", "v1")
+routes = co.list_namespaced_custom_object(*gw, "default", "httproutes")
+out["routes"] = [routes["apiVersion"], routes["kind"]] + [
+    [r["apiVersion"], r["kind"], r["metadata"]["name"]] for r in routes["items"]]
+picked = co.list_cluster_custom_object(*gw, "httproutes", field_selector="metadata.namespace=shop")
+out["picked"] = [r["metadata"]["name"] for r in picked["items"]]
+out["class"] = co.get_cluster_custom_object(*gw, "gatewayclasses", "istio")["spec"]["controllerName"]
+
+sec = "security.istio.io"
+body = {"apiVersion": "security.istio.io/v1beta1", "kind": "RequestAuthentication",
+        "metadata": {"name": "jwt"}, "spec": {"jwtRules": [{"issuer": "https://issuer.example"}]}}
+out["created"] = co.create_namespaced_custom_object(sec, "v1beta1", "default", "requestauthentications", body)["apiVersion"]
+out["read"] = co.get_namespaced_custom_object(sec, "v1", "default", "requestauthentications", "jwt")["apiVersion"]
+try:
+    co.create_namespaced_custom_object(sec, "v1", "default", "requestauthentications", dict(body, metadata={"name": "jwt2"}))
+    out["mismatch"] = None
+except ApiException as e:
+    out["mismatch"] = [e.status, json.loads(e.body)["message"]]
+
+spec = client.V1TokenReviewSpec(token="pod-token", audiences=["istio-ca"])
+review = client.AuthenticationV1Api().create_token_review(client.V1TokenReview(spec=spec))
+out["review"] = [review.status.authenticated, review.status.user.username, review.status.audiences]
+cm = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="py"), data={"k": "v"})
+out["configmap"] = client.CoreV1Api().create_namespaced_config_map("default", cm).data
+print(json.dumps(out))
+"#;
+
+fn route(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"parentRefs": [{"name": "waypoint"}], "rules": [{}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_custom_objects_token_reviews_and_config_maps() {
+    require_client();
+    let api = ApiServer::start(ServerOptions::default()).await.unwrap();
+    api.create(namespace("shop", &[])).unwrap();
+    for (ns, name) in [("default", "a"), ("default", "b"), ("shop", "c")] {
+        api.create(route(ns, name)).unwrap();
+    }
+    api.create(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "istio"}, "spec": {"controllerName": "istio.io/gateway-controller"}}),
+    )
+    .unwrap();
+    api.add_token_with_audiences(
+        "pod-token",
+        User::service_account("shop", "web"),
+        &["istio-ca"],
+    );
+    let v = run(&api, CUSTOM_SCRIPT).await;
+    let gv = "gateway.networking.k8s.io/v1";
+    assert_eq!(
+        v["routes"],
+        json!([
+            gv,
+            "HTTPRouteList",
+            [gv, "HTTPRoute", "a"],
+            [gv, "HTTPRoute", "b"]
+        ])
+    );
+    assert_eq!(v["picked"], json!(["c"]));
+    assert_eq!(v["class"], "istio.io/gateway-controller");
+    assert_eq!(v["created"], "security.istio.io/v1beta1");
+    assert_eq!(v["read"], "security.istio.io/v1");
+    assert_eq!(
+        v["mismatch"],
+        json!([400, "the API version in the data (security.istio.io/v1beta1) does not match the expected API version (security.istio.io/v1)"])
+    );
+    assert!(api
+        .get(Resource::RequestAuthentications, Some("default"), "jwt2")
+        .is_none());
+    assert_eq!(
+        v["review"],
+        json!([true, "system:serviceaccount:shop:web", ["istio-ca"]])
+    );
+    assert_eq!(v["configmap"], json!({"k": "v"}));
+    assert_eq!(
+        api.get(Resource::ConfigMaps, Some("default"), "py")
+            .unwrap()["data"],
+        json!({"k": "v"})
     );
 }
