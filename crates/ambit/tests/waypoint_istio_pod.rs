@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use ambit_netns_lab::cluster::istiod_pod::{pod_name, IstiodPod};
+use ambit_netns_lab::cluster::istiod_pod::{pod_name, IstiodPod, L7Control};
 use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_netns_lab::control::{ControlPlane, CONTROL_PORT};
 use ambit_netns_lab::peer::NodeProxy;
@@ -137,7 +137,7 @@ fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
             node: 1,
             name: "waypoint",
             ip: WAYPOINT_IP,
-            l7_control: Some(&l7),
+            l7_control: L7Control::File(&l7),
             ports: (25100, 25120, 25121),
         })
         .unwrap();
@@ -194,7 +194,7 @@ fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
             node: 0,
             name: "late-waypoint",
             ip: LATE_WAYPOINT_IP,
-            l7_control: Some(&l7),
+            l7_control: L7Control::File(&l7),
             ports: (25200, 25220, 25221),
         })
         .unwrap();
@@ -236,7 +236,7 @@ fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
             node: 0,
             name: "no-l7-waypoint",
             ip: Ipv4Addr::new(10, 78, 0, 5),
-            l7_control: None,
+            l7_control: L7Control::None,
             ports: (25300, 25320, 25321),
         })
         .unwrap();
@@ -251,4 +251,229 @@ fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
         said.contains("AMBIT_CONTROL_ADDRESS is required when AMBIT_WAYPOINT_CONFIG is not set"),
         "{said}"
     );
+}
+
+/// `kubectl apply` in node1's namespace (where the lab's API server listens) of `yaml`.
+fn kubectl(cluster: &Cluster, kubeconfig: &Path, args: &[&str], yaml: Option<&str>) -> String {
+    let ns = &cluster.nodes[0].ns;
+    let file = cluster
+        .lab
+        .dir
+        .path()
+        .join(format!("kubectl-{}.yaml", rand_suffix()));
+    let mut argv = vec![
+        "kubectl".to_string(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+    ];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    if let Some(yaml) = yaml {
+        std::fs::write(&file, yaml).unwrap();
+        argv.extend([
+            "--validate=false".into(),
+            "-f".into(),
+            file.display().to_string(),
+        ]);
+    }
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    cluster
+        .lab
+        .exec(ns, &argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e:#}"))
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+const GATEWAY: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: default}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+"#;
+
+/// The policy with `methods` allowed to the client.
+fn policy(methods: &str) -> String {
+    format!(
+        r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: reviews-read-only, namespace: default}}
+spec:
+  targetRefs: [{{kind: Service, group: "", name: reviews}}]
+  action: ALLOW
+  rules:
+  - from: [{{source: {{principals: ["cluster.local/ns/default/sa/client"]}}}}]
+    to: [{{operation: {{methods: {methods}}}}}]
+"#
+    )
+}
+
+#[test]
+fn a_waypoint_in_istiods_pod_enforces_what_kubectl_applies_through_control_kubernetes() {
+    use ambit_netns_lab::jwt::{now, Issuer};
+    use ambit_netns_lab::kube::KubeLab;
+    use ambit_netns_lab::kube_control::KubeControl;
+
+    let ambit = Path::new(env!("CARGO_BIN_EXE_ambit"));
+    let pods = [
+        PodSpec::new("client", 0),
+        PodSpec::new("server", 1).endpoint_of(&format!("default/{HOST}"), &[]),
+    ];
+    let mesh = mesh_yaml();
+    let cluster = Cluster::launch(ClusterSpec {
+        ambit,
+        tag: "wp-kubectl",
+        node_proxies: vec![NodeProxy::Ambit(ambit.to_path_buf()); 2],
+        pods: &pods,
+        create: pods.len(),
+        extra_yaml: &mesh,
+        proxy_env: &[],
+        control: Some(ambit),
+    })
+    .unwrap();
+    cluster.serve_http("server", APP_PORT).unwrap();
+    let istiod = cluster.control.as_ref().unwrap();
+    let names: Vec<String> = cluster.nodes.iter().map(|n| n.name.clone()).collect();
+    let kube = KubeLab::start(&cluster.nodes[0].ns, cluster.nodes[0].ip, &names).unwrap();
+    let kubeconfig = cluster.lab.dir.path().join("user.kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig_for(&kube.api.admin_token())).unwrap();
+    kubectl(&cluster, &kubeconfig, &["apply"], Some(GATEWAY));
+    kubectl(
+        &cluster,
+        &kubeconfig,
+        &["apply"],
+        Some(&policy(r#"["GET"]"#)),
+    );
+
+    let mut l7 = KubeControl::start(
+        &cluster.lab,
+        &cluster.nodes[0].ns,
+        SocketAddr::from((cluster.nodes[0].ip, CONTROL_PORT)),
+        ambit,
+        &kube,
+        istiod,
+    )
+    .unwrap();
+    let address = l7.listen;
+    let waypoint = cluster
+        .spawn_istiod_waypoint(&IstiodPod {
+            node: 1,
+            name: "waypoint",
+            ip: WAYPOINT_IP,
+            l7_control: L7Control::Kubernetes {
+                address,
+                api: &kube,
+            },
+            ports: (25100, 25120, 25121),
+        })
+        .unwrap();
+    let log = |pod: &ambit_netns_lab::cluster::waypoint::WaypointPod| {
+        std::fs::read_to_string(&pod.process.log).unwrap_or_default()
+    };
+    wait_until("the waypoint to be ready", Duration::from_secs(30), || {
+        matches!(cluster.waypoint_readiness(&waypoint), Ok((200, _)))
+    })
+    .unwrap_or_else(|e| panic!("{e}; its log:\n{}\ncontrol:\n{}", log(&waypoint), l7.log()));
+    assert_eq!(get_and_delete(&cluster), (200, 403), "{}", log(&waypoint));
+    assert_eq!(
+        subscribed_types(istiod, &pod_name("waypoint")),
+        [ADDRESS_TYPE]
+    );
+
+    // kubectl apply: DELETE allowed too, within a second or so.
+    kubectl(
+        &cluster,
+        &kubeconfig,
+        &["apply"],
+        Some(&policy(r#"["GET", "DELETE"]"#)),
+    );
+    wait_until(
+        "the change to reach the waypoint",
+        Duration::from_secs(10),
+        || get_and_delete(&cluster) == (200, 200),
+    )
+    .unwrap();
+    // A version the readers refuse: a Warning Event on it, and the last one stays.
+    kubectl(
+        &cluster,
+        &kubeconfig,
+        &["apply"],
+        Some(&policy(r#"["get"]"#)),
+    );
+    wait_until("the Warning Event", Duration::from_secs(10), || {
+        kubectl(
+            &cluster,
+            &kubeconfig,
+            &["get", "events", "-n", "default"],
+            None,
+        )
+        .contains("RefusedByWaypointReader")
+    })
+    .unwrap_or_else(|e| panic!("{e}; control:\n{}", l7.log()));
+    assert_eq!(get_and_delete(&cluster), (200, 200));
+
+    // A RequestAuthentication: a forged token is refused 401.
+    let idp = Issuer::new("https://idp.example", "k1").unwrap();
+    kubectl(
+        &cluster,
+        &kubeconfig,
+        &["apply"],
+        Some(&format!(
+            "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: reviews-jwt, namespace: default}}\nspec:\n  targetRefs: [{{kind: Service, group: \"\", name: reviews}}]\n  jwtRules:\n  - issuer: https://idp.example\n    jwks: '{}'\n",
+            idp.jwks()
+        )),
+    );
+    let claims = serde_json::json!({"iss": "https://idp.example", "sub": "a", "exp": now() + 600});
+    let with_token = |token: &str| {
+        let mut req = ambit_netns_lab::cluster::http::request("GET", HOST, "/reviews/1").unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        cluster
+            .send_http1_from("client", SocketAddr::from((VIP, PORT)), vec![req])
+            .unwrap()[0]
+            .status
+    };
+    wait_until(
+        "the RequestAuthentication to reach the waypoint",
+        Duration::from_secs(10),
+        || with_token(&idp.forged(&claims)) == 401,
+    )
+    .unwrap();
+    assert_eq!(with_token(&idp.token(&claims)), 200);
+
+    // The control server goes away: the waypoint keeps enforcing what it holds.
+    l7.stop(&cluster.lab).unwrap();
+    assert_eq!(with_token(&idp.forged(&claims)), 401);
+    assert_eq!(get_and_delete(&cluster), (200, 200));
+    // A fresh waypoint without it is never ready.
+    let late = cluster
+        .spawn_istiod_waypoint(&IstiodPod {
+            node: 0,
+            name: "late-waypoint",
+            ip: LATE_WAYPOINT_IP,
+            l7_control: L7Control::Kubernetes {
+                address,
+                api: &kube,
+            },
+            ports: (25200, 25220, 25221),
+        })
+        .unwrap();
+    wait_until(
+        "the late waypoint to wait for its L7 configuration only",
+        Duration::from_secs(30),
+        || {
+            matches!(cluster.waypoint_readiness(&late),
+                Ok((500, body)) if body.trim() == "not ready, pending: L7 configuration, proxy")
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?}\n{}",
+            cluster.waypoint_readiness(&late),
+            log(&late)
+        )
+    });
 }

@@ -67,7 +67,12 @@ impl KubeLab {
     /// A kubeconfig for the nodes: the node-reachable address, the server's certificate
     /// checked under the name it was issued for.
     pub fn kubeconfig(&self) -> String {
-        self.api.kubeconfig(&self.token).replace(
+        self.kubeconfig_for(&self.token)
+    }
+
+    /// [`KubeLab::kubeconfig`] with another user's token.
+    pub fn kubeconfig_for(&self, token: &str) -> String {
+        self.api.kubeconfig(token).replace(
             &format!("server: \"{}\"", self.api.url()),
             &format!(
                 "server: \"https://{}\"\n    tls-server-name: localhost",

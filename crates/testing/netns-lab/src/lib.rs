@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod control;
 pub mod jwt;
 pub mod kube;
+pub mod kube_control;
 pub mod l7;
 pub mod mesh;
 pub mod pcap;

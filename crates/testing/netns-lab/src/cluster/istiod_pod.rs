@@ -16,6 +16,21 @@ use super::waypoint::{grant_token, WaypointPod};
 use super::Cluster;
 use crate::control::ControlPlane;
 use crate::http_get;
+use crate::kube::KubeLab;
+
+/// The server of the L7 configuration, and how it learns the pod's token.
+pub enum L7Control<'a> {
+    /// `ambit control` with files: its tokens file gets the token (when it runs).
+    File(&'a ControlPlane),
+    /// `ambit control --kubernetes` at this address: the lab's API server gets the token,
+    /// projected for the audience `istio-ca`, as the kubelet would mount it.
+    Kubernetes {
+        address: SocketAddr,
+        api: &'a KubeLab,
+    },
+    /// None: `AMBIT_CONTROL_ADDRESS` set empty.
+    None,
+}
 
 /// How to start one.
 pub struct IstiodPod<'a> {
@@ -23,9 +38,8 @@ pub struct IstiodPod<'a> {
     /// The Gateway's name, its service account's and the pod's.
     pub name: &'a str,
     pub ip: Ipv4Addr,
-    /// `ambit control` for the L7 configuration (`AMBIT_CONTROL_ADDRESS`, set empty when
-    /// none); its tokens file gets the pod's token too when it runs.
-    pub l7_control: Option<&'a ControlPlane>,
+    /// Where the L7 configuration comes from (`AMBIT_CONTROL_ADDRESS`).
+    pub l7_control: L7Control<'a>,
     /// The admin, stats and readiness ports on the node's loopback.
     pub ports: (u16, u16, u16),
 }
@@ -60,10 +74,24 @@ impl Cluster {
         let identity = format!("spiffe://cluster.local/ns/default/sa/{name}");
         let token = format!("lab-istio-pod-{:016x}", rand::random::<u64>());
         grant_token(plane, &token, &identity)?;
-        // A stopped server learns nothing (its address is what the pod is given).
-        if let Some(l7) = pod.l7_control.filter(|l7| l7.process.is_some()) {
-            grant_token(l7, &token, &identity)?;
-        }
+        let l7_address = match &pod.l7_control {
+            L7Control::File(l7) => {
+                // A stopped server learns nothing (its address is what the pod is given).
+                if l7.process.is_some() {
+                    grant_token(l7, &token, &identity)?;
+                }
+                l7.listen.to_string()
+            }
+            L7Control::Kubernetes { address, api } => {
+                api.api.add_token_with_audiences(
+                    &token,
+                    ambit_fake_apiserver::User::service_account("default", name),
+                    &["istio-ca"],
+                );
+                address.to_string()
+            }
+            L7Control::None => String::new(),
+        };
         // The pod's mounts, under its own root.
         let root: PathBuf = self.lab.dir.path().join(format!("pod-{name}"));
         let secrets = root.join("var/run/secrets");
@@ -126,11 +154,7 @@ impl Cluster {
             ("AMBIT_READINESS_ADDR", format!("127.0.0.1:{ready}")),
             ("RUST_LOG", "info".to_string()),
         ];
-        env.push((
-            "AMBIT_CONTROL_ADDRESS",
-            pod.l7_control
-                .map_or_else(String::new, |l7| l7.listen.to_string()),
-        ));
+        env.push(("AMBIT_CONTROL_ADDRESS", l7_address));
         let domain = "default.svc.cluster.local".to_string();
         let cluster_name = format!("{name}.default");
         let args = [
