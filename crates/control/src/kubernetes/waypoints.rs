@@ -1,7 +1,8 @@
 //! Which service accounts run a waypoint, from the Gateways and GatewayClasses watched
-//! (sans IO): istiod deploys a waypoint Gateway `<namespace>/<name>` as pods of the
-//! ServiceAccount `<namespace>/<name>`, for a Gateway whose class is Istio's waypoint
-//! class, or any class whose controller is Istio's mesh controller.
+//! (sans IO). istiod deploys a waypoint Gateway `<namespace>/<name>` of Istio's waypoint
+//! class as pods of the ServiceAccount `<namespace>/<name>`, and one of another class
+//! whose controller is Istio's mesh controller as `<namespace>/<name>-<class>` (the
+//! deployer's naming: the class is added unless it is its controller's default class).
 
 use std::collections::BTreeMap;
 
@@ -70,13 +71,22 @@ impl Waypoints {
     /// compared byte for byte).
     pub fn runs_waypoint(&self, namespace: &str, service_account: &str) -> bool {
         let key = (namespace.to_string(), service_account.to_string());
-        self.gateways.get(&key).is_some_and(|class| {
-            class == WAYPOINT_CLASS
-                || self
-                    .classes
-                    .get(class)
-                    .is_some_and(|c| c == MESH_CONTROLLER)
-        })
+        if self.gateways.get(&key).is_some_and(|c| c == WAYPOINT_CLASS) {
+            return true;
+        }
+        let in_namespace = (namespace.to_string(), String::new())..;
+        self.gateways
+            .range(in_namespace)
+            .take_while(|((ns, _), _)| ns == namespace)
+            .any(|((_, gateway), class)| {
+                class != WAYPOINT_CLASS
+                    && self
+                        .classes
+                        .get(class)
+                        .is_some_and(|c| c == MESH_CONTROLLER)
+                    && service_account.strip_prefix(gateway.as_str())
+                        == Some(&format!("-{class}")[..])
+            })
     }
 
     pub fn gateways(&self) -> usize {
@@ -117,7 +127,7 @@ mod tests {
         let mut w = Waypoints::default();
         w.apply_gateway(&gateway("shop", "waypoint", "istio-waypoint"));
         w.apply_gateway(&gateway("shop", "ingress", "istio"));
-        w.apply_gateway(&gateway("shop", "custom-wp", "ambit-waypoint"));
+        w.apply_gateway(&gateway("shop", "custom", "ambit-waypoint"));
         w.apply_class(&class("istio", "istio.io/gateway-controller"));
         let cases: &[(&str, &str, bool)] = &[
             ("shop", "waypoint", true),
@@ -126,7 +136,8 @@ mod tests {
             // An ingress Gateway is not a waypoint.
             ("shop", "ingress", false),
             // A custom class, until its controller is known to be Istio's mesh controller.
-            ("shop", "custom-wp", false),
+            ("shop", "custom-ambit-waypoint", false),
+            ("shop", "custom", false),
             ("shop", "nobody", false),
             // Compared byte for byte.
             ("shop", "Waypoint", false),
@@ -135,9 +146,12 @@ mod tests {
             assert_eq!(w.runs_waypoint(ns, sa), *want, "{ns}/{sa}");
         }
         w.apply_class(&class("ambit-waypoint", MESH_CONTROLLER));
-        assert!(w.runs_waypoint("shop", "custom-wp"));
+        // Its account is named `<gateway>-<class>`, as istiod names it.
+        assert!(w.runs_waypoint("shop", "custom-ambit-waypoint"));
+        assert!(!w.runs_waypoint("shop", "custom"));
+        assert!(!w.runs_waypoint("bank", "custom-ambit-waypoint"));
         w.delete_class(&class("ambit-waypoint", ""));
-        assert!(!w.runs_waypoint("shop", "custom-wp"));
+        assert!(!w.runs_waypoint("shop", "custom-ambit-waypoint"));
         w.delete_gateway(&gateway("shop", "waypoint", ""));
         assert!(!w.runs_waypoint("shop", "waypoint"));
         // A Gateway whose class is removed is forgotten.
