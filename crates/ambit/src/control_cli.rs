@@ -72,6 +72,10 @@ pub struct ControlArgs {
     /// Operator port: /metrics, /ready, /debug. Loopback only: /debug shows the whole mesh.
     #[arg(long, default_value = "127.0.0.1:15014", value_parser = loopback_addr)]
     pub admin: SocketAddr,
+    /// A second operator port that serves only /metrics and /ready (no /debug), on any
+    /// address: for the kubelet's probes and Prometheus, as istiod's 15014 is scraped.
+    #[arg(long)]
+    pub monitoring: Option<SocketAddr>,
     /// The trust domain the CA signs identities of.
     #[arg(long, default_value = "cluster.local")]
     pub trust_domain: String,
@@ -131,6 +135,15 @@ async fn serve(args: ControlArgs) -> anyhow::Result<()> {
         lifecycle.drain.clone(),
     ));
     tracing::info!("operator port on {} (/metrics, /ready, /debug)", args.admin);
+    if let Some(addr) = args.monitoring {
+        let listener = ambit_process::operator::bind(addr, "monitoring").await?;
+        tokio::spawn(ambit_runtime::http::serve(
+            listener,
+            monitoring_handler(control.clone()),
+            lifecycle.drain.clone(),
+        ));
+        tracing::info!("monitoring port on {addr} (/metrics, /ready)");
+    }
     lifecycle.shutdown_requested().await;
     lifecycle
         .drain(Duration::from_secs(1), "the operator port closes")
@@ -187,6 +200,15 @@ fn loopback_addr(s: &str) -> Result<SocketAddr, String> {
         ));
     }
     Ok(addr)
+}
+
+/// `--monitoring`: what may be seen from the network.
+fn monitoring_handler(control: Arc<Control>) -> Handler {
+    let admin = handler(control);
+    Arc::new(move |method, uri, headers| match uri.path() {
+        "/metrics" | "/ready" => admin(method, uri, headers),
+        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics or /ready\n"),
+    })
 }
 
 fn handler(control: Arc<Control>) -> Handler {

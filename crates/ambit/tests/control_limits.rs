@@ -544,3 +544,19 @@ fn the_operator_port_must_be_on_loopback() {
     );
     drop(lab);
 }
+
+/// `--monitoring` answers the kubelet and Prometheus from any address, and shows them
+/// nothing of `/debug` (the whole mesh stays on the loopback-only admin port).
+#[test]
+fn the_monitoring_port_serves_ready_and_metrics_only() {
+    let server = Server::start("ctl-monitor", &["--monitoring", "127.0.0.2:15020"]);
+    let at = SocketAddr::from(([127, 0, 0, 2], 15020));
+    let get = |path: &str| ambit_netns_lab::http_get(&server.ns, at, path).unwrap();
+    assert_eq!(get("/ready"), (200, "ready\n".to_string()));
+    let (status, metrics) = get("/metrics");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("ambit_control_xds_clients"), "{metrics}");
+    let (status, body) = get("/debug");
+    assert_eq!(status, 404, "{body}");
+    assert!(!body.contains("workloads"), "{body}");
+}
