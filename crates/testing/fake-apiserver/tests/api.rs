@@ -1,5 +1,6 @@
 //! The Rust API tests drive the server with: applying YAML, the kubelet-style update, a
-//! server on a listener the test made, and streamed initial lists.
+//! server on a listener the test made, streamed initial lists, and the served versions of
+//! custom resources.
 
 mod common;
 
@@ -149,4 +150,63 @@ async fn streamed_initial_lists_end_with_a_marked_bookmark() {
         ev[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
         "true"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_api_takes_any_served_version_and_stores_one() {
+    let api = ApiServer::start(ServerOptions::default()).await.unwrap();
+    let applied = api
+        .apply_yaml(
+            "apiVersion: security.istio.io/v1beta1\nkind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: DENY}\n---\n\
+             apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r, namespace: default}\nspec: {}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {k: v}\n---\n\
+             apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec: {token: t}\n",
+        )
+        .unwrap();
+    assert_eq!(
+        applied,
+        [
+            "AuthorizationPolicy/default/p",
+            "HTTPRoute/default/r",
+            "ConfigMap/default/c"
+        ],
+        "TokenReviews are never stored"
+    );
+    let p = api
+        .get(Resource::AuthorizationPolicies, Some("default"), "p")
+        .unwrap();
+    assert_eq!(p["apiVersion"], "security.istio.io/v1");
+    assert_eq!(p["metadata"]["generation"], 1);
+    // Applied again through v1beta1 with a change: the same object, a new generation.
+    api.apply_yaml("apiVersion: security.istio.io/v1beta1\nkind: AuthorizationPolicy\nmetadata: {name: p}\nspec: {action: ALLOW}\n")
+        .unwrap();
+    let p2 = api
+        .get(Resource::AuthorizationPolicies, Some("default"), "p")
+        .unwrap();
+    assert_eq!(
+        (
+            p2["metadata"]["generation"].clone(),
+            p2["metadata"]["uid"].clone()
+        ),
+        (json!(2), p["metadata"]["uid"].clone())
+    );
+    let created = api
+        .create(
+            json!({"apiVersion": "security.istio.io/v1beta1", "kind": "RequestAuthentication",
+                       "metadata": {"name": "jwt", "namespace": "default"}, "spec": {},
+                       "status": {"validationMessages": []}}),
+        )
+        .unwrap();
+    assert_eq!(created["apiVersion"], "security.istio.io/v1beta1");
+    assert_eq!(
+        created["status"],
+        json!({"validationMessages": []}),
+        "kept, as a controller wrote it"
+    );
+    assert!(api
+        .create(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "t"}}))
+        .is_err());
+    assert!(api
+        .create(json!({"apiVersion": "security.istio.io/v1alpha1", "kind": "AuthorizationPolicy", "metadata": {"name": "x"}}))
+        .is_err());
 }

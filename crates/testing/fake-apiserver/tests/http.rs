@@ -297,3 +297,104 @@ async fn dropped_watches_are_cut_mid_stream() {
     assert!(!r.complete, "a dropped watch has no terminating chunk");
     eventually("the watch to close", || api.open_watches() == 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v1beta1_watch_shows_v1beta1_objects_and_bookmarks() {
+    let api = ApiServer::start(ServerOptions::default()).await.unwrap();
+    let admin = api.admin_token();
+    api.create(
+        json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "first", "namespace": "default"}, "spec": {}}),
+    )
+    .unwrap();
+    let beta = "/apis/security.istio.io/v1beta1/namespaces/default/authorizationpolicies";
+    let watch = format!(
+        "{beta}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=2"
+    );
+    let stream = {
+        let (api, admin) = (&api, admin.clone());
+        async move { raw(api, "GET", &watch, Some(&admin), None, b"").await }
+    };
+    let write = async {
+        eventually("the watch", || api.open_watches() == 1).await;
+        // Written through v1 by HTTP, so the v1beta1 watcher sees it converted.
+        let body = json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+                          "metadata": {"name": "second"}, "spec": {"action": "DENY"}});
+        let r = raw(
+            &api,
+            "POST",
+            "/apis/security.istio.io/v1/namespaces/default/authorizationpolicies",
+            Some(&admin),
+            Some("application/json"),
+            body.to_string().as_bytes(),
+        )
+        .await;
+        assert_eq!(r.status, 201);
+        assert_eq!(r.json()["apiVersion"], "security.istio.io/v1");
+    };
+    let (r, ()) = tokio::join!(stream, write);
+    let events = r.lines();
+    let seen: Vec<(&str, &str, &str)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap_or(""),
+                e["object"]["apiVersion"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let v1beta1 = "security.istio.io/v1beta1";
+    assert_eq!(
+        seen[..3],
+        [
+            ("ADDED", "first", v1beta1),
+            ("BOOKMARK", "", v1beta1),
+            ("ADDED", "second", v1beta1)
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[1]["object"]["kind"], "AuthorizationPolicy");
+    // A cluster-scoped custom resource by HTTP, and its status subresource.
+    let t = Some(admin.as_str());
+    let classes = "/apis/gateway.networking.k8s.io/v1/gatewayclasses";
+    let gc = json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+                    "metadata": {"name": "istio", "namespace": "ignored"},
+                    "spec": {"controllerName": "istio.io/gateway-controller"},
+                    "status": {"conditions": [{"type": "Accepted", "status": "True"}]}});
+    let r = raw(
+        &api,
+        "POST",
+        classes,
+        t,
+        Some("application/json"),
+        gc.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let created = r.json();
+    assert!(created["metadata"].get("namespace").is_none());
+    assert!(created.get("status").is_none(), "create cannot set status");
+    assert_eq!(created["metadata"]["generation"], 1);
+    let status = json!({"status": {"conditions": [{"type": "Accepted", "status": "True"}]}});
+    let r = raw(
+        &api,
+        "PATCH",
+        &format!("{classes}/istio/status"),
+        t,
+        Some("application/merge-patch+json"),
+        status.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(r.json()["status"], status["status"]);
+    let r = raw(
+        &api,
+        "GET",
+        "/apis/gateway.networking.k8s.io/v1beta1/gatewayclasses",
+        t,
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 404, "only v1 of Gateway API is served");
+}
