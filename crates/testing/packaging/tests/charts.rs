@@ -867,3 +867,127 @@ fn defaults_and_unknown_profiles_fail_rendering() {
         );
     }
 }
+
+/// The control chart: `ambit control --kubernetes` beside istiod, with exactly the access
+/// it uses, its own token for istiod's CA, probes and metrics on the monitoring port.
+#[test]
+fn control_renders_the_server_beside_istiod_with_the_rbac_it_needs() {
+    let mut check = Check::default();
+    let r = check.chart("control", &[]);
+    assert_eq!(
+        names(&r),
+        kn(&[
+            ("ClusterRole", "ambit-control"),
+            ("ClusterRoleBinding", "ambit-control"),
+            ("Deployment", "ambit-control"),
+            ("Service", "ambit-control"),
+            ("ServiceAccount", "ambit-control"),
+        ])
+    );
+    // Exactly what it does with the API.
+    let role = r.get("ClusterRole", "ambit-control").unwrap();
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["security.istio.io"], "resources": ["authorizationpolicies", "requestauthentications"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes", "grpcroutes", "gateways", "gatewayclasses"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    let d = r.get("Deployment", "ambit-control").unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "ambit-control");
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], "localhost/ambit/ambit-waypoint:0.1.0");
+    assert_eq!(
+        c["args"],
+        json!([
+            "control",
+            "--kubernetes",
+            "--listen=[::]:15012",
+            "--monitoring=[::]:15020",
+            "--trust-domain=cluster.local",
+            "--identity=spiffe://cluster.local/ns/istio-system/sa/ambit-control",
+        ])
+    );
+    let env: BTreeMap<String, String> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().into(),
+                e["value"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(env["CA_ADDRESS"], "istiod.istio-system.svc:15012");
+    assert_eq!(env["AUTH_TOKEN"], "/var/run/secrets/tokens/istio-token");
+    assert_eq!(env["CA_ROOT_CA"], "/var/run/secrets/istio/root-cert.pem");
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/ready", "port": 15020})
+    );
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    let token = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "istio-token")
+        .unwrap();
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "istio-ca"
+    );
+    // A revision's istiod; another name: its identity follows.
+    let r = check.chart("control", &[("revision", "canary"), ("name", "l7")]);
+    let c = &r.get("Deployment", "l7").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    assert!(c["env"]
+        .to_string()
+        .contains("istiod-canary.istio-system.svc:15012"));
+    assert!(c["args"]
+        .to_string()
+        .contains("--identity=spiffe://cluster.local/ns/istio-system/sa/l7"));
+}
+
+/// The waypoint class: Istio's mesh controller deploys its Gateways, with ambit's image and
+/// the way to this server overlaid by the class's defaults ConfigMap.
+#[test]
+fn control_renders_the_ambit_waypoint_class_and_its_defaults() {
+    // GatewayClass is a custom resource: rendered and read, not schema-checked here.
+    let r = Render::new("control")
+        .set("waypointClass.enabled", "true")
+        .set("global.hub", "registry.example/ambit")
+        .run()
+        .unwrap();
+    let class = r.get("GatewayClass", "ambit-waypoint").unwrap();
+    assert_eq!(class["spec"]["controllerName"], "istio.io/mesh-controller");
+    let cm = r.get("ConfigMap", "ambit-waypoint-defaults").unwrap();
+    assert_eq!(cm["metadata"]["namespace"], "istio-system");
+    assert_eq!(
+        cm["metadata"]["labels"]["gateway.istio.io/defaults-for-class"],
+        "ambit-waypoint"
+    );
+    let overlay: Value = yaml_serde::from_str(cm["data"]["deployment"].as_str().unwrap()).unwrap();
+    let proxy = &overlay["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(proxy["name"], "istio-proxy");
+    assert_eq!(
+        proxy["image"],
+        "registry.example/ambit/ambit-waypoint:0.1.0"
+    );
+    assert_eq!(
+        proxy["env"],
+        json!([
+            {"name": "AMBIT_CONTROL_ADDRESS", "value": "ambit-control.istio-system.svc:15012"},
+            {"name": "AMBIT_CONTROL_IDENTITY", "value": "spiffe://cluster.local/ns/istio-system/sa/ambit-control"},
+        ])
+    );
+    // Off by default.
+    assert!(Render::new("control")
+        .run()
+        .unwrap()
+        .find("GatewayClass", "ambit-waypoint")
+        .is_none());
+}
