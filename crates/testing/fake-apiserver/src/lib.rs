@@ -21,7 +21,7 @@
 //! [`ApiServer`]: objects, tokens, faults (dropped watches, failed requests, compaction)
 //! and a log of the requests clients sent.
 //!
-//! Modules, sans IO except [`server`] and [`tls`]:
+//! Modules, sans IO except `server` (HTTP, TLS, streaming watches) and `tls`:
 //! - [`resource`]: the kinds, their versions, discovery.
 //! - [`selector`]: label and field selectors.
 //! - [`authn`]: tokens, audiences, TokenReview answers.
@@ -62,10 +62,10 @@
 //! (`/healthz`, `/readyz`, `/livez`, `/version` also to anonymous ones); no aggregated
 //! discovery (clients fall back to the per-group documents); protobuf request bodies
 //! are decoded for config maps and namespaces only (others get 415), and responses are
-//! always JSON; no OpenAPI (kubectl needs
-//! `--validate=false` for files); no defaulting of pod specs; a watch from a
-//! resourceVersion newer than the store's starts after it instead of waiting; objects in
-//! a namespace need the namespace to exist (as the NamespaceLifecycle admission says).
+//! always JSON; no OpenAPI (kubectl needs `--validate=false` for files); no defaulting of
+//! pod specs; a watch from a resourceVersion newer than the store's starts after it
+//! instead of waiting; objects in a namespace need the namespace to exist (as the
+//! NamespaceLifecycle admission says).
 //! Custom resources are not checked against the CRDs' schemas, get none of their
 //! defaults (a real Gateway's or GatewayClass's status starts with "Waiting for
 //! controller" conditions; here it starts empty) and none of their CEL rules, and print
