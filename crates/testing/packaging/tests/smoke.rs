@@ -582,3 +582,168 @@ async fn both_images_run_together_on_a_node() {
     );
     zt_c.stop(30).unwrap();
 }
+
+/// The control chart's RBAC, fed to the test API server with RBAC on, is enough for `ambit
+/// control --kubernetes` as that account: its six watches list (it becomes ready), a
+/// waypoint's stream is admitted through a TokenReview, a refused object gets its Event;
+/// every request it made was allowed. And it grants nothing beyond: no secrets, no writes
+/// to the objects it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_chart_rbac_is_what_control_kubernetes_uses_and_nothing_more() {
+    use ambit_packaging::chart::Render;
+    let rendered = Render::new("control").run().unwrap();
+    let api = ApiServer::start(ServerOptions {
+        rbac: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    prepare_api(&api, &rendered.yaml);
+    api.create(ambit_fake_apiserver::namespace("shop", &[]))
+        .unwrap();
+    api.create(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "waypoint", "namespace": "shop"},
+        "spec": {"gatewayClassName": "istio-waypoint", "listeners": []}}),
+    )
+    .unwrap();
+    api.create(json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "typo", "namespace": "shop"},
+        "spec": {"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}],
+                 "action": "DENY", "rules": [{"to": [{"operation": {"metods": ["DELETE"]}}]}]}}))
+        .unwrap();
+    const CONTROL_TOKEN: &str = "ambit-control-token";
+    let user = "system:serviceaccount:istio-system:ambit-control";
+    api.add_token(
+        CONTROL_TOKEN,
+        User::service_account("istio-system", "ambit-control"),
+    );
+    api.add_token_with_audiences(
+        "waypoint-token",
+        User::service_account("shop", "waypoint"),
+        &["istio-ca"],
+    );
+    let c = client(&api, CONTROL_TOKEN).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ambit_identity::CertificateAuthority::ephemeral("cluster.local").unwrap();
+    ca.write_plugin_dir(dir.path()).unwrap();
+    let certs = ambit_process::certs::cert_manager(&ambit_process::certs::CertSettings {
+        source: &ambit_process::ca::CaSource::LocalDir(dir.path().to_path_buf()),
+        trust_domain: "cluster.local",
+        cluster_id: "Kubernetes",
+        secret_ttl: std::time::Duration::from_secs(3600),
+        impersonate: false,
+    })
+    .unwrap();
+    let mut cfg = ambit_control::ControlConfig::new(
+        Default::default(),
+        Default::default(),
+        Default::default(),
+    );
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    let control = ambit_control::Control::start_kubernetes(cfg, c.clone(), certs)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !control.is_ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never listed: {:?}",
+            api.requests()
+                .iter()
+                .filter(|r| r.status == 403)
+                .map(|r| r.path.clone())
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A waypoint's stream: admitted after a TokenReview.
+    let channel = ambit_grpc::GrpcChannel::new(ambit_grpc::ChannelConfig {
+        server_identity: Some(
+            ambit_identity::SpiffeId::parse(
+                "spiffe://cluster.local/ns/istio-system/sa/ambit-control",
+            )
+            .unwrap(),
+        ),
+        address: format!("https://{}", control.local_addr()),
+        root: ambit_grpc::RootCa::Inline(ca.root_pem()),
+        alt_hostname: None,
+        token: ambit_grpc::Token::Literal("waypoint-token".into()),
+        cluster_id: "Kubernetes".into(),
+        headers: Vec::new(),
+    })
+    .unwrap();
+    let mut ads = ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient::new(channel.channel().unwrap());
+    let first = ambit_proto::DeltaDiscoveryRequest {
+        type_url: ambit_proto::WAYPOINT_POLICY_TYPE.into(),
+        ..Default::default()
+    };
+    let request = channel
+        .request(futures_util::stream::iter([first]).chain(futures_util::stream::pending()))
+        .unwrap();
+    let mut stream = ads
+        .delta_aggregated_resources(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let served = stream.message().await.unwrap().unwrap();
+    // The refused policy stands in as a DENY: served, so the stream was admitted.
+    assert_eq!(served.resources.len(), 1, "{served:?}");
+    // Its Event was written.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), "shop");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let admin = client(&api, &api.admin_token()).await;
+        let all: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin, "shop");
+        if !all
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no Event written");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let denied: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user.as_deref() == Some(user) && r.status == 403)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "the chart's RBAC refused the control server: {denied:?}"
+    );
+    // Nothing more: no reading events back, no pods, no writes to what it reads.
+    forbidden(events.list(&ListParams::default()).await.unwrap_err());
+    let pods: Api<Pod> = Api::all(c.clone());
+    forbidden(pods.list(&ListParams::default()).await.unwrap_err());
+    let policies: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        c.clone(),
+        "shop",
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("security.istio.io", "v1", "AuthorizationPolicy"),
+            "authorizationpolicies",
+        ),
+    );
+    forbidden(
+        policies
+            .delete("typo", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(c, "shop");
+    forbidden(
+        config_maps
+            .create(
+                &Default::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap(),
+            )
+            .await
+            .unwrap_err(),
+    );
+}
