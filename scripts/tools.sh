@@ -29,8 +29,9 @@ BUILD_TOOLS=(make=make cc=gcc)
 FUZZ_TOOLS=(c++=g++)
 # The tools the end-to-end tests use.
 NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 curl=curl dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins)
-# The demo's: nodes, capture rules, ipsets, the CNI plugins, and tcpdump to show the wire.
-DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins)
+# The demo's: nodes, capture rules, ipsets, the CNI plugins, tcpdump to show the wire, and
+# kubectl to apply a waypoint's policy.
+DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins kubectl=kubernetes-client)
 # The interop suite's: namespaces, capture rules, ipsets and the CNI plugins.
 INTEROP_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset /usr/lib/cni/bridge=containernetworking-plugins)
 # The test API server's client suites: kubectl and Python's kubernetes client (a

@@ -1,12 +1,14 @@
 //! `ambit demo`: a whole mesh on this machine in network namespaces (the lab in
 //! `ambit-netns-lab`), real traffic through the node proxies over HBONE, and a short report of
 //! what crossed the wire. In-pod mode by default ([`shared`]: the node agent, the CNI chain,
-//! a service, a policy, DNS, and HTTP through a real waypoint, [`waypoint`]); dedicated mode
+//! a service, a policy, DNS, and HTTP through a real waypoint, [`waypoint`], and one
+//! started as istiod starts it, its policy applied with kubectl, [`kubernetes`]); dedicated mode
 //! with `--dedicated` ([`dedicated`]). Never linked into a node binary: the `ambit` binary
 //! has it only with its `demo` feature.
 #![forbid(unsafe_code)]
 
 mod dedicated;
+mod kubernetes;
 mod report;
 mod shared;
 mod waypoint;

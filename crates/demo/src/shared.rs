@@ -31,8 +31,10 @@ const VIP_CONNECTIONS: usize = 20;
 /// pod on each node (`reviews` behind the waypoint), and a DENY policy for one client.
 fn semantics_yaml() -> String {
     let vip = std::net::Ipv4Addr::from(ECHO_VIP);
+    // The second waypoint's pod and `ratings`, served by `reviews`' apps.
+    let (k8s_workload, k8s_service) = crate::kubernetes::mesh_parts(REVIEWS_APP_PORT);
     format!(
-        r#"- uid: cluster1//v1/Pod/default/waypoint
+        r#"{k8s_workload}- uid: cluster1//v1/Pod/default/waypoint
   name: waypoint
   namespace: default
   serviceAccount: waypoint
@@ -43,7 +45,7 @@ fn semantics_yaml() -> String {
   canonicalName: waypoint
   workloadName: waypoint
 services:
-- name: echo
+{k8s_service}- name: echo
   namespace: default
   hostname: {ECHO_HOST}
   vips: ["/{vip}"]
@@ -95,15 +97,18 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     let echo_key = format!("default/{ECHO_HOST}");
     let reviews_key = format!("default/{REVIEWS_HOST}");
     let (v1_key, v2_key) = (format!("default/{V1_HOST}"), format!("default/{V2_HOST}"));
+    let ratings_key = format!("default/{}", crate::kubernetes::RATINGS_HOST);
     let pods = [
         PodSpec::new("client", 0),
         PodSpec::new("neighbour", 0)
             .endpoint_of(&echo_key, &[])
             .endpoint_of(&reviews_key, &[])
+            .endpoint_of(&ratings_key, &[])
             .endpoint_of(&v1_key, &[]),
         PodSpec::new("server", 1)
             .endpoint_of(&echo_key, &[])
             .endpoint_of(&reviews_key, &[])
+            .endpoint_of(&ratings_key, &[])
             .endpoint_of(&v2_key, &[]),
         PodSpec::new("intruder", 0),
     ];
@@ -215,6 +220,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     let l7 = crate::waypoint::through(&cluster, &waypoint)?;
     let routed = crate::waypoint::routed(&cluster)?;
     let authenticated = crate::waypoint::authenticated(&cluster)?;
+    let on_kubernetes = crate::kubernetes::run(&cluster, &ambit)?;
 
     let mut wires = Vec::new();
     for (name, capture) in [("node1 bridge cni0", bridge), ("node1 link eth0", link)] {
@@ -276,6 +282,7 @@ pub fn run(keep: bool) -> anyhow::Result<()> {
     l7.print(&waypoint);
     routed.print();
     authenticated.print();
+    on_kubernetes.print();
     println!();
     for (name, segments, ports, clear) in &wires {
         println!(
