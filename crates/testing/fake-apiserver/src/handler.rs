@@ -749,7 +749,7 @@ mod tests {
             "a namespaced item needs its namespace"
         );
         assert_eq!(route("/apis/batch/v1/jobs"), None);
-        assert_eq!(route("/api/v1/services"), None);
+        assert_eq!(route("/api/v1/secrets"), None);
         assert_eq!(
             route("/apis/security.istio.io/v1beta1/namespaces/x/authorizationpolicies/p"),
             Some(Route::Resource {
@@ -948,13 +948,7 @@ mod tests {
         let r = call(
             &mut s,
             false,
-            req(
-                "GET",
-                "/api/v1/namespaces/default/services",
-                "",
-                b"",
-                &admin,
-            ),
+            req("GET", "/api/v1/namespaces/default/secrets", "", b"", &admin),
         );
         assert_eq!(
             (r.status, r.body["kind"].as_str().unwrap()),

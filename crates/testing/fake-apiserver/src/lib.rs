@@ -3,7 +3,8 @@
 //!
 //! It serves, over HTTPS (HTTP/1.1) with bearer-token authentication and RBAC
 //! authorization:
-//! - core/v1 pods (with `status`), namespaces, nodes, config maps and events; apps/v1
+//! - core/v1 pods (with `status`), namespaces, nodes, services (with `status`; no
+//!   cluster IPs are allocated), config maps and events; apps/v1
 //!   daemonsets; the RBAC kinds;
 //! - Istio's `security.istio.io` AuthorizationPolicies and RequestAuthentications in two
 //!   versions, `v1` (storage, preferred) and `v1beta1`, and Gateway API's

@@ -15,6 +15,7 @@ pub enum Resource {
     Pods,
     Namespaces,
     Nodes,
+    Services,
     ConfigMaps,
     Events,
     DaemonSets,
@@ -49,6 +50,7 @@ pub(crate) const GROUPS: [Group; 6] = [
             Resource::Pods,
             Resource::Namespaces,
             Resource::Nodes,
+            Resource::Services,
             Resource::ConfigMaps,
             Resource::Events,
         ],
@@ -124,10 +126,11 @@ pub fn split_api_version(api_version: &str) -> (&str, &str) {
 }
 
 impl Resource {
-    pub const ALL: [Resource; 17] = [
+    pub const ALL: [Resource; 18] = [
         Resource::Pods,
         Resource::Namespaces,
         Resource::Nodes,
+        Resource::Services,
         Resource::ConfigMaps,
         Resource::Events,
         Resource::DaemonSets,
@@ -150,6 +153,7 @@ impl Resource {
             Resource::Pods
             | Resource::Namespaces
             | Resource::Nodes
+            | Resource::Services
             | Resource::ConfigMaps
             | Resource::Events => "",
             Resource::DaemonSets => "apps",
@@ -212,6 +216,7 @@ impl Resource {
             Resource::Pods => "pods",
             Resource::Namespaces => "namespaces",
             Resource::Nodes => "nodes",
+            Resource::Services => "services",
             Resource::ConfigMaps => "configmaps",
             Resource::Events => "events",
             Resource::DaemonSets => "daemonsets",
@@ -234,6 +239,7 @@ impl Resource {
             Resource::Pods => "Pod",
             Resource::Namespaces => "Namespace",
             Resource::Nodes => "Node",
+            Resource::Services => "Service",
             Resource::ConfigMaps => "ConfigMap",
             Resource::Events => "Event",
             Resource::DaemonSets => "DaemonSet",
@@ -268,6 +274,7 @@ impl Resource {
             Resource::Pods => &["po"],
             Resource::Namespaces => &["ns"],
             Resource::Nodes => &["no"],
+            Resource::Services => &["svc"],
             Resource::ConfigMaps => &["cm"],
             Resource::Events => &["ev"],
             Resource::DaemonSets => &["ds"],
@@ -282,7 +289,13 @@ impl Resource {
     /// Discovery categories (`kubectl get all`, `kubectl get istio-io`).
     fn categories(self) -> &'static [&'static str] {
         match self.group() {
-            _ if matches!(self, Resource::Pods | Resource::DaemonSets) => &["all"],
+            _ if matches!(
+                self,
+                Resource::Pods | Resource::DaemonSets | Resource::Services
+            ) =>
+            {
+                &["all"]
+            }
             "security.istio.io" => &["istio-io", "security-istio-io"],
             "gateway.networking.k8s.io" => &["gateway-api"],
             _ => &[],
@@ -302,7 +315,11 @@ impl Resource {
     pub fn has_status(self) -> bool {
         matches!(
             self,
-            Resource::Pods | Resource::Namespaces | Resource::Nodes | Resource::DaemonSets
+            Resource::Pods
+                | Resource::Namespaces
+                | Resource::Nodes
+                | Resource::Services
+                | Resource::DaemonSets
         ) || self.is_custom()
     }
 

@@ -149,6 +149,15 @@ fn columns(r: Resource) -> Vec<Col> {
             col("Version"),
         ],
         Resource::ConfigMaps => vec![NAME, col("Data"), col("Age")],
+        Resource::Services => vec![
+            NAME,
+            col("Type"),
+            col("Cluster-IP"),
+            col("External-IP"),
+            col("Port(s)"),
+            col("Age"),
+            wide("Selector"),
+        ],
         Resource::Events => vec![
             col("Last Seen"),
             col("Type"),
@@ -244,6 +253,54 @@ fn event_cells(obj: &Value, now: i64) -> Vec<Value> {
     ]
 }
 
+/// A Service's row as kubectl prints it: `80/TCP,443/TCP`, `<none>` where empty.
+fn service_cells(obj: &Value, now: i64) -> Vec<Value> {
+    let ports: Vec<String> = obj
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p["port"].as_u64().unwrap_or(0),
+                        p["protocol"].as_str().unwrap_or("TCP")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let selector: Vec<String> = obj
+        .pointer("/spec/selector")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let none_if_empty = |v: String| {
+        if v.is_empty() {
+            "<none>".to_string()
+        } else {
+            v
+        }
+    };
+    vec![
+        json!(s(obj, "/metadata/name")),
+        json!(match s(obj, "/spec/type") {
+            "" => "ClusterIP",
+            kind => kind,
+        }),
+        json!(none_if_empty(s(obj, "/spec/clusterIP").to_string())),
+        json!("<none>"),
+        json!(none_if_empty(ports.join(","))),
+        json!(age(obj, now)),
+        json!(none_if_empty(selector.join(","))),
+    ]
+}
+
 fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
     let name = json!(s(obj, "/metadata/name"));
     match r {
@@ -297,6 +354,7 @@ fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
             ]
         }
         Resource::Events => event_cells(obj, now),
+        Resource::Services => service_cells(obj, now),
         Resource::Nodes => {
             let ready = obj
                 .pointer("/status/conditions")
@@ -480,6 +538,48 @@ mod tests {
         )));
         assert!(!wants_table(Some("application/json")));
         assert!(!wants_table(None));
+    }
+
+    #[test]
+    fn service_rows_as_kubectl_prints_them() {
+        let now = parse_timestamp("2026-01-01T00:01:00Z").unwrap();
+        let svc = json!({"metadata": {"name": "web", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"clusterIP": "10.96.0.7", "selector": {"app": "web"},
+                     "ports": [{"port": 80, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}]}});
+        let t = table(
+            Resource::Services,
+            "v1",
+            &[svc],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "web",
+                "ClusterIP",
+                "10.96.0.7",
+                "<none>",
+                "80/TCP,53/UDP",
+                "60s",
+                "app=web"
+            ])
+        );
+        let bare = json!({"metadata": {"name": "x", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"type": "NodePort"}});
+        let t = table(
+            Resource::Services,
+            "v1",
+            &[bare],
+            json!({}),
+            IncludeObject::None,
+            now,
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["x", "NodePort", "<none>", "<none>", "<none>", "60s", "<none>"])
+        );
     }
 
     #[test]

@@ -102,7 +102,7 @@ async fn the_kubelet_updates_status_and_no_ops_do_not_bump() {
     assert!(api.get(Resource::Pods, Some("default"), "a").is_none());
     assert!(api.delete(Resource::Pods, Some("default"), "a").is_err());
     assert!(api
-        .create(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}))
+        .create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}))
         .is_err());
 }
 
