@@ -287,6 +287,16 @@ fn rand_suffix() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+const REVIEWS_SERVICE: &str = r#"apiVersion: v1
+kind: Service
+metadata:
+  name: reviews
+  namespace: default
+  labels: {istio.io/use-waypoint: waypoint}
+spec:
+  ports: [{name: http, port: 80, targetPort: 9080}]
+"#;
+
 const GATEWAY: &str = r#"apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: waypoint, namespace: default}
@@ -341,6 +351,9 @@ fn a_waypoint_in_istiods_pod_enforces_what_kubectl_applies_through_control_kuber
     let kubeconfig = cluster.lab.dir.path().join("user.kubeconfig");
     std::fs::write(&kubeconfig, kube.kubeconfig_for(&kube.api.admin_token())).unwrap();
     kubectl(&cluster, &kubeconfig, &["apply"], Some(GATEWAY));
+    // `reviews` uses the waypoint, as its label says (so the waypoint is served what
+    // targets it).
+    kubectl(&cluster, &kubeconfig, &["apply"], Some(REVIEWS_SERVICE));
     kubectl(
         &cluster,
         &kubeconfig,

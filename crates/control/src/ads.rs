@@ -54,7 +54,12 @@ impl AggregatedDiscoveryService for Ads {
         };
         let peer = request.remote_addr();
         let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
-        let session = Arc::new(Mutex::new(Session::new(id, shared.config.limits)));
+        let mut new_session = Session::new(id, shared.config.limits);
+        if let Some(kube) = &shared.kube {
+            new_session
+                .set_view(crate::kubernetes::view_of(kube, request.metadata()).map_err(|s| *s)?);
+        }
+        let session = Arc::new(Mutex::new(new_session));
         lock(&shared.clients).insert(
             id,
             ClientEntry {

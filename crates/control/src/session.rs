@@ -162,6 +162,13 @@ impl Snapshot {
         examined
     }
 
+    /// This snapshot without a list of changes: every session compares everything (what
+    /// a client may be shown changed, not only the resources).
+    pub fn without_changes(mut self) -> Snapshot {
+        self.changes = None;
+        self
+    }
+
     /// This snapshot with the list of what differs from `previous`, the snapshot it
     /// replaces: one pass over the resources here, instead of one per connected client.
     pub fn with_changes_from(mut self, previous: &Snapshot) -> Snapshot {
@@ -395,10 +402,19 @@ impl TypeState {
     }
 }
 
+/// What one client may be shown, asked per resource: a waypoint is shown only the objects
+/// that target it. The answers may change; a snapshot published without its list of
+/// changes makes every session compare everything again.
+pub trait View: Send + Sync + std::fmt::Debug {
+    fn shows(&self, type_url: &str, name: &str) -> bool;
+}
+
 /// One client stream.
 #[derive(Debug)]
 pub struct Session {
     id: u64,
+    /// What this client may be shown (everything when none).
+    view: Option<Arc<dyn View>>,
     node_id: Option<String>,
     next_nonce: u64,
     limits: SessionLimits,
@@ -414,6 +430,7 @@ impl Session {
     pub fn new(id: u64, limits: SessionLimits) -> Self {
         Session {
             id,
+            view: None,
             node_id: None,
             next_nonce: 0,
             limits,
@@ -425,6 +442,11 @@ impl Session {
 
     /// The most names this session has held subscribed of one type, at any moment, even
     /// within a request it then refused.
+    /// Shows this client only what `view` shows it.
+    pub fn set_view(&mut self, view: Arc<dyn View>) {
+        self.view = Some(view);
+    }
+
     pub fn most_names(&self) -> usize {
         self.most_names
     }
@@ -677,27 +699,29 @@ impl Session {
         } else {
             ts.followed.len()
         } + ts.known.len();
+        let shown = |name: &str| self.view.as_ref().is_none_or(|v| v.shows(type_url, name));
         let mut changed: Vec<Arc<Resource>> = Vec::new();
         if ts.wildcard {
             for (name, res) in resources {
-                if ts.known.get(name) != Some(&res.version) {
+                if ts.known.get(name) != Some(&res.version) && shown(name) {
                     changed.push(res.clone());
                 }
             }
         } else {
             for name in &ts.followed {
                 if let Some(res) = resources.get(name) {
-                    if ts.known.get(name) != Some(&res.version) {
+                    if ts.known.get(name) != Some(&res.version) && shown(name) {
                         changed.push(res.clone());
                     }
                 }
             }
         }
-        // Gone, or no longer followed (a client removes what it no longer gets news of).
+        // Gone, no longer followed (a client removes what it no longer gets news of), or
+        // no longer shown.
         let removed: Vec<String> = ts
             .known
             .keys()
-            .filter(|n| !resources.contains_key(*n) || !ts.interested(n))
+            .filter(|n| !resources.contains_key(*n) || !ts.interested(n) || !shown(n))
             .cloned()
             .collect();
         self.respond(type_url, snapshot, changed, removed, always, scanned as u64)
@@ -714,11 +738,19 @@ impl Session {
         else {
             return Vec::new();
         };
+        let shown = |name: &str| self.view.as_ref().is_none_or(|v| v.shows(type_url, name));
         let mut changed = Vec::new();
         let mut removed = Vec::new();
         for name in names {
             match resources.get(name) {
-                Some(res) if ts.interested(name) && ts.known.get(name) != Some(&res.version) => {
+                Some(_) if !shown(name) && ts.known.contains_key(name) => {
+                    removed.push(name.clone())
+                }
+                Some(res)
+                    if ts.interested(name)
+                        && shown(name)
+                        && ts.known.get(name) != Some(&res.version) =>
+                {
                     changed.push(res.clone())
                 }
                 Some(_) => {}
@@ -984,6 +1016,52 @@ mod tests {
         assert_eq!(step.responses.len(), 1);
         assert!(step.responses[0].resources.is_empty());
         assert_eq!(step.responses[0].nonce, "7-1");
+    }
+
+    /// A view whose answers the test changes.
+    #[derive(Debug, Default)]
+    struct Hidden(std::sync::Mutex<BTreeSet<String>>);
+
+    impl View for Hidden {
+        fn shows(&self, _type_url: &str, name: &str) -> bool {
+            !self.0.lock().unwrap().contains(name)
+        }
+    }
+
+    #[test]
+    fn a_client_is_shown_only_what_its_view_shows_as_the_view_changes() {
+        let hidden = Arc::new(Hidden::default());
+        hidden.0.lock().unwrap().insert("b".into());
+        let mut c = session();
+        c.set_view(hidden.clone());
+        let s1 = snap(1, &[("a", "1"), ("b", "1")], &[]);
+        let step = c.on_request(initial(ADDRESS_TYPE, &[]), &s1).unwrap();
+        assert_eq!(names(&step.responses[0]), ["a"]);
+        c.on_request(ack(ADDRESS_TYPE, &step.responses[0].nonce), &s1)
+            .unwrap();
+        // The view changes with the resources unchanged: a snapshot without its changes.
+        hidden.0.lock().unwrap().remove("b");
+        hidden.0.lock().unwrap().insert("a".into());
+        let out = c.on_snapshot(&snap(2, &[("a", "1"), ("b", "1")], &[]).without_changes());
+        assert_eq!(names(&out[0]), ["b"]);
+        assert_eq!(out[0].removed_resources, ["a"]);
+        c.on_request(ack(ADDRESS_TYPE, &out[0].nonce), &s1).unwrap();
+        // With the changes listed (in step): a hidden resource that changes is not sent, and
+        // one the client holds that becomes hidden is removed.
+        let s2 = snap(2, &[("a", "1"), ("b", "1")], &[]);
+        let s3 = snap(3, &[("a", "2"), ("b", "2")], &[]).with_changes_from(&s2);
+        hidden.0.lock().unwrap().insert("b".into());
+        let out = c.on_snapshot(&s3);
+        assert!(names(&out[0]).is_empty(), "{out:?}");
+        assert_eq!(out[0].removed_resources, ["b"]);
+        // A reconnecting client holding a hidden resource is told to remove it.
+        let mut again = session();
+        again.set_view(hidden);
+        let step = again
+            .on_request(initial(ADDRESS_TYPE, &[("b", "2")]), &s3)
+            .unwrap();
+        assert!(names(&step.responses[0]).is_empty());
+        assert_eq!(step.responses[0].removed_resources, ["b"]);
     }
 
     #[test]

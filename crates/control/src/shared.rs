@@ -230,12 +230,21 @@ impl Shared {
     }
 
     pub(crate) fn publish(&self, mesh: Mesh) {
+        self.publish_as(mesh, false)
+    }
+
+    /// [`Shared::publish`]; with `views_changed` (what some clients may be shown changed),
+    /// every session compares everything instead of the resources that changed.
+    pub(crate) fn publish_as(&self, mesh: Mesh, views_changed: bool) {
         let previous = self.mesh_tx.borrow().clone();
         let generation = previous.snapshot.generation + 1;
         // What changed is worked out here once, not by every session.
-        let snapshot = mesh
-            .snapshot(generation)
-            .with_changes_from(&previous.snapshot);
+        let snapshot = mesh.snapshot(generation);
+        let snapshot = if views_changed {
+            snapshot.without_changes()
+        } else {
+            snapshot.with_changes_from(&previous.snapshot)
+        };
         drop(previous);
         self.metrics.mesh_generation.set(generation as i64);
         self.metrics.mesh_resources.set(snapshot.len() as i64);

@@ -359,3 +359,56 @@ async fn it_is_not_a_ca() {
     assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
     assert!(status.message().contains("not a CA"), "{status:?}");
 }
+
+/// A waypoint is served what targets it: its Gateway, and the Services it fronts as their
+/// and their namespaces' `istio.io/use-waypoint` labels say, as the labels change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waypoint_is_served_only_what_targets_it() {
+    let fx = start().await;
+    fx.api.create(namespace("bank", &[])).unwrap();
+    fx.api
+        .create(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "waypoint", "namespace": "bank"},
+            "spec": {"gatewayClassName": "istio-waypoint", "listeners": []},
+        }))
+        .unwrap();
+    let mut bank = policy("bank-only", &["GET"]);
+    bank["metadata"]["namespace"] = json!("bank");
+    fx.api.create(bank).unwrap();
+    let mut on_cart = policy("on-cart", &["GET"]);
+    on_cart["spec"]["targetRefs"] = json!([{"kind": "Service", "group": "", "name": "cart"}]);
+    fx.api.create(on_cart).unwrap();
+    fx.api
+        .create(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "cart", "namespace": "shop"},
+            "spec": {"ports": [{"port": 80}]}}))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut wp = open(&fx, "wp").await.unwrap();
+    let first = documents(&wp.next().await);
+    let names: Vec<&str> = first.iter().map(|d| d.0.as_str()).collect();
+    assert_eq!(names, ["AuthorizationPolicy/shop/read-only"], "{first:?}");
+
+    // The namespace now uses shop's waypoint: cart's policy follows.
+    fx.api
+        .update(Resource::Namespaces, None, "shop", |ns| {
+            ns["metadata"]["labels"] = json!({"istio.io/use-waypoint": "waypoint"});
+        })
+        .unwrap();
+    let docs = documents(&wp.next().await);
+    assert_eq!(
+        docs.iter().map(|d| d.0.as_str()).collect::<Vec<_>>(),
+        ["AuthorizationPolicy/shop/on-cart"]
+    );
+    // cart opts out on its own: the policy is taken back.
+    fx.api
+        .update(Resource::Services, Some("shop"), "cart", |s| {
+            s["metadata"]["labels"] = json!({"istio.io/use-waypoint": "none"});
+        })
+        .unwrap();
+    let gone = wp.next().await;
+    assert_eq!(gone.removed_resources, ["AuthorizationPolicy/shop/on-cart"]);
+    assert!(gone.resources.is_empty());
+}

@@ -119,6 +119,13 @@ pub(crate) fn run(cluster: &Cluster, ambit: &Path) -> anyhow::Result<OnKubernete
         &format!("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {K8S_GATEWAY}, namespace: default}}\nspec:\n  gatewayClassName: istio-waypoint\n  listeners: [{{name: mesh, port: 15008, protocol: HBONE}}]\n"),
         "demo-gateway.yaml",
     )?;
+    // `ratings` uses that waypoint, as its label says.
+    kubectl(
+        cluster,
+        &kubeconfig,
+        &format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: ratings\n  namespace: default\n  labels: {{istio.io/use-waypoint: {K8S_GATEWAY}}}\nspec:\n  ports: [{{name: http, port: {RATINGS_PORT}}}]\n"),
+        "demo-service.yaml",
+    )?;
     kubectl(cluster, &kubeconfig, &policy("[GET]"), "demo-policy.yaml")?;
     let l7 = KubeControl::start(
         &cluster.lab,

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ambit_manifests::ParseOptions;
+
+use super::visibility::{targets_of, Target};
 use serde_json::{json, Value};
 
 /// The most objects held, of all kinds together.
@@ -97,6 +99,8 @@ pub enum Outcome {
 struct Held {
     /// The last accepted document.
     accepted: Option<String>,
+    /// What the served version (the accepted one, else the stand-in) targets.
+    targets: Vec<Target>,
     /// The latest version's refusal, if it was refused.
     refused: Option<String>,
     /// The raw object's `spec.targetRefs`, kept for a stand-in.
@@ -155,6 +159,7 @@ impl Objects {
         let held = self.held.entry(key).or_default();
         self.bytes -= previous;
         held.accepted = Some(text);
+        held.targets = targets_of(object);
         held.refused = None;
         held.target_refs = None;
         self.bytes += held_bytes(held);
@@ -165,6 +170,9 @@ impl Objects {
         let held = self.held.entry(key.clone()).or_default();
         held.refused = Some(message.clone());
         held.target_refs = object.pointer("/spec/targetRefs").cloned();
+        if held.accepted.is_none() {
+            held.targets = targets_of(object);
+        }
         Outcome::Refused {
             message,
             kept: held.accepted.is_some(),
@@ -224,6 +232,23 @@ impl Objects {
             }
         }
         out
+    }
+}
+
+impl Objects {
+    /// Each object served, as it is named on the wire (`<kind>/<namespace>/<name>`), with
+    /// its namespace and what the served version targets.
+    pub fn targets(&self) -> impl Iterator<Item = (String, &str, &[Target])> {
+        self.held
+            .iter()
+            .filter(|(_, h)| h.accepted.is_some() || h.refused.is_some())
+            .map(|(k, h)| {
+                (
+                    format!("{}/{}/{}", k.kind.name(), k.namespace, k.name),
+                    k.namespace.as_str(),
+                    h.targets.as_slice(),
+                )
+            })
     }
 }
 

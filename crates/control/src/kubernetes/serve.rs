@@ -26,7 +26,7 @@ use crate::config::{
 use crate::mesh::Mesh;
 use crate::serving::{server_config, ServingCert};
 use crate::session::Snapshot;
-use crate::shared::{lock, stopped, MeshState, Metrics, ReloadStatus, Shared};
+use crate::shared::{stopped, MeshState, Metrics, ReloadStatus, Shared};
 use crate::tokens::Tokens;
 use crate::Control;
 
@@ -67,11 +67,7 @@ impl Control {
             mesh: Mesh::default(),
             snapshot: Snapshot::new(0),
         }));
-        let kube = Arc::new(KubeShared {
-            reviewer: Reviewer::new(client.clone()),
-            waypoints: Mutex::default(),
-            synced: AtomicBool::new(false),
-        });
+        let kube = Arc::new(KubeShared::new(Reviewer::new(client.clone())));
         let shared = Arc::new(Shared {
             client_slots: Arc::new(Semaphore::new(config.max_clients)),
             config,
@@ -231,7 +227,7 @@ fn decide(
     reviewed: Result<Reviewed, String>,
 ) -> Result<RequestLimits, Box<Status>> {
     let reviewed = reviewed.map_err(|e| Box::new(Status::unavailable(e)))?;
-    let verdict = review::admit(&reviewed, &lock(&kube.waypoints));
+    let verdict = review::admit(&reviewed, &kube.visibility().waypoints);
     let status = match verdict {
         Ok(()) => return Ok(RequestLimits::default()),
         Err(review::Refusal::Unauthenticated(m)) => {

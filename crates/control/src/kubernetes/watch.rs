@@ -18,8 +18,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::objects::{Kind, ObjectKey, Objects, Outcome};
-use super::waypoints::Waypoints;
-use crate::shared::{lock, stopped, Shared};
+use super::visibility::{UseWaypoint, Visibility};
+use crate::shared::{stopped, Shared};
 
 /// What one watch follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,16 +27,21 @@ pub enum Source {
     L7(Kind),
     Gateways,
     GatewayClasses,
+    /// Their `use-waypoint` labels only.
+    Services,
+    Namespaces,
 }
 
 impl Source {
-    pub const ALL: [Source; 6] = [
+    pub const ALL: [Source; 8] = [
         Source::L7(Kind::AuthorizationPolicy),
         Source::L7(Kind::RequestAuthentication),
         Source::L7(Kind::HttpRoute),
         Source::L7(Kind::GrpcRoute),
         Source::Gateways,
         Source::GatewayClasses,
+        Source::Services,
+        Source::Namespaces,
     ];
 
     /// The group, version, kind and plural watched.
@@ -50,8 +55,26 @@ impl Source {
                 "GatewayClass",
                 "gatewayclasses",
             ),
+            Source::Services => ("", "v1", "Service", "services"),
+            Source::Namespaces => ("", "v1", "Namespace", "namespaces"),
         }
     }
+}
+
+fn text(object: &Value, pointer: &str) -> Option<String> {
+    object
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// `namespace/name` of a Service.
+fn service_key(object: &Value) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        text(object, "/metadata/namespace")?,
+        text(object, "/metadata/name")?
+    ))
 }
 
 /// An object's key, as the API server gave it.
@@ -73,7 +96,9 @@ fn key_of(kind: Kind, object: &Value) -> Option<ObjectKey> {
 #[derive(Debug, Default)]
 pub struct State {
     pub objects: Objects,
-    pub waypoints: Waypoints,
+    /// The waypoints, and the labels that say what they front (the objects' targets are
+    /// added when it is published).
+    pub visibility: Visibility,
     /// Objects of a re-list in progress, per source.
     relisting: BTreeMap<Source, Vec<Value>>,
     /// Sources listed once at least.
@@ -121,8 +146,18 @@ impl State {
                             self.objects.delete(&key);
                         }
                     }
-                    Source::Gateways => self.waypoints.delete_gateway(&object),
-                    Source::GatewayClasses => self.waypoints.delete_class(&object),
+                    Source::Gateways => self.visibility.waypoints.delete_gateway(&object),
+                    Source::GatewayClasses => self.visibility.waypoints.delete_class(&object),
+                    Source::Services => {
+                        if let Some(key) = service_key(&object) {
+                            self.visibility.set_service(key, None);
+                        }
+                    }
+                    Source::Namespaces => {
+                        if let Some(name) = text(&object, "/metadata/name") {
+                            self.visibility.set_namespace(name, None);
+                        }
+                    }
                 }
                 Vec::new()
             }
@@ -155,11 +190,25 @@ impl State {
                 }]
             }
             Source::Gateways => {
-                self.waypoints.apply_gateway(object);
+                self.visibility.waypoints.apply_gateway(object);
                 Vec::new()
             }
             Source::GatewayClasses => {
-                self.waypoints.apply_class(object);
+                self.visibility.waypoints.apply_class(object);
+                Vec::new()
+            }
+            Source::Services => {
+                if let Some(key) = service_key(object) {
+                    self.visibility
+                        .set_service(key, Some(UseWaypoint::of(object)));
+                }
+                Vec::new()
+            }
+            Source::Namespaces => {
+                if let Some(name) = text(object, "/metadata/name") {
+                    self.visibility
+                        .set_namespace(name, Some(UseWaypoint::of(object)));
+                }
                 Vec::new()
             }
         }
@@ -178,13 +227,25 @@ impl State {
                     listed.iter().filter_map(|o| key_of(kind, o)).collect();
                 self.objects.retain(|k| k.kind != kind || keep.contains(k));
             }
-            Source::Gateways => self.waypoints.clear_gateways(),
-            Source::GatewayClasses => self.waypoints.clear_classes(),
+            Source::Gateways => self.visibility.waypoints.clear_gateways(),
+            Source::GatewayClasses => self.visibility.waypoints.clear_classes(),
+            Source::Services => self.visibility.clear_services(),
+            Source::Namespaces => self.visibility.clear_namespaces(),
         }
         listed
             .iter()
             .flat_map(|o| self.apply(source, o, options))
             .collect()
+    }
+
+    /// What each waypoint is shown, the objects' targets included.
+    pub fn visibility(&self) -> Visibility {
+        let mut v = self.visibility.clone();
+        v.clear_objects();
+        for (name, namespace, targets) in self.objects.targets() {
+            v.set_object(name, namespace.to_string(), targets.to_vec());
+        }
+        v
     }
 
     /// Every source listed once.
@@ -252,12 +313,11 @@ pub(crate) async fn run(
             }
             events.report(r);
         }
-        *lock(&kube.waypoints) = state.waypoints.clone();
         dirty = true;
     }
 }
 
-/// Rebuilds what is served when the documents changed.
+/// Rebuilds what is served when the documents, or what each waypoint is shown, changed.
 fn publish(
     shared: &Shared,
     kube: &super::KubeShared,
@@ -268,13 +328,19 @@ fn publish(
         kube.synced
             .store(true, std::sync::atomic::Ordering::Release);
     }
+    let visibility = state.visibility();
+    let view_changed = *kube.visibility() != visibility;
+    if view_changed {
+        // Before the snapshot: the sessions comparing it must see the new view.
+        kube.set_visibility(visibility);
+    }
     let documents = state.objects.documents();
-    if published.as_ref() == Some(&documents) {
+    if !view_changed && published.as_ref() == Some(&documents) {
         return;
     }
     match crate::mesh::build(&documents, &shared.config.manifests) {
         Ok(mesh) => {
-            shared.publish(mesh);
+            shared.publish_as(mesh, view_changed);
             *published = Some(documents);
         }
         Err(e) => {

@@ -70,23 +70,32 @@ impl Waypoints {
     /// Whether the service account `namespace/name` runs a waypoint Gateway (names
     /// compared byte for byte).
     pub fn runs_waypoint(&self, namespace: &str, service_account: &str) -> bool {
+        self.gateway_of(namespace, service_account).is_some()
+    }
+
+    /// The waypoint Gateway (in the account's namespace) and its class that the service
+    /// account `namespace/name` runs.
+    pub fn gateway_of(&self, namespace: &str, service_account: &str) -> Option<(&str, &str)> {
         let key = (namespace.to_string(), service_account.to_string());
-        if self.gateways.get(&key).is_some_and(|c| c == WAYPOINT_CLASS) {
-            return true;
+        if let Some(((_, gateway), class)) = self.gateways.get_key_value(&key) {
+            if class == WAYPOINT_CLASS {
+                return Some((gateway.as_str(), class.as_str()));
+            }
         }
         let in_namespace = (namespace.to_string(), String::new())..;
         self.gateways
             .range(in_namespace)
             .take_while(|((ns, _), _)| ns == namespace)
-            .any(|((_, gateway), class)| {
-                class != WAYPOINT_CLASS
+            .find(|((_, gateway), class)| {
+                *class != WAYPOINT_CLASS
                     && self
                         .classes
-                        .get(class)
+                        .get(*class)
                         .is_some_and(|c| c == MESH_CONTROLLER)
                     && service_account.strip_prefix(gateway.as_str())
                         == Some(&format!("-{class}")[..])
             })
+            .map(|((_, gateway), class)| (gateway.as_str(), class.as_str()))
     }
 
     pub fn gateways(&self) -> usize {

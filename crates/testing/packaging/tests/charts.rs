@@ -891,6 +891,7 @@ fn control_renders_the_server_beside_istiod_with_the_rbac_it_needs() {
         json!([
             {"apiGroups": ["security.istio.io"], "resources": ["authorizationpolicies", "requestauthentications"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes", "grpcroutes", "gateways", "gatewayclasses"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ])

@@ -79,11 +79,11 @@ fn synced_once_every_source_has_listed_and_gateways_follow() {
     let gateway = json!({"metadata": {"namespace": "shop", "name": "waypoint"},
                          "spec": {"gatewayClassName": "istio-waypoint"}});
     state.on_event(Source::Gateways, Event::Apply(gateway.clone()), &o);
-    assert!(state.waypoints.runs_waypoint("shop", "waypoint"));
+    assert!(state.visibility.waypoints.runs_waypoint("shop", "waypoint"));
     // A re-list without it: no longer a waypoint.
     list(&mut state, Source::Gateways, Vec::new());
-    assert!(!state.waypoints.runs_waypoint("shop", "waypoint"));
+    assert!(!state.visibility.waypoints.runs_waypoint("shop", "waypoint"));
     list(&mut state, Source::Gateways, vec![gateway.clone()]);
     state.on_event(Source::Gateways, Event::Delete(gateway), &o);
-    assert!(!state.waypoints.runs_waypoint("shop", "waypoint"));
+    assert!(!state.visibility.waypoints.runs_waypoint("shop", "waypoint"));
 }
