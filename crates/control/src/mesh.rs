@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ambit_manifests::{Located, ManifestError, ParseOptions, WaypointPolicy};
 use ambit_proto::Resource;
@@ -135,13 +136,13 @@ pub struct Mesh {
     /// The waypoints' policies read from manifest files, in reading order.
     pub waypoint_policies: Vec<Located<WaypointPolicy>>,
     /// Their resources, encoded and checked once.
-    pub waypoint_resources: Vec<Resource>,
+    pub waypoint_resources: Vec<Arc<Resource>>,
     /// The HTTPRoutes and GRPCRoutes read from manifest files, in reading order, and
     /// their resources (each its document as written).
     pub routes: Vec<Located<ambit_gateway_routes::Route>>,
-    pub route_resources: Vec<Resource>,
+    pub route_resources: Vec<Arc<Resource>>,
     /// The RequestAuthentications' resources (each its document as written).
-    pub authn_resources: Vec<Resource>,
+    pub authn_resources: Vec<Arc<Resource>>,
     /// Manifest documents read but not served (`file:line: what: why`).
     pub skipped: Vec<String>,
     /// The files read, in order.
@@ -172,13 +173,13 @@ impl Mesh {
             s.insert(ambit_proto::AUTHORIZATION_TYPE, convert::policy_resource(p));
         }
         for r in &self.waypoint_resources {
-            s.insert(ambit_proto::WAYPOINT_POLICY_TYPE, r.clone());
+            s.insert_shared(ambit_proto::WAYPOINT_POLICY_TYPE, r.clone());
         }
         for r in &self.route_resources {
-            s.insert(ambit_proto::WAYPOINT_ROUTE_TYPE, r.clone());
+            s.insert_shared(ambit_proto::WAYPOINT_ROUTE_TYPE, r.clone());
         }
         for r in &self.authn_resources {
-            s.insert(ambit_proto::WAYPOINT_AUTHN_TYPE, r.clone());
+            s.insert_shared(ambit_proto::WAYPOINT_AUTHN_TYPE, r.clone());
         }
         s
     }
@@ -385,19 +386,82 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
 fn served<K: DocumentKind>(
     documents: &[(Located<K::Value>, String)],
     root_namespace: &str,
-) -> Result<Vec<Resource>, MeshError> {
+) -> Result<Vec<Arc<Resource>>, MeshError> {
     documents
         .iter()
         .map(|(d, text)| {
-            convert::waypoint_resource::<K>(&d.value, text, root_namespace).map_err(|reason| {
-                MeshError::Unservable {
+            convert::waypoint_resource::<K>(&d.value, text, root_namespace)
+                .map(Arc::new)
+                .map_err(|reason| MeshError::Unservable {
                     origin: d.origin.to_string(),
                     key: resource_name::<K>(&d.value),
                     reason,
-                }
-            })
+                })
         })
         .collect()
+}
+
+/// What one manifest file (or one object of the API server) comes to, read and checked as
+/// [`build`] reads it: kept by a caller that assembles meshes of many such parts without
+/// reading any again ([`assemble`]), as `ambit control --kubernetes` does per object.
+#[derive(Debug, Clone, Default)]
+pub struct ManifestParts {
+    pub policies: Vec<Located<WaypointPolicy>>,
+    pub waypoint_resources: Vec<Arc<Resource>>,
+    pub routes: Vec<Located<ambit_gateway_routes::Route>>,
+    pub route_resources: Vec<Arc<Resource>>,
+    pub authn_resources: Vec<Arc<Resource>>,
+    pub skipped: Vec<String>,
+}
+
+impl ManifestParts {
+    /// Bytes of the wire forms (each carrying its document as written).
+    pub fn wire_bytes(&self) -> usize {
+        self.waypoint_resources
+            .iter()
+            .chain(&self.route_resources)
+            .chain(&self.authn_resources)
+            .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
+            .sum()
+    }
+}
+
+/// Reads one manifest file's text as [`build`] would.
+pub fn read_manifest(
+    path: &Path,
+    text: &str,
+    options: &ParseOptions,
+) -> Result<ManifestParts, MeshError> {
+    let mut m = Manifests::default();
+    m.add(path, text, options)?;
+    let root = &options.root_namespace;
+    Ok(ManifestParts {
+        waypoint_resources: served::<PolicyDocuments>(&m.policies, root)?,
+        route_resources: served::<RouteDocuments>(&m.routes, root)?,
+        authn_resources: served::<AuthnDocuments>(&m.authns, root)?,
+        policies: m.policies.into_iter().map(|(p, _)| p).collect(),
+        routes: m.routes.into_iter().map(|(r, _)| r).collect(),
+        skipped: m.skipped,
+    })
+}
+
+/// A mesh of manifests only (no workloads), from parts [`read_manifest`] read; the caller
+/// keeps their names unique (an API server does).
+pub fn assemble<'a>(parts: impl IntoIterator<Item = (&'a Path, &'a ManifestParts)>) -> Mesh {
+    let mut mesh = Mesh::default();
+    for (path, p) in parts {
+        mesh.waypoint_policies.extend(p.policies.iter().cloned());
+        mesh.waypoint_resources
+            .extend(p.waypoint_resources.iter().cloned());
+        mesh.routes.extend(p.routes.iter().cloned());
+        mesh.route_resources
+            .extend(p.route_resources.iter().cloned());
+        mesh.authn_resources
+            .extend(p.authn_resources.iter().cloned());
+        mesh.skipped.extend(p.skipped.iter().cloned());
+        mesh.files.push(path.to_path_buf());
+    }
+    mesh
 }
 
 /// What the manifest files come to, as they are read: each document with its text.

@@ -199,6 +199,13 @@ impl Snapshot {
         self
     }
 
+    /// [`Snapshot::insert`] of a resource shared with whoever built it.
+    pub fn insert_shared(&mut self, type_url: &str, resource: Arc<Resource>) {
+        if let Some(map) = self.types.get_mut(type_url) {
+            map.insert(resource.name.clone(), resource);
+        }
+    }
+
     /// Adds (or replaces) a resource of a served type; other types are ignored.
     pub fn insert(&mut self, type_url: &str, resource: Resource) {
         if let Some(map) = self.types.get_mut(type_url) {

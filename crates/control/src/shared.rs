@@ -256,11 +256,18 @@ impl Shared {
             routes = mesh.routes.len(),
             "serving the mesh"
         );
-        for skipped in &mesh.skipped {
-            tracing::info!("not served: {skipped}");
+        // With `--kubernetes` a skipped object was reported when it arrived.
+        if self.kube.is_none() {
+            for skipped in &mesh.skipped {
+                tracing::info!("not served: {skipped}");
+            }
         }
-        for line in mesh.route_status() {
-            tracing::warn!("route: {line}");
+        // With `--kubernetes` there are no workloads or Services here to check routes
+        // against: each waypoint reports its routes' status from its own mesh.
+        if self.kube.is_none() {
+            for line in mesh.route_status() {
+                tracing::warn!("route: {line}");
+            }
         }
         self.mesh_tx
             .send_replace(Arc::new(MeshState { mesh, snapshot }));

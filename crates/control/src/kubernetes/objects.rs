@@ -8,9 +8,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use std::path::Path;
+use std::sync::Arc;
+
 use ambit_manifests::ParseOptions;
 
 use super::visibility::{targets_of, Target};
+use crate::mesh::ManifestParts;
 use serde_json::{json, Value};
 
 /// The most objects held, of all kinds together.
@@ -97,14 +101,20 @@ pub enum Outcome {
 
 #[derive(Debug, Clone, Default)]
 struct Held {
-    /// The last accepted document.
-    accepted: Option<String>,
+    /// The last accepted version, read once ([`crate::mesh::read_manifest`]).
+    accepted: Option<Arc<ManifestParts>>,
+    /// For an AuthorizationPolicy refused from its first version: its stand-in, read.
+    stand_in: Option<Arc<ManifestParts>>,
     /// What the served version (the accepted one, else the stand-in) targets.
     targets: Vec<Target>,
     /// The latest version's refusal, if it was refused.
     refused: Option<String>,
-    /// The raw object's `spec.targetRefs`, kept for a stand-in.
-    target_refs: Option<Value>,
+}
+
+impl Held {
+    fn served(&self) -> Option<&Arc<ManifestParts>> {
+        self.accepted.as_ref().or(self.stand_in.as_ref())
+    }
 }
 
 /// The objects, by key.
@@ -112,10 +122,13 @@ struct Held {
 pub struct Objects {
     held: BTreeMap<ObjectKey, Held>,
     bytes: usize,
+    /// Bumped by every change of what is served.
+    generation: u64,
 }
 
 impl Objects {
-    /// Takes `object` (as the API server returned it) at `key`.
+    /// Takes `object` (as the API server returned it) at `key`: read once, here; what it
+    /// comes to is kept for every mesh assembled after.
     pub fn apply(&mut self, key: ObjectKey, object: &Value, options: &ParseOptions) -> Outcome {
         let document = as_written(key.kind, object);
         let text = match yaml_serde::to_string(&document) {
@@ -125,6 +138,7 @@ impl Objects {
                     &key,
                     format!("{key}: cannot be written as YAML: {e}"),
                     object,
+                    options,
                 )
             }
         };
@@ -146,32 +160,40 @@ impl Objects {
                 message: format!("{key}: the objects held would pass {MAX_BYTES} bytes"),
             };
         }
-        let parsed = ambit_manifests::parse_documents(&key.to_string(), &text, options);
-        if let Some(first) = parsed.errors.first() {
-            let more = parsed.errors.len() - 1;
-            let message = if more == 0 {
-                first.to_string()
-            } else {
-                format!("{first} (and {more} more)")
-            };
-            return self.refuse(&key, message, object);
-        }
+        let parts = match crate::mesh::read_manifest(Path::new(&key.to_string()), &text, options) {
+            Ok(parts) => parts,
+            Err(e) => return self.refuse(&key, e.to_string(), object, options),
+        };
         let held = self.held.entry(key).or_default();
         self.bytes -= previous;
-        held.accepted = Some(text);
+        held.accepted = Some(Arc::new(parts));
+        held.stand_in = None;
         held.targets = targets_of(object);
         held.refused = None;
-        held.target_refs = None;
         self.bytes += held_bytes(held);
+        self.generation += 1;
         Outcome::Accepted
     }
 
-    fn refuse(&mut self, key: &ObjectKey, message: String, object: &Value) -> Outcome {
+    fn refuse(
+        &mut self,
+        key: &ObjectKey,
+        message: String,
+        object: &Value,
+        options: &ParseOptions,
+    ) -> Outcome {
         let held = self.held.entry(key.clone()).or_default();
         held.refused = Some(message.clone());
-        held.target_refs = object.pointer("/spec/targetRefs").cloned();
         if held.accepted.is_none() {
             held.targets = targets_of(object);
+            held.stand_in = (key.kind == Kind::AuthorizationPolicy)
+                .then(|| stand_in(key, object.pointer("/spec/targetRefs"), &message))
+                .flatten()
+                .and_then(|text| {
+                    crate::mesh::read_manifest(Path::new(&key.to_string()), &text, options).ok()
+                })
+                .map(Arc::new);
+            self.generation += 1;
         }
         Outcome::Refused {
             message,
@@ -183,6 +205,7 @@ impl Objects {
     pub fn delete(&mut self, key: &ObjectKey) {
         if let Some(held) = self.held.remove(key) {
             self.bytes -= held_bytes(&held);
+            self.generation += 1;
         }
     }
 
@@ -202,6 +225,11 @@ impl Objects {
         self.held.is_empty()
     }
 
+    /// Bumped by every change of what is served (an unchanged object re-listed is none).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// The objects refused now, with their messages.
     pub fn refused(&self) -> impl Iterator<Item = (&ObjectKey, &str)> {
         self.held
@@ -209,39 +237,24 @@ impl Objects {
             .filter_map(|(k, h)| Some((k, h.refused.as_deref()?)))
     }
 
-    /// What is served, as the file mode's files: each object's accepted document, and for
-    /// an AuthorizationPolicy refused without one, its stand-in.
-    pub fn documents(&self) -> Vec<(PathBuf, String)> {
-        let mut out = Vec::with_capacity(self.held.len());
-        for (key, held) in &self.held {
-            let path = PathBuf::from(format!(
-                "kubernetes/{}/{}/{}/{}",
-                key.kind.group(),
-                key.kind.plural(),
-                key.namespace,
-                key.name
-            ));
-            match (&held.accepted, &held.refused) {
-                (Some(text), _) => out.push((path, text.clone())),
-                (None, Some(why)) if key.kind == Kind::AuthorizationPolicy => {
-                    if let Some(text) = stand_in(key, held.target_refs.as_ref(), why) {
-                        out.push((path, text));
-                    }
-                }
-                _ => {}
-            }
-        }
-        out
+    /// What is served: each object's accepted version, and for an AuthorizationPolicy
+    /// refused without one, its stand-in; assembled from what each was read to, nothing
+    /// read again.
+    pub fn mesh(&self) -> crate::mesh::Mesh {
+        let served: Vec<(PathBuf, &Arc<ManifestParts>)> = self
+            .held
+            .iter()
+            .filter_map(|(key, held)| Some((path_of(key), held.served()?)))
+            .collect();
+        crate::mesh::assemble(served.iter().map(|(p, parts)| (p.as_path(), &***parts)))
     }
-}
 
-impl Objects {
     /// Each object served, as it is named on the wire (`<kind>/<namespace>/<name>`), with
     /// its namespace and what the served version targets.
     pub fn targets(&self) -> impl Iterator<Item = (String, &str, &[Target])> {
         self.held
             .iter()
-            .filter(|(_, h)| h.accepted.is_some() || h.refused.is_some())
+            .filter(|(_, h)| h.served().is_some())
             .map(|(k, h)| {
                 (
                     format!("{}/{}/{}", k.kind.name(), k.namespace, k.name),
@@ -252,8 +265,19 @@ impl Objects {
     }
 }
 
+/// Where an object's refusals and skips say it came from.
+fn path_of(key: &ObjectKey) -> PathBuf {
+    PathBuf::from(format!(
+        "kubernetes/{}/{}/{}/{}",
+        key.kind.group(),
+        key.kind.plural(),
+        key.namespace,
+        key.name
+    ))
+}
+
 fn held_bytes(held: &Held) -> usize {
-    held.accepted.as_ref().map_or(0, String::len)
+    held.accepted.as_ref().map_or(0, |p| p.wire_bytes())
 }
 
 /// The object as written: `apiVersion`, `kind`, `metadata` without what the server keeps
@@ -285,6 +309,8 @@ fn as_written(kind: Kind, object: &Value) -> Value {
 /// targets (its `targetRefs` as written, when they are a list of objects), under its own
 /// name. None when its targets cannot be read: then it names no waypoint to close.
 fn stand_in(key: &ObjectKey, target_refs: Option<&Value>, why: &str) -> Option<String> {
+    // A refusal message can be long; the annotation says why in short.
+    let why: String = why.chars().take(512).collect();
     let refs: Vec<Value> = target_refs?
         .as_array()?
         .iter()
@@ -320,4 +346,4 @@ fn stand_in(key: &ObjectKey, target_refs: Option<&Value>, why: &str) -> Option<S
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

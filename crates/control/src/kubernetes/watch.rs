@@ -5,7 +5,6 @@
 //! the file mode's readers when the documents changed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -275,7 +274,7 @@ pub(crate) async fn run(
     let mut events = super::events::Reporter::spawn(client.clone(), shared.clone());
     let options = shared.config.manifests.clone();
     let mut state = State::default();
-    let mut published: Option<Vec<(PathBuf, String)>> = None;
+    let mut published: Option<u64> = None;
     let mut dirty = false;
     loop {
         let next = tokio::select! {
@@ -317,13 +316,9 @@ pub(crate) async fn run(
     }
 }
 
-/// Rebuilds what is served when the documents, or what each waypoint is shown, changed.
-fn publish(
-    shared: &Shared,
-    kube: &super::KubeShared,
-    state: &State,
-    published: &mut Option<Vec<(PathBuf, String)>>,
-) {
+/// Rebuilds what is served when the objects, or what each waypoint is shown, changed:
+/// assembled from what each object was read to when it arrived, nothing read again.
+fn publish(shared: &Shared, kube: &super::KubeShared, state: &State, published: &mut Option<u64>) {
     if state.synced() {
         kube.synced
             .store(true, std::sync::atomic::Ordering::Release);
@@ -334,20 +329,12 @@ fn publish(
         // Before the snapshot: the sessions comparing it must see the new view.
         kube.set_visibility(visibility);
     }
-    let documents = state.objects.documents();
-    if !view_changed && published.as_ref() == Some(&documents) {
+    let generation = state.objects.generation();
+    if !view_changed && *published == Some(generation) {
         return;
     }
-    match crate::mesh::build(&documents, &shared.config.manifests) {
-        Ok(mesh) => {
-            shared.publish_as(mesh, view_changed);
-            *published = Some(documents);
-        }
-        Err(e) => {
-            shared.metrics.reload_errors.inc();
-            tracing::error!("the objects cannot be served together, the last served stay: {e}");
-        }
-    }
+    shared.publish_as(state.objects.mesh(), view_changed);
+    *published = Some(generation);
 }
 
 #[cfg(test)]

@@ -40,17 +40,27 @@ fn route(name: &str, port: Value) -> Value {
     })
 }
 
-fn served(objects: &Objects) -> ambit_manifests::Parsed {
-    let mut all = ambit_manifests::Parsed::default();
-    for (path, text) in objects.documents() {
-        all.extend(ambit_manifests::parse_documents(
-            &path.display().to_string(),
-            &text,
-            &ParseOptions::default(),
-        ));
-    }
-    assert!(all.errors.is_empty(), "{:?}", all.errors);
-    all
+/// The mesh assembled from what is held.
+fn served(objects: &Objects) -> crate::mesh::Mesh {
+    objects.mesh()
+}
+
+/// Each resource served: its name and its wire body as text (the document is in it).
+pub(crate) fn documents(objects: &Objects) -> Vec<(String, String)> {
+    let mesh = objects.mesh();
+    mesh.waypoint_resources
+        .iter()
+        .chain(&mesh.route_resources)
+        .chain(&mesh.authn_resources)
+        .map(|r| {
+            let body = r
+                .resource
+                .as_ref()
+                .map(|a| a.value.clone())
+                .unwrap_or_default();
+            (r.name.clone(), String::from_utf8_lossy(&body).into_owned())
+        })
+        .collect()
 }
 
 #[test]
@@ -62,11 +72,12 @@ fn an_object_is_served_as_written_and_read_by_the_file_readers() {
         objects.apply(k.clone(), &policy("cart-read", "GET"), &o),
         Outcome::Accepted
     );
-    let docs = objects.documents();
+    let docs = documents(&objects);
     assert_eq!(docs.len(), 1);
-    let (path, text) = &docs[0];
+    let (name, text) = &docs[0];
+    assert_eq!(name, "AuthorizationPolicy/shop/cart-read");
     assert_eq!(
-        path.display().to_string(),
+        objects.mesh().files[0].display().to_string(),
         "kubernetes/security.istio.io/authorizationpolicies/shop/cart-read"
     );
     for gone in [
@@ -80,9 +91,9 @@ fn an_object_is_served_as_written_and_read_by_the_file_readers() {
     }
     assert!(text.contains("team: payments"), "{text}");
     let parsed = served(&objects);
-    assert_eq!(parsed.policies.len(), 1);
+    assert_eq!(parsed.waypoint_policies.len(), 1);
     assert_eq!(
-        parsed.policies[0].value.authorization.key(),
+        parsed.waypoint_policies[0].value.authorization.key(),
         "shop/cart-read"
     );
     // Routes too.
@@ -100,7 +111,7 @@ fn a_refused_version_keeps_the_last_accepted_one() {
     let o = ParseOptions::default();
     let k = key(Kind::AuthorizationPolicy, "cart-read");
     objects.apply(k.clone(), &policy("cart-read", "GET"), &o);
-    let before = objects.documents();
+    let before = documents(&objects);
     let outcome = objects.apply(k.clone(), &policy("cart-read", "get"), &o);
     let Outcome::Refused { message, kept } = outcome else {
         panic!("{outcome:?}")
@@ -113,7 +124,7 @@ fn a_refused_version_keeps_the_last_accepted_one() {
         "{message}"
     );
     assert_eq!(
-        objects.documents(),
+        documents(&objects),
         before,
         "the last accepted version stays"
     );
@@ -124,7 +135,7 @@ fn a_refused_version_keeps_the_last_accepted_one() {
         Outcome::Accepted
     );
     assert_eq!(objects.refused().count(), 0);
-    assert!(objects.documents()[0].1.contains("POST"));
+    assert!(documents(&objects)[0].1.contains("POST"));
 }
 
 #[test]
@@ -141,8 +152,8 @@ fn a_policy_refused_from_its_first_version_denies_what_it_targets() {
         "{outcome:?}"
     );
     let parsed = served(&objects);
-    assert_eq!(parsed.policies.len(), 1, "a stand-in is served");
-    let text = &objects.documents()[0].1;
+    assert_eq!(parsed.waypoint_policies.len(), 1, "a stand-in is served");
+    let text = &documents(&objects)[0].1;
     assert!(
         text.contains("action: DENY") && text.contains("name: cart"),
         "{text}"
@@ -151,7 +162,7 @@ fn a_policy_refused_from_its_first_version_denies_what_it_targets() {
     // Its targets unreadable: no waypoint to close, nothing served.
     bad["spec"]["targetRefs"] = json!("cart");
     objects.apply(k, &bad, &o);
-    assert!(objects.documents().is_empty());
+    assert!(documents(&objects).is_empty());
     // A refused route without an accepted version is not served at all.
     let r = key(Kind::HttpRoute, "cart-canary");
     let outcome = objects.apply(r, &route("cart-canary", json!("eighty")), &o);
@@ -159,7 +170,7 @@ fn a_policy_refused_from_its_first_version_denies_what_it_targets() {
         matches!(outcome, Outcome::Refused { kept: false, .. }),
         "{outcome:?}"
     );
-    assert!(objects.documents().is_empty());
+    assert!(documents(&objects).is_empty());
 }
 
 #[test]

@@ -35,16 +35,22 @@ fn a_relist_of_the_same_objects_changes_nothing() {
         vec![policy("a", "GET"), policy("b", "POST")]
     )
     .is_empty());
-    let before = state.objects.documents();
+    let before = crate::kubernetes::objects::tests::documents(&state.objects);
     assert_eq!(before.len(), 2);
     // A dropped watch or a 410: the same objects listed again (new resourceVersions).
     let mut again = vec![policy("a", "GET"), policy("b", "POST")];
     again[0]["metadata"]["resourceVersion"] = json!("99");
     assert!(list(&mut state, AP, again).is_empty());
-    assert_eq!(state.objects.documents(), before);
+    assert_eq!(
+        crate::kubernetes::objects::tests::documents(&state.objects),
+        before
+    );
     // What a re-list no longer holds is gone; nothing else moves.
     list(&mut state, AP, vec![policy("a", "GET")]);
-    assert_eq!(state.objects.documents(), before[..1].to_vec());
+    assert_eq!(
+        crate::kubernetes::objects::tests::documents(&state.objects),
+        before[..1].to_vec()
+    );
 }
 
 #[test]
@@ -52,19 +58,25 @@ fn a_refused_object_keeps_its_last_version_across_events_and_relists() {
     let mut state = State::default();
     let o = ParseOptions::default();
     list(&mut state, AP, vec![policy("a", "GET")]);
-    let good = state.objects.documents();
+    let good = crate::kubernetes::objects::tests::documents(&state.objects);
     let refused = state.on_event(AP, Event::Apply(policy("a", "get")), &o);
     assert_eq!(refused.len(), 1);
     assert!(refused[0].kept, "{refused:?}");
     assert_eq!(refused[0].key.to_string(), "AuthorizationPolicy shop/a");
-    assert_eq!(state.objects.documents(), good);
+    assert_eq!(
+        crate::kubernetes::objects::tests::documents(&state.objects),
+        good
+    );
     // Listed again still refused: the last accepted version still stands (no stand-in).
     let refused = list(&mut state, AP, vec![policy("a", "get")]);
     assert_eq!(refused.len(), 1);
-    assert_eq!(state.objects.documents(), good);
+    assert_eq!(
+        crate::kubernetes::objects::tests::documents(&state.objects),
+        good
+    );
     // Deleted: gone.
     state.on_event(AP, Event::Delete(policy("a", "get")), &o);
-    assert!(state.objects.documents().is_empty());
+    assert!(crate::kubernetes::objects::tests::documents(&state.objects).is_empty());
 }
 
 #[test]
