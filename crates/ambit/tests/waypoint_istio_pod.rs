@@ -51,6 +51,18 @@ services:
     )
 }
 
+/// [`mesh_yaml`] with `reviews-v1` (neighbour) and `reviews-v2` (server), for a route
+/// to split `reviews` between.
+fn mesh_with_versions() -> String {
+    let mut mesh = mesh_yaml();
+    for (name, vip) in [("reviews-v1", "10.96.0.21"), ("reviews-v2", "10.96.0.22")] {
+        mesh.push_str(&format!(
+            "- name: {name}\n  namespace: default\n  hostname: {name}.default.svc.cluster.local\n  vips: [\"/{vip}\"]\n  ports: {{{PORT}: {APP_PORT}}}\n"
+        ));
+    }
+    mesh
+}
+
 /// Served by the L7 control server only: on `reviews`, the client may GET.
 const POLICY: &str = r#"apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -297,6 +309,15 @@ spec:
   ports: [{name: http, port: 80, targetPort: 9080}]
 "#;
 
+const SPLIT_ROUTE: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews-split, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
+  rules:
+  - backendRefs: [{name: reviews-v1, port: 80, weight: 90}, {name: reviews-v2, port: 80, weight: 10}]
+"#;
+
 const GATEWAY: &str = r#"apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {name: waypoint, namespace: default}
@@ -328,11 +349,17 @@ fn a_waypoint_in_istiods_pod_enforces_what_kubectl_applies_through_control_kuber
     use ambit_netns_lab::kube_control::KubeControl;
 
     let ambit = Path::new(env!("CARGO_BIN_EXE_ambit"));
+    let version = |v: &str| format!("default/reviews-{v}.default.svc.cluster.local");
     let pods = [
         PodSpec::new("client", 0),
-        PodSpec::new("server", 1).endpoint_of(&format!("default/{HOST}"), &[]),
+        PodSpec::new("neighbour", 0)
+            .endpoint_of(&format!("default/{HOST}"), &[])
+            .endpoint_of(&version("v1"), &[]),
+        PodSpec::new("server", 1)
+            .endpoint_of(&format!("default/{HOST}"), &[])
+            .endpoint_of(&version("v2"), &[]),
     ];
-    let mesh = mesh_yaml();
+    let mesh = mesh_with_versions();
     let cluster = Cluster::launch(ClusterSpec {
         ambit,
         tag: "wp-kubectl",
@@ -345,6 +372,7 @@ fn a_waypoint_in_istiods_pod_enforces_what_kubectl_applies_through_control_kuber
     })
     .unwrap();
     cluster.serve_http("server", APP_PORT).unwrap();
+    cluster.serve_http("neighbour", APP_PORT).unwrap();
     let istiod = cluster.control.as_ref().unwrap();
     let names: Vec<String> = cluster.nodes.iter().map(|n| n.name.clone()).collect();
     let kube = KubeLab::start(&cluster.nodes[0].ns, cluster.nodes[0].ip, &names).unwrap();
@@ -427,6 +455,27 @@ fn a_waypoint_in_istiods_pod_enforces_what_kubectl_applies_through_control_kuber
     })
     .unwrap_or_else(|e| panic!("{e}; control:\n{}", l7.log()));
     assert_eq!(get_and_delete(&cluster), (200, 200));
+
+    // An HTTPRoute splitting `reviews` 90/10 between v1 (neighbour) and v2 (server).
+    kubectl(&cluster, &kubeconfig, &["apply"], Some(SPLIT_ROUTE));
+    let admin = SocketAddr::from(([127, 0, 0, 1], 25100));
+    wait_until(
+        "the route to reach the waypoint",
+        Duration::from_secs(10),
+        || {
+            ambit_netns_lab::http_get(&cluster.nodes[1].ns, admin, "/config_dump")
+                .is_ok_and(|(_, dump)| dump.contains("reviews-split"))
+        },
+    )
+    .unwrap();
+    let requests: Vec<(&str, &str)> = vec![("GET", "/reviews/1"); 200];
+    let replies = cluster
+        .http1_from("client", SocketAddr::from((VIP, PORT)), HOST, &requests)
+        .unwrap();
+    let by = |pod: &str| replies.iter().filter(|r| r.body.starts_with(pod)).count();
+    let (v1, v2) = (by("neighbour"), by("server"));
+    // Binomial(200, 0.9): v1 below 150 or v2 at 0 is out by more than seven deviations.
+    assert!(v1 >= 150 && v2 >= 1 && v1 + v2 == 200, "split {v1}/{v2}");
 
     // A RequestAuthentication: a forged token is refused 401.
     let idp = Issuer::new("https://idp.example", "k1").unwrap();

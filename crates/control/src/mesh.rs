@@ -404,11 +404,12 @@ fn served<K: DocumentKind>(
 /// What one manifest file (or one object of the API server) comes to, read and checked as
 /// [`build`] reads it: kept by a caller that assembles meshes of many such parts without
 /// reading any again ([`assemble`]), as `ambit control --kubernetes` does per object.
+///
+/// Only the wire forms are kept (each carries its document as written): the values read
+/// are checked and dropped, so a cluster's worth of objects is held once, not twice.
 #[derive(Debug, Clone, Default)]
 pub struct ManifestParts {
-    pub policies: Vec<Located<WaypointPolicy>>,
     pub waypoint_resources: Vec<Arc<Resource>>,
-    pub routes: Vec<Located<ambit_gateway_routes::Route>>,
     pub route_resources: Vec<Arc<Resource>>,
     pub authn_resources: Vec<Arc<Resource>>,
     pub skipped: Vec<String>,
@@ -439,21 +440,18 @@ pub fn read_manifest(
         waypoint_resources: served::<PolicyDocuments>(&m.policies, root)?,
         route_resources: served::<RouteDocuments>(&m.routes, root)?,
         authn_resources: served::<AuthnDocuments>(&m.authns, root)?,
-        policies: m.policies.into_iter().map(|(p, _)| p).collect(),
-        routes: m.routes.into_iter().map(|(r, _)| r).collect(),
         skipped: m.skipped,
     })
 }
 
 /// A mesh of manifests only (no workloads), from parts [`read_manifest`] read; the caller
-/// keeps their names unique (an API server does).
+/// keeps their names unique (an API server does). It carries the resources to serve, not
+/// the values read (no route status is worked out from it: it has no Services).
 pub fn assemble<'a>(parts: impl IntoIterator<Item = (&'a Path, &'a ManifestParts)>) -> Mesh {
     let mut mesh = Mesh::default();
     for (path, p) in parts {
-        mesh.waypoint_policies.extend(p.policies.iter().cloned());
         mesh.waypoint_resources
             .extend(p.waypoint_resources.iter().cloned());
-        mesh.routes.extend(p.routes.iter().cloned());
         mesh.route_resources
             .extend(p.route_resources.iter().cloned());
         mesh.authn_resources

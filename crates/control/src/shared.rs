@@ -252,8 +252,9 @@ impl Shared {
             generation,
             resources = snapshot.len(),
             files = mesh.files.len(),
-            waypoint_policies = mesh.waypoint_policies.len(),
-            routes = mesh.routes.len(),
+            waypoint_policies = mesh.waypoint_resources.len(),
+            routes = mesh.route_resources.len(),
+            request_authentications = mesh.authn_resources.len(),
             "serving the mesh"
         );
         // With `--kubernetes` a skipped object was reported when it arrived.

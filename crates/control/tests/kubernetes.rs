@@ -275,6 +275,41 @@ async fn a_waypoint_follows_the_api_servers_policies() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(wp.quiet_for(Duration::from_millis(300)).await);
     assert_eq!(fx.control.mesh_generation(), generation);
+    // A watch resumed from a version the server no longer holds gets 410 (an ERROR event on
+    // the watch) and lists again: still no change.
+    let lists = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path.contains("/authorizationpolicies")
+                    && !r.path.contains("watch=")
+            })
+            .count()
+    };
+    let listed_before = lists(&fx.api);
+    fx.api.faults().compact();
+    fx.api
+        .create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "bump", "namespace": "shop"}, "data": {}}))
+        .unwrap();
+    fx.api.faults().drop_watches();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while lists(&fx.api) == listed_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no re-list after a 410: {:?}",
+            fx.api
+                .requests()
+                .iter()
+                .filter(|r| r.path.contains("authorizationpolicies"))
+                .map(|r| (r.path.clone(), r.status))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(wp.quiet_for(Duration::from_millis(300)).await);
+    assert_eq!(fx.control.mesh_generation(), generation);
 
     // A new policy written as v1beta1 is served too; a deleted one is removed.
     let mut beta = policy("no-delete", &["DELETE"]);

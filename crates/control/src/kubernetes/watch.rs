@@ -102,6 +102,8 @@ pub struct State {
     relisting: BTreeMap<Source, Vec<Value>>,
     /// Sources listed once at least.
     synced: BTreeSet<Source>,
+    /// A list ended since the last publish (what it read is freed once it is served).
+    relisted: bool,
 }
 
 /// A refusal (or a dropped object) to report.
@@ -135,6 +137,7 @@ impl State {
             Event::InitDone => {
                 let listed = self.relisting.remove(&source).unwrap_or_default();
                 self.synced.insert(source);
+                self.relisted = true;
                 self.replace(source, listed, options)
             }
             Event::Apply(object) => self.apply(source, &object, options),
@@ -282,7 +285,7 @@ pub(crate) async fn run(
             next = watched.next() => next,
             _ = tokio::time::sleep(Duration::from_millis(50)), if dirty => {
                 dirty = false;
-                publish(&shared, &kube, &state, &mut published);
+                publish(&shared, &kube, &mut state, &mut published);
                 continue;
             }
         };
@@ -318,7 +321,12 @@ pub(crate) async fn run(
 
 /// Rebuilds what is served when the objects, or what each waypoint is shown, changed:
 /// assembled from what each object was read to when it arrived, nothing read again.
-fn publish(shared: &Shared, kube: &super::KubeShared, state: &State, published: &mut Option<u64>) {
+fn publish(
+    shared: &Shared,
+    kube: &super::KubeShared,
+    state: &mut State,
+    published: &mut Option<u64>,
+) {
     if state.synced() {
         kube.synced
             .store(true, std::sync::atomic::Ordering::Release);
@@ -335,6 +343,11 @@ fn publish(shared: &Shared, kube: &super::KubeShared, state: &State, published: 
     }
     shared.publish_as(state.objects.mesh(), view_changed);
     *published = Some(generation);
+    // A list's pages and the mesh this one replaces go back to the system, as the file
+    // mode does after each load.
+    if std::mem::take(&mut state.relisted) {
+        ambit_runtime::memory::release_freed();
+    }
 }
 
 #[cfg(test)]

@@ -90,19 +90,28 @@ fn an_object_is_served_as_written_and_read_by_the_file_readers() {
         assert!(!text.contains(gone), "{gone} in {text}");
     }
     assert!(text.contains("team: payments"), "{text}");
+    // Its wire form, read back as a waypoint reads it, is the policy.
     let parsed = served(&objects);
-    assert_eq!(parsed.waypoint_policies.len(), 1);
-    assert_eq!(
-        parsed.waypoint_policies[0].value.authorization.key(),
-        "shop/cart-read"
-    );
+    assert_eq!(parsed.waypoint_resources.len(), 1);
+    let body = parsed.waypoint_resources[0]
+        .resource
+        .as_ref()
+        .unwrap()
+        .value
+        .clone();
+    use ambit_waypoint_xds::{DocumentKind, PolicyDocuments};
+    use prost::Message;
+    let message = <PolicyDocuments as DocumentKind>::Message::decode(&body[..]).unwrap();
+    let policy =
+        ambit_waypoint_xds::from_proto::<PolicyDocuments>(message, "istio-system").unwrap();
+    assert_eq!(policy.authorization.key(), "shop/cart-read");
     // Routes too.
     let r = key(Kind::HttpRoute, "cart-canary");
     assert_eq!(
         objects.apply(r, &route("cart-canary", json!(80)), &o),
         Outcome::Accepted
     );
-    assert_eq!(served(&objects).routes.len(), 1);
+    assert_eq!(served(&objects).route_resources.len(), 1);
 }
 
 #[test]
@@ -152,7 +161,7 @@ fn a_policy_refused_from_its_first_version_denies_what_it_targets() {
         "{outcome:?}"
     );
     let parsed = served(&objects);
-    assert_eq!(parsed.waypoint_policies.len(), 1, "a stand-in is served");
+    assert_eq!(parsed.waypoint_resources.len(), 1, "a stand-in is served");
     let text = &documents(&objects)[0].1;
     assert!(
         text.contains("action: DENY") && text.contains("name: cart"),
