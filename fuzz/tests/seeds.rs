@@ -817,7 +817,10 @@ fn pod_labels_seeds() {
                 "waypoint",
                 map(&[
                     ("gateway.istio.io/managed", "istio.io-mesh-controller"),
-                    ("gateway.networking.k8s.io/gateway-class-name", "istio-waypoint"),
+                    (
+                        "gateway.networking.k8s.io/gateway-class-name",
+                        "istio-waypoint",
+                    ),
                     ("gateway.networking.k8s.io/gateway-name", "waypoint"),
                     ("istio.io/dataplane-mode", "none"),
                 ]),
