@@ -78,7 +78,7 @@ pub(crate) fn view_of(
     metadata: &tonic::metadata::MetadataMap,
 ) -> Result<Arc<dyn crate::session::View>, Box<tonic::Status>> {
     let authorization = metadata.get("authorization").and_then(|v| v.to_str().ok());
-    let token = crate::ca_service::bearer(authorization)
+    let token = crate::bearer::bearer(authorization)
         .map_err(|refusal| Box::new(tonic::Status::from(refusal)))?;
     match kube.reviewer.cached(token) {
         Some(review::Reviewed::Account { namespace, name }) => Ok(Arc::new(WaypointView {

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod ads;
+pub mod bearer;
 pub mod ca_service;
 pub mod config;
 pub mod convert;

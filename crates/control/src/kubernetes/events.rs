@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use tokio::sync::mpsc;
 
-use super::watch::Refused;
+use super::objects::Refused;
 use crate::shared::Shared;
 
 /// The component Events name as their source.

@@ -345,5 +345,16 @@ fn stand_in(key: &ObjectKey, target_refs: Option<&Value>, why: &str) -> Option<S
     yaml_serde::to_string(&document).ok()
 }
 
+/// A refusal (or a dropped object) to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub key: ObjectKey,
+    pub message: String,
+    pub kept: bool,
+    /// The object's `uid` and `resourceVersion`, for the Event that names it.
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
 #[cfg(test)]
 pub(crate) mod tests;

@@ -163,7 +163,9 @@ impl Reviewer {
     /// The cached answer for `token`, if there is a fresh one.
     pub fn cached(&self, token: &str) -> Option<Reviewed> {
         let digest = crate::tokens::digest(token);
-        crate::shared::lock(&self.cache)
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&digest, Instant::now())
             .cloned()
     }
@@ -194,12 +196,18 @@ impl Reviewer {
         .map_err(|_| "the TokenReview took more than 10 s".to_string())?
         .map_err(|e| format!("the TokenReview failed: {e}"))?;
         let reviewed = read_status(answered.status.as_ref());
-        crate::shared::lock(&self.cache).insert(digest, reviewed.clone(), Instant::now());
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(digest, reviewed.clone(), Instant::now());
         Ok(reviewed)
     }
 
     pub fn cache_len(&self) -> usize {
-        crate::shared::lock(&self.cache).len()
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 }
 

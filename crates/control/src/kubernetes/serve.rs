@@ -204,7 +204,7 @@ fn gatekeep(
         .headers
         .get("authorization")
         .and_then(|v| v.to_str().ok());
-    let token = match crate::ca_service::bearer(authorization) {
+    let token = match crate::bearer::bearer(authorization) {
         Ok(t) => t.to_string(),
         Err(refusal) => {
             shared.metrics.unauthenticated.inc();

@@ -16,7 +16,7 @@ use kube::runtime::WatchStreamExt as _;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::objects::{Kind, ObjectKey, Objects, Outcome};
+use super::objects::{Kind, ObjectKey, Objects, Outcome, Refused};
 use super::visibility::{UseWaypoint, Visibility};
 use crate::shared::{stopped, Shared};
 
@@ -104,17 +104,6 @@ pub struct State {
     synced: BTreeSet<Source>,
     /// A list ended since the last publish (what it read is freed once it is served).
     relisted: bool,
-}
-
-/// A refusal (or a dropped object) to report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
-    pub key: ObjectKey,
-    pub message: String,
-    pub kept: bool,
-    /// The object's `uid` and `resourceVersion`, for the Event that names it.
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
 }
 
 impl State {
