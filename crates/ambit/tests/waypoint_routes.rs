@@ -412,7 +412,22 @@ fn grpc_routes_with_a_real_client_and_server() {
     assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
     assert_eq!(lab.app.seen_with("/lab.Echo/Fail").len(), 3, "two retries");
 
-    let metrics = lab.waypoint_metrics().unwrap();
+    // A request is counted once its answer has gone out whole, which the client can see
+    // a moment before: wait for the last one's count (every other is checked exactly).
+    let mut metrics = String::new();
+    let counted = ambit_netns_lab::wait_until(
+        "the waypoint to count the UNAVAILABLE answer",
+        std::time::Duration::from_secs(10),
+        || {
+            metrics = lab.waypoint_metrics().unwrap();
+            metric_sum(
+                &metrics,
+                "istio_requests_total",
+                &[("grpc_response_status", "14")],
+            ) > 0
+        },
+    );
+    assert!(counted.is_ok(), "{metrics}");
     let ok = metric_sum(
         &metrics,
         "istio_requests_total",
