@@ -3,35 +3,32 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use ambit_grpc::server::{self, RequestLimits, ServeOptions};
-use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use ambit_grpc::server::{self, RequestLimits};
 use ambit_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 use ambit_runtime::file_watch::Watched;
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::Status;
 
-use crate::ads::{sotw_unimplemented, Ads};
+use crate::ads::sotw_unimplemented;
 use crate::ca_service::CaService;
 use crate::config::{
     ControlConfig, ControlError, ADS_PATH, CA_BODY_DEADLINE, CA_PATH, DEBUG_MAX_VERSIONS,
-    EXTRA_CONNECTIONS, MAX_CA_REQUEST_BYTES, MAX_REQUEST_BYTES, MAX_STREAMS_PER_CONNECTION,
-    SOTW_PATH,
+    MAX_CA_REQUEST_BYTES, SOTW_PATH,
 };
-use crate::mesh::{self, Mesh, MeshError};
+use crate::mesh::{self, MeshError};
 use crate::reload::watch_loop;
 use crate::reload::Watches;
 use crate::serving::ServingCert;
 use crate::serving::{issue_serving, load_ca, renew_loop, server_config, serving_ips};
-use crate::session::{Session, SessionDebug, Snapshot, SERVED_TYPES};
-use crate::shared::MeshState;
-use crate::shared::{lock, stopped, Metrics, ReloadStatus, Shared};
+use crate::session::{Session, SessionDebug, SERVED_TYPES};
+use crate::shared::{lock, stopped, Shared};
 use crate::tokens::Tokens;
 
 /// A running control server. Dropping it stops its tasks.
@@ -77,52 +74,19 @@ impl Control {
             current: RwLock::new(cert),
         });
 
-        let (mesh_tx, _) = watch::channel(Arc::new(MeshState {
-            mesh: Mesh::default(),
-            snapshot: Snapshot::new(0),
-        }));
-        let shared = Arc::new(Shared {
-            client_slots: Arc::new(Semaphore::new(config.max_clients)),
-            config,
-            ca: Some(ca),
-            kube: None,
-            mesh_tx,
-            tokens: RwLock::new(Arc::new(tokens)),
-            status: Mutex::new(ReloadStatus::default()),
-            clients: Mutex::new(BTreeMap::new()),
-            next_session: AtomicU64::new(1),
-            metrics: Metrics::new(),
-            listening: AtomicBool::new(false),
-            refusal_reports: Default::default(),
-        });
+        let shared = Arc::new(Shared::new(config, Some(ca), None, tokens));
         shared.publish(first);
         ambit_runtime::memory::release_freed();
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
-        let ads = AggregatedDiscoveryServiceServer::new(Ads {
-            shared: shared.clone(),
-        })
-        .max_decoding_message_size(MAX_REQUEST_BYTES)
-        .max_encoding_message_size(ambit_proto::MAX_XDS_MESSAGE);
+        let ads = shared.ads();
         let ca_service = IstioCertificateServiceServer::new(CaService {
             shared: shared.clone(),
         })
         .max_decoding_message_size(MAX_CA_REQUEST_BYTES);
         let routes = tonic::service::Routes::new(ads).add_service(ca_service);
-        let options = ServeOptions {
-            connections: ambit_admission::Limits {
-                total: shared.config.max_clients + EXTRA_CONNECTIONS,
-                per_source: shared.config.max_per_source,
-            },
-            auth_timeout: shared.config.auth_timeout,
-            idle_timeout: shared.config.idle_timeout,
-            // One connection may carry many xDS streams (tests, proxies multiplexing) but
-            // not an unbounded number of calls.
-            max_streams_per_connection: MAX_STREAMS_PER_CONNECTION,
-            max_streams_per_source: shared.config.max_per_source,
-            ..ServeOptions::default()
-        };
+        let options = shared.serve_options();
         let gatekeeper = {
             let shared = shared.clone();
             Arc::new(move |head: &http::request::Parts| {

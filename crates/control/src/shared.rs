@@ -212,6 +212,61 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// The state of a server about to listen: an empty mesh, no client, no reload error.
+    pub(crate) fn new(
+        config: ControlConfig,
+        ca: Option<CertificateAuthority>,
+        kube: Option<Arc<crate::kubernetes::KubeShared>>,
+        tokens: Tokens,
+    ) -> Shared {
+        let (mesh_tx, _) = watch::channel(Arc::new(MeshState {
+            mesh: Mesh::default(),
+            snapshot: crate::session::Snapshot::new(0),
+        }));
+        Shared {
+            client_slots: Arc::new(Semaphore::new(config.max_clients)),
+            config,
+            ca,
+            kube,
+            mesh_tx,
+            tokens: RwLock::new(Arc::new(tokens)),
+            status: Mutex::new(ReloadStatus::default()),
+            clients: Mutex::new(BTreeMap::new()),
+            next_session: AtomicU64::new(1),
+            metrics: Metrics::new(),
+            listening: AtomicBool::new(false),
+            refusal_reports: Default::default(),
+        }
+    }
+
+    /// The delta ADS service over this state, with the message bounds of both modes.
+    pub(crate) fn ads(
+        self: &Arc<Shared>,
+    ) -> ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer<crate::ads::Ads>{
+        ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer::new(crate::ads::Ads {
+            shared: self.clone(),
+        })
+        .max_decoding_message_size(crate::config::MAX_REQUEST_BYTES)
+        .max_encoding_message_size(ambit_proto::MAX_XDS_MESSAGE)
+    }
+
+    /// What one connection and one source may hold, from the configuration.
+    pub(crate) fn serve_options(&self) -> ambit_grpc::server::ServeOptions {
+        ambit_grpc::server::ServeOptions {
+            connections: ambit_admission::Limits {
+                total: self.config.max_clients + crate::config::EXTRA_CONNECTIONS,
+                per_source: self.config.max_per_source,
+            },
+            auth_timeout: self.config.auth_timeout,
+            idle_timeout: self.config.idle_timeout,
+            // One connection may carry many xDS streams (tests, proxies multiplexing) but
+            // not an unbounded number of calls.
+            max_streams_per_connection: crate::config::MAX_STREAMS_PER_CONNECTION,
+            max_streams_per_source: self.config.max_per_source,
+            ..ambit_grpc::server::ServeOptions::default()
+        }
+    }
+
     pub(crate) fn mesh(&self) -> Arc<MeshState> {
         self.mesh_tx.borrow().clone()
     }

@@ -202,13 +202,6 @@ impl Reviewer {
             .insert(digest, reviewed.clone(), Instant::now());
         Ok(reviewed)
     }
-
-    pub fn cache_len(&self) -> usize {
-        self.cache
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
-    }
 }
 
 #[cfg(test)]

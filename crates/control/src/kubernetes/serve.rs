@@ -3,30 +3,23 @@
 //! account, the serving certificate issued by the mesh CA for the server's own SPIFFE id
 //! and swapped in as it is renewed.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use ambit_grpc::server::{self, Admission, RequestLimits, ServeOptions};
+use ambit_grpc::server::{self, Admission, RequestLimits};
 use ambit_identity::{CertManager, WorkloadCertificate};
-use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tonic::Status;
 
 use super::review::{self, Reviewed, Reviewer};
 use super::KubeShared;
-use crate::ads::Ads;
-use crate::config::{
-    ControlConfig, ControlError, ADS_PATH, CA_PATH, EXTRA_CONNECTIONS, MAX_REQUEST_BYTES,
-    MAX_STREAMS_PER_CONNECTION,
-};
+use crate::config::{ControlConfig, ControlError, ADS_PATH, CA_PATH};
 use crate::mesh::Mesh;
 use crate::serving::{server_config, ServingCert};
-use crate::session::Snapshot;
-use crate::shared::{stopped, MeshState, Metrics, ReloadStatus, Shared};
+use crate::shared::{stopped, Shared};
 use crate::tokens::Tokens;
 use crate::Control;
 
@@ -63,44 +56,18 @@ impl Control {
             addr: config.listen,
             source,
         })?;
-        let (mesh_tx, _) = watch::channel(Arc::new(MeshState {
-            mesh: Mesh::default(),
-            snapshot: Snapshot::new(0),
-        }));
         let kube = Arc::new(KubeShared::new(Reviewer::new(client.clone())));
-        let shared = Arc::new(Shared {
-            client_slots: Arc::new(Semaphore::new(config.max_clients)),
+        let shared = Arc::new(Shared::new(
             config,
-            ca: None,
-            kube: Some(kube.clone()),
-            mesh_tx,
-            tokens: RwLock::new(Arc::new(Tokens::default())),
-            status: Mutex::new(ReloadStatus::default()),
-            clients: Mutex::new(BTreeMap::new()),
-            next_session: AtomicU64::new(1),
-            metrics: Metrics::new(),
-            listening: AtomicBool::new(false),
-            refusal_reports: Default::default(),
-        });
+            None,
+            Some(kube.clone()),
+            Tokens::default(),
+        ));
         shared.publish(Mesh::default());
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let ads = AggregatedDiscoveryServiceServer::new(Ads {
-            shared: shared.clone(),
-        })
-        .max_decoding_message_size(MAX_REQUEST_BYTES)
-        .max_encoding_message_size(ambit_proto::MAX_XDS_MESSAGE);
-        let options = ServeOptions {
-            connections: ambit_admission::Limits {
-                total: shared.config.max_clients + EXTRA_CONNECTIONS,
-                per_source: shared.config.max_per_source,
-            },
-            auth_timeout: shared.config.auth_timeout,
-            idle_timeout: shared.config.idle_timeout,
-            max_streams_per_connection: MAX_STREAMS_PER_CONNECTION,
-            max_streams_per_source: shared.config.max_per_source,
-            ..ServeOptions::default()
-        };
+        let ads = shared.ads();
+        let options = shared.serve_options();
         let gatekeeper = {
             let (shared, kube) = (shared.clone(), kube.clone());
             Arc::new(move |head: &http::request::Parts| gatekeep(&shared, &kube, head))
