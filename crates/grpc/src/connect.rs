@@ -106,11 +106,19 @@ pub(crate) fn client_config(
         ),
         None => None,
     };
+    verified_by(provider, Arc::new(HostOrAlt { webpki, alt }))
+}
+
+/// TLS 1.3 and ALPN h2, the server checked by `verifier`, no client certificate.
+fn verified_by(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    verifier: Arc<dyn ServerCertVerifier>,
+) -> Result<Arc<ClientConfig>, GrpcError> {
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| GrpcError::Tls(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(HostOrAlt { webpki, alt }))
+        .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
@@ -122,15 +130,10 @@ pub(crate) fn spiffe_client_config(
     roots: RootCertStore,
     expected: ambit_identity::SpiffeId,
 ) -> Result<Arc<ClientConfig>, GrpcError> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| GrpcError::Tls(e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(ambit_identity::spiffe_server_verifier(roots, expected))
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    verified_by(
+        Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
+        ambit_identity::spiffe_server_verifier(roots, expected),
+    )
 }
 
 /// Dials the server for tonic: TCP with keepalive, then TLS.
