@@ -158,20 +158,12 @@ impl ControlPlane {
 
     /// The server's `/debug` view of its clients.
     pub fn debug(&self) -> anyhow::Result<serde_json::Value> {
-        let (status, body) = http_get(&self.ns, CONTROL_ADMIN.parse()?, "/debug")?;
-        if status != 200 {
-            bail!("/debug answered {status}: {body}");
-        }
-        serde_json::from_str(&body).context("/debug is not JSON")
+        admin_debug(&self.ns)
     }
 
     /// Its Prometheus text.
     pub fn metrics(&self) -> anyhow::Result<String> {
-        let (status, body) = http_get(&self.ns, CONTROL_ADMIN.parse()?, "/metrics")?;
-        if status != 200 {
-            bail!("/metrics answered {status}");
-        }
-        Ok(body)
+        admin_get(&self.ns, "/metrics")
     }
 
     /// The log of the current (or last) run.
@@ -210,4 +202,18 @@ impl ControlPlane {
             ("ISTIO_META_DNS_CAPTURE", "false".to_string()),
         ])
     }
+}
+
+/// `path` of a control server's operator port in `ns`, which must answer 200.
+pub(crate) fn admin_get(ns: &str, path: &str) -> anyhow::Result<String> {
+    let (status, body) = http_get(ns, CONTROL_ADMIN.parse()?, path)?;
+    if status != 200 {
+        bail!("{path} answered {status}: {body}");
+    }
+    Ok(body)
+}
+
+/// A control server's `/debug` JSON.
+pub(crate) fn admin_debug(ns: &str) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_str(&admin_get(ns, "/debug")?).context("/debug is not JSON")
 }

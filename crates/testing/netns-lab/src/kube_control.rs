@@ -105,20 +105,12 @@ impl KubeControl {
 
     /// Its `/debug` JSON.
     pub fn debug(&self) -> anyhow::Result<serde_json::Value> {
-        let (status, body) = http_get(&self.ns, CONTROL_ADMIN.parse()?, "/debug")?;
-        if status != 200 {
-            bail!("/debug answered {status}: {body}");
-        }
-        serde_json::from_str(&body).context("/debug is not JSON")
+        crate::control::admin_debug(&self.ns)
     }
 
     /// Its Prometheus text.
     pub fn metrics(&self) -> anyhow::Result<String> {
-        let (status, body) = http_get(&self.ns, CONTROL_ADMIN.parse()?, "/metrics")?;
-        if status != 200 {
-            bail!("/metrics answered {status}");
-        }
-        Ok(body)
+        crate::control::admin_get(&self.ns, "/metrics")
     }
 
     /// Its log.
