@@ -340,7 +340,11 @@ async fn only_a_waypoints_service_account_is_served() {
         // A token the API server does not know.
         ("forged", Code::Unauthenticated, "does not accept the token"),
         // The waypoint's account, but a token for the API server, not for istio-ca.
-        ("api-only", Code::Unauthenticated, "does not accept the token"),
+        (
+            "api-only",
+            Code::Unauthenticated,
+            "does not accept the token",
+        ),
     ];
     for (token, code, says) in cases {
         let status = match open(&fx, token).await {
