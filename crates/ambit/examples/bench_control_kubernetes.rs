@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use ambit_fake_apiserver::{namespace, ApiServer, Resource, ServerOptions, User};
 use ambit_grpc::{ChannelConfig, GrpcChannel, RootCa, Token};
 use ambit_identity::SpiffeId;
+use ambit_netns_lab::stats::{median, percentile, spread};
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ambit_proto::{DeltaDiscoveryRequest, WAYPOINT_POLICY_TYPE, WAYPOINT_ROUTE_TYPE};
 use anyhow::{bail, Context};
@@ -342,29 +343,8 @@ async fn round(
     })
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
-/// The true median of `v` (the mean of the two middle values for an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-fn spread(v: &[f64]) -> (f64, f64) {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (lo, hi)
+fn millis(v: &[Duration]) -> Vec<f64> {
+    v.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -410,21 +390,13 @@ async fn main() -> anyhow::Result<()> {
     let fig = |f: &dyn Fn(&Round) -> f64| {
         let v: Vec<f64> = rounds.iter().map(f).collect();
         let (lo, hi) = spread(&v);
-        (median(v), lo, hi)
+        (median(&v), lo, hi)
     };
     let ready = fig(&|r| r.ready.as_secs_f64());
     let rss = fig(&|r| mib(r.rss_kib));
     let peak = fig(&|r| mib(r.peak_kib));
-    let p50 = fig(&|r| {
-        let mut l = r.latencies.clone();
-        l.sort();
-        percentile(&l, 0.5).as_secs_f64() * 1000.0
-    });
-    let p99 = fig(&|r| {
-        let mut l = r.latencies.clone();
-        l.sort();
-        percentile(&l, 0.99).as_secs_f64() * 1000.0
-    });
+    let p50 = fig(&|r| median(&millis(&r.latencies)));
+    let p99 = fig(&|r| percentile(&millis(&r.latencies), 99.0));
     let served = rounds.first().map_or((0, 0), |r| r.served);
     let table = format!(
         "### ambit control --kubernetes at scale\n\n\

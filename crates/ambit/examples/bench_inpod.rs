@@ -110,13 +110,14 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-/// The median and the maximum of `v` (sorted in place).
-fn p50_max(v: &mut [Duration]) -> (Duration, Duration) {
-    v.sort_unstable();
+/// The median (`ambit_netns_lab::stats::median`) and the maximum of `v`.
+fn p50_max(v: &[Duration]) -> (Duration, Duration) {
     if v.is_empty() {
         return (Duration::ZERO, Duration::ZERO);
     }
-    (v[(v.len() - 1) / 2], v[v.len() - 1])
+    let secs: Vec<f64> = v.iter().map(Duration::as_secs_f64).collect();
+    let median = Duration::from_secs_f64(ambit_netns_lab::stats::median(&secs));
+    (median, v.iter().copied().max().unwrap_or_default())
 }
 
 /// TIME_WAIT sockets in a namespace, the way `ss -tan state time-wait | wc -l` counts them
@@ -218,7 +219,7 @@ fn main() -> anyhow::Result<()> {
     );
     let per_pod = (after.0 as f64 - before.0 as f64) / args.idle_pods as f64;
     let per_pod_anon = (after.1 as f64 - before.1 as f64) / args.idle_pods as f64;
-    let (idle_add_p50, idle_add_max) = p50_max(&mut idle_adds);
+    let (idle_add_p50, idle_add_max) = p50_max(&idle_adds);
     println!(
         "  node1 proxy RSS {} → {} KiB: {per_pod:.0} KiB per pod (CNI ADD p50 {}, max {})",
         before.0,
@@ -310,9 +311,9 @@ fn main() -> anyhow::Result<()> {
         after_add.push(total - added);
         attempts.push(n);
     }
-    let (fb_p50, fb_max) = p50_max(&mut to_first_byte);
-    let (add_p50, add_max) = p50_max(&mut adds);
-    let (aa_p50, aa_max) = p50_max(&mut after_add);
+    let (fb_p50, fb_max) = p50_max(&to_first_byte);
+    let (add_p50, add_max) = p50_max(&adds);
+    let (aa_p50, aa_max) = p50_max(&after_add);
 
     // ---- 3. The suite, one node then two nodes.
     let secs = args.seconds;
@@ -464,7 +465,7 @@ fn main() -> anyhow::Result<()> {
         ms(add_p50),
         ms(add_max)
     );
-    for (step, v) in &mut steps {
+    for (step, v) in &steps {
         let what = match step.as_str() {
             "netns" => "creating the pod's netns (`ip netns add`, lo up; a runtime does this before ADD)".to_string(),
             "bridge" => "plugin `bridge` (with `host-local`), run through `ip netns exec <node>`".to_string(),

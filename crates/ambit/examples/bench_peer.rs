@@ -151,26 +151,20 @@ struct Figure {
     notes: Vec<String>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if !n.is_multiple_of(2) {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// The values a round had: NaN stands for one it did not have (direct, for a cost), or a
+/// ratio that means nothing.
+fn finite(v: &[f64]) -> Vec<f64> {
+    v.iter().copied().filter(|x| x.is_finite()).collect()
 }
 
+/// The median of the finite values (`ambit_netns_lab::stats::median`); NaN for none.
+fn median(v: Vec<f64>) -> f64 {
+    ambit_netns_lab::stats::median(&finite(&v))
+}
+
+/// The lowest and highest of the finite values.
 fn spread(v: &[f64]) -> (f64, f64) {
-    let finite = v.iter().copied().filter(|x| x.is_finite());
-    (
-        finite.clone().fold(f64::INFINITY, f64::min),
-        finite.fold(f64::NEG_INFINITY, f64::max),
-    )
+    ambit_netns_lab::stats::spread(&finite(v))
 }
 
 impl Figure {

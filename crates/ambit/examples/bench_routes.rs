@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 
 use ambit_netns_lab::l7::L7Lab;
 use ambit_netns_lab::mesh::SERVICE_PORT;
+use ambit_netns_lab::stats::{median, percentile, spread};
 use anyhow::Context;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use l7_load::{fmt, load, median, paced, Path};
+use l7_load::{fmt, load, p50_p99, paced, Path};
 
 struct Args {
     ambit: PathBuf,
@@ -207,16 +208,14 @@ fn main() -> anyhow::Result<()> {
             let cpu = common::cpu_seconds(wp)? - before;
             rate[i].push(r);
             per_core[i].push(r * secs as f64 / cpu);
-            let mut lat = paced(&lab, Path::Waypoint, 500, 1, secs)?;
-            lat.sort();
-            p50[i].push(lat[lat.len() / 2].as_secs_f64() * 1e6);
-            p99[i].push(lat[lat.len() * 99 / 100].as_secs_f64() * 1e6);
+            let (lat50, lat99) = p50_p99(&paced(&lab, Path::Waypoint, 500, 1, secs)?);
+            p50[i].push(lat50);
+            p99[i].push(lat99);
         }
         direct_rate.push(load(&lab, Path::Direct, false, 8, 0, secs)?);
-        let mut lat = paced(&lab, Path::Direct, 500, 1, secs)?;
-        lat.sort();
-        direct_p50.push(lat[lat.len() / 2].as_secs_f64() * 1e6);
-        direct_p99.push(lat[lat.len() * 99 / 100].as_secs_f64() * 1e6);
+        let (lat50, lat99) = p50_p99(&paced(&lab, Path::Direct, 500, 1, secs)?);
+        direct_p50.push(lat50);
+        direct_p99.push(lat99);
         eprintln!("round {}/{} done", round + 1, a.rounds);
     }
 
@@ -231,8 +230,7 @@ fn main() -> anyhow::Result<()> {
         // Changes land at random points of the watch period.
         std::thread::sleep(Duration::from_millis(137 * (k as u64 % 7)));
     }
-    change_ms.sort_by(f64::total_cmp);
-    let p99_change = change_ms[(change_ms.len() * 99 / 100).min(change_ms.len() - 1)];
+    let p99_change = percentile(&change_ms, 99.0);
 
     // Memory: settled RSS with no route, then with 5,000.
     apply(&lab, "", None)?;
@@ -279,9 +277,9 @@ fn main() -> anyhow::Result<()> {
         out,
         "\n| route change (100 routes, config file) | figure |\n|---|---:|\n| changes | {} |\n| from the write to the first request served by the new route, median / p99 / max | {:.0} / {:.0} / {:.0} ms |\n| responses other than 200 during the changes | {bad_during_changes} |\n| RSS with no route / 5,000 routes, 17 s after the change | {rss_none:.1} / {rss_5000:.1} MiB |",
         a.changes,
-        median(change_ms.clone()),
+        median(&change_ms),
         p99_change,
-        change_ms.last().copied().unwrap_or_default()
+        spread(&change_ms).1
     );
     println!("{out}");
     std::fs::write(&a.out, &out)?;

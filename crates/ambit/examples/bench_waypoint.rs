@@ -27,7 +27,7 @@ use ambit_netns_lab::l7::L7Lab;
 use ambit_netns_lab::mesh::SERVICE_PORT;
 use anyhow::Context;
 use bytes::Bytes;
-use l7_load::{fmt, load, paced, request, Path, BARE_HOST, BARE_VIP};
+use l7_load::{fmt, load, p50_p99, paced, request, Path, BARE_HOST, BARE_VIP};
 
 /// The bare proxy's address in the server node.
 const BARE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 0, 6);
@@ -291,10 +291,9 @@ fn main() -> anyhow::Result<()> {
                 Path::Bare => bare_h2_per_core.push(rate * secs as f64 / cpu),
                 Path::Direct => {}
             }
-            let mut lat = paced(&lab, path, 500, 1, secs)?;
-            lat.sort();
-            p50[i].push(lat[lat.len() / 2].as_secs_f64() * 1e6);
-            p99[i].push(lat[lat.len() * 99 / 100].as_secs_f64() * 1e6);
+            let (lat50, lat99) = p50_p99(&paced(&lab, path, 500, 1, secs)?);
+            p50[i].push(lat50);
+            p99[i].push(lat99);
         }
         let before = common::cpu_seconds(wp)?;
         let t = Instant::now();

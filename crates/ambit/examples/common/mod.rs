@@ -231,19 +231,17 @@ pub struct Pcts {
     pub p99: f64,
 }
 
-pub fn percentiles(mut samples: Vec<Duration>) -> Pcts {
+/// The p50 (the true median) and the p90 and p99 (nearest rank) of `samples`; zeros for none.
+pub fn percentiles(samples: Vec<Duration>) -> Pcts {
+    use ambit_netns_lab::stats::{median, percentile};
     if samples.is_empty() {
         return Pcts::default();
     }
-    samples.sort_unstable();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
-        samples[i].as_secs_f64() * 1e6
-    };
+    let us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
     Pcts {
-        p50: at(0.50),
-        p90: at(0.90),
-        p99: at(0.99),
+        p50: median(&us),
+        p90: percentile(&us, 90.0),
+        p99: percentile(&us, 99.0),
     }
 }
 

@@ -1,13 +1,15 @@
 //! Load for the L7 lab's benchmarks (`bench_waypoint`, `bench_routes`): closed-loop
-//! HTTP/1.1 or HTTP/2 requests/s, paced latency samples, and medians with their spread.
+//! HTTP/1.1 or HTTP/2 requests/s, paced latency samples, and medians with their spread
+//! (`ambit_netns_lab::stats`).
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ambit_netns_lab::l7::{L7Lab, DIRECT_HOST, DIRECT_VIP};
 use ambit_netns_lab::mesh::{SERVICE_HOST, SERVICE_PORT, SERVICE_VIP};
+use ambit_netns_lab::stats::{median, percentile, spread};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -23,7 +25,7 @@ pub enum Path {
 }
 
 /// The bare proxy's service (its pod's address is `bench_waypoint`'s).
-pub const BARE_VIP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 14);
+pub const BARE_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 14);
 pub const BARE_HOST: &str = "echo-bare.default.svc.cluster.local";
 
 impl Path {
@@ -164,23 +166,19 @@ pub fn paced(
     })
 }
 
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+/// The p50 (the true median) and the p99 (nearest rank) of latency samples, in µs.
+pub fn p50_p99(samples: &[Duration]) -> (f64, f64) {
+    let us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    (median(&us), percentile(&us, 99.0))
 }
 
-pub fn spread(v: &[f64]) -> (f64, f64) {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (lo, hi)
-}
-
+/// A figure over rounds: the median, (lowest–highest).
 pub fn fmt(v: &[f64], unit: &str, digits: usize) -> String {
     let (lo, hi) = spread(v);
     format!(
         "{:.*} ({:.*}–{:.*}) {unit}",
         digits,
-        median(v.to_vec()),
+        median(v),
         digits,
         lo,
         digits,

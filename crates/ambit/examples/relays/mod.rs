@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use ambit_identity::{CertificateAuthority, SpiffeId};
 use ambit_netns_lab::mesh::{TwoNodes, SERVER_IP};
+use ambit_netns_lab::stats::median;
 use ambit_netns_lab::Lab;
 use anyhow::Context;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -189,10 +190,11 @@ pub fn measure(
     let tls_suite = tls.suite();
     drop(tls);
 
-    let ratio_median =
-        |num: &[f64], den: &[f64]| median(num.iter().zip(den).map(|(n, d)| n / d).collect());
+    let ratio_median = |num: &[f64], den: &[f64]| {
+        median(&num.iter().zip(den).map(|(n, d)| n / d).collect::<Vec<_>>())
+    };
     let streams = |path: usize| Streams {
-        bits_per_second: median(rates[path].clone()),
+        bits_per_second: median(&rates[path]),
         of_direct: ratio_median(&rates[path], &rates[0]),
         busy: busy[path],
         cpu_per_gb: (cpu[path][0] / gbytes[path], cpu[path][1] / gbytes[path]),
@@ -217,13 +219,8 @@ pub fn measure(
         proxies: streams(3),
         proxies_of_tls: ratio_median(&rates[3], &rates[2]),
         tls_suite,
-        round_trip_p50: p50s.map(median),
+        round_trip_p50: p50s.map(|v| median(&v)),
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 // ---------------------------------------------------------------------------------------

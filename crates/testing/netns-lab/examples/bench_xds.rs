@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use ambit_grpc::server::{self, TestPki};
 use ambit_netns_lab::peer::IstioZtunnel;
+use ambit_netns_lab::stats;
 use ambit_netns_lab::Lab;
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
@@ -1477,22 +1478,19 @@ fn pct(values: &[f64], p: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if p == 50.0 && n.is_multiple_of(2) {
-        return (v[n / 2 - 1] + v[n / 2]) / 2.0;
+    if p == 50.0 {
+        stats::median(values)
+    } else {
+        stats::percentile(values, p)
     }
-    let rank = ((p / 100.0) * n as f64).ceil() as usize;
-    v[rank.clamp(1, n) - 1]
 }
 
 fn min(values: &[f64]) -> f64 {
-    values.iter().copied().fold(f64::INFINITY, f64::min)
+    stats::spread(values).0
 }
 
 fn max(values: &[f64]) -> f64 {
-    values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    stats::spread(values).1
 }
 
 /// A figure as the tables show it: the median and, in brackets, the lowest and highest.

@@ -1,9 +1,14 @@
+//! The suite's and the benchmarks' statistics.
+//!
 //! The sizing of the suite's statistical checks: a share of random draws (a weighted
 //! route, a load-balancing spread) is checked by counting the draws that land on one side
 //! and accepting a range of counts. Each check is sized so that a correct share passes
 //! with probability at least 0.999 and a share 5 points off, either way, fails with
 //! probability at least 0.999; the exact binomial probabilities are written beside each
 //! check and verified by this module's tests.
+//!
+//! The benchmarks' summaries ([`median`], [`percentile`], [`spread`]): one definition for
+//! every driver, so that a median of two rounds is their mean, not their maximum.
 
 use std::ops::RangeInclusive;
 
@@ -66,6 +71,43 @@ pub fn binomial_between(n: u64, p: f64, lo: u64, hi: u64) -> f64 {
     (lo..=hi.min(n))
         .map(|k| (at(n) - at(k) - at(n - k) + k as f64 * lp + (n - k) as f64 * lq).exp())
         .sum()
+}
+
+/// The median of `values` in any order: the middle value of an odd count, the mean of the
+/// two middle values of an even count (so two rounds give their mean); NaN for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The nearest-rank `p`-th percentile (`0 < p <= 100`) of `values` in any order: the
+/// smallest value with at least `p` % of the values at or below it (for a p99 of 100
+/// values, the 99th; of fewer than 100, the highest); NaN for none. A p50 is a
+/// [`median`].
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    // Less a hair, so that a rank the decimal `p` makes whole (99.9 % of 1,000) is not
+    // pushed to the next one by the float's rounding.
+    let rank = (p * n as f64 / 100.0 - 1e-9).ceil() as usize;
+    v[rank.clamp(1, n) - 1]
+}
+
+/// The lowest and the highest of `values` (infinities when there are none).
+pub fn spread(values: &[f64]) -> (f64, f64) {
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
 }
 
 #[cfg(test)]
@@ -132,6 +174,37 @@ mod tests {
             accept: 2372..=2628,
         };
         check(&even, 0.99972, 0.99972, 0.99972);
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        // Unsorted on purpose; two rounds give their mean, not their maximum.
+        assert_eq!(median(&[9.0, 1.0, 4.0, 3.0]), 3.5);
+        assert_eq!(median(&[200.0, 100.0]), 150.0);
+        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(median(&[7.0]), 7.0);
+        assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let hundred: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(percentile(&hundred, 99.0), 99.0);
+        assert_eq!(percentile(&hundred, 90.0), 90.0);
+        assert_eq!(percentile(&hundred, 100.0), 100.0);
+        assert_eq!(percentile(&hundred, 0.1), 1.0);
+        assert_eq!(percentile(&hundred, 99.9), 100.0);
+        let thousand: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(percentile(&thousand, 99.9), 999.0);
+        // Fewer than 100 values: the p99 is the highest.
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 99.0), 3.0);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0], 50.0), 2.0);
+        assert!(percentile(&[], 99.0).is_nan());
+    }
+
+    #[test]
+    fn spread_is_the_lowest_and_highest() {
+        assert_eq!(spread(&[2.0, -1.0, 5.0]), (-1.0, 5.0));
     }
 
     #[test]
