@@ -170,7 +170,7 @@ impl ConnectionResult {
             .as_ref()
             .err()
             .map_or(ResponseFlag::None, Error::response_flag);
-        labels.response_flags = flag.as_str();
+        labels.response_flags = flag;
         self.metrics.connections_closed.get_or_create(&labels).inc();
         if flag != ResponseFlag::None {
             self.metrics.connections_failed.get_or_create(&labels).inc();

@@ -45,7 +45,7 @@ pub struct TrafficLabels {
     pub destination_version: String,
     pub destination_cluster: String,
     pub request_protocol: &'static str,
-    pub response_flags: &'static str,
+    pub response_flags: ResponseFlag,
     pub connection_security_policy: &'static str,
     /// `source_region`, `source_zone`, `destination_region`, `destination_zone`: present
     /// only once workload information was applied, as in ztunnel, so it comes last.
@@ -80,7 +80,7 @@ impl TrafficLabels {
             destination_version: u(),
             destination_cluster: u(),
             request_protocol: "tcp",
-            response_flags: "-",
+            response_flags: ResponseFlag::None,
             connection_security_policy: UNKNOWN,
             locality: Vec::new(),
         }
@@ -118,20 +118,40 @@ pub fn or_unknown(s: &str) -> String {
     }
 }
 
-/// Why a connection failed, as ztunnel's `response_flags` label names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Why a connection or request failed: the `response_flags` label and the access log's
+/// flags, one type for both proxies. The node proxy uses ztunnel's names (`DENY`,
+/// `CONNECT`, ...); the waypoint uses Envoy's short flags (`NR`, `UF`, ...), as Istio's
+/// Envoy waypoint reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ResponseFlag {
+    #[default]
     None,
-    /// Denied by authorization policy.
+    /// Denied by authorization policy (ztunnel).
     Deny,
-    /// The upstream connection could not be made.
+    /// The upstream connection could not be made (ztunnel).
     Connect,
-    /// A TLS handshake or peer identity failed.
+    /// A TLS handshake or peer identity failed (ztunnel).
     TlsFailure,
-    /// The HTTP/2 layer failed.
+    /// The HTTP/2 layer failed (ztunnel).
     H2HandshakeFailure,
-    /// A timeout dialing HBONE: likely a NetworkPolicy blocks port 15008.
+    /// A timeout dialing HBONE: likely a NetworkPolicy blocks port 15008 (ztunnel).
     NetworkPolicy,
+    /// `NR`: routes are attached and none matched.
+    NoRoute,
+    /// `UH`: no healthy endpoint to send to.
+    NoHealthyUpstream,
+    /// `UF`: the onward connection failed, after any retries.
+    UpstreamConnectionFailure,
+    /// `UC`: the onward connection ended before the response began.
+    UpstreamConnectionTermination,
+    /// `UT`: the route's or the try's timeout expired.
+    UpstreamRequestTimeout,
+    /// `URX`: the retry limit was reached without an answer to give.
+    UpstreamRetryLimitExceeded,
+    /// `UPE`: the upstream broke HTTP (an upgrade to a protocol not asked for).
+    UpstreamProtocolError,
+    /// `DPE`: the client broke HTTP (bad body framing).
+    DownstreamProtocolError,
 }
 
 impl ResponseFlag {
@@ -143,6 +163,74 @@ impl ResponseFlag {
             ResponseFlag::TlsFailure => "TLS_FAILURE",
             ResponseFlag::H2HandshakeFailure => "H2_HANDSHAKE_FAILURE",
             ResponseFlag::NetworkPolicy => "NETWORK_POLICY",
+            ResponseFlag::NoRoute => "NR",
+            ResponseFlag::NoHealthyUpstream => "UH",
+            ResponseFlag::UpstreamConnectionFailure => "UF",
+            ResponseFlag::UpstreamConnectionTermination => "UC",
+            ResponseFlag::UpstreamRequestTimeout => "UT",
+            ResponseFlag::UpstreamRetryLimitExceeded => "URX",
+            ResponseFlag::UpstreamProtocolError => "UPE",
+            ResponseFlag::DownstreamProtocolError => "DPE",
+        }
+    }
+}
+
+impl std::fmt::Display for ResponseFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for ResponseFlag {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        encoder.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_flags_are_written_as_their_short_names() {
+        let cases = [
+            (ResponseFlag::None, "-"),
+            (ResponseFlag::Deny, "DENY"),
+            (ResponseFlag::Connect, "CONNECT"),
+            (ResponseFlag::TlsFailure, "TLS_FAILURE"),
+            (ResponseFlag::H2HandshakeFailure, "H2_HANDSHAKE_FAILURE"),
+            (ResponseFlag::NetworkPolicy, "NETWORK_POLICY"),
+            (ResponseFlag::NoRoute, "NR"),
+            (ResponseFlag::NoHealthyUpstream, "UH"),
+            (ResponseFlag::UpstreamConnectionFailure, "UF"),
+            (ResponseFlag::UpstreamConnectionTermination, "UC"),
+            (ResponseFlag::UpstreamRequestTimeout, "UT"),
+            (ResponseFlag::UpstreamRetryLimitExceeded, "URX"),
+            (ResponseFlag::UpstreamProtocolError, "UPE"),
+            (ResponseFlag::DownstreamProtocolError, "DPE"),
+        ];
+        for (flag, name) in cases {
+            assert_eq!(flag.as_str(), name);
+            assert_eq!(flag.to_string(), name);
+            let mut labels = TrafficLabels::new(Reporter::Waypoint);
+            labels.response_flags = flag;
+            let mut registry = prometheus_client::registry::Registry::default();
+            let family = prometheus_client::metrics::family::Family::<
+                TrafficLabels,
+                prometheus_client::metrics::counter::Counter,
+            >::default();
+            registry.register("t", "t", family.clone());
+            family.get_or_create(&labels).inc();
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            assert!(
+                text.contains(&format!("response_flags=\"{name}\"")),
+                "{text}"
+            );
         }
     }
 }

@@ -79,7 +79,7 @@ impl Entry {
             path = %self.path,
             protocol = self.protocol,
             response_code = self.status,
-            response_flags = labels.traffic.response_flags,
+            response_flags = labels.traffic.response_flags.as_str(),
             response_code_details = self.details.unwrap_or("via_upstream"),
             bytes_received,
             bytes_sent,

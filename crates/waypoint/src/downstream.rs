@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use ambit_identity::SpiffeId;
 use ambit_state::{Service, Workload};
+use ambit_telemetry::ResponseFlag;
 
 use crate::front::Fronted;
 use crate::metrics::{Metrics, RequestLabels, RequestSeries, TrafficLabels};
@@ -41,7 +42,7 @@ pub struct Outcome {
     /// The Service a route sent the request to, when not the one dialled.
     pub service: Option<Arc<Service>>,
     pub response_code: u16,
-    pub response_flags: &'static str,
+    pub response_flags: ResponseFlag,
     /// A gRPC request (`request_protocol="grpc"`), and its `grpc-status` once known.
     pub grpc: bool,
     pub grpc_status: Option<u32>,
@@ -54,7 +55,7 @@ impl Outcome {
             destination: None,
             service: None,
             response_code: 0,
-            response_flags: "-",
+            response_flags: ResponseFlag::None,
             grpc,
             grpc_status: None,
         }
@@ -111,7 +112,7 @@ impl Downstream {
             source_version: src.map_or_else(unknown, |w| w.canonical_revision.to_string()),
             source_cluster: src.map_or_else(unknown, |w| w.cluster_id.to_string()),
             request_protocol: "http",
-            response_flags: "-",
+            response_flags: ResponseFlag::None,
             connection_security_policy: "mutual_tls",
             ..TrafficLabels::default()
         };

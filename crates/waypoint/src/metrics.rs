@@ -283,7 +283,7 @@ mod tests {
                 destination_workload: "reviews".into(),
                 destination_workload_namespace: "shop".into(),
                 request_protocol: "http",
-                response_flags: "-",
+                response_flags: ambit_telemetry::ResponseFlag::None,
                 connection_security_policy: "mutual_tls",
                 ..TrafficLabels::default()
             },
