@@ -129,7 +129,7 @@ pub struct Forward<'t> {
 }
 
 /// When a try is retried.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy<'t> {
     /// Tries after the first.
     pub retries: u32,
@@ -138,6 +138,10 @@ pub struct RetryPolicy<'t> {
     pub codes: &'t [u16],
     /// The base of the jittered exponential backoff between tries.
     pub backoff: Duration,
+    /// A connection reset after the request was sent, and a try's timeout, are retried
+    /// (Envoy's `reset`): a route that asks for retries gets them, as the Gateway API's
+    /// `HTTPRouteRetryConnectionError` case requires; the mesh default does not.
+    pub on_reset: bool,
 }
 
 /// Envoy's base backoff interval when none is written.
@@ -150,6 +154,7 @@ impl RetryPolicy<'_> {
         retries: 2,
         codes: &[],
         backoff: DEFAULT_BACKOFF,
+        on_reset: false,
     };
 
     /// How long to wait before retry number `n` (1 for the first): Envoy's full jitter,
@@ -361,6 +366,7 @@ fn retry_policy(rule: &Rule) -> RetryPolicy<'_> {
                 .min(ambit_gateway_routes::MAX_RETRY_ATTEMPTS),
             codes: &r.codes,
             backoff: r.backoff.unwrap_or(DEFAULT_BACKOFF),
+            on_reset: true,
         },
     }
 }

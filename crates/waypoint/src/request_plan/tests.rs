@@ -284,7 +284,8 @@ fn timeouts_and_a_written_retry() {
         RetryPolicy {
             retries: 4,
             codes: &[503],
-            backoff: Duration::from_millis(10)
+            backoff: Duration::from_millis(10),
+            on_reset: true,
         }
     );
 }
@@ -295,6 +296,7 @@ fn backoff_is_full_jitter_capped_at_ten_times_the_base() {
         retries: 5,
         codes: &[],
         backoff: Duration::from_millis(10),
+        on_reset: false,
     };
     // Retry n waits up to (2^n - 1) × base, capped at 10 × base.
     assert_eq!(p.backoff_before(1, 10_000), Duration::from_millis(10));
