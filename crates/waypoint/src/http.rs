@@ -20,6 +20,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::authz::{self, Verdict};
 use crate::balance::{choose, Choice};
 use crate::downstream::{Downstream, Outcome};
+use crate::exchange::{self, Action, Event, Exchange, Note, SendFailure};
+use crate::local_reply::LocalReply;
 use crate::replay::{Deadline, Tee};
 use crate::request_plan::{self, Plan, RouteRequest};
 use crate::upstream::{Body, BoxError, Version};
@@ -162,7 +164,7 @@ async fn handle_request(
     // client's error.
     let method = req.method().as_str();
     if method.bytes().any(|b| b.is_ascii_lowercase()) {
-        return finish.reply(StatusCode::BAD_REQUEST, "-", "invalid method");
+        return finish.answer(LocalReply::INVALID_METHOD);
     }
     let raw_target = req
         .uri()
@@ -173,7 +175,7 @@ async fn handle_request(
         Ok(n) => n,
         Err(e) => {
             tracing::debug!(target = %raw_target, "refused: {e}");
-            return finish.reply(StatusCode::BAD_REQUEST, "-", "Bad Request");
+            return finish.answer(LocalReply::BAD_REQUEST);
         }
     };
     let forwarded_target = normalized.path_and_query().into_owned();
@@ -196,7 +198,11 @@ async fn handle_request(
                 StatusCode::BAD_REQUEST => "Bad Request",
                 _ => "",
             };
-            let mut response = finish.local(refused.status(), "-", refused.details(), body);
+            let mut response = finish.answer(LocalReply::refused(
+                refused.status(),
+                refused.details(),
+                body,
+            ));
             if req_version != http::Version::HTTP_2 {
                 // A head HTTP does not allow: nothing after it is read.
                 response
@@ -240,7 +246,8 @@ async fn handle_request(
                 ambit_jwt::Outcome::Refused(r) => {
                     tracing::debug!(source = %down.peer_ip, path = %path, "request refused: {}", r.details());
                     let challenge = r.www_authenticate("http", &host, &raw_target);
-                    let mut response = finish.local(r.status(), "-", r.body(), r.body());
+                    let mut response =
+                        finish.answer(LocalReply::refused(r.status(), r.body(), r.body()));
                     response
                         .headers_mut()
                         .insert(http::header::WWW_AUTHENTICATE, challenge);
@@ -273,7 +280,7 @@ async fn handle_request(
                 details = %details,
                 "request denied"
             );
-            return finish.reply(StatusCode::FORBIDDEN, "-", "RBAC: access denied");
+            return finish.answer(LocalReply::DENIED);
         }
     }
 
@@ -299,20 +306,14 @@ async fn handle_request(
         Plan::Forward(f) => f,
         Plan::NotFound => {
             tracing::debug!(fronted = %down.fronted.describe(), path = %path, "no route matches");
-            return finish.local(StatusCode::NOT_FOUND, "NR", "route_not_found", "");
+            return finish.answer(LocalReply::NO_ROUTE);
         }
         Plan::Fail(why) => {
             tracing::debug!(fronted = %down.fronted.describe(), "answered 500: {why}");
-            return finish.local(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "-",
-                "direct_response",
-                "",
-            );
+            return finish.answer(LocalReply::DIRECT_500);
         }
         Plan::Redirect { status, location } => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FOUND);
-            let mut response = finish.local(status, "-", "redirect", "");
+            let mut response = finish.answer(LocalReply::redirect(status));
             if let Ok(v) = HeaderValue::from_str(&location) {
                 response.headers_mut().insert(http::header::LOCATION, v);
             }
@@ -345,7 +346,7 @@ async fn handle_request(
     };
     let uri = match onward_uri(version, &authority, &target) {
         Some(u) => u,
-        None => return finish.reply(StatusCode::BAD_REQUEST, "-", "Bad Request"),
+        None => return finish.answer(LocalReply::BAD_REQUEST),
     };
     if version == Version::Http1 && !authority.is_empty() {
         if let Ok(v) = HeaderValue::from_str(&authority) {
@@ -372,197 +373,214 @@ async fn handle_request(
         .iter()
         .filter_map(|target| mirror(&wp, &state, target, &head, version))
         .collect();
-    let retry = &fwd.retry;
-    let recording = (retry.retries > 0 && (!retry.codes.is_empty() || grpc))
+    let (mut exchange, mut step) = Exchange::start(
+        fwd.retry,
+        exchange::Timeouts {
+            request: fwd.timeouts.request,
+            per_try: fwd.timeouts.backend_request,
+        },
+        grpc,
+        Instant::now(),
+    );
+    let recording = exchange
+        .wants_replay()
         .then(crate::replay::Recording::default);
-    let mut first_body = Some(Tee::new(counted, recording.clone(), mirrors).boxed_unsync());
-    let deadline = fwd
-        .timeouts
-        .request
-        .map(|d| tokio::time::Instant::now() + d);
-    let mut last_failure = None;
-    let tries = retry.retries.saturating_add(1);
+    let mut tries = Tries {
+        fresh: Some(Tee::new(counted, recording.clone(), mirrors).boxed_unsync()),
+        unsent: None,
+        recording,
+    };
     // Counted against the destination's retry budget while it is in flight; a retry
     // holds its place until the next try's outcome.
     let in_flight = wp
         .retry_budgets
         .request(crate::retry_budget::Destination::of(&fwd.target));
-    let mut retrying = None;
-    let mut tried = Vec::with_capacity(tries as usize);
-    for attempt in 0..tries {
-        if attempt > 0 {
-            let wait = retry.backoff_before(attempt, rand::random());
-            if deadline.is_some_and(|d| tokio::time::Instant::now() + wait >= d) {
-                return finish.timeout();
+    let mut held_retry: Option<crate::retry_budget::InFlightRetry>;
+    let mut tried = Vec::new();
+    let mut open: Option<(crate::upstream::Sender, std::net::SocketAddr)> = None;
+    let mut answered = None;
+    loop {
+        match step.note {
+            Some(Note::Retrying(cause)) => {
+                wp.metrics.retries.inc();
+                tracing::debug!(fronted = %fwd.target.describe(), ?cause, "retrying");
             }
-            tokio::time::sleep(wait).await;
+            Some(Note::RetryRefused(why)) => wp.metrics.retry_refused(why.as_str()),
+            None => {}
         }
-        let choice = match choose(&wp, &state, &fwd.target, &tried) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::debug!(fronted = %fwd.target.describe(), "{e}");
-                return finish.reply(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
+        let event = match step.action {
+            Action::Connect { deadline } => {
+                // A new try: the last one's answer is not wanted any more.
+                answered = None;
+                let Choice { endpoint, workload } = match choose(&wp, &state, &fwd.target, &tried) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(fronted = %fwd.target.describe(), "{e}");
+                        step = exchange.on(Event::NoEndpoint, Instant::now());
+                        continue;
+                    }
+                };
+                finish.outcome.destination = workload;
+                finish.upstream = Some(endpoint.target);
+                match within(deadline, wp.upstream.connect(&endpoint, version)).await {
+                    None => Event::TimerFired { replayable: false },
+                    Some(Ok(sender)) => {
+                        open = Some((sender, endpoint.target));
+                        Event::Connected
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(endpoint = %endpoint.target, "onward connect failed: {e}");
+                        tried.push(endpoint.target);
+                        Event::ConnectFailed
+                    }
+                }
             }
-        };
-        let Choice { endpoint, workload } = choice;
-        finish.outcome.destination = workload;
-        finish.upstream = Some(endpoint.target);
-        let connected = within(deadline, wp.upstream.connect(&endpoint, version)).await;
-        let sender = match connected {
-            None => return finish.timeout(),
-            Some(Ok(s)) => s,
-            Some(Err(e)) => {
-                tracing::debug!(endpoint = %endpoint.target, "onward connect failed: {e}");
-                tried.push(endpoint.target);
-                last_failure = Some(e);
-                if may_retry(&wp, attempt, tries, &in_flight, &mut retrying) {
+            Action::Send { deadline } => {
+                let Some((sender, endpoint)) = open.take() else {
+                    step = exchange.on(Event::ConnectFailed, Instant::now());
                     continue;
-                }
-                break;
-            }
-        };
-        let Some(body) = first_body
-            .take()
-            .or_else(|| recording.as_ref().and_then(|r| r.replay()))
-        else {
-            // Never: a try after one that sent the body is only made when it replays.
-            return finish.reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "URX",
-                "upstream retry limit exceeded",
-            );
-        };
-        let try_deadline = match (fwd.timeouts.backend_request, deadline) {
-            (Some(per_try), d) => {
-                let t = tokio::time::Instant::now() + per_try;
-                Some(d.map_or(t, |d| d.min(t)))
-            }
-            (None, d) => d,
-        };
-        let replayable = |recording: &Option<crate::replay::Recording>| {
-            recording.as_ref().is_some_and(|r| r.replayable())
-        };
-        let request = head.request(body, recording.is_some());
-        let sent = within(try_deadline, sender.send(request)).await;
-        let mut response = match sent {
-            None => {
-                let overall = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
-                if !overall
-                    && retry.codes.contains(&504)
-                    && replayable(&recording)
-                    && may_retry(&wp, attempt, tries, &in_flight, &mut retrying)
-                {
-                    tracing::debug!(endpoint = %endpoint.target, "try timed out; retrying");
-                    tried.push(endpoint.target);
-                    continue;
-                }
-                return finish.timeout();
-            }
-            Some(Ok(r)) => r,
-            Some(Err(e)) if finish.request_body.failed() => {
-                // The client's body broke (bad chunked framing, say): its fault, never
-                // retried.
-                tracing::debug!(source = %down.peer_ip, "request body refused: {e}");
-                return finish.local(
-                    StatusCode::BAD_REQUEST,
-                    "DPE",
-                    "http1.codec_error",
-                    "Bad Request",
-                );
-            }
-            Some(Err(e)) => {
-                tracing::debug!(endpoint = %endpoint.target, "onward request failed: {e}");
-                return finish.reply(StatusCode::SERVICE_UNAVAILABLE,
-                    "UC",
-                    "upstream connect error or disconnect/reset before headers. reset reason: connection termination",
-                );
-            }
-        };
-        if retriable(&response, retry.codes, grpc)
-            && replayable(&recording)
-            && may_retry(&wp, attempt, tries, &in_flight, &mut retrying)
-        {
-            tracing::debug!(endpoint = %endpoint.target, status = %response.status(), "retrying");
-            tried.push(endpoint.target);
-            continue;
-        }
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            // An allowed HTTP/1.1 upgrade (WebSocket), this request having passed every
-            // check, is joined to the upstream's 101 for the same protocol; any other 101 is
-            // the upstream's error (a backend switching to h2c would take the connection
-            // past every check).
-            let switched_to = response.headers().get(http::header::UPGRADE);
-            let asked = prepared.upgrade.as_ref();
-            let joins = asked
-                .zip(switched_to)
-                .is_some_and(|(a, to)| to.as_bytes().eq_ignore_ascii_case(a.as_bytes()));
-            match on_upgrade.take_if(|_| joins) {
-                Some(downstream) => {
-                    let upstream = hyper::upgrade::on(&mut response);
-                    tokio::spawn(join_upgraded(downstream, upstream));
-                }
-                None => {
-                    tracing::debug!(
-                        endpoint = %endpoint.target,
-                        asked = ?asked,
-                        switched_to = ?switched_to,
-                        "the upstream switched protocols unasked: refused"
-                    );
-                    return finish.reply(StatusCode::BAD_GATEWAY, "UPE", "upstream_protocol_error");
+                };
+                tried.push(endpoint);
+                let request = match tries.unsent.take() {
+                    Some(r) => r,
+                    None => match tries.body() {
+                        Some(body) => head.request(body, exchange.wants_replay()),
+                        None => {
+                            // Never: the exchange retries a sent body only when it replays.
+                            tracing::warn!("a retry found no body to send");
+                            step = exchange.on(
+                                Event::SendFailed {
+                                    cause: SendFailure::Reset,
+                                    replayable: false,
+                                },
+                                Instant::now(),
+                            );
+                            continue;
+                        }
+                    },
+                };
+                match within(deadline, sender.send(request)).await {
+                    None => Event::TimerFired {
+                        replayable: tries.replayable(),
+                    },
+                    Some(Ok(response)) => {
+                        let event = Event::Response {
+                            status: response.status().as_u16(),
+                            grpc_status: grpc.then(|| grpc_status(response.headers())).flatten(),
+                            upgrade_matches: switches_as_asked(
+                                &response,
+                                prepared.upgrade.as_ref(),
+                            ),
+                            replayable: tries.replayable(),
+                        };
+                        answered = Some((response, endpoint));
+                        event
+                    }
+                    Some(Err(e)) if finish.request_body.failed() => {
+                        // The client's body broke (bad chunked framing, say).
+                        tracing::debug!(source = %down.peer_ip, "request body refused: {e}");
+                        Event::SendFailed {
+                            cause: SendFailure::ClientBody,
+                            replayable: false,
+                        }
+                    }
+                    Some(Err(mut e)) => {
+                        tracing::debug!(%endpoint, "onward request failed: {e}");
+                        let cause = match e.not_taken() {
+                            true => SendFailure::NotSent,
+                            false => SendFailure::Reset,
+                        };
+                        tries.unsent = e.unsent.take();
+                        Event::SendFailed {
+                            cause,
+                            replayable: tries.unsent.is_some() || tries.replayable(),
+                        }
+                    }
                 }
             }
-        }
-        let (mut parts, body) = response.into_parts();
-        for m in &fwd.response_headers {
-            ambit_gateway_routes::apply_headers(m, &mut parts.headers);
-        }
-        finish.outcome.response_code = parts.status.as_u16();
-        if grpc {
-            finish.outcome.grpc_status = grpc_status(&parts.headers);
-        }
-        if let Some(a) = &mut finish.access {
-            a.status = parts.status.as_u16();
-        }
-        let mut body = body.map_err(BoxError::from).boxed_unsync();
-        if let Some(d) = deadline {
-            body = Deadline::new(body, d).boxed_unsync();
-        }
-        let body = Counted::new(body, Arc::new(Progress::default()), Some(finish));
-        return Response::from_parts(parts, body.boxed_unsync());
+            Action::AskBudget => {
+                held_retry = in_flight.retry();
+                Event::Budget {
+                    granted: held_retry.is_some(),
+                    random: rand::random(),
+                }
+            }
+            Action::Wait { until } => {
+                tokio::time::sleep_until(until.into()).await;
+                Event::TimerFired {
+                    replayable: tries.replayable(),
+                }
+            }
+            Action::Reply(reply) => return finish.answer(reply),
+            Action::Deliver { join_upgrade, flag } => {
+                let Some((mut response, endpoint)) = answered.take() else {
+                    return finish.answer(LocalReply::CONNECTION_TERMINATION);
+                };
+                if join_upgrade {
+                    // An allowed HTTP/1.1 upgrade (WebSocket) joined to the upstream's 101
+                    // for the same protocol, the request having passed every check.
+                    match on_upgrade.take() {
+                        Some(downstream) => {
+                            let upstream = hyper::upgrade::on(&mut response);
+                            tokio::spawn(join_upgraded(downstream, upstream));
+                        }
+                        None => {
+                            tracing::debug!(%endpoint, "a 101 to a request that cannot switch");
+                            return finish.answer(LocalReply::UPSTREAM_PROTOCOL_ERROR);
+                        }
+                    }
+                }
+                finish.outcome.response_flags = flag;
+                let (mut parts, body) = response.into_parts();
+                for m in &fwd.response_headers {
+                    ambit_gateway_routes::apply_headers(m, &mut parts.headers);
+                }
+                finish.outcome.response_code = parts.status.as_u16();
+                if grpc {
+                    finish.outcome.grpc_status = grpc_status(&parts.headers);
+                }
+                if let Some(a) = &mut finish.access {
+                    a.status = parts.status.as_u16();
+                }
+                let mut body = body.map_err(BoxError::from).boxed_unsync();
+                if let Some(d) = exchange.deadline() {
+                    body = Deadline::new(body, d.into()).boxed_unsync();
+                }
+                let body = Counted::new(body, Arc::new(Progress::default()), Some(finish));
+                return Response::from_parts(parts, body.boxed_unsync());
+            }
+        };
+        step = exchange.on(event, Instant::now());
     }
-    let why = last_failure.map_or_else(String::new, |e| e.to_string());
-    tracing::debug!(fronted = %fwd.target.describe(), "every connect attempt failed: {why}");
-    finish.reply(StatusCode::SERVICE_UNAVAILABLE,
-        "UF",
-        "upstream connect error or disconnect/reset before headers. reset reason: connection failure",
-    )
 }
 
-/// Whether a try whose outcome asks for a retry gets one: a try left, and the
-/// destination's retry budget granting it (held in `retrying` until the next decision).
-/// A refusal is counted by its reason.
-fn may_retry(
-    wp: &Waypoint,
-    attempt: u32,
-    tries: u32,
-    in_flight: &crate::retry_budget::InFlightRequest,
-    retrying: &mut Option<crate::retry_budget::InFlightRetry>,
-) -> bool {
-    *retrying = None;
-    if attempt + 1 >= tries {
-        wp.metrics.retry_refused("limit");
-        return false;
+/// Whether a 101 switched to the protocol the client asked to upgrade to.
+fn switches_as_asked<B>(response: &http::Response<B>, asked: Option<&HeaderValue>) -> bool {
+    response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && asked
+            .zip(response.headers().get(http::header::UPGRADE))
+            .is_some_and(|(a, to)| to.as_bytes().eq_ignore_ascii_case(a.as_bytes()))
+}
+
+/// The request body for each try: the client's as it comes on the first, a request that
+/// came back unsent, or the recorded copy.
+struct Tries {
+    fresh: Option<Body>,
+    unsent: Option<Request<Body>>,
+    recording: Option<crate::replay::Recording>,
+}
+
+impl Tries {
+    /// The body for the next try built from the head.
+    fn body(&mut self) -> Option<Body> {
+        self.fresh
+            .take()
+            .or_else(|| self.recording.as_ref().and_then(|r| r.replay()))
     }
-    match in_flight.retry() {
-        Some(r) => {
-            *retrying = Some(r);
-            wp.metrics.retries.inc();
-            true
-        }
-        None => {
-            wp.metrics.retry_refused("budget");
-            false
-        }
+
+    /// Whether a try after this one could send the body again.
+    fn replayable(&self) -> bool {
+        self.recording.as_ref().is_some_and(|r| r.replayable())
     }
 }
 
@@ -591,22 +609,11 @@ impl Head {
 }
 
 /// `f` until `deadline`: `None` once it passes.
-async fn within<F: std::future::Future>(
-    deadline: Option<tokio::time::Instant>,
-    f: F,
-) -> Option<F::Output> {
+async fn within<F: std::future::Future>(deadline: Option<Instant>, f: F) -> Option<F::Output> {
     match deadline {
-        Some(d) => tokio::time::timeout_at(d, f).await.ok(),
+        Some(d) => tokio::time::timeout_at(d.into(), f).await.ok(),
         None => Some(f.await),
     }
-}
-
-/// Whether a response is one the retry policy retries: a listed code, or gRPC's
-/// UNAVAILABLE (14) or CANCELLED (1) in a trailers-only answer (Istio's default
-/// `retryOn` has `unavailable` and `cancelled`).
-fn retriable<B>(response: &http::Response<B>, codes: &[u16], grpc: bool) -> bool {
-    codes.contains(&response.status().as_u16())
-        || (grpc && matches!(grpc_status(response.headers()), Some(1 | 14)))
 }
 
 /// A `grpc-status` header's value.
@@ -659,12 +666,7 @@ fn mirror(
         headers: head.headers.clone(),
     }
     .request(body.boxed_unsync(), false);
-    let shadow = |h: &str| match h.rsplit_once(':') {
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => {
-            format!("{host}-shadow:{port}")
-        }
-        _ => format!("{h}-shadow"),
-    };
+    let shadow = exchange::shadow_authority;
     if let Some(h) = req
         .headers()
         .get(http::header::HOST)
@@ -685,7 +687,7 @@ fn mirror(
         let _permit = permit;
         let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
             let sender = wp.upstream.connect(&choice.endpoint, version).await?;
-            let response = sender.send(req).await?;
+            let response = sender.send(req).await.map_err(|e| e.error)?;
             // Read to the end, so an HTTP/1.1 connection goes back to the pool.
             response.into_body().collect().await?;
             Ok::<_, BoxError>(())
@@ -755,66 +757,25 @@ struct Finish {
 }
 
 impl Finish {
-    /// A reply made here (refusal or upstream failure), counted like a forwarded one; its
-    /// body is also its details in the access log.
-    fn reply(self, status: StatusCode, flags: &'static str, body: &'static str) -> Response<Body> {
-        self.local(status, flags, body, body)
-    }
-
-    /// The route's (or the try's) timeout expired before the response began.
-    fn timeout(self) -> Response<Body> {
-        self.reply(
-            StatusCode::GATEWAY_TIMEOUT,
-            "UT",
-            "upstream request timeout",
-        )
-    }
-
-    /// A reply made here. To a gRPC request it is a trailers-only answer, HTTP 200 with
-    /// the status mapped as Envoy maps it and the body as `grpc-message`.
-    fn local(
-        mut self,
-        status: StatusCode,
-        flags: &'static str,
-        details: &'static str,
-        body: &'static str,
-    ) -> Response<Body> {
-        self.outcome.response_flags = flags;
-        let grpc = self.outcome.grpc.then(|| grpc_status_of(status));
-        self.outcome.response_code = match grpc {
-            Some(_) => 200,
-            None => status.as_u16(),
-        };
-        self.outcome.grpc_status = grpc;
+    /// A reply made here (refusal or upstream failure), counted like a forwarded one. To a
+    /// gRPC request it is a trailers-only answer.
+    fn answer(mut self, reply: LocalReply) -> Response<Body> {
+        let shaped = reply.shape(self.outcome.grpc);
+        self.outcome.response_flags = reply.flag;
+        self.outcome.response_code = shaped.status.as_u16();
+        self.outcome.grpc_status = shaped.grpc_status;
         if let Some(a) = &mut self.access {
             a.status = self.outcome.response_code;
-            a.details = Some(details);
+            a.details = Some(reply.details);
         }
-        let body = if grpc.is_some() { "" } else { body };
-        self.record(body.len() as u64);
+        self.record(shaped.body.len() as u64);
         let mut response = Response::new(
-            Full::new(Bytes::from_static(body.as_bytes()))
+            Full::new(shaped.body)
                 .map_err(|never| match never {})
                 .boxed_unsync(),
         );
-        if grpc.is_none() {
-            *response.status_mut() = status;
-        }
-        let h = response.headers_mut();
-        match grpc {
-            Some(code) => {
-                h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-                h.insert("grpc-status", HeaderValue::from(code));
-                if let Ok(v) = HeaderValue::from_str(details) {
-                    h.insert("grpc-message", v);
-                }
-            }
-            None => {
-                if !body.is_empty() {
-                    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-                }
-            }
-        }
+        *response.status_mut() = shaped.status;
+        *response.headers_mut() = shaped.headers;
         response
     }
 
@@ -837,18 +798,6 @@ impl Finish {
             request_bytes,
             response_bytes,
         );
-    }
-}
-
-/// The gRPC status Envoy gives a local reply of HTTP `status` (its `httpToGrpcStatus`).
-fn grpc_status_of(status: StatusCode) -> u32 {
-    match status.as_u16() {
-        400 => 13,             // INTERNAL
-        401 => 16,             // UNAUTHENTICATED
-        403 => 7,              // PERMISSION_DENIED
-        404 => 12,             // UNIMPLEMENTED
-        429 | 502..=504 => 14, // UNAVAILABLE
-        _ => 2,                // UNKNOWN
     }
 }
 

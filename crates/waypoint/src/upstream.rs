@@ -288,19 +288,20 @@ pub enum Sender {
 
 impl Sender {
     /// Sends the request; an HTTP/1.1 connection goes back to the pool once its response
-    /// has been read to the end.
+    /// has been read to the end. A request the connection never wrote comes back in the
+    /// error, to be sent elsewhere.
     pub async fn send(
         self,
         req: http::Request<Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, hyper::Error> {
-        match self {
-            Sender::Http2(mut s) => s.send_request(req).await,
+    ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
+        let sent = match self {
+            Sender::Http2(mut s) => s.try_send_request(req).await,
             Sender::Http1 {
                 mut sender,
                 pool,
                 endpoint,
             } => {
-                let response = sender.send_request(req).await;
+                let response = sender.try_send_request(req).await;
                 tokio::spawn(async move {
                     if sender.ready().await.is_ok() {
                         let mut idle = pool.h1.lock().unwrap_or_else(|p| p.into_inner());
@@ -312,8 +313,46 @@ impl Sender {
                 });
                 response
             }
-        }
+        };
+        sent.map_err(|mut e| SendError {
+            unsent: e.take_message(),
+            error: e.into_error(),
+        })
     }
+}
+
+/// A send that failed before a response began.
+#[derive(Debug)]
+pub struct SendError {
+    pub error: hyper::Error,
+    /// The request, when the connection never wrote it.
+    pub unsent: Option<http::Request<Body>>,
+}
+
+impl SendError {
+    /// Whether the upstream never took the request: it came back unwritten, or the
+    /// HTTP/2 stream was refused (`REFUSED_STREAM`: the server did not process it).
+    pub fn not_taken(&self) -> bool {
+        self.unsent.is_some() || refused_stream(&self.error)
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+/// Whether an error's cause is an HTTP/2 `REFUSED_STREAM` reset.
+fn refused_stream(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// An onward byte stream.
