@@ -204,6 +204,26 @@ fn http_routes_through_the_waypoint() {
         r.body.contains(" 12 "),
         "the retried body arrived whole: {r:?}"
     );
+    // A connection closed after the request was sent (the Gateway API's
+    // HTTPRouteRetryConnectionError): retried when the route asks for retries, answered
+    // 503 UC by the mesh default (which retries only what never reached the app).
+    let r = get(&lab, "/retry/close/once/1/", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(lab.app.seen_with("/retry/close/once/").len(), 2);
+    let r = get(&lab, "/headers/close/default/1/", &[]);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(
+        r.body,
+        "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+    );
+    assert_eq!(lab.app.seen_with("/headers/close/default/").len(), 1);
+    let metrics = lab.waypoint_metrics().unwrap();
+    let uc = [("response_code", "503"), ("response_flags", "UC")];
+    assert_eq!(
+        metric_sum(&metrics, "istio_requests_total", &uc),
+        1,
+        "{metrics}"
+    );
 
     // A mirror gets a copy (its host marked -shadow); the client sees the primary only.
     let r = get(&lab, "/mirror/one", &[]);

@@ -583,7 +583,8 @@ type AppBody =
 /// `<pod> <method> <path>` and the request body's length, with each `x-` request header
 /// and the host sent back as `echo-<name>`; `Upgrade: websocket` (or `echo`) switches to a
 /// byte echo. A path segment `/delay/<ms>/` waits first, `/status/<code>` answers
-/// with that code, `/flaky/<key>/<n>` answers 503 to the first `n` requests for `key`;
+/// with that code, `/flaky/<key>/<n>` answers 503 to the first `n` requests for `key`,
+/// `/close/<key>/<n>` closes the connection unanswered on the first `n`;
 /// `/slow` answers after a second. A gRPC request (`application/grpc`) is answered by a
 /// real gRPC server: a unary method that replies `<pod> <path> <message>`.
 pub(crate) async fn serve_app(
@@ -606,6 +607,19 @@ pub(crate) async fn serve_app(
     }
 }
 
+/// The app's way to end a connection without answering (`/close/<key>/<n>`): hyper closes
+/// an HTTP/1.1 connection, or resets an HTTP/2 stream, when a service fails.
+#[derive(Debug)]
+pub(crate) struct ClosedUnanswered;
+
+impl std::fmt::Display for ClosedUnanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("closed without an answer, as asked")
+    }
+}
+
+impl std::error::Error for ClosedUnanswered {}
+
 fn full(b: impl Into<Bytes>) -> AppBody {
     Full::new(b.into())
         .map_err(|never| match never {})
@@ -619,10 +633,7 @@ fn segment_after<'p>(path: &'p str, word: &str) -> Option<&'p str> {
 }
 
 type AnswerFuture = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<http::Response<AppBody>, std::convert::Infallible>>
-            + Send,
-    >,
+    Box<dyn std::future::Future<Output = Result<http::Response<AppBody>, ClosedUnanswered>> + Send>,
 >;
 
 /// [`answer`] boxed: the requests of an upgraded connection are answered by the function
@@ -639,7 +650,7 @@ async fn answer(
     name: Arc<str>,
     mut req: http::Request<hyper::body::Incoming>,
     state: Arc<AppState>,
-) -> Result<http::Response<AppBody>, std::convert::Infallible> {
+) -> Result<http::Response<AppBody>, ClosedUnanswered> {
     let upgrade = req
         .headers()
         .get("upgrade")
@@ -734,6 +745,18 @@ async fn answer(
         .and_then(|c| c.parse().ok())
         .and_then(|c| http::StatusCode::from_u16(c).ok())
         .unwrap_or(http::StatusCode::OK);
+    if let Some(key) = segment_after(&path, "close") {
+        let times: u32 = segment_after(&path, key)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let mut closed = state.flaky.lock().unwrap_or_else(|p| p.into_inner());
+        let count = closed.entry(format!("close:{key}")).or_default();
+        *count += 1;
+        if *count <= times {
+            // The request was read whole; the connection ends without an answer.
+            return Err(ClosedUnanswered);
+        }
+    }
     if let Some(key) = segment_after(&path, "flaky") {
         let fails: u32 = segment_after(&path, key)
             .and_then(|n| n.parse().ok())
