@@ -10,14 +10,19 @@
 //! - the waypoint's CPU and RSS at 1000 requests/s (HTTP/1.1, 4 connections);
 //! - RSS of a waypoint holding 5,000 services and 5,000 policies.
 //!
+//! With `--nginx`, instead: the waypoint in front of nginx (from Debian) and in front of
+//! the echo app, at 1000 requests/s and closed loop, counting the waypoint process alone
+//! and the whole path (both node proxies, the waypoint, the backend), see `l7_nginx`.
+//!
 //! ```text
-//! bench_waypoint --ambit target/release/ambit --out FILE [--rounds 3] [--seconds 5] [--workers N]
+//! bench_waypoint --ambit target/release/ambit --out FILE [--rounds 3] [--seconds 5] [--workers N] [--nginx]
 //! ```
 //! Needs root (network namespaces). Everything it creates is removed when it ends.
 
 mod bare_l7;
 mod common;
 mod l7_load;
+mod l7_nginx;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +44,8 @@ struct Args {
     seconds: u64,
     /// The waypoint's `AMBIT_WORKER_THREADS` (its own default when unset).
     workers: Option<usize>,
+    /// The nginx comparison (`l7_nginx`) instead of the waypoint's own figures.
+    nginx: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -48,6 +55,7 @@ fn args() -> anyhow::Result<Args> {
         rounds: 3,
         seconds: 5,
         workers: None,
+        nginx: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -58,9 +66,10 @@ fn args() -> anyhow::Result<Args> {
             "--rounds" => a.rounds = v()?.parse()?,
             "--seconds" => a.seconds = v()?.parse()?,
             "--workers" => a.workers = Some(v()?.parse()?),
+            "--nginx" => a.nginx = true,
             "-h" | "--help" => {
                 println!(
-                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N]"
+                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N] [--nginx]"
                 );
                 std::process::exit(0);
             }
@@ -242,6 +251,13 @@ fn main() -> anyhow::Result<()> {
         env.push(("AMBIT_WORKER_THREADS", n.to_string()));
     }
     let lab = L7Lab::launch_with_env("bench-wp", &ambit, "", &env)?;
+    if a.nginx {
+        let out = l7_nginx::run(&lab, a.rounds, a.seconds, a.workers)?;
+        println!("{out}");
+        std::fs::write(&a.out, &out)?;
+        eprintln!("written to {}", a.out.display());
+        return Ok(());
+    }
     let wp = lab.waypoint.pid;
     let idle_rss = common::status_kib(wp, "VmRSS")?;
     let secs = a.seconds;
@@ -269,7 +285,7 @@ fn main() -> anyhow::Result<()> {
             let i = match path {
                 Path::Waypoint => 0,
                 Path::Direct => 1,
-                Path::Bare => 2,
+                _ => 2,
             };
             // The CPU of whichever proxy stands in the path.
             let pid = if path == Path::Bare { bare } else { wp };
@@ -280,7 +296,7 @@ fn main() -> anyhow::Result<()> {
             match path {
                 Path::Waypoint => h1_per_core.push(rate * secs as f64 / cpu),
                 Path::Bare => bare_h1_per_core.push(rate * secs as f64 / cpu),
-                Path::Direct => {}
+                _ => {}
             }
             let before = common::cpu_seconds(pid)?;
             let rate = load(&lab, path, true, 1, 16, secs)?;
@@ -289,7 +305,7 @@ fn main() -> anyhow::Result<()> {
             match path {
                 Path::Waypoint => h2_per_core.push(rate * secs as f64 / cpu),
                 Path::Bare => bare_h2_per_core.push(rate * secs as f64 / cpu),
-                Path::Direct => {}
+                _ => {}
             }
             let (lat50, lat99) = p50_p99(&paced(&lab, path, 500, 1, secs)?);
             p50[i].push(lat50);

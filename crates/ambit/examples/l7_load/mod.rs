@@ -22,6 +22,12 @@ pub enum Path {
     /// Through the bare reverse proxy (the design's ceiling) where the waypoint stands.
     #[allow(dead_code)] // only `bench_waypoint` starts a bare proxy
     Bare,
+    /// Another service of the lab, on port 80 of `vip`.
+    #[allow(dead_code)] // only `bench_waypoint --nginx` adds services
+    Other {
+        vip: Ipv4Addr,
+        host: &'static str,
+    },
 }
 
 /// The bare proxy's service (its pod's address is `bench_waypoint`'s).
@@ -34,6 +40,7 @@ impl Path {
             Path::Waypoint => SocketAddr::from((SERVICE_VIP, SERVICE_PORT)),
             Path::Direct => SocketAddr::from((DIRECT_VIP, SERVICE_PORT)),
             Path::Bare => SocketAddr::from((BARE_VIP, SERVICE_PORT)),
+            Path::Other { vip, .. } => SocketAddr::from((vip, SERVICE_PORT)),
         }
     }
     pub fn host(self) -> &'static str {
@@ -41,6 +48,7 @@ impl Path {
             Path::Waypoint => SERVICE_HOST,
             Path::Direct => DIRECT_HOST,
             Path::Bare => BARE_HOST,
+            Path::Other { host, .. } => host,
         }
     }
 }
@@ -54,8 +62,9 @@ pub fn request(path: Path, body: &Bytes) -> http::Request<Full<Bytes>> {
         .expect("a valid request")
 }
 
-/// Closed-loop load for `secs`: HTTP/1.1 over `conns` connections, or HTTP/2 with
-/// `streams` concurrent requests on one connection. Returns completed requests/s.
+/// Closed-loop load for `secs`: HTTP/1.1 over `conns` connections, or HTTP/2 (h2c, prior
+/// knowledge) over `conns` connections with `streams` concurrent requests on each.
+/// Returns completed requests/s.
 pub fn load(
     lab: &L7Lab,
     path: Path,
@@ -68,7 +77,7 @@ pub fn load(
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut streams_io = Vec::new();
-    for _ in 0..if h2 { 1 } else { conns } {
+    for _ in 0..conns {
         streams_io.push(lab.connect_to(path.dst())?);
     }
     let start = Instant::now();
