@@ -212,7 +212,11 @@ fn start_mesh(
             );
             let client = ambit_xds::XdsClient::new(channel, delta)
                 .with_metrics(metrics)
-                .on_ready(move || drop(ready));
+                .on_ready(move || {
+                    drop(ready);
+                    // What decoding the initial sync used goes back to the system.
+                    ambit_runtime::memory::release_freed();
+                });
             let mesh = state.clone();
             tokio::spawn(client.run(move |batch| mesh.update(|s| batch.apply(s))));
             Ok(())
@@ -250,6 +254,9 @@ fn start_l7(
             policies.replace(loaded.policies);
             routes.replace(loaded.routes);
             authns.replace(loaded.authns);
+            // What reading the documents used goes back to the system now, not as
+            // jemalloc's pages decay seconds later.
+            ambit_runtime::memory::release_freed();
             spawn_config_watch(path.clone(), policies, routes, authns, jwks);
             drop(ready);
         }
@@ -277,7 +284,8 @@ fn start_l7(
                 .with_metrics(metrics)
                 .on_ready(move || {
                     tracing::info!("L7 configuration: a first snapshot of every type held");
-                    drop(ready)
+                    drop(ready);
+                    ambit_runtime::memory::release_freed();
                 });
             let mut held = DocumentStore::default();
             let mut held_routes = DocumentStore::default();
@@ -416,6 +424,7 @@ fn spawn_config_watch(
             routes.replace(loaded.routes);
             authns.replace(loaded.authns);
             policies.replace(loaded.policies);
+            ambit_runtime::memory::release_freed();
         }
     });
 }
