@@ -225,6 +225,30 @@ fn http_routes_through_the_waypoint() {
         "{metrics}"
     );
 
+    // One onward HTTP/1.1 connection serves request after request, whether the response
+    // has a body, none (HEAD), or none by its status (204): each is handed back to the
+    // pool as its response ends. At most one new connection (none idle to echo-v1 yet).
+    let before = lab.app.connections.load(Ordering::SeqCst);
+    let mut requests = Vec::new();
+    for i in 0..10 {
+        for (method, path) in [
+            ("GET", format!("/headers/reuse/{i}")),
+            ("HEAD", format!("/headers/reuse-head/{i}")),
+            ("GET", format!("/headers/status/204/{i}")),
+        ] {
+            requests.push(request(method, &path).unwrap());
+        }
+    }
+    let replies = lab.send_http1(requests).unwrap();
+    let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 204].repeat(10));
+    let opened = lab.app.connections.load(Ordering::SeqCst) - before;
+    assert!(
+        opened <= 1,
+        "{opened} onward connections for 30 requests in a row"
+    );
+    assert_eq!(lab.app.seen_with("/headers/reuse-head/").len(), 10);
+
     // A mirror gets a copy (its host marked -shadow); the client sees the primary only.
     let r = get(&lab, "/mirror/one", &[]);
     assert_eq!(r.pod(), Some(SERVER_POD), "{r:?}");

@@ -542,7 +542,7 @@ async fn handle_request(
                 if let Some(a) = &mut finish.access {
                     a.status = parts.status.as_u16();
                 }
-                let mut body = body.map_err(BoxError::from).boxed_unsync();
+                let mut body = body;
                 if let Some(d) = exchange.deadline() {
                     body = Deadline::new(body, d.into()).boxed_unsync();
                 }

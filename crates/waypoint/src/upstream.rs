@@ -16,6 +16,7 @@ use ambit_hbone::{Authority, ConnectRequest, HboneError, Pool, PoolKey, TracePar
 use ambit_identity::{CertManager, SpiffeId};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -166,7 +167,13 @@ impl Upstream {
                 .get_mut(endpoint)
                 .and_then(Vec::pop);
             match idle {
-                Some(s) if s.is_ready() => return Ok(s),
+                // Handed back as its last response ended: ready once its connection has
+                // taken that in, or failed if the connection is closing.
+                Some(mut s) if !s.is_closed() => {
+                    if s.ready().await.is_ok() {
+                        return Ok(s);
+                    }
+                }
                 Some(_) => continue,
                 None => break,
             }
@@ -185,6 +192,16 @@ impl Upstream {
             }
         });
         Ok(sender)
+    }
+
+    /// Keeps an HTTP/1.1 connection for the next request to `endpoint`, up to
+    /// [`MAX_IDLE_H1`] per endpoint.
+    fn put_idle_h1(&self, endpoint: Endpoint, sender: http1::SendRequest<Body>) {
+        let mut idle = self.h1.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(endpoint).or_default();
+        if list.len() < MAX_IDLE_H1 {
+            list.push(sender);
+        }
     }
 
     /// A new byte stream to the endpoint: a CONNECT stream on a pooled HBONE connection,
@@ -287,37 +304,85 @@ pub enum Sender {
 }
 
 impl Sender {
-    /// Sends the request; an HTTP/1.1 connection goes back to the pool once its response
-    /// has been read to the end. A request the connection never wrote comes back in the
-    /// error, to be sent elsewhere.
-    pub async fn send(
-        self,
-        req: http::Request<Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
-        let sent = match self {
-            Sender::Http2(mut s) => s.try_send_request(req).await,
+    /// Sends the request. An HTTP/1.1 connection goes back to the pool when its response
+    /// body has been read to the end (in the task reading it: no task of its own per
+    /// request). A request the connection never wrote comes back in the error, to be sent
+    /// elsewhere.
+    pub async fn send(self, req: http::Request<Body>) -> Result<http::Response<Body>, SendError> {
+        let failed = |mut e: hyper::client::conn::TrySendError<http::Request<Body>>| SendError {
+            unsent: e.take_message(),
+            error: e.into_error(),
+        };
+        match self {
+            Sender::Http2(mut s) => match s.try_send_request(req).await {
+                Ok(r) => Ok(r.map(|b| b.map_err(BoxError::from).boxed_unsync())),
+                Err(e) => Err(failed(e)),
+            },
             Sender::Http1 {
                 mut sender,
                 pool,
                 endpoint,
-            } => {
-                let response = sender.try_send_request(req).await;
-                tokio::spawn(async move {
-                    if sender.ready().await.is_ok() {
-                        let mut idle = pool.h1.lock().unwrap_or_else(|p| p.into_inner());
-                        let list = idle.entry(endpoint).or_default();
-                        if list.len() < MAX_IDLE_H1 {
-                            list.push(sender);
-                        }
+            } => match sender.try_send_request(req).await {
+                Ok(r) => Ok(r.map(|inner| {
+                    HandsBack {
+                        inner,
+                        back: Some((sender, pool, endpoint)),
                     }
-                });
-                response
-            }
-        };
-        sent.map_err(|mut e| SendError {
-            unsent: e.take_message(),
-            error: e.into_error(),
-        })
+                    .boxed_unsync()
+                })),
+                Err(e) => Err(failed(e)),
+            },
+        }
+    }
+}
+
+/// An HTTP/1.1 response body that returns its connection to the pool once read to its end
+/// (or, if nobody reads a body that is already complete, when dropped). A body abandoned
+/// part way leaves the connection to close.
+struct HandsBack {
+    inner: hyper::body::Incoming,
+    back: Option<(http1::SendRequest<Body>, Arc<Upstream>, Endpoint)>,
+}
+
+impl HandsBack {
+    fn hand_back(&mut self) {
+        if let Some((sender, pool, endpoint)) = self.back.take() {
+            pool.put_idle_h1(endpoint, sender);
+        }
+    }
+}
+
+impl Drop for HandsBack {
+    fn drop(&mut self) {
+        if http_body::Body::is_end_stream(&self.inner) {
+            self.hand_back();
+        }
+    }
+}
+
+impl http_body::Body for HandsBack {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None) => self.hand_back(),
+            std::task::Poll::Ready(Some(Err(_))) => self.back = None,
+            _ => {}
+        }
+        polled.map(|f| f.map(|r| r.map_err(BoxError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

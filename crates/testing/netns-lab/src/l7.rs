@@ -561,6 +561,9 @@ pub struct AppState {
     pub delays_ended: AtomicUsize,
     /// Every request answered: `<pod> <method> <path> host=<host>`.
     pub seen: std::sync::Mutex<Vec<String>>,
+    /// Connections the apps accepted (both pods): a proxy that reuses its onward
+    /// connections keeps this still across requests.
+    pub connections: AtomicUsize,
     /// Requests so far per `/flaky/<key>/<n>` key.
     flaky: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
@@ -596,6 +599,7 @@ pub(crate) async fn serve_app(
         let Ok((stream, _)) = listener.accept().await else {
             return;
         };
+        state.connections.fetch_add(1, Ordering::SeqCst);
         let (name, state) = (name.clone(), state.clone());
         tokio::spawn(async move {
             let service =
