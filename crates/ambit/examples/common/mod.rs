@@ -100,12 +100,6 @@ fn machine_ticks() -> anyhow::Result<(u64, u64, u64)> {
     Ok((total - idle - steal, steal, total))
 }
 
-/// The machine's busy CPU time so far (every process and the kernel, all cores), in
-/// seconds.
-pub fn machine_busy_seconds() -> anyhow::Result<f64> {
-    Ok(machine_ticks()?.0 as f64 / clock_ticks())
-}
-
 /// How busy the whole machine was while `f` ran: (busy %, steal %) of all cores.
 pub fn machine_busy<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, (f64, f64))> {
     let a = machine_ticks()?;
