@@ -72,7 +72,8 @@ pub struct Config {
     /// `AMBIT_ACCESS_LOG`: one `access` line per request (default off, as Istio's
     /// waypoints log nothing until `accessLogFile` is set).
     pub access_log: bool,
-    /// `AMBIT_WORKER_THREADS` (default: the cores available, at most 2, as Istio's
+    /// `AMBIT_WORKER_THREADS`: the data path's worker threads, each with its own event
+    /// loop and onward pools (default: the cores available, at most 2, as Istio's
     /// waypoints run two workers).
     pub worker_threads: usize,
     /// `AMBIT_UPGRADE_TYPES`: the HTTP/1.1 upgrades joined (default `websocket`, as Istio

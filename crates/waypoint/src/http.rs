@@ -422,7 +422,7 @@ async fn handle_request(
                 };
                 finish.outcome.destination = workload;
                 finish.upstream = Some(endpoint.target);
-                match within(deadline, wp.upstream.connect(&endpoint, version)).await {
+                match within(deadline, wp.upstream().connect(&endpoint, version)).await {
                     None => Event::TimerFired { replayable: false },
                     Some(Ok(sender)) => {
                         open = Some((sender, endpoint.target));
@@ -686,7 +686,7 @@ fn mirror(
     tokio::spawn(async move {
         let _permit = permit;
         let sent = tokio::time::timeout(MIRROR_TIMEOUT, async {
-            let sender = wp.upstream.connect(&choice.endpoint, version).await?;
+            let sender = wp.upstream().connect(&choice.endpoint, version).await?;
             let response = sender.send(req).await.map_err(|e| e.error)?;
             // Read to the end, so an HTTP/1.1 connection goes back to the pool.
             response.into_body().collect().await?;

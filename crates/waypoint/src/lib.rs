@@ -48,6 +48,7 @@ pub mod run;
 pub mod tcp;
 pub mod tunnel;
 pub mod upstream;
+pub mod workers;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -76,7 +77,9 @@ pub struct Waypoint {
     pub routes: Shared<request_plan::Routes>,
     /// Mirrored requests in flight: past the bound, a mirror is skipped.
     pub mirrors: Arc<tokio::sync::Semaphore>,
-    pub upstream: Arc<Upstream>,
+    /// The onward connection pools: one per worker thread ([`workers`]), so a request
+    /// uses connections driven on its own thread, and the last for any other thread.
+    pub upstreams: Vec<Arc<Upstream>>,
     /// Requests and retries in flight per destination: the retry budget.
     pub retry_budgets: Arc<retry_budget::Budgets>,
     pub metrics: Metrics,
@@ -94,6 +97,12 @@ impl std::fmt::Debug for Waypoint {
 }
 
 impl Waypoint {
+    /// The onward connection pool of the calling thread.
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        let last = self.upstreams.len() - 1;
+        &self.upstreams[workers::current().map_or(last, |w| w.min(last))]
+    }
+
     /// This waypoint's own workload in the mesh state (by namespace, pod name and
     /// service account), if it has arrived.
     pub fn me(&self, state: &ProxyState) -> Option<Arc<Workload>> {
@@ -124,10 +133,12 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The control plane, accepting and the operator ports: the data path runs on
+    // `AMBIT_WORKER_THREADS` workers of its own ([`workers`]).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .thread_name("ambit-waypoint")
-        .worker_threads(cfg.worker_threads)
+        .thread_name("ambit-waypoint-main")
+        .worker_threads(1)
         .build()
     {
         Ok(r) => r,

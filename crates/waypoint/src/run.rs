@@ -78,6 +78,10 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     start_l7(&cfg, l7, xds_metrics.clone(), l7_ready)?;
     start_mesh(&cfg, &state, xds_metrics, state_ready, &mut registry)?;
 
+    let workers = Arc::new(
+        crate::workers::Workers::start(cfg.worker_threads)
+            .context("cannot start the worker threads")?,
+    );
     let wp = Arc::new(Waypoint {
         cfg: cfg.clone(),
         state: state.clone(),
@@ -85,7 +89,9 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         authns,
         routes,
         mirrors: Arc::new(tokio::sync::Semaphore::new(crate::MAX_MIRRORS)),
-        upstream: Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip),
+        upstreams: (0..=workers.count())
+            .map(|_| Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip))
+            .collect(),
         retry_budgets: Arc::default(),
         metrics: metrics.clone(),
         dry_run,
@@ -147,6 +153,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     // held: a waypoint without its policies would let every request through.
     let server = {
         let (wp, ready, drain) = (wp.clone(), ready.clone(), watcher.clone());
+        let data_path = workers.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = ready.until_only(&["proxy"]) => {}
@@ -158,7 +165,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
             };
             drop(proxy_ready);
             tracing::info!("ready: serving HBONE");
-            serve_hbone(wp, hbone, gate, drain).await
+            serve_hbone(wp, hbone, gate, data_path, drain).await
         })
     };
     drop(watcher);
@@ -172,6 +179,8 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         .await;
     renewal.abort();
     let _ = server.await;
+    // Only now: what the workers still run was drained, or is past its deadline.
+    drop(workers);
     tracing::info!("shutdown complete");
     Ok(())
 }
@@ -434,6 +443,7 @@ async fn serve_hbone(
     wp: Arc<Waypoint>,
     listener: tokio::net::TcpListener,
     gate: Arc<Gate>,
+    workers: Arc<crate::workers::Workers>,
     drain: DrainWatcher,
 ) {
     let reports = ReportThrottle::default();
@@ -443,7 +453,34 @@ async fn serve_hbone(
             _ = drain.draining() => return,
             a = ambit_admission::accept(&listener, &gate, &reports, "HBONE port") => a,
         };
-        tokio::spawn(serve_connection(wp.clone(), accepted, drain.clone()));
+        // The connection moves to a worker's event loop: registered there, its
+        // wake-ups stay on that thread.
+        let ambit_admission::Accepted {
+            stream,
+            peer,
+            ticket,
+        } = accepted;
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%peer, "HBONE: cannot hand the connection to a worker: {e}");
+                continue;
+            }
+        };
+        let (wp, drain) = (wp.clone(), drain.clone());
+        workers.spawn(async move {
+            match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    let accepted = ambit_admission::Accepted {
+                        stream,
+                        peer,
+                        ticket,
+                    };
+                    serve_connection(wp, accepted, drain).await
+                }
+                Err(e) => tracing::warn!(%peer, "HBONE: a worker cannot take the connection: {e}"),
+            }
+        });
     }
 }
 

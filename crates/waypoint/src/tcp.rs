@@ -68,7 +68,7 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
             &down.fronted,
             choice.workload.as_deref(),
         );
-        match wp.upstream.open(&choice.endpoint).await {
+        match wp.upstream().open(&choice.endpoint).await {
             Ok(onward) => return Some((onward, labels.clone())),
             Err(e) => {
                 tracing::debug!(endpoint = %choice.endpoint.target, "opaque tunnel: {e}");
