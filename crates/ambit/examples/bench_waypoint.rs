@@ -44,6 +44,9 @@ struct Args {
     seconds: u64,
     /// The waypoint's `AMBIT_WORKER_THREADS` (its own default when unset).
     workers: Option<usize>,
+    /// `--waypoint-env K=V`: more environment for every waypoint the run starts (an
+    /// allocator setting, say).
+    waypoint_env: Vec<(String, String)>,
     /// The nginx comparison (`l7_nginx`) instead of the waypoint's own figures.
     nginx: bool,
 }
@@ -55,6 +58,7 @@ fn args() -> anyhow::Result<Args> {
         rounds: 3,
         seconds: 5,
         workers: None,
+        waypoint_env: Vec::new(),
         nginx: false,
     };
     let mut it = std::env::args().skip(1);
@@ -66,10 +70,15 @@ fn args() -> anyhow::Result<Args> {
             "--rounds" => a.rounds = v()?.parse()?,
             "--seconds" => a.seconds = v()?.parse()?,
             "--workers" => a.workers = Some(v()?.parse()?),
+            "--waypoint-env" => {
+                let kv = v()?;
+                let (k, val) = kv.split_once('=').context("--waypoint-env takes K=V")?;
+                a.waypoint_env.push((k.to_string(), val.to_string()));
+            }
             "--nginx" => a.nginx = true,
             "-h" | "--help" => {
                 println!(
-                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N] [--nginx]"
+                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N] [--nginx] [--waypoint-env K=V]..."
                 );
                 std::process::exit(0);
             }
@@ -81,7 +90,12 @@ fn args() -> anyhow::Result<Args> {
 
 /// A waypoint holding `n` services (each behind it) and `n` policies (one per service),
 /// started beside the lab's: its RSS once ready.
-fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Result<(u64, u64)> {
+fn rss_at_scale(
+    lab: &L7Lab,
+    ambit: &std::path::Path,
+    n: usize,
+    extra_env: &[(String, String)],
+) -> anyhow::Result<(u64, u64)> {
     use std::fmt::Write;
     let mut mesh = ambit_netns_lab::l7::l7_mesh();
     for i in 0..n {
@@ -105,7 +119,7 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
     let policies_path = dir.join("scale-policies.yaml");
     std::fs::write(&mesh_path, mesh)?;
     std::fs::write(&policies_path, policies)?;
-    let env: Vec<(&str, String)> = vec![
+    let mut env: Vec<(&str, String)> = vec![
         ("POD_NAME", "waypoint".into()),
         ("POD_NAMESPACE", "default".into()),
         ("SERVICE_ACCOUNT", "waypoint".into()),
@@ -117,6 +131,7 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
         ("AMBIT_STATS_ADDR", "127.0.0.1:25020".into()),
         ("AMBIT_READINESS_ADDR", "127.0.0.1:25021".into()),
     ];
+    env.extend(extra_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let p = lab.nodes.lab.spawn(
         &lab.nodes.server_ns,
         "waypoint-scale",
@@ -135,6 +150,14 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
             )
         },
     )?;
+    // Right after loading, and once the allocator has returned what the load freed
+    // (jemalloc gives dirty pages back after about 10 s).
+    std::thread::sleep(Duration::from_secs(2));
+    let loaded = common::status_kib(p.pid, "VmRSS")?;
+    std::thread::sleep(Duration::from_secs(15));
+    let settled = common::status_kib(p.pid, "VmRSS")?;
+    // Checked after the measures: building the dump allocates (and frees) more than the
+    // data it shows.
     let dump = ambit_netns_lab::http_get(
         &lab.nodes.server_ns,
         ([127, 0, 0, 1], 25000).into(),
@@ -147,12 +170,6 @@ fn rss_at_scale(lab: &L7Lab, ambit: &std::path::Path, n: usize) -> anyhow::Resul
         "the scale waypoint holds {} policies, not {n}",
         v["waypointPolicies"].as_array().map_or(0, |a| a.len())
     );
-    // Right after loading, and once the allocator has returned what the load freed
-    // (jemalloc gives dirty pages back after about 10 s).
-    std::thread::sleep(Duration::from_secs(2));
-    let loaded = common::status_kib(p.pid, "VmRSS")?;
-    std::thread::sleep(Duration::from_secs(15));
-    let settled = common::status_kib(p.pid, "VmRSS")?;
     Ok((loaded, settled))
 }
 
@@ -247,6 +264,7 @@ fn main() -> anyhow::Result<()> {
     let ambit = std::fs::canonicalize(&a.ambit).with_context(|| a.ambit.display().to_string())?;
     // No access log: Istio's waypoints write none unless asked.
     let mut env = vec![("AMBIT_ACCESS_LOG", "false".to_string())];
+    env.extend(a.waypoint_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     if let Some(n) = a.workers {
         env.push(("AMBIT_WORKER_THREADS", n.to_string()));
     }
@@ -274,6 +292,7 @@ fn main() -> anyhow::Result<()> {
     let mut cpu_1000 = Vec::new();
     let mut bare_cpu_1000 = Vec::new();
     let mut rss_1000 = Vec::new();
+    let mut anon_1000 = Vec::new();
     for round in 0..a.rounds {
         // Alternate which path goes first.
         let order = if round % 2 == 0 {
@@ -316,6 +335,7 @@ fn main() -> anyhow::Result<()> {
         paced(&lab, Path::Waypoint, 1000, 4, secs.max(10))?;
         cpu_1000.push((common::cpu_seconds(wp)? - before) / t.elapsed().as_secs_f64());
         rss_1000.push(common::status_kib(wp, "VmRSS")? as f64 / 1024.0);
+        anon_1000.push(common::status_kib(wp, "RssAnon")? as f64 / 1024.0);
         // The same load through the bare proxy: the design's floor for that figure.
         let before = common::cpu_seconds(bare)?;
         let t = Instant::now();
@@ -324,7 +344,7 @@ fn main() -> anyhow::Result<()> {
         eprintln!("round {}/{} done", round + 1, a.rounds);
     }
     let peak = common::status_kib(wp, "VmHWM")?;
-    let (scale_loaded, scale_settled) = rss_at_scale(&lab, &ambit, 5000)?;
+    let (scale_loaded, scale_settled) = rss_at_scale(&lab, &ambit, 5000, &a.waypoint_env)?;
     // What path `i` adds over the direct one, round by round.
     let added = |v: &[Vec<f64>; 3], i: usize| -> Vec<f64> {
         v[i].iter().zip(&v[1]).map(|(w, d)| w - d).collect()
@@ -392,6 +412,10 @@ fn main() -> anyhow::Result<()> {
     out.push_str(&format!(
         "| RSS at 1000 requests/s | {} |\n",
         fmt(&rss_1000, "MiB", 1)
+    ));
+    out.push_str(&format!(
+        "| of which anonymous (heap, stacks; the rest is the binary's pages) | {} |\n",
+        fmt(&anon_1000, "MiB", 1)
     ));
     out.push_str(&format!(
         "| RSS idle after start | {:.1} MiB |\n",
