@@ -5,7 +5,9 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
+use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
 use ambit_proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use ambit_proto::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use tokio::sync::mpsc;
@@ -24,6 +26,17 @@ pub(crate) fn sotw_unimplemented() -> Status {
 /// The delta ADS service.
 pub(crate) struct Ads {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl Ads {
+    /// The delta ADS service over `shared`, with the message bounds of both modes.
+    pub(crate) fn service(shared: &Arc<Shared>) -> AggregatedDiscoveryServiceServer<Ads> {
+        AggregatedDiscoveryServiceServer::new(Ads {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(crate::config::MAX_REQUEST_BYTES)
+        .max_encoding_message_size(ambit_proto::MAX_XDS_MESSAGE)
+    }
 }
 
 pub(crate) type SotwStream =

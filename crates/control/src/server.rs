@@ -80,7 +80,7 @@ impl Control {
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
-        let ads = shared.ads();
+        let ads = crate::ads::Ads::service(&shared);
         let ca_service = IstioCertificateServiceServer::new(CaService {
             shared: shared.clone(),
         })

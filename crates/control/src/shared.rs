@@ -239,17 +239,6 @@ impl Shared {
         }
     }
 
-    /// The delta ADS service over this state, with the message bounds of both modes.
-    pub(crate) fn ads(
-        self: &Arc<Shared>,
-    ) -> ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer<crate::ads::Ads>{
-        ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer::new(crate::ads::Ads {
-            shared: self.clone(),
-        })
-        .max_decoding_message_size(crate::config::MAX_REQUEST_BYTES)
-        .max_encoding_message_size(ambit_proto::MAX_XDS_MESSAGE)
-    }
-
     /// What one connection and one source may hold, from the configuration.
     pub(crate) fn serve_options(&self) -> ambit_grpc::server::ServeOptions {
         ambit_grpc::server::ServeOptions {

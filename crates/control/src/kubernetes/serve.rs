@@ -66,7 +66,7 @@ impl Control {
         shared.publish(Mesh::default());
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let ads = shared.ads();
+        let ads = crate::ads::Ads::service(&shared);
         let options = shared.serve_options();
         let gatekeeper = {
             let (shared, kube) = (shared.clone(), kube.clone());
