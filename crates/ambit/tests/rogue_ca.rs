@@ -13,11 +13,12 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use ambit_netns_lab::free_port;
 use support::rogue_ca::Defect;
 
 const SERVER_ID: &str = "spiffe://cluster.local/ns/default/sa/server";
@@ -82,14 +83,6 @@ const CASES: [Case; 6] = [
         skew: None,
     },
 ];
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;

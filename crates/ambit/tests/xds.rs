@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ambit_grpc::server::{incoming, test_pki, AcceptOptions, TestPki};
+use ambit_netns_lab::free_port;
 use ambit_proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -146,14 +147,6 @@ async fn serve(ads: Ads, pki: &TestPki) -> SocketAddr {
             .serve_with_incoming(incoming(listener, pki.acceptor(), AcceptOptions::default())),
     );
     addr
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A blocking HTTP/1.1 GET: (status line, body); None while nothing listens.

@@ -432,6 +432,33 @@ pub fn remove_all_on_signal(cleanups: Vec<Cleanup>) {
     });
 }
 
+/// A TCP port that a process the test starts next can bind, on every address. Chosen
+/// below the kernel's ephemeral range (32768–60999 by default): a port from that range,
+/// free when checked, can be taken by a connection another test opens before the process
+/// binds it, and the process then fails to start. Each test process starts at its own
+/// offset; a port in use is skipped.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let start = std::process::id().wrapping_mul(97) % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free TCP port left in {LOW}..{}", LOW + SPAN);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        let free = match std::net::TcpListener::bind(("::", port)) {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => false,
+            // No IPv6 here: the IPv4 wildcard then.
+            Err(_) => std::net::TcpListener::bind(("0.0.0.0", port)).is_ok(),
+        };
+        if free {
+            return port;
+        }
+    }
+}
+
 /// Polls `check` until it returns true or `timeout` passes.
 pub fn wait_until(
     what: &str,
@@ -494,5 +521,21 @@ mod env_pair_tests {
         assert_eq!(super::parse_env_pair("A="), pair("A", ""));
         assert!(super::parse_env_pair("=1").is_err());
         assert!(super::parse_env_pair("A").is_err());
+    }
+}
+
+#[cfg(test)]
+mod free_port_tests {
+    #[test]
+    fn ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..20).map(|_| super::free_port()).collect();
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
+        for p in ports {
+            assert!((20_000..32_000).contains(&p), "{p}");
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+        }
     }
 }
