@@ -444,7 +444,7 @@ async fn handle_request(
                 let request = match tries.unsent.take() {
                     Some(r) => r,
                     None => match tries.body() {
-                        Some(body) => head.request(body, exchange.wants_replay()),
+                        Some(body) => head.request(body, tries.recording.is_some()),
                         None => {
                             // Never: the exchange retries a sent body only when it replays.
                             tracing::warn!("a retry found no body to send");
@@ -531,7 +531,7 @@ async fn handle_request(
                     }
                 }
                 finish.outcome.response_flags = flag;
-                let (mut parts, body) = response.into_parts();
+                let (mut parts, mut body) = response.into_parts();
                 for m in &fwd.response_headers {
                     ambit_gateway_routes::apply_headers(m, &mut parts.headers);
                 }
@@ -542,7 +542,6 @@ async fn handle_request(
                 if let Some(a) = &mut finish.access {
                     a.status = parts.status.as_u16();
                 }
-                let mut body = body;
                 if let Some(d) = exchange.deadline() {
                     body = Deadline::new(body, d.into()).boxed_unsync();
                 }
