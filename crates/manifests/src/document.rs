@@ -46,6 +46,10 @@ pub(crate) enum Document {
         route: Located<ambit_gateway_routes::Route>,
         name_at: Position,
     },
+    DestinationRule {
+        rule: Located<crate::model::WaypointDestinationRule>,
+        name_at: Position,
+    },
     Skipped {
         skipped: Located<Skipped>,
         /// For an AuthorizationPolicy, RequestAuthentication or route, as for a policy.
@@ -189,6 +193,7 @@ enum Known {
     Authn,
     HttpRoute,
     GrpcRoute,
+    DestinationRule,
 }
 
 /// Which kind `group`/`kind` is, if one read, with its version checked; `None` for a kind
@@ -238,6 +243,17 @@ fn known(group: &str, version: &str, kind: &str) -> Result<Option<Known>, Invali
         (GATEWAY_GROUP, "GRPCRoute") => {
             gateway(GRPC_ROUTE_VERSIONS)?;
             Known::GrpcRoute
+        }
+        (crate::dr_translate::NETWORKING_GROUP, "DestinationRule") => {
+            let versions = crate::dr_translate::DESTINATION_RULE_VERSIONS;
+            version_of(
+                versions,
+                format!(
+                    "{kind} has no version {version:?}; the versions are {}",
+                    versions.join(", ")
+                ),
+            )?;
+            Known::DestinationRule
         }
         ("", "List") => {
             return Err(Invalid {
@@ -368,6 +384,7 @@ fn read_document(
         Known::HttpRoute | Known::GrpcRoute => read_route(&at, map, known, read, options),
         Known::Authn => read_authn(&at, read, options),
         Known::Policy => read_policy(&at, read, options),
+        Known::DestinationRule => read_destination_rule(&at, read, options),
     }
 }
 
@@ -437,5 +454,29 @@ fn read_policy(at: &Placer<'_>, read: Read, options: &ParseOptions) -> Result<Do
             name_at: read.name_at,
         },
         Outcome::Skipped(reason) => read.skipped(translation.namespace, translation.name, reason),
+    })
+}
+
+fn read_destination_rule(
+    at: &Placer<'_>,
+    read: Read,
+    options: &ParseOptions,
+) -> Result<Document, Refusal> {
+    use crate::dr_translate::{translate_destination_rule, RuleOutcome, RuleTranslation};
+    let RuleTranslation {
+        namespace,
+        name,
+        outcome,
+    } = translate_destination_rule(
+        at.deserialize::<crate::dr_schema::DestinationRuleObject>()?,
+        options,
+    )
+    .map_err(|e| at.invalid(e))?;
+    Ok(match outcome {
+        RuleOutcome::Rule(rule) => Document::DestinationRule {
+            rule: read.located(rule),
+            name_at: read.name_at,
+        },
+        RuleOutcome::Skipped(reason) => read.skipped(namespace, name, reason),
     })
 }

@@ -66,6 +66,12 @@ impl ObjectRef {
     /// True for a RequestAuthentication: not a policy, but its refusal leaves the targets
     /// it would have had without the token checks it names (the reader decides how to
     /// fail closed for them).
+    /// True for a DestinationRule: its refusal keeps its last good version, or leaves the
+    /// host balanced as without one; never a reason to deny.
+    pub fn is_destination_rule(&self) -> bool {
+        self.kind.as_deref() == Some("DestinationRule")
+    }
+
     pub fn is_authn(&self) -> bool {
         self.kind.as_deref() == Some("RequestAuthentication")
     }

@@ -18,6 +18,10 @@
 //! model ([`ambit_gateway_routes::Route`]); a route attached to no Service of its namespace (a
 //! Gateway's) is skipped. Other kinds are skipped with a note.
 //!
+//! And Istio's `DestinationRule` (`networking.istio.io/v1`, `v1beta1`, `v1alpha3`): its
+//! traffic policy (load balancer, connection pool, outlier detection) checked and
+//! translated into [`WaypointDestinationRule`].
+//!
 //! A bad document is refused alone, with the file, line, column and field at fault
 //! ([`ManifestError`]); the other documents of the file still load.
 //!
@@ -27,6 +31,8 @@
 mod authn_schema;
 mod authn_translate;
 mod document;
+mod dr_schema;
+mod dr_translate;
 mod error;
 mod go_duration;
 mod load;
@@ -42,12 +48,13 @@ mod values;
 use std::collections::HashMap;
 
 pub use authn_translate::{MAX_INLINE_JWKS_BYTES, REQUEST_AUTHENTICATION_VERSIONS};
+pub use dr_translate::{DESTINATION_RULE_VERSIONS, NETWORKING_GROUP};
 pub use document::{AUTHORIZATION_POLICY_VERSIONS, SECURITY_GROUP};
 pub use error::{ErrorKind, ManifestError, ObjectRef, Position};
 pub use load::{load_path, MAX_FILE_BYTES};
 pub use model::{
     ClaimToHeader, JwksSource, JwtHeader, JwtRuleSpec, Located, Origin, Parsed, PolicyTarget,
-    SkipReason, Skipped, WaypointAction, WaypointAuthn, WaypointPolicy, DEFAULT_JWKS_TIMEOUT,
+    SkipReason, Skipped, WaypointAction, WaypointAuthn, WaypointDestinationRule, WaypointPolicy, DEFAULT_JWKS_TIMEOUT,
 };
 pub use route_translate::{GATEWAY_GROUP, GRPC_ROUTE_VERSIONS, HTTP_ROUTE_VERSIONS};
 pub use translate::DRY_RUN_ANNOTATION;
@@ -181,6 +188,12 @@ impl Collector {
                     self.parsed.routes.push(route);
                 }
             }
+            Document::DestinationRule { rule, name_at } => {
+                let r = &rule.value;
+                if self.first("DestinationRule", &r.namespace, &r.name, &rule.origin, name_at) {
+                    self.parsed.destination_rules.push(rule);
+                }
+            }
             Document::Skipped { skipped, name_at } => {
                 let s = &skipped.value;
                 let keep = match (name_at, &s.namespace, &s.name) {
@@ -226,6 +239,8 @@ impl Collector {
 
 #[cfg(test)]
 mod authn_tests;
+#[cfg(test)]
+mod dr_tests;
 #[cfg(test)]
 mod route_tests;
 #[cfg(test)]

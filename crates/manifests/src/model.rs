@@ -144,6 +144,30 @@ pub struct ClaimToHeader {
     pub claim: String,
 }
 
+/// A DestinationRule for a waypoint: the traffic policy for the requests it sends to a
+/// host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaypointDestinationRule {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.host` as written: a short name (the rule's namespace's Service), a fully
+    /// qualified one, or `*.` and a suffix.
+    pub host: String,
+    /// `spec.targetRefs` (Services and ServiceEntries of its namespace): where written,
+    /// the rule applies to them rather than by `host`.
+    pub targets: Vec<PolicyTarget>,
+    /// `spec.exportTo` as written (empty: every namespace).
+    pub export_to: Vec<String>,
+    pub policy: ambit_traffic_policy::TrafficPolicy,
+}
+
+impl WaypointDestinationRule {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
 /// Where a document came from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Origin {
@@ -199,6 +223,8 @@ pub enum SkipReason {
     /// A RequestAuthentication with neither `selector` nor `targetRefs`: for the
     /// namespace's sidecars and gateways (the mesh's, in the root namespace).
     AuthnNamespaceWide,
+    /// A DestinationRule with a `workloadSelector`: for the selected sidecars only.
+    RuleWorkloadSelector,
 }
 
 impl fmt::Display for SkipReason {
@@ -219,6 +245,9 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::AuthnNamespaceWide => {
                 "has no targetRefs: it applies to the namespace's sidecars and gateways, not to a waypoint"
+            }
+            SkipReason::RuleWorkloadSelector => {
+                "selects workloads (spec.workloadSelector): for their sidecars, not for a waypoint"
             }
         })
     }
@@ -247,6 +276,8 @@ pub struct Parsed {
     pub authns: Vec<Located<WaypointAuthn>>,
     /// HTTPRoutes and GRPCRoutes attached to Services (mesh routes), each once.
     pub routes: Vec<Located<ambit_gateway_routes::Route>>,
+    /// DestinationRules, each once.
+    pub destination_rules: Vec<Located<WaypointDestinationRule>>,
     pub skipped: Vec<Located<Skipped>>,
     pub errors: Vec<ManifestError>,
 }
@@ -257,6 +288,7 @@ impl Parsed {
         self.policies.extend(other.policies);
         self.authns.extend(other.authns);
         self.routes.extend(other.routes);
+        self.destination_rules.extend(other.destination_rules);
         self.skipped.extend(other.skipped);
         self.errors.extend(other.errors);
     }

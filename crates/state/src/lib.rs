@@ -29,7 +29,7 @@ mod store;
 mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
-pub use destination::pick::{pick_endpoint, PickMode, Picked};
+pub use destination::pick::{endpoint_candidates, pick_endpoint, PickMode, Picked};
 pub use destination::plan::route;
 pub use destination::types::{Route, RouteError, RouteInput};
 pub use destination::waypoint::{

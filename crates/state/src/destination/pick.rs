@@ -53,76 +53,138 @@ pub fn pick_endpoint(
     mode: PickMode,
     rng: &mut impl Rng,
 ) -> Result<Picked, RouteError> {
-    let svc_target = match (svc.ports.get(&port), mode) {
-        (Some(&t), _) => t,
-        (None, PickMode::Waypoint) => 0,
-        (None, PickMode::Standard) => {
-            return Err(RouteError::UnknownTargetPort {
-                service: svc.key(),
-                port,
-            })
-        }
+    let eligible = Eligibility::new(svc, port, dialed_ip, source, mode)?;
+    let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
+    let Some(index) = state.endpoint_index(&eligible.key) else {
+        return Err(no_upstream());
     };
-    let allow_unhealthy = svc.health_policy() == LoadBalancerHealthPolicy::AllowAll;
-    let key = svc.key();
-    let eligible = |wl: &Arc<Workload>| -> Option<Picked> {
-        let ports = wl.services.get(key.as_str())?;
-        if !allow_unhealthy && wl.status != HealthStatus::Healthy {
+    if !eligible.ranked() {
+        for _ in 0..DRAWS {
+            let Some(i) = index.pick(rng) else { break };
+            if let Some(p) = eligible.check(&index.endpoints[i]) {
+                return Ok(p);
+            }
+        }
+    }
+    pick_weighted(eligible.all(index.endpoints.iter()), rng).ok_or_else(no_upstream)
+}
+
+/// Every endpoint [`pick_endpoint`] could pick, in the endpoint index's order (the best
+/// locality only, under STRICT or FAILOVER), for a caller that balances by its own rule
+/// (a waypoint's DestinationRule). Empty when none is eligible.
+pub fn endpoint_candidates(
+    state: &ProxyState,
+    svc: &Service,
+    port: u16,
+    dialed_ip: IpAddr,
+    source: &Workload,
+    mode: PickMode,
+) -> Result<Vec<Picked>, RouteError> {
+    let eligible = Eligibility::new(svc, port, dialed_ip, source, mode)?;
+    Ok(match state.endpoint_index(&eligible.key) {
+        Some(index) => eligible.all(index.endpoints.iter()),
+        None => Vec::new(),
+    })
+}
+
+/// What makes an endpoint of one service eligible for one connection.
+struct Eligibility<'a> {
+    svc: &'a Service,
+    key: String,
+    port: u16,
+    svc_target: u16,
+    dialed_ip: IpAddr,
+    source: &'a Workload,
+    allow_unhealthy: bool,
+}
+
+impl<'a> Eligibility<'a> {
+    fn new(
+        svc: &'a Service,
+        port: u16,
+        dialed_ip: IpAddr,
+        source: &'a Workload,
+        mode: PickMode,
+    ) -> Result<Self, RouteError> {
+        let svc_target = match (svc.ports.get(&port), mode) {
+            (Some(&t), _) => t,
+            (None, PickMode::Waypoint) => 0,
+            (None, PickMode::Standard) => {
+                return Err(RouteError::UnknownTargetPort {
+                    service: svc.key(),
+                    port,
+                })
+            }
+        };
+        Ok(Eligibility {
+            svc,
+            key: svc.key(),
+            port,
+            svc_target,
+            dialed_ip,
+            source,
+            allow_unhealthy: svc.health_policy() == LoadBalancerHealthPolicy::AllowAll,
+        })
+    }
+
+    fn ranked(&self) -> bool {
+        matches!(
+            self.svc.lb_mode(),
+            LoadBalancerMode::Strict | LoadBalancerMode::Failover
+        )
+    }
+
+    fn check(&self, wl: &Arc<Workload>) -> Option<Picked> {
+        let ports = wl.services.get(self.key.as_str())?;
+        if !self.allow_unhealthy && wl.status != HealthStatus::Healthy {
             return None;
         }
         // Endpoints in another network need double HBONE through their network gateway
         // (reference §10.2); not candidates until that exists.
-        if wl.network != source.network {
+        if wl.network != self.source.network {
             return None;
         }
-        let port = target_port(wl, ports, port, svc_target)?;
+        let port = target_port(wl, ports, self.port, self.svc_target)?;
         // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
         // gateway) are not candidates yet.
-        let ip = pick_ip(svc, wl, dialed_ip)?;
+        let ip = pick_ip(self.svc, wl, self.dialed_ip)?;
         Some(Picked {
             workload: wl.clone(),
             ip,
             port,
         })
-    };
-    let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
-    let Some(index) = state.endpoint_index(&key) else {
-        return Err(no_upstream());
-    };
-    let mode = svc.lb_mode();
-    let ranked = matches!(mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover);
-    if !ranked {
-        for _ in 0..DRAWS {
-            let Some(i) = index.pick(rng) else { break };
-            if let Some(p) = eligible(&index.endpoints[i]) {
-                return Ok(p);
+    }
+
+    /// The eligible endpoints of `endpoints`; under STRICT or FAILOVER, only those of the
+    /// best-ranked locality.
+    fn all<'w>(&self, endpoints: impl Iterator<Item = &'w Arc<Workload>>) -> Vec<Picked> {
+        let mut candidates: Vec<Picked> = endpoints.filter_map(|w| self.check(w)).collect();
+        if self.ranked() {
+            let source = self.source;
+            let prefs = self
+                .svc
+                .load_balancer
+                .as_ref()
+                .map(|lb| lb.routing_preferences.as_slice())
+                .unwrap_or_default();
+            if self.svc.lb_mode() == LoadBalancerMode::Strict {
+                candidates.retain(|c| prefs.iter().all(|s| scope_matches(*s, source, &c.workload)));
+            }
+            let ranks: Vec<usize> = candidates
+                .iter()
+                .map(|c| rank(prefs, source, &c.workload))
+                .collect();
+            if let Some(&best) = ranks.iter().max() {
+                let mut i = 0;
+                candidates.retain(|_| {
+                    let keep = ranks[i] == best;
+                    i += 1;
+                    keep
+                });
             }
         }
+        candidates
     }
-    let mut candidates: Vec<Picked> = index.endpoints.iter().filter_map(eligible).collect();
-    if ranked {
-        let prefs = svc
-            .load_balancer
-            .as_ref()
-            .map(|lb| lb.routing_preferences.as_slice())
-            .unwrap_or_default();
-        if mode == LoadBalancerMode::Strict {
-            candidates.retain(|c| prefs.iter().all(|s| scope_matches(*s, source, &c.workload)));
-        }
-        let ranks: Vec<usize> = candidates
-            .iter()
-            .map(|c| rank(prefs, source, &c.workload))
-            .collect();
-        if let Some(&best) = ranks.iter().max() {
-            let mut i = 0;
-            candidates.retain(|_| {
-                let keep = ranks[i] == best;
-                i += 1;
-                keep
-            });
-        }
-    }
-    pick_weighted(candidates, rng).ok_or_else(no_upstream)
 }
 
 /// Target port for a service port on one endpoint: the endpoint's own map first, then
