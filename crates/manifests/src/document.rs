@@ -474,7 +474,7 @@ fn read_destination_rule(
     .map_err(|e| at.invalid(e))?;
     Ok(match outcome {
         RuleOutcome::Rule(rule) => Document::DestinationRule {
-            rule: read.located(rule),
+            rule: read.located(*rule),
             name_at: read.name_at,
         },
         RuleOutcome::Skipped(reason) => read.skipped(namespace, name, reason),

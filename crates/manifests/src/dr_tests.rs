@@ -70,7 +70,10 @@ spec:
       maxEjectionPercent: 100
 ";
     let r = rule(text);
-    assert_eq!((r.namespace.as_str(), r.name.as_str()), ("default", "httpbin"));
+    assert_eq!(
+        (r.namespace.as_str(), r.name.as_str()),
+        ("default", "httpbin")
+    );
     assert_eq!(r.host, "httpbin");
     assert!(r.targets.is_empty() && r.export_to.is_empty());
     assert_eq!(
@@ -182,7 +185,8 @@ fn pools_outliers_ports_and_defaults() {
         "0 keeps the default, as in Istio"
     );
     // The reference's example: 7 gateway errors by the deprecated field, 5 m, 15 m.
-    let p = policy("{outlierDetection: {consecutiveErrors: 7, interval: 5m, baseEjectionTime: 15m}}");
+    let p =
+        policy("{outlierDetection: {consecutiveErrors: 7, interval: 5m, baseEjectionTime: 15m}}");
     assert_eq!(
         p.outlier,
         Some(OutlierDetection {
@@ -195,14 +199,23 @@ fn pools_outliers_ports_and_defaults() {
     let p = policy("{outlierDetection: {consecutive5xxErrors: 0, consecutiveGatewayErrors: 2, splitExternalLocalOriginErrors: true, consecutiveLocalOriginFailures: 3, minHealthPercent: 50}}");
     let o = p.outlier.unwrap();
     assert_eq!(
-        (o.consecutive_5xx, o.consecutive_gateway, o.split_local_origin, o.consecutive_local_origin, o.min_health_percent),
+        (
+            o.consecutive_5xx,
+            o.consecutive_gateway,
+            o.split_local_origin,
+            o.consecutive_local_origin,
+            o.min_health_percent
+        ),
         (0, 2, true, 3, 50)
     );
     // Port-level settings replace the top level on their port.
     let r = rule(&with_policy(
         "{loadBalancer: {simple: RANDOM}, portLevelSettings: [{port: {number: 8080}, loadBalancer: {simple: ROUND_ROBIN}}]}",
     ));
-    assert_eq!(r.policy.for_port(8080).load_balancer, LoadBalancer::RoundRobin);
+    assert_eq!(
+        r.policy.for_port(8080).load_balancer,
+        LoadBalancer::RoundRobin
+    );
     assert_eq!(r.policy.for_port(80).load_balancer, LoadBalancer::Random);
     // TLS modes that change nothing for mesh traffic.
     for tls in ["{mode: ISTIO_MUTUAL}", "{mode: DISABLE}", "{}"] {
@@ -224,7 +237,9 @@ fn pools_outliers_ports_and_defaults() {
 
 #[test]
 fn a_rule_for_selected_sidecars_is_skipped() {
-    let p = parse(&format!("{HEAD}  workloadSelector: {{matchLabels: {{app: a}}}}\n"));
+    let p = parse(&format!(
+        "{HEAD}  workloadSelector: {{matchLabels: {{app: a}}}}\n"
+    ));
     assert!(p.errors.is_empty() && p.destination_rules.is_empty());
     assert_eq!(p.skipped.len(), 1);
     assert_eq!(p.skipped[0].value.reason, SkipReason::RuleWorkloadSelector);
@@ -267,7 +282,10 @@ fn refusals_name_the_field() {
     ];
     for (text, expected) in table {
         let got = refusal(&with_policy(text));
-        assert!(got.contains(expected), "{text}:\n  got {got}\n  not {expected}");
+        assert!(
+            got.contains(expected),
+            "{text}:\n  got {got}\n  not {expected}"
+        );
     }
     let head_refusals: &[(&str, &str)] = &[
         ("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: a, namespace: shop}\nspec: {}\n", "spec.host: missing"),
@@ -279,13 +297,20 @@ fn refusals_name_the_field() {
     ];
     for (text, expected) in head_refusals {
         let got = refusal(text);
-        assert!(got.contains(expected), "{text}:\n  got {got}\n  not {expected}");
+        assert!(
+            got.contains(expected),
+            "{text}:\n  got {got}\n  not {expected}"
+        );
     }
 }
 
 #[test]
 fn wildcard_and_qualified_hosts_are_read() {
-    for host in ["*.example.com", "httpbin.shop.svc.cluster.local", "api.example.com"] {
+    for host in [
+        "*.example.com",
+        "httpbin.shop.svc.cluster.local",
+        "api.example.com",
+    ] {
         let r = rule(&format!(
             "apiVersion: networking.istio.io/v1beta1\nkind: DestinationRule\nmetadata: {{name: a, namespace: shop}}\nspec: {{host: \"{host}\"}}\n"
         ));

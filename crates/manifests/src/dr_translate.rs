@@ -47,7 +47,7 @@ fn invalid(path: FieldPath, message: impl Into<String>) -> Invalid {
 /// What a DestinationRule came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RuleOutcome {
-    Rule(WaypointDestinationRule),
+    Rule(Box<WaypointDestinationRule>),
     Skipped(SkipReason),
 }
 
@@ -73,7 +73,13 @@ pub(crate) fn translate_destination_rule(
         }
     };
     check_host(&host).map_err(|m| invalid(field!["spec", "host"], m))?;
-    let targets = targets(false, None, spec.target_refs.as_deref(), &namespace, options)?;
+    let targets = targets(
+        false,
+        None,
+        spec.target_refs.as_deref(),
+        &namespace,
+        options,
+    )?;
     for (i, t) in targets.iter().enumerate() {
         if !matches!(
             t,
@@ -89,22 +95,26 @@ pub(crate) fn translate_destination_rule(
     for (i, e) in spec.export_to.into_iter().flatten().enumerate() {
         let e = e.0;
         if e != "*" && e != "." && e != "~" {
-            check_dns(&e, 63, false)
-                .map_err(|m| invalid(field!["spec", "exportTo", i], format!("{m}; or \".\" or \"*\"")))?;
+            check_dns(&e, 63, false).map_err(|m| {
+                invalid(
+                    field!["spec", "exportTo", i],
+                    format!("{m}; or \".\" or \"*\""),
+                )
+            })?;
         }
         export_to.push(e);
     }
     let policy = traffic_policy(spec.traffic_policy.unwrap_or_default())?;
     let outcome = match spec.workload_selector {
         Some(_) => RuleOutcome::Skipped(SkipReason::RuleWorkloadSelector),
-        None => RuleOutcome::Rule(WaypointDestinationRule {
+        None => RuleOutcome::Rule(Box::new(WaypointDestinationRule {
             namespace: namespace.clone(),
             name: name.clone(),
             host,
             targets,
             export_to,
             policy,
-        }),
+        })),
     };
     Ok(RuleTranslation {
         namespace,
@@ -124,7 +134,9 @@ fn check_host(host: &str) -> Result<(), String> {
         && name.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         });
@@ -345,11 +357,17 @@ fn consistent_hash(at: &FieldPath, f: ConsistentHashFields) -> Result<Consistent
                 Some(v) => non_negative(v, at.at(field!["maglev", "tableSize"]))?,
                 None => 0,
             };
-            let size = if size == 0 { DEFAULT_MAGLEV_TABLE } else { size };
+            let size = if size == 0 {
+                DEFAULT_MAGLEV_TABLE
+            } else {
+                size
+            };
             if size >= MAX_MAGLEV_TABLE || !is_prime(size) {
                 return Err(invalid(
                     at.at(field!["maglev", "tableSize"]),
-                    format!("{size} is not a prime below {MAX_MAGLEV_TABLE} (65537 is the default)"),
+                    format!(
+                        "{size} is not a prime below {MAX_MAGLEV_TABLE} (65537 is the default)"
+                    ),
                 ));
             }
             HashAlgorithm::Maglev { table_size: size }
@@ -411,7 +429,11 @@ fn connection_pool(at: &FieldPath, f: ConnectionPoolFields) -> Result<Connection
             h.at(field!["http2MaxRequests"]),
             pool.max_requests,
         )?;
-        pool.max_retries = limit(http.max_retries, h.at(field!["maxRetries"]), pool.max_retries)?;
+        pool.max_retries = limit(
+            http.max_retries,
+            h.at(field!["maxRetries"]),
+            pool.max_retries,
+        )?;
         // Checked, not applied: onward connections are pooled HBONE streams.
         limit(
             http.max_requests_per_connection,
@@ -440,7 +462,11 @@ fn outlier_detection(at: &FieldPath, f: OutlierFields) -> Result<OutlierDetectio
         "consecutiveGatewayErrors",
         deprecated,
     )?;
-    o.consecutive_5xx = count(f.consecutive_5xx_errors, "consecutive5xxErrors", o.consecutive_5xx)?;
+    o.consecutive_5xx = count(
+        f.consecutive_5xx_errors,
+        "consecutive5xxErrors",
+        o.consecutive_5xx,
+    )?;
     o.split_local_origin = f.split_external_local_origin_errors.unwrap_or(false);
     o.consecutive_local_origin = count(
         f.consecutive_local_origin_failures,
@@ -463,7 +489,11 @@ fn outlier_detection(at: &FieldPath, f: OutlierFields) -> Result<OutlierDetectio
         "maxEjectionPercent",
         o.max_ejection_percent,
     )?;
-    o.min_health_percent = percent(f.min_health_percent, "minHealthPercent", o.min_health_percent)?;
+    o.min_health_percent = percent(
+        f.min_health_percent,
+        "minHealthPercent",
+        o.min_health_percent,
+    )?;
     Ok(o)
 }
 

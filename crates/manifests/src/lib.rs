@@ -48,13 +48,14 @@ mod values;
 use std::collections::HashMap;
 
 pub use authn_translate::{MAX_INLINE_JWKS_BYTES, REQUEST_AUTHENTICATION_VERSIONS};
-pub use dr_translate::{DESTINATION_RULE_VERSIONS, NETWORKING_GROUP};
 pub use document::{AUTHORIZATION_POLICY_VERSIONS, SECURITY_GROUP};
+pub use dr_translate::{DESTINATION_RULE_VERSIONS, NETWORKING_GROUP};
 pub use error::{ErrorKind, ManifestError, ObjectRef, Position};
 pub use load::{load_path, MAX_FILE_BYTES};
 pub use model::{
     ClaimToHeader, JwksSource, JwtHeader, JwtRuleSpec, Located, Origin, Parsed, PolicyTarget,
-    SkipReason, Skipped, WaypointAction, WaypointAuthn, WaypointDestinationRule, WaypointPolicy, DEFAULT_JWKS_TIMEOUT,
+    SkipReason, Skipped, WaypointAction, WaypointAuthn, WaypointDestinationRule, WaypointPolicy,
+    DEFAULT_JWKS_TIMEOUT,
 };
 pub use route_translate::{GATEWAY_GROUP, GRPC_ROUTE_VERSIONS, HTTP_ROUTE_VERSIONS};
 pub use translate::DRY_RUN_ANNOTATION;
@@ -190,7 +191,13 @@ impl Collector {
             }
             Document::DestinationRule { rule, name_at } => {
                 let r = &rule.value;
-                if self.first("DestinationRule", &r.namespace, &r.name, &rule.origin, name_at) {
+                if self.first(
+                    "DestinationRule",
+                    &r.namespace,
+                    &r.name,
+                    &rule.origin,
+                    name_at,
+                ) {
                     self.parsed.destination_rules.push(rule);
                 }
             }

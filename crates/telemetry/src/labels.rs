@@ -152,6 +152,9 @@ pub enum ResponseFlag {
     UpstreamProtocolError,
     /// `DPE`: the client broke HTTP (bad body framing).
     DownstreamProtocolError,
+    /// `UO`: the destination's connection pool (a DestinationRule's circuit breaker) was
+    /// full.
+    UpstreamOverflow,
 }
 
 impl ResponseFlag {
@@ -171,6 +174,7 @@ impl ResponseFlag {
             ResponseFlag::UpstreamRetryLimitExceeded => "URX",
             ResponseFlag::UpstreamProtocolError => "UPE",
             ResponseFlag::DownstreamProtocolError => "DPE",
+            ResponseFlag::UpstreamOverflow => "UO",
         }
     }
 }
@@ -212,6 +216,7 @@ mod tests {
             (ResponseFlag::UpstreamRetryLimitExceeded, "URX"),
             (ResponseFlag::UpstreamProtocolError, "UPE"),
             (ResponseFlag::DownstreamProtocolError, "DPE"),
+            (ResponseFlag::UpstreamOverflow, "UO"),
         ];
         for (flag, name) in cases {
             assert_eq!(flag.as_str(), name);

@@ -174,7 +174,7 @@ pub fn is_prime(n: u64) -> bool {
     }
     let mut d = 2;
     while d * d <= n {
-        if n % d == 0 {
+        if n.is_multiple_of(d) {
             return false;
         }
         d += 1;
@@ -305,7 +305,9 @@ mod tests {
         let one = members(&["only:80"]);
         let ring = HashTable::build(RING, &one).unwrap();
         assert_eq!(ring.len(), 1024);
-        assert!(keys().take(100).all(|k| ring.lookup(hash_of(k.as_bytes())) == 0));
+        assert!(keys()
+            .take(100)
+            .all(|k| ring.lookup(hash_of(k.as_bytes())) == 0));
         let huge = HashTable::build(
             HashAlgorithm::RingHash {
                 minimum_ring_size: u64::MAX,
@@ -317,8 +319,11 @@ mod tests {
         // Three members: 1024 / 3 rounded up to a power of two each.
         let three = HashTable::build(RING, &members(&["a", "b", "c"])).unwrap();
         assert_eq!(three.len(), 3 * 512);
-        let small = HashTable::build(HashAlgorithm::Maglev { table_size: 7 }, &members(&["a", "b"]))
-            .unwrap();
+        let small = HashTable::build(
+            HashAlgorithm::Maglev { table_size: 7 },
+            &members(&["a", "b"]),
+        )
+        .unwrap();
         assert_eq!(small.len(), 7);
         assert!(HashTable::build(RING, &[]).is_none());
         assert!(is_prime(65537) && is_prime(5_000_011) && is_prime(2));

@@ -18,6 +18,8 @@ use crate::{OutlierDetection, MAX_EJECTION_TIME};
 pub enum Outcome {
     /// The endpoint answered with this status.
     Status(u16),
+    /// An opaque (TCP) connection to the endpoint opened: a success.
+    Reached,
     /// No answer: the connection failed, was reset, or the try timed out.
     LocalFailure,
 }
@@ -109,7 +111,13 @@ impl<K: Hash + Eq + Clone> Detector<K> {
 
     /// Records what a try at `host` came to, `pool_size` being the destination's
     /// endpoints; ejects `host` when a run of failures reaches its threshold.
-    pub fn record(&mut self, host: &K, outcome: Outcome, pool_size: usize, now: Instant) -> Recorded {
+    pub fn record(
+        &mut self,
+        host: &K,
+        outcome: Outcome,
+        pool_size: usize,
+        now: Instant,
+    ) -> Recorded {
         let c = self.config;
         let h = self.hosts.entry(host.clone()).or_default();
         let mut reason = None;
@@ -127,6 +135,11 @@ impl<K: Hash + Eq + Clone> Detector<K> {
                     h.consecutive_5xx = 0;
                     h.consecutive_gateway = 0;
                 }
+            }
+            Outcome::Reached => {
+                h.consecutive_local = 0;
+                h.consecutive_5xx = 0;
+                h.consecutive_gateway = 0;
             }
             Outcome::LocalFailure if c.split_local_origin => h.consecutive_local += 1,
             // Not split: a failure to reach the endpoint counts as a 503 would.

@@ -75,7 +75,10 @@ mod tests {
         // Weighted: 4 in flight on weight 4 beats 2 on weight 1.
         let in_flight = [4u32, 2];
         let weights = [4u32, 1];
-        assert_eq!(least_request(2, |i| in_flight[i], |i| weights[i], (1, 0)), 0);
+        assert_eq!(
+            least_request(2, |i| in_flight[i], |i| weights[i], (1, 0)),
+            0
+        );
         let tie = [1u32, 1];
         assert_eq!(least_request(2, |i| tie[i], |_| 1, (1, 0)), 1);
     }

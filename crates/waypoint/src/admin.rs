@@ -115,6 +115,10 @@ pub fn config_dump(wp: &Waypoint, certs: &CertManager) -> Value {
             crate::route_status::dump(&wp.routes.get(), &wp.state.get(), &wp.cfg.cluster_domain),
         );
         m.insert(
+            "waypointDestinationRules".into(),
+            destination_rules(&wp.destination_rules.get()),
+        );
+        m.insert(
             "certificates".into(),
             serde_json::to_value(certs.dump()).unwrap_or_default(),
         );
@@ -134,4 +138,81 @@ pub fn config_dump(wp: &Waypoint, certs: &CertManager) -> Value {
         );
     }
     dump
+}
+
+/// The DestinationRules in force, each with its traffic policy as applied (defaults
+/// filled in), and those refused.
+fn destination_rules(rules: &crate::destination_rules::DestinationRules) -> Value {
+    use ambit_traffic_policy::{HashAlgorithm, HashKey, LoadBalancer, PortPolicy};
+    fn limit(v: u32) -> Value {
+        match v {
+            ambit_traffic_policy::UNLIMITED => json!("unlimited"),
+            v => json!(v),
+        }
+    }
+    fn policy(p: &PortPolicy) -> Value {
+        let lb = match &p.load_balancer {
+            LoadBalancer::LeastRequest => json!({"simple": "LEAST_REQUEST"}),
+            LoadBalancer::RoundRobin => json!({"simple": "ROUND_ROBIN"}),
+            LoadBalancer::Random => json!({"simple": "RANDOM"}),
+            LoadBalancer::ConsistentHash(ch) => {
+                let key = match &ch.key {
+                    HashKey::Header(h) => json!({"httpHeaderName": h.as_str()}),
+                    HashKey::Cookie(c) => json!({"httpCookie": {
+                        "name": c.name,
+                        "path": c.path,
+                        "ttl": c.ttl.map(|t| format!("{}s", t.as_secs_f64())),
+                    }}),
+                    HashKey::SourceIp => json!({"useSourceIp": true}),
+                    HashKey::QueryParameter(q) => json!({"httpQueryParameterName": q}),
+                };
+                let algorithm = match ch.algorithm {
+                    HashAlgorithm::RingHash { minimum_ring_size } => {
+                        json!({"ringHash": {"minimumRingSize": minimum_ring_size}})
+                    }
+                    HashAlgorithm::Maglev { table_size } => {
+                        json!({"maglev": {"tableSize": table_size}})
+                    }
+                };
+                json!({"consistentHash": {"key": key, "algorithm": algorithm}})
+            }
+        };
+        let pool = &p.connection_pool;
+        json!({
+            "loadBalancer": lb,
+            "connectionPool": {
+                "maxConnections": limit(pool.max_connections),
+                "http2MaxRequests": limit(pool.max_requests),
+                "http1MaxPendingRequests": limit(pool.max_pending_requests),
+                "maxRetries": limit(pool.max_retries),
+                "connectTimeout": format!("{}s", pool.connect_timeout.as_secs_f64()),
+            },
+            "outlierDetection": p.outlier.map(|o| json!({
+                "consecutive5xxErrors": o.consecutive_5xx,
+                "consecutiveGatewayErrors": o.consecutive_gateway,
+                "splitExternalLocalOriginErrors": o.split_local_origin,
+                "consecutiveLocalOriginFailures": o.consecutive_local_origin,
+                "interval": format!("{}s", o.interval.as_secs_f64()),
+                "baseEjectionTime": format!("{}s", o.base_ejection_time.as_secs_f64()),
+                "maxEjectionPercent": o.max_ejection_percent,
+                "minHealthPercent": o.min_health_percent,
+            })),
+        })
+    }
+    json!({
+        "rules": rules.rules().iter().map(|r| json!({
+            "namespace": r.namespace,
+            "name": r.name,
+            "host": r.host,
+            "targetRefs": r.targets.iter().map(target).collect::<Vec<_>>(),
+            "exportTo": r.export_to,
+            "trafficPolicy": policy(&r.policy.default),
+            "portLevelSettings": r.policy.ports.iter().map(|(port, p)| json!({
+                "port": port,
+                "trafficPolicy": policy(p),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "refused": rules.refused.iter().map(|(key, why)| json!({"rule": key, "error": why})).collect::<Vec<_>>(),
+        "kept": rules.kept,
+    })
 }

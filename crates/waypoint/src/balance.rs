@@ -7,7 +7,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use ambit_identity::SpiffeId;
-use ambit_state::{pick_endpoint, PickMode, ProxyState, RouteError, TunnelProtocol, Workload};
+use ambit_state::{
+    endpoint_candidates, pick_endpoint, PickMode, Picked, ProxyState, RouteError, TunnelProtocol,
+    Workload,
+};
+
+use crate::balancing::Balancer;
 
 use crate::front::Fronted;
 use crate::upstream::{Endpoint, Transport};
@@ -48,23 +53,7 @@ pub fn choose_endpoint(
             let dialed = vip.or_else(|| service.vips.first().map(|v| v.address));
             let dialed = dialed.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
             let picked = pick_endpoint(state, service, *port, dialed, me, PickMode::Standard, rng)?;
-            let mut identities = vec![picked.workload.identity()];
-            identities.extend(
-                service
-                    .subject_alt_names
-                    .iter()
-                    .filter_map(|s| SpiffeId::parse(s).ok()),
-            );
-            Ok(Choice {
-                endpoint: endpoint_of(
-                    &picked.workload,
-                    picked.ip,
-                    picked.port,
-                    identities,
-                    hbone_port,
-                ),
-                workload: Some(picked.workload),
-            })
+            Ok(service_choice(service, picked, hbone_port))
         }
         Fronted::Workload { workload, port } => {
             let ip = *workload
@@ -121,22 +110,85 @@ pub fn choose_avoiding(
     Ok(choice)
 }
 
-/// [`choose_avoiding`] for the running waypoint.
+/// [`choose_avoiding`] for the running waypoint; with a DestinationRule's balancer, its
+/// choice among the eligible endpoints instead ([`choose_balanced`]).
 pub fn choose(
     wp: &crate::Waypoint,
     state: &ProxyState,
     fronted: &Fronted,
     tried: &[SocketAddr],
+    balanced: Option<(&Balancer, Option<u64>)>,
 ) -> Result<Choice, NoEndpoint> {
     let me = wp.me(state);
-    choose_avoiding(
-        state,
-        me.as_deref(),
-        fronted,
-        ambit_wellknown::ports::HBONE,
-        tried,
-        &mut rand::thread_rng(),
-    )
+    let mut rng = rand::thread_rng();
+    match balanced {
+        Some((balancer, hash)) => choose_balanced(
+            state,
+            me.as_deref(),
+            fronted,
+            ambit_wellknown::ports::HBONE,
+            tried,
+            balancer,
+            hash,
+            &mut rng,
+        ),
+        None => choose_avoiding(
+            state,
+            me.as_deref(),
+            fronted,
+            ambit_wellknown::ports::HBONE,
+            tried,
+            &mut rng,
+        ),
+    }
+}
+
+/// The endpoint `balancer` (a DestinationRule's) chooses for `fronted` among those
+/// [`choose_endpoint`] could pick; `hash` is the request's, when the rule hashes.
+#[allow(clippy::too_many_arguments)]
+pub fn choose_balanced(
+    state: &ProxyState,
+    me: Option<&Workload>,
+    fronted: &Fronted,
+    hbone_port: u16,
+    tried: &[SocketAddr],
+    balancer: &Balancer,
+    hash: Option<u64>,
+    rng: &mut impl rand::Rng,
+) -> Result<Choice, NoEndpoint> {
+    let Fronted::Service { service, port, vip } = fronted else {
+        return choose_avoiding(state, me, fronted, hbone_port, tried, rng);
+    };
+    let me = me.ok_or(NoEndpoint::NoSelf)?;
+    let dialed = vip.or_else(|| service.vips.first().map(|v| v.address));
+    let dialed = dialed.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let candidates = endpoint_candidates(state, service, *port, dialed, me, PickMode::Standard)?;
+    let picked = balancer
+        .pick(candidates, tried, hash, std::time::Instant::now(), rng)
+        .ok_or_else(|| RouteError::NoHealthyUpstream {
+            service: service.key(),
+        })?;
+    Ok(service_choice(service, picked, hbone_port))
+}
+
+fn service_choice(service: &ambit_state::Service, picked: Picked, hbone_port: u16) -> Choice {
+    let mut identities = vec![picked.workload.identity()];
+    identities.extend(
+        service
+            .subject_alt_names
+            .iter()
+            .filter_map(|s| SpiffeId::parse(s).ok()),
+    );
+    Choice {
+        endpoint: endpoint_of(
+            &picked.workload,
+            picked.ip,
+            picked.port,
+            identities,
+            hbone_port,
+        ),
+        workload: Some(picked.workload),
+    }
 }
 
 #[cfg(test)]

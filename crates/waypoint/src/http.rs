@@ -158,6 +158,7 @@ async fn handle_request(
             .access_log
             .then(|| crate::access::Entry::of(&req, &down)),
         upstream: None,
+        held: Held::default(),
     };
     let state = wp.state.get();
     // Istio: a method that is not upper case, or a path that cannot be normalised, is the
@@ -373,6 +374,36 @@ async fn handle_request(
         .iter()
         .filter_map(|target| mirror(&wp, &state, target, &head, version))
         .collect();
+    // A DestinationRule's balancer: the request's hash, and a place in the pool.
+    let balancer = wp.balancer_for(&fwd.target);
+    let mut set_cookie = None;
+    let hash = balancer
+        .as_ref()
+        .and_then(|b| match &b.policy.load_balancer {
+            ambit_traffic_policy::LoadBalancer::ConsistentHash(ch) => {
+                let input = crate::balancing::request_hash(
+                    &ch.key,
+                    &head.headers,
+                    head.uri.query(),
+                    down.peer_ip,
+                    rand::random,
+                );
+                set_cookie = input.set_cookie;
+                input.hash
+            }
+            _ => None,
+        });
+    if let Some(b) = &balancer {
+        let waited_until = fwd.timeouts.request.map(|t| Instant::now() + t);
+        match within(waited_until, b.admit()).await {
+            None => return finish.answer(LocalReply::TIMEOUT),
+            Some(Err(crate::balancing::Overflow)) => {
+                wp.metrics.overflow(&b.host, "pending");
+                return finish.answer(LocalReply::OVERFLOW);
+            }
+            Some(Ok(place)) => finish.held.place = place,
+        }
+    }
     let (mut exchange, mut step) = Exchange::start(
         fwd.retry,
         exchange::Timeouts {
@@ -396,6 +427,19 @@ async fn handle_request(
         .retry_budgets
         .request(crate::retry_budget::Destination::of(&fwd.target));
     let mut held_retry: Option<crate::retry_budget::InFlightRetry>;
+    let mut held_rule_retry: Option<crate::balancing::RetryPlace>;
+    // What each try came to, for outlier detection.
+    let report = |endpoint: std::net::SocketAddr,
+                  outcome: ambit_traffic_policy::outlier::Outcome| {
+        if let Some(b) = &balancer {
+            if let ambit_traffic_policy::outlier::Recorded::Ejected(e) =
+                b.record(endpoint, outcome, Instant::now())
+            {
+                tracing::info!(%endpoint, destination = %b.host, reason = e.reason.as_str(), duration = ?e.duration, "endpoint ejected");
+                wp.metrics.ejection(&b.host, e.reason.as_str());
+            }
+        }
+    };
     let mut tried = Vec::new();
     let mut open: Option<(crate::upstream::Sender, std::net::SocketAddr)> = None;
     let mut answered = None;
@@ -412,7 +456,9 @@ async fn handle_request(
             Action::Connect { deadline } => {
                 // A new try: the last one's answer is not wanted any more.
                 answered = None;
-                let Choice { endpoint, workload } = match choose(&wp, &state, &fwd.target, &tried) {
+                let balanced = balancer.as_deref().map(|b| (b, hash));
+                let chosen = choose(&wp, &state, &fwd.target, &tried, balanced);
+                let Choice { endpoint, workload } = match chosen {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::debug!(fronted = %fwd.target.describe(), "{e}");
@@ -422,7 +468,23 @@ async fn handle_request(
                 };
                 finish.outcome.destination = workload;
                 finish.upstream = Some(endpoint.target);
-                match within(deadline, wp.upstream().connect(&endpoint, version)).await {
+                finish.held.in_flight = balancer.as_ref().map(|b| b.start(endpoint.target));
+                // A rule's connect timeout, when it ends before the try's.
+                let rule_deadline = balancer
+                    .as_ref()
+                    .map(|b| Instant::now() + b.policy.connection_pool.connect_timeout)
+                    .filter(|c| deadline.is_none_or(|d| *c < d));
+                let connecting = wp.upstream().connect(&endpoint, version);
+                match within(rule_deadline.or(deadline), connecting).await {
+                    None if rule_deadline.is_some() => {
+                        tracing::debug!(endpoint = %endpoint.target, "onward connect timed out");
+                        report(
+                            endpoint.target,
+                            ambit_traffic_policy::outlier::Outcome::LocalFailure,
+                        );
+                        tried.push(endpoint.target);
+                        Event::ConnectFailed
+                    }
                     None => Event::TimerFired { replayable: false },
                     Some(Ok(sender)) => {
                         open = Some((sender, endpoint.target));
@@ -430,6 +492,10 @@ async fn handle_request(
                     }
                     Some(Err(e)) => {
                         tracing::debug!(endpoint = %endpoint.target, "onward connect failed: {e}");
+                        report(
+                            endpoint.target,
+                            ambit_traffic_policy::outlier::Outcome::LocalFailure,
+                        );
                         tried.push(endpoint.target);
                         Event::ConnectFailed
                     }
@@ -460,10 +526,22 @@ async fn handle_request(
                     },
                 };
                 match within(deadline, sender.send(request)).await {
-                    None => Event::TimerFired {
-                        replayable: tries.replayable(),
-                    },
+                    None => {
+                        report(
+                            endpoint,
+                            ambit_traffic_policy::outlier::Outcome::LocalFailure,
+                        );
+                        Event::TimerFired {
+                            replayable: tries.replayable(),
+                        }
+                    }
                     Some(Ok(response)) => {
+                        report(
+                            endpoint,
+                            ambit_traffic_policy::outlier::Outcome::Status(
+                                response.status().as_u16(),
+                            ),
+                        );
                         let event = Event::Response {
                             status: response.status().as_u16(),
                             grpc_status: grpc.then(|| grpc_status(response.headers())).flatten(),
@@ -486,6 +564,10 @@ async fn handle_request(
                     }
                     Some(Err(mut e)) => {
                         tracing::debug!(%endpoint, "onward request failed: {e}");
+                        report(
+                            endpoint,
+                            ambit_traffic_policy::outlier::Outcome::LocalFailure,
+                        );
                         let cause = match e.not_taken() {
                             true => SendFailure::NotSent,
                             false => SendFailure::Reset,
@@ -500,8 +582,17 @@ async fn handle_request(
             }
             Action::AskBudget => {
                 held_retry = in_flight.retry();
+                // A rule's `maxRetries` bounds the retries in flight too.
+                held_rule_retry = match (&balancer, &held_retry) {
+                    (Some(b), Some(_)) => b.retry_place(),
+                    _ => None,
+                };
+                let rule_allows = balancer.is_none() || held_rule_retry.is_some();
+                if let (Some(b), Some(_), false) = (&balancer, &held_retry, rule_allows) {
+                    wp.metrics.overflow(&b.host, "retries");
+                }
                 Event::Budget {
-                    granted: held_retry.is_some(),
+                    granted: held_retry.is_some() && rule_allows,
                     random: rand::random(),
                 }
             }
@@ -532,6 +623,9 @@ async fn handle_request(
                 }
                 finish.outcome.response_flags = flag;
                 let (mut parts, mut body) = response.into_parts();
+                if let Some(cookie) = set_cookie.take() {
+                    parts.headers.append(http::header::SET_COOKIE, cookie);
+                }
                 for m in &fwd.response_headers {
                     ambit_gateway_routes::apply_headers(m, &mut parts.headers);
                 }
@@ -650,7 +744,7 @@ fn mirror(
     version: Version,
 ) -> Option<crate::replay::MirrorSender> {
     let permit = wp.mirrors.clone().try_acquire_owned().ok()?;
-    let choice = match choose(wp, state, target, &[]) {
+    let choice = match choose(wp, state, target, &[], None) {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(mirror = %target.describe(), "mirror skipped: {e}");
@@ -753,6 +847,18 @@ struct Finish {
     access: Option<crate::access::Entry>,
     /// The endpoint the request went to.
     upstream: Option<std::net::SocketAddr>,
+    /// What a DestinationRule's limits count until the response ends.
+    held: Held,
+}
+
+/// A request's place in its destination's connection pool, and its count on the endpoint
+/// it went to (for `LEAST_REQUEST`).
+#[derive(Debug, Default)]
+struct Held {
+    #[allow(dead_code)] // held only to be dropped when the response ends
+    place: Option<tokio::sync::OwnedSemaphorePermit>,
+    #[allow(dead_code)]
+    in_flight: Option<crate::balancing::InFlight>,
 }
 
 impl Finish {

@@ -30,7 +30,9 @@ pub mod admin;
 pub mod authn;
 pub mod authz;
 pub mod balance;
+pub mod balancing;
 pub mod config;
+pub mod destination_rules;
 pub mod downstream;
 pub mod exchange;
 pub mod front;
@@ -63,6 +65,9 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
+/// Istio's root namespace (MeshConfig `rootNamespace`'s default).
+pub const ROOT_NAMESPACE: &str = "istio-system";
+
 /// The most mirrored requests in flight at once.
 pub const MAX_MIRRORS: usize = 256;
 
@@ -75,6 +80,9 @@ pub struct Waypoint {
     pub authns: Shared<authn::AuthnSet>,
     /// HTTPRoutes and GRPCRoutes attached to the Services this waypoint fronts.
     pub routes: Shared<request_plan::Routes>,
+    /// DestinationRules, and the state of the destinations they apply to.
+    pub destination_rules: Shared<destination_rules::DestinationRules>,
+    pub balancers: Arc<balancing::Balancers>,
     /// Mirrored requests in flight: past the bound, a mirror is skipped.
     pub mirrors: Arc<tokio::sync::Semaphore>,
     /// The onward connection pools: one per worker thread ([`workers`]), so a request
@@ -101,6 +109,17 @@ impl Waypoint {
     pub fn upstream(&self) -> &Arc<Upstream> {
         let last = self.upstreams.len() - 1;
         &self.upstreams[workers::current().map_or(last, |w| w.min(last))]
+    }
+
+    /// The DestinationRule balancer of `target`, if a rule applies to it.
+    pub fn balancer_for(&self, target: &front::Fronted) -> Option<Arc<balancing::Balancer>> {
+        let rules = self.destination_rules.get();
+        let viewer = destination_rules::Viewer {
+            namespace: &self.cfg.namespace,
+            root_namespace: ROOT_NAMESPACE,
+            cluster_domain: &self.cfg.cluster_domain,
+        };
+        self.balancers.for_target(&rules, viewer, target)
     }
 
     /// This waypoint's own workload in the mesh state (by namespace, pod name and

@@ -104,6 +104,14 @@ impl LocalReply {
         ResponseFlag::UpstreamRequestTimeout,
         "upstream request timeout",
     );
+    /// The destination's connection pool is full: its requests in flight and waiting are
+    /// at their DestinationRule's limits (Envoy's circuit breaker).
+    pub const OVERFLOW: LocalReply = LocalReply::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ResponseFlag::UpstreamOverflow,
+        "upstream_reset_before_response_started{overflow}",
+        "upstream connect error or disconnect/reset before headers. reset reason: overflow",
+    );
     /// The upstream switched to a protocol the client did not ask for.
     pub const UPSTREAM_PROTOCOL_ERROR: LocalReply = LocalReply::plain(
         StatusCode::BAD_GATEWAY,
@@ -201,6 +209,12 @@ mod tests {
                 "upstream connect error or disconnect/reset before headers. reset reason: connection termination",
             ),
             (LocalReply::TIMEOUT, 504, "UT", "upstream request timeout"),
+            (
+                LocalReply::OVERFLOW,
+                503,
+                "UO",
+                "upstream connect error or disconnect/reset before headers. reset reason: overflow",
+            ),
             (LocalReply::UPSTREAM_PROTOCOL_ERROR, 502, "UPE", "upstream_protocol_error"),
             (LocalReply::BAD_REQUEST_BODY, 400, "DPE", "Bad Request"),
             (LocalReply::DIRECT_500, 500, "-", ""),
@@ -222,6 +236,7 @@ mod tests {
             (LocalReply::NO_HEALTHY_UPSTREAM, 14),
             (LocalReply::UPSTREAM_PROTOCOL_ERROR, 14),
             (LocalReply::TIMEOUT, 14),
+            (LocalReply::OVERFLOW, 14),
             (LocalReply::DIRECT_500, 2),
             (
                 LocalReply::refused(StatusCode::UNAUTHORIZED, "jwt", "jwt"),

@@ -67,6 +67,26 @@ pub struct Metrics {
     /// Envoy's `upstream_rq_retry_limit_exceeded`), `budget` (the destination's retry
     /// budget: Envoy's `upstream_rq_retry_overflow`).
     retries_refused: Family<ReasonLabel, Counter>,
+    /// Endpoints ejected by a DestinationRule's outlier detection, by destination and
+    /// reason (Envoy's `outlier_detection.ejections_enforced_*`).
+    ejections: Family<DestinationReason, Counter>,
+    /// Requests (and retries) a DestinationRule's connection pool had no room for, by
+    /// destination and limit: `pending` (answered 503 `UO`, Envoy's
+    /// `upstream_rq_pending_overflow`), `retries` (`upstream_rq_retry_overflow`),
+    /// `connections` (an opaque tunnel refused, `upstream_cx_overflow`).
+    overflows: Family<DestinationLimit, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DestinationReason {
+    destination_service: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DestinationLimit {
+    destination_service: String,
+    limit: &'static str,
 }
 
 /// A `reason` label.
@@ -121,6 +141,8 @@ impl Metrics {
             refused_authorities: Counter::default(),
             retries: Counter::default(),
             retries_refused: Family::default(),
+            ejections: Family::default(),
+            overflows: Family::default(),
         };
         registry.register("istio_requests", "Total requests", m.requests.clone());
         registry.register(
@@ -173,7 +195,37 @@ impl Metrics {
             "Retries a request's outcome asked for and did not get: its route's attempts used (limit) or its destination's retry budget spent (budget)",
             m.retries_refused.clone(),
         );
+        registry.register(
+            "ambit_waypoint_outlier_ejections",
+            "Endpoints ejected by a DestinationRule's outlier detection",
+            m.ejections.clone(),
+        );
+        registry.register(
+            "ambit_waypoint_upstream_overflows",
+            "Requests, retries and tunnels a DestinationRule's connection pool had no room for",
+            m.overflows.clone(),
+        );
         m
+    }
+
+    /// Counts an ejection of an endpoint of `destination_service`.
+    pub fn ejection(&self, destination_service: &str, reason: &'static str) {
+        self.ejections
+            .get_or_create(&DestinationReason {
+                destination_service: destination_service.to_string(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Counts what a connection pool of `destination_service` had no room for.
+    pub fn overflow(&self, destination_service: &str, limit: &'static str) {
+        self.overflows
+            .get_or_create(&DestinationLimit {
+                destination_service: destination_service.to_string(),
+                limit,
+            })
+            .inc();
     }
 
     /// Counts a retry not made, `reason` `limit` or `budget`.

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ambit_manifests::{ErrorKind, ObjectRef, Parsed};
+use ambit_manifests::{ErrorKind, Parsed};
 
 use crate::authz::PolicySet;
 
@@ -54,8 +54,12 @@ pub fn merge(parsed: Parsed, previous: Option<&PolicySet>) -> (PolicySet, Outcom
         if e.kind == ErrorKind::Duplicate {
             continue;
         }
-        // A refused route is the routes' business; anything else could be a policy.
-        if e.object.as_ref().is_some_and(ObjectRef::is_route) {
+        // A refused route or DestinationRule is its own reader's business (neither
+        // allows anything); anything else could be a policy.
+        if e.object
+            .as_ref()
+            .is_some_and(|o| o.is_route() || o.is_destination_rule())
+        {
             continue;
         }
         let key = e.object.as_ref().and_then(|o| o.key.clone());
@@ -171,6 +175,12 @@ spec:
             .replace("[\"DELETE\"]", "[\"delete\"]");
         let (_, o) = merge(parse(&format!("{GOOD}---{policy}")), None);
         assert!(o.fail_closed.is_some(), "{o:?}");
+        // A refused DestinationRule neither: it only balances.
+        let rule = "---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: canary, namespace: shop}\nspec: {host: reviews, trafficPolicy: {loadBalancer: {simple: FASTEST}}}\n";
+        let parsed = parse(&format!("{GOOD}{rule}"));
+        assert_eq!(parsed.errors.len(), 1, "{:?}", parsed.errors);
+        let (_, o) = merge(parsed, None);
+        assert_eq!(o.fail_closed, None);
         // A route refused before it names itself is still a route.
         let nameless = route.replace("{name: canary, namespace: shop}", "{namespace: shop}");
         let (set, o) = merge(parse(&format!("{GOOD}{nameless}")), None);

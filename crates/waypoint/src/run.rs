@@ -30,6 +30,7 @@ use ambit_waypoint_xds::{DocumentStore, WaypointAuthns, WaypointPolicies, Waypoi
 use crate::authn::AuthnSet;
 use crate::authz::PolicySet;
 use crate::config::{Config, L7Source, MeshSource};
+use crate::destination_rules::DestinationRules;
 use crate::metrics::Metrics;
 use crate::request_plan::Routes;
 use crate::upstream::Upstream;
@@ -68,11 +69,15 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let policies = Shared::new(PolicySet::default());
     let routes = Shared::new(Routes::default());
     let authns = Shared::new(AuthnSet::default());
+    let destination_rules = Shared::new(DestinationRules::default());
+    let balancers = Arc::new(crate::balancing::Balancers::default());
     let jwks = Arc::new(jwks_cache()?);
     let l7 = L7Sinks {
         policies: policies.clone(),
         routes: routes.clone(),
         authns: authns.clone(),
+        destination_rules: destination_rules.clone(),
+        balancers: balancers.clone(),
         jwks: jwks.clone(),
     };
     start_l7(&cfg, l7, xds_metrics.clone(), l7_ready)?;
@@ -88,6 +93,8 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         policies,
         authns,
         routes,
+        destination_rules,
+        balancers,
         mirrors: Arc::new(tokio::sync::Semaphore::new(crate::MAX_MIRRORS)),
         upstreams: (0..=workers.count())
             .map(|_| Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip))
@@ -238,6 +245,8 @@ struct L7Sinks {
     policies: Shared<PolicySet>,
     routes: Shared<Routes>,
     authns: Shared<AuthnSet>,
+    destination_rules: Shared<DestinationRules>,
+    balancers: Arc<crate::balancing::Balancers>,
     jwks: Arc<ambit_jwt::JwksCache>,
 }
 
@@ -251,22 +260,14 @@ fn start_l7(
     metrics: ambit_xds::XdsMetrics,
     ready: BlockReady,
 ) -> anyhow::Result<()> {
-    let L7Sinks {
-        policies,
-        routes,
-        authns,
-        jwks,
-    } = sinks;
     match &cfg.l7 {
         L7Source::File(path) => {
-            let loaded = load_config(path, None, None, &jwks);
-            policies.replace(loaded.policies);
-            routes.replace(loaded.routes);
-            authns.replace(loaded.authns);
+            let loaded = load_config(path, None, &sinks.jwks);
+            sinks.apply(loaded);
             // What reading the documents used goes back to the system now, not as
             // jemalloc's pages decay seconds later.
             ambit_runtime::memory::release_freed();
-            spawn_config_watch(path.clone(), policies, routes, authns, jwks);
+            spawn_config_watch(path.clone(), sinks);
             drop(ready);
         }
         L7Source::Nothing => {
@@ -277,6 +278,13 @@ fn start_l7(
             drop(ready);
         }
         L7Source::Control(control) => {
+            let L7Sinks {
+                policies,
+                routes,
+                authns,
+                jwks,
+                ..
+            } = sinks;
             let channel = GrpcChannel::new(control.channel.clone())
                 .with_context(|| format!("AMBIT_CONTROL_ADDRESS={}", control.channel.address))?;
             tracing::info!(
@@ -338,8 +346,7 @@ fn start_l7(
 /// one fails closed ([`crate::policies::merge`], [`crate::request_plan::merge_routes`]).
 pub fn load_config(
     path: &Path,
-    previous: Option<&PolicySet>,
-    previous_routes: Option<&Routes>,
+    previous: Option<Previous<'_>>,
     jwks: &ambit_jwt::JwksCache,
 ) -> Loaded {
     let mut parsed = ambit_manifests::load_path(path, &ambit_manifests::ParseOptions::default());
@@ -359,7 +366,23 @@ pub fn load_config(
         .into_iter()
         .map(|r| r.value)
         .collect();
-    let routes = crate::request_plan::merge_routes(routes, &parsed.errors, previous_routes);
+    let routes = crate::request_plan::merge_routes(
+        routes,
+        &parsed.errors,
+        previous.as_ref().map(|p| p.routes),
+    );
+    let rules = std::mem::take(&mut parsed.destination_rules)
+        .into_iter()
+        .map(|r| r.value)
+        .collect();
+    let destination_rules = crate::destination_rules::merge_rules(
+        rules,
+        &parsed.errors,
+        previous.as_ref().map(|p| p.destination_rules),
+    );
+    for key in &destination_rules.kept {
+        tracing::warn!(destination_rule = %key, "a refused version: the last good one stays");
+    }
     for key in &routes.kept {
         tracing::warn!(route = %key, "a refused version: the last good one stays");
     }
@@ -370,7 +393,7 @@ pub fn load_config(
             .collect(),
         jwks,
     );
-    let (set, outcome) = crate::policies::merge(parsed, previous);
+    let (set, outcome) = crate::policies::merge(parsed, previous.as_ref().map(|p| p.policies));
     for key in &outcome.kept {
         tracing::warn!(policy = %key, "a refused version: the last good one stays");
     }
@@ -382,15 +405,25 @@ pub fn load_config(
         policies = set.policies.len(),
         routes = routes.table.routes().len(),
         request_authentications = authns.authns().count(),
+        destination_rules = destination_rules.rules().len(),
         refused,
         fail_closed = set.fail_closed.is_some(),
-        "policies, routes and request authentications loaded"
+        "policies, routes, request authentications and destination rules loaded"
     );
     Loaded {
         policies: set,
         routes,
         authns,
+        destination_rules,
     }
+}
+
+/// The versions in force, for a load to keep those of refused documents.
+#[derive(Clone, Copy)]
+pub struct Previous<'a> {
+    pub policies: &'a PolicySet,
+    pub routes: &'a Routes,
+    pub destination_rules: &'a DestinationRules,
 }
 
 /// What a load of the config comes to.
@@ -398,6 +431,19 @@ pub struct Loaded {
     pub policies: PolicySet,
     pub routes: Routes,
     pub authns: AuthnSet,
+    pub destination_rules: DestinationRules,
+}
+
+impl L7Sinks {
+    /// Puts a load in force. Each request reads each once, at its start: one in flight
+    /// keeps the versions it began with.
+    fn apply(&self, loaded: Loaded) {
+        self.routes.replace(loaded.routes);
+        self.authns.replace(loaded.authns);
+        self.balancers.retain_rules(&loaded.destination_rules);
+        self.destination_rules.replace(loaded.destination_rules);
+        self.policies.replace(loaded.policies);
+    }
 }
 
 /// The JWKS fetcher, trusting the system's roots (as istiod fetches a `jwksUri`); without
@@ -414,25 +460,24 @@ fn jwks_cache() -> anyhow::Result<ambit_jwt::JwksCache> {
 
 /// Watches the policy file or directory ([`Watched`]) and loads each change after the
 /// last good versions.
-fn spawn_config_watch(
-    path: PathBuf,
-    policies: Shared<PolicySet>,
-    routes: Shared<Routes>,
-    authns: Shared<AuthnSet>,
-    jwks: Arc<ambit_jwt::JwksCache>,
-) {
+fn spawn_config_watch(path: PathBuf, sinks: L7Sinks) {
     // Stamped now, not when the task first runs: a change made in between is seen.
     let mut watched = Watched::new(&path, WATCH_EVERY);
     tokio::spawn(async move {
         loop {
             watched.changed().await;
-            let (previous, previous_routes) = (policies.get(), routes.get());
-            let loaded = load_config(&path, Some(&previous), Some(&previous_routes), &jwks);
-            // Each request reads each once, at its start: one in flight keeps the versions
-            // it began with.
-            routes.replace(loaded.routes);
-            authns.replace(loaded.authns);
-            policies.replace(loaded.policies);
+            let (policies, routes, destination_rules) = (
+                sinks.policies.get(),
+                sinks.routes.get(),
+                sinks.destination_rules.get(),
+            );
+            let previous = Previous {
+                policies: &policies,
+                routes: &routes,
+                destination_rules: &destination_rules,
+            };
+            let loaded = load_config(&path, Some(previous), &sinks.jwks);
+            sinks.apply(loaded);
             ambit_runtime::memory::release_freed();
         }
     });

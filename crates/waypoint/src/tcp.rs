@@ -23,7 +23,7 @@ pub async fn carry(
     incoming: IncomingConnect,
     drain: DrainWatcher,
 ) {
-    let Some((onward, labels)) = connect(&wp, &down).await else {
+    let Some((onward, labels, _place)) = connect(&wp, &down).await else {
         return incoming.reject(http::StatusCode::SERVICE_UNAVAILABLE);
     };
     let Ok(stream) = incoming.accept(http::HeaderMap::new()) else {
@@ -41,21 +41,56 @@ pub async fn carry_accepted<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    if let Some((onward, labels)) = connect(&wp, &down).await {
+    if let Some((onward, labels, _place)) = connect(&wp, &down).await {
         relay(&wp, labels, io, onward, drain).await;
     }
 }
 
-async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, TrafficLabels)> {
+/// The onward connection, its labels, and its place in a DestinationRule's pool (held
+/// until the tunnel ends).
+type Connected = (
+    Onward,
+    TrafficLabels,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+);
+
+async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<Connected> {
     let state = wp.state.get();
     let mut labels = down.tcp_labels();
     if let Verdict::Deny { details } = authz::authorize_connection(wp, down) {
         tracing::info!(source = %down.peer_ip, fronted = %down.fronted.describe(), details = %details, "opaque tunnel denied");
         return None;
     }
+    // A DestinationRule's balancer: hashing on the source address (the only key a
+    // tunnel has), and its pool's `maxConnections` as the tunnels open at once.
+    let balancer = wp.balancer_for(&down.fronted);
+    let hash = balancer
+        .as_ref()
+        .and_then(|b| match &b.policy.load_balancer {
+            ambit_traffic_policy::LoadBalancer::ConsistentHash(ch)
+                if ch.key == ambit_traffic_policy::HashKey::SourceIp =>
+            {
+                Some(ambit_traffic_policy::hash::hash_of(
+                    down.peer_ip.to_string().as_bytes(),
+                ))
+            }
+            _ => None,
+        });
+    let place = match &balancer {
+        Some(b) => match b.try_place() {
+            Ok(place) => place,
+            Err(_) => {
+                wp.metrics.overflow(&b.host, "connections");
+                tracing::info!(fronted = %down.fronted.describe(), "opaque tunnel: the destination's connection pool is full (UO)");
+                return None;
+            }
+        },
+        None => None,
+    };
     let mut tried = Vec::with_capacity(crate::http::CONNECT_ATTEMPTS);
     for _ in 0..crate::http::CONNECT_ATTEMPTS {
-        let choice = match choose(wp, &state, &down.fronted, &tried) {
+        let balanced = balancer.as_deref().map(|b| (b, hash));
+        let choice = match choose(wp, &state, &down.fronted, &tried, balanced) {
             Ok(c) => c,
             Err(e) => {
                 tracing::info!(fronted = %down.fronted.describe(), "opaque tunnel: {e}");
@@ -68,11 +103,38 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<(Onward, 
             &down.fronted,
             choice.workload.as_deref(),
         );
-        match wp.upstream().open(&choice.endpoint).await {
-            Ok(onward) => return Some((onward, labels.clone())),
+        let target = choice.endpoint.target;
+        let opened = match &balancer {
+            Some(b) => {
+                let timeout = b.policy.connection_pool.connect_timeout;
+                match tokio::time::timeout(timeout, wp.upstream().open(&choice.endpoint)).await {
+                    Ok(opened) => opened.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("connect timed out after {timeout:?}")),
+                }
+            }
+            None => wp
+                .upstream()
+                .open(&choice.endpoint)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        let outcome = match &opened {
+            Ok(_) => ambit_traffic_policy::outlier::Outcome::Reached,
+            Err(_) => ambit_traffic_policy::outlier::Outcome::LocalFailure,
+        };
+        if let Some(b) = &balancer {
+            if let ambit_traffic_policy::outlier::Recorded::Ejected(e) =
+                b.record(target, outcome, std::time::Instant::now())
+            {
+                tracing::info!(endpoint = %target, destination = %b.host, reason = e.reason.as_str(), "endpoint ejected");
+                wp.metrics.ejection(&b.host, e.reason.as_str());
+            }
+        }
+        match opened {
+            Ok(onward) => return Some((onward, labels.clone(), place)),
             Err(e) => {
-                tracing::debug!(endpoint = %choice.endpoint.target, "opaque tunnel: {e}");
-                tried.push(choice.endpoint.target);
+                tracing::debug!(endpoint = %target, "opaque tunnel: {e}");
+                tried.push(target);
             }
         }
     }

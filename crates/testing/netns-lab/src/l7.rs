@@ -229,6 +229,40 @@ pub struct L7Lab {
     pub rt: tokio::runtime::Runtime,
     /// What the apps saw and keep.
     pub app: Arc<AppState>,
+    ambit: std::path::PathBuf,
+    env: Vec<(String, String)>,
+    starts: usize,
+}
+
+/// Starts `ambit waypoint` in the server node with `env`, its log named `name`, and waits
+/// until it reports ready.
+fn start_waypoint(
+    nodes: &TwoNodes,
+    ambit: &Path,
+    env: &[(String, String)],
+    name: &str,
+) -> anyhow::Result<Process> {
+    let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let waypoint = nodes
+        .lab
+        .spawn(&nodes.server_ns, name, ambit, &["waypoint"], &env)?;
+    let ready: SocketAddr = ([127, 0, 0, 1], WAYPOINT_READY).into();
+    let up = wait_until(
+        "the waypoint to report ready",
+        Duration::from_secs(20),
+        || {
+            !nodes.lab.is_running(waypoint.pid)
+                || matches!(
+                    http_get(&nodes.server_ns, ready, "/healthz/ready"),
+                    Ok((200, _))
+                )
+        },
+    );
+    if up.is_err() || !nodes.lab.is_running(waypoint.pid) {
+        let log = std::fs::read_to_string(&waypoint.log).unwrap_or_default();
+        bail!("the waypoint did not become ready; its log:\n{log}");
+    }
+    Ok(waypoint)
 }
 
 impl L7Lab {
@@ -297,34 +331,35 @@ impl L7Lab {
             ("RUST_LOG", "info".into()),
             ("AMBIT_ACCESS_LOG", "true".into()),
         ];
-        let mut env = env;
-        env.extend(extra_env.iter().cloned());
-        let waypoint = nodes
-            .lab
-            .spawn(&nodes.server_ns, "waypoint", ambit, &["waypoint"], &env)?;
-        let ready: SocketAddr = ([127, 0, 0, 1], WAYPOINT_READY).into();
-        let up = wait_until(
-            "the waypoint to report ready",
-            Duration::from_secs(20),
-            || {
-                !nodes.lab.is_running(waypoint.pid)
-                    || matches!(
-                        http_get(&nodes.server_ns, ready, "/healthz/ready"),
-                        Ok((200, _))
-                    )
-            },
-        );
-        if up.is_err() || !nodes.lab.is_running(waypoint.pid) {
-            let log = std::fs::read_to_string(&waypoint.log).unwrap_or_default();
-            bail!("the waypoint did not become ready; its log:\n{log}");
-        }
+        let mut env: Vec<(String, String)> =
+            env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        env.extend(extra_env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let waypoint = start_waypoint(&nodes, ambit, &env, "waypoint")?;
         Ok(L7Lab {
             nodes,
             waypoint,
             policies: policies_path,
             rt,
             app,
+            ambit: ambit.to_path_buf(),
+            env,
+            starts: 1,
         })
+    }
+
+    /// Stops the waypoint (SIGTERM, then its drain) and starts it again with the same
+    /// environment, waiting until it is ready: what survives a restart is what the
+    /// configuration and the mesh state make, nothing held in memory.
+    pub fn restart_waypoint(&mut self) -> anyhow::Result<()> {
+        self.nodes.lab.signal_and_wait(
+            self.waypoint.pid,
+            nix::sys::signal::Signal::SIGTERM,
+            Duration::from_secs(30),
+        )?;
+        self.starts += 1;
+        let name = format!("waypoint-{}", self.starts);
+        self.waypoint = start_waypoint(&self.nodes, &self.ambit, &self.env, &name)?;
+        Ok(())
     }
 
     /// The waypoint's Prometheus text.
@@ -760,6 +795,10 @@ async fn answer(
             // The request was read whole; the connection ends without an answer.
             return Err(ClosedUnanswered);
         }
+    }
+    // `/fail-on/<pod>/`: the named pod answers 503, the others as usual.
+    if segment_after(&path, "fail-on") == Some(&*name) {
+        status = http::StatusCode::SERVICE_UNAVAILABLE;
     }
     if let Some(key) = segment_after(&path, "flaky") {
         let fails: u32 = segment_after(&path, key)

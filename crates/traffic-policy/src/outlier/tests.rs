@@ -110,12 +110,22 @@ fn the_ejection_grows_with_each_and_shrinks_with_healthy_intervals() {
         &[
             step(0, "a", Status(500), ejected(Reason::Consecutive5xx, 30)),
             // Back at 30 s and failing at once: twice as long.
-            step(30_000, "a", Status(500), ejected(Reason::Consecutive5xx, 60)),
+            step(
+                30_000,
+                "a",
+                Status(500),
+                ejected(Reason::Consecutive5xx, 60),
+            ),
             Out(89_999, &["a"]),
             Out(90_000, &[]),
             // Back at 90 s; 25 s later (two whole intervals of 10 s) the multiplier is 0,
             // so the next ejection is 1 × 30 s again.
-            step(115_000, "a", Status(502), ejected(Reason::Consecutive5xx, 30)),
+            step(
+                115_000,
+                "a",
+                Status(502),
+                ejected(Reason::Consecutive5xx, 30),
+            ),
         ],
     );
     // The multiplier is capped at 300 s (base 200 s: the base itself).
@@ -128,8 +138,18 @@ fn the_ejection_grows_with_each_and_shrinks_with_healthy_intervals() {
         &["a", "b"],
         &[
             step(0, "a", Status(500), ejected(Reason::Consecutive5xx, 120)),
-            step(120_000, "a", Status(500), ejected(Reason::Consecutive5xx, 240)),
-            step(360_000, "a", Status(500), ejected(Reason::Consecutive5xx, 300)),
+            step(
+                120_000,
+                "a",
+                Status(500),
+                ejected(Reason::Consecutive5xx, 240),
+            ),
+            step(
+                360_000,
+                "a",
+                Status(500),
+                ejected(Reason::Consecutive5xx, 300),
+            ),
         ],
     );
 }
@@ -150,6 +170,10 @@ fn gateway_errors_and_local_failures() {
             step(2, "a", Status(504), N),
             // Not split: a connection failure counts as a gateway error.
             step(3, "a", Lf, ejected(Reason::ConsecutiveGateway, 30)),
+            // An opaque connection that opens ends a run as an answer does.
+            step(40_000, "b", Lf, N),
+            step(40_001, "b", Outcome::Reached, N),
+            step(40_002, "b", Lf, N),
         ],
     );
     run(
@@ -199,10 +223,20 @@ fn no_more_than_max_ejection_percent_is_out() {
             step(0, "a", Status(500), ejected(Reason::Consecutive5xx, 30)),
             step(1, "b", Status(500), ejected(Reason::Consecutive5xx, 30)),
             // Half the pool is out: no more.
-            step(2, "c", Status(500), Recorded::OverMaxEjection(Reason::Consecutive5xx)),
+            step(
+                2,
+                "c",
+                Status(500),
+                Recorded::OverMaxEjection(Reason::Consecutive5xx),
+            ),
             Out(3, &["a", "b"]),
             // Once one is back, another may go.
-            step(30_000, "c", Status(500), ejected(Reason::Consecutive5xx, 30)),
+            step(
+                30_000,
+                "c",
+                Status(500),
+                ejected(Reason::Consecutive5xx, 30),
+            ),
             Out(30_000, &["b", "c"]),
             Out(30_001, &["c"]),
         ],
@@ -217,7 +251,12 @@ fn no_more_than_max_ejection_percent_is_out() {
         &["a", "b"],
         &[
             step(0, "a", Status(500), ejected(Reason::Consecutive5xx, 30)),
-            step(1, "b", Status(500), Recorded::OverMaxEjection(Reason::Consecutive5xx)),
+            step(
+                1,
+                "b",
+                Status(500),
+                Recorded::OverMaxEjection(Reason::Consecutive5xx),
+            ),
         ],
     );
 }
