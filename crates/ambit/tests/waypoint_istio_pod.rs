@@ -17,7 +17,10 @@ use ambit_netns_lab::cluster::{Cluster, ClusterSpec, PodSpec};
 use ambit_netns_lab::control::{ControlPlane, CONTROL_PORT};
 use ambit_netns_lab::peer::NodeProxy;
 use ambit_netns_lab::{wait_until, Lab};
-use ambit_proto::{ADDRESS_TYPE, WAYPOINT_AUTHN_TYPE, WAYPOINT_POLICY_TYPE, WAYPOINT_ROUTE_TYPE};
+use ambit_proto::{
+    ADDRESS_TYPE, WAYPOINT_AUTHN_TYPE, WAYPOINT_DESTINATION_RULE_TYPE, WAYPOINT_POLICY_TYPE,
+    WAYPOINT_ROUTE_TYPE,
+};
 
 const HOST: &str = "reviews.default.svc.cluster.local";
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
@@ -176,7 +179,7 @@ fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
         "{dump:#}"
     );
 
-    // Two streams: istiod's carries workloads only; ambit's, the three L7 types only.
+    // Two streams: istiod's carries workloads only; ambit's, the L7 types only.
     assert_eq!(
         subscribed_types(istiod, &pod_name("waypoint")),
         [ADDRESS_TYPE]
@@ -185,6 +188,7 @@ fn a_waypoint_in_istiods_pod_takes_l7_from_its_own_stream_and_fails_closed() {
         WAYPOINT_POLICY_TYPE,
         WAYPOINT_ROUTE_TYPE,
         WAYPOINT_AUTHN_TYPE,
+        WAYPOINT_DESTINATION_RULE_TYPE,
     ];
     l7_types.sort();
     assert_eq!(subscribed_types(&l7, &pod_name("waypoint")), l7_types);
@@ -505,6 +509,42 @@ fn a_waypoint_in_istiods_pod_enforces_what_kubectl_applies_through_control_kuber
     )
     .unwrap();
     assert_eq!(with_token(&idp.token(&claims)), 200);
+
+    // A DestinationRule, as kubectl applies it: it reaches the waypoint, read as its file
+    // reader reads it (the rule's defaults filled in).
+    kubectl(
+        &cluster,
+        &kubeconfig,
+        &["apply"],
+        Some("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews-sticky, namespace: default}\nspec:\n  host: reviews\n  trafficPolicy:\n    loadBalancer:\n      consistentHash: {httpHeaderName: x-user}\n"),
+    );
+    wait_until(
+        "the DestinationRule to reach the waypoint",
+        Duration::from_secs(10),
+        || {
+            ambit_netns_lab::http_get(&cluster.nodes[1].ns, admin, "/config_dump").is_ok_and(
+                |(_, dump)| {
+                    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap_or_default();
+                    dump["waypointDestinationRules"]["rules"][0]["trafficPolicy"]
+                        == serde_json::json!({
+                            "loadBalancer": {"consistentHash": {
+                                "key": {"httpHeaderName": "x-user"},
+                                "algorithm": {"ringHash": {"minimumRingSize": 1024}},
+                            }},
+                            "connectionPool": {
+                                "maxConnections": "unlimited",
+                                "http2MaxRequests": "unlimited",
+                                "http1MaxPendingRequests": "unlimited",
+                                "maxRetries": "unlimited",
+                                "connectTimeout": "10s",
+                            },
+                            "outlierDetection": null,
+                        })
+                },
+            )
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}; control:\n{}", l7.log()));
 
     // The control server goes away: the waypoint keeps enforcing what it holds.
     l7.stop(&cluster.lab).unwrap();

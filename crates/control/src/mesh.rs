@@ -31,7 +31,8 @@ use ambit_manifests::{Located, ManifestError, ParseOptions, WaypointPolicy};
 use ambit_proto::Resource;
 use ambit_state::{parse_local_config, ConfigError, LocalConfig, ProxyState};
 use ambit_waypoint_xds::{
-    resource_name, AuthnDocuments, DocumentKind, PolicyDocuments, RouteDocuments,
+    resource_name, AuthnDocuments, DestinationRuleDocuments, DocumentKind, PolicyDocuments,
+    RouteDocuments,
 };
 
 use crate::convert;
@@ -143,6 +144,8 @@ pub struct Mesh {
     pub route_resources: Vec<Arc<Resource>>,
     /// The RequestAuthentications' resources (each its document as written).
     pub authn_resources: Vec<Arc<Resource>>,
+    /// The DestinationRules' resources (each its document as written).
+    pub destination_rule_resources: Vec<Arc<Resource>>,
     /// Manifest documents read but not served (`file:line: what: why`).
     pub skipped: Vec<String>,
     /// The files read, in order.
@@ -180,6 +183,9 @@ impl Mesh {
         }
         for r in &self.authn_resources {
             s.insert_shared(ambit_proto::WAYPOINT_AUTHN_TYPE, r.clone());
+        }
+        for r in &self.destination_rule_resources {
+            s.insert_shared(ambit_proto::WAYPOINT_DESTINATION_RULE_TYPE, r.clone());
         }
         s
     }
@@ -360,6 +366,8 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
     let waypoint_resources = served::<PolicyDocuments>(&manifests.policies, root)?;
     let route_resources = served::<RouteDocuments>(&manifests.routes, root)?;
     let authn_resources = served::<AuthnDocuments>(&manifests.authns, root)?;
+    let destination_rule_resources =
+        served::<DestinationRuleDocuments>(&manifests.destination_rules, root)?;
     let mut node_identities: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for w in &merged.workloads {
         if !w.node.is_empty() {
@@ -376,6 +384,7 @@ pub fn build(files: &[(PathBuf, String)], options: &ParseOptions) -> Result<Mesh
         routes: manifests.routes.into_iter().map(|(r, _)| r).collect(),
         route_resources,
         authn_resources,
+        destination_rule_resources,
         skipped: manifests.skipped,
         files: files.iter().map(|(p, _)| p.clone()).collect(),
         node_identities,
@@ -412,6 +421,7 @@ pub struct ManifestParts {
     pub waypoint_resources: Vec<Arc<Resource>>,
     pub route_resources: Vec<Arc<Resource>>,
     pub authn_resources: Vec<Arc<Resource>>,
+    pub destination_rule_resources: Vec<Arc<Resource>>,
     pub skipped: Vec<String>,
 }
 
@@ -422,6 +432,7 @@ impl ManifestParts {
             .iter()
             .chain(&self.route_resources)
             .chain(&self.authn_resources)
+            .chain(&self.destination_rule_resources)
             .map(|r| r.resource.as_ref().map_or(0, |a| a.value.len()))
             .sum()
     }
@@ -440,6 +451,7 @@ pub fn read_manifest(
         waypoint_resources: served::<PolicyDocuments>(&m.policies, root)?,
         route_resources: served::<RouteDocuments>(&m.routes, root)?,
         authn_resources: served::<AuthnDocuments>(&m.authns, root)?,
+        destination_rule_resources: served::<DestinationRuleDocuments>(&m.destination_rules, root)?,
         skipped: m.skipped,
     })
 }
@@ -456,6 +468,8 @@ pub fn assemble<'a>(parts: impl IntoIterator<Item = (&'a Path, &'a ManifestParts
             .extend(p.route_resources.iter().cloned());
         mesh.authn_resources
             .extend(p.authn_resources.iter().cloned());
+        mesh.destination_rule_resources
+            .extend(p.destination_rule_resources.iter().cloned());
         mesh.skipped.extend(p.skipped.iter().cloned());
         mesh.files.push(path.to_path_buf());
     }
@@ -468,6 +482,7 @@ struct Manifests {
     policies: Vec<(Located<WaypointPolicy>, String)>,
     routes: Vec<(Located<ambit_gateway_routes::Route>, String)>,
     authns: Vec<(Located<ambit_manifests::WaypointAuthn>, String)>,
+    destination_rules: Vec<(Located<ambit_manifests::WaypointDestinationRule>, String)>,
     /// `<kind>/<namespace>/<name>` of each → the file that defines it.
     documents_at: BTreeMap<String, PathBuf>,
     skipped: Vec<String>,
@@ -512,6 +527,11 @@ impl Manifests {
                 let key = resource_name::<AuthnDocuments>(&authn.value);
                 self.first_of(&key, path)?;
                 self.authns.push((authn, text.clone()));
+            }
+            for rule in one.destination_rules.drain(..) {
+                let key = resource_name::<DestinationRuleDocuments>(&rule.value);
+                self.first_of(&key, path)?;
+                self.destination_rules.push((rule, text.clone()));
             }
         }
         self.skipped.extend(

@@ -21,12 +21,13 @@ use prost::Message;
 use serde::Serialize;
 
 /// The type URLs this server answers.
-pub const SERVED_TYPES: [&str; 5] = [
+pub const SERVED_TYPES: [&str; 6] = [
     ambit_proto::ADDRESS_TYPE,
     ambit_proto::AUTHORIZATION_TYPE,
     ambit_proto::WAYPOINT_POLICY_TYPE,
     ambit_proto::WAYPOINT_ROUTE_TYPE,
     ambit_proto::WAYPOINT_AUTHN_TYPE,
+    ambit_proto::WAYPOINT_DESTINATION_RULE_TYPE,
 ];
 
 /// The resources of one type, by name.

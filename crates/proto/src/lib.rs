@@ -80,6 +80,11 @@ pub const WAYPOINT_ROUTE_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.Rou
 /// written (`ambit.waypoint.v1.RequestAuthentication`, named
 /// `RequestAuthentication/<namespace>/<name>`). Only waypoints subscribe to it.
 pub const WAYPOINT_AUTHN_TYPE: &str = "type.googleapis.com/ambit.waypoint.v1.RequestAuthentication";
+/// Type URL of ambit's own resource for its waypoints: one DestinationRule, as written
+/// (`ambit.waypoint.v1.DestinationRule`, named `DestinationRule/<namespace>/<name>`). Only
+/// waypoints subscribe to it.
+pub const WAYPOINT_DESTINATION_RULE_TYPE: &str =
+    "type.googleapis.com/ambit.waypoint.v1.DestinationRule";
 /// The delta ADS method path.
 pub const DELTA_ADS_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";

@@ -396,4 +396,8 @@ fn waypoint_document_fields_decode_from_hand_built_bytes() {
         crate::WAYPOINT_AUTHN_TYPE,
         "type.googleapis.com/ambit.waypoint.v1.RequestAuthentication"
     );
+    assert_eq!(
+        crate::WAYPOINT_DESTINATION_RULE_TYPE,
+        "type.googleapis.com/ambit.waypoint.v1.DestinationRule"
+    );
 }

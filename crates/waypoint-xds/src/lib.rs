@@ -6,7 +6,8 @@
 //! - `ambit.waypoint.v1.AuthorizationPolicy` ([`WaypointPolicies`]);
 //! - `ambit.waypoint.v1.Route`: an HTTPRoute or GRPCRoute attached to a Service
 //!   ([`WaypointRoutes`]);
-//! - `ambit.waypoint.v1.RequestAuthentication` ([`WaypointAuthns`]).
+//! - `ambit.waypoint.v1.RequestAuthentication` ([`WaypointAuthns`]);
+//! - `ambit.waypoint.v1.DestinationRule` ([`WaypointDestinationRules`]).
 //!
 //! Each is named `<kind>/<namespace>/<name>`. The document is bounded
 //! ([`MAX_DOCUMENT_BYTES`]) before it is read, and the estimate charges every regular
@@ -22,9 +23,13 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ambit_gateway_routes::Route;
-use ambit_manifests::{parse_documents, ParseOptions, Parsed, WaypointAuthn, WaypointPolicy};
+use ambit_manifests::{
+    parse_documents, ParseOptions, Parsed, WaypointAuthn, WaypointDestinationRule, WaypointPolicy,
+};
 use ambit_proto::ambit::waypoint::v1 as wp;
-use ambit_proto::{WAYPOINT_AUTHN_TYPE, WAYPOINT_POLICY_TYPE, WAYPOINT_ROUTE_TYPE};
+use ambit_proto::{
+    WAYPOINT_AUTHN_TYPE, WAYPOINT_DESTINATION_RULE_TYPE, WAYPOINT_POLICY_TYPE, WAYPOINT_ROUTE_TYPE,
+};
 use ambit_xds::resource::message_name;
 use ambit_xds::{ConvertError, Decoded, Measured, Rejection, ResourceType, Slot};
 use prost::Message;
@@ -166,6 +171,46 @@ impl DocumentKind for AuthnDocuments {
     }
 }
 
+/// DestinationRules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationRuleDocuments;
+
+impl DocumentKind for DestinationRuleDocuments {
+    const TYPE_URL: &'static str = WAYPOINT_DESTINATION_RULE_TYPE;
+    const KINDS: &'static [&'static str] = &["DestinationRule"];
+    type Value = WaypointDestinationRule;
+    type Message = wp::DestinationRule;
+    fn take(parsed: &mut Parsed) -> Vec<WaypointDestinationRule> {
+        std::mem::take(&mut parsed.destination_rules)
+            .into_iter()
+            .map(|r| r.value)
+            .collect()
+    }
+    fn identity(r: &WaypointDestinationRule) -> (String, String, String) {
+        (
+            "DestinationRule".into(),
+            r.namespace.clone(),
+            r.name.clone(),
+        )
+    }
+    fn message(
+        kind: String,
+        namespace: String,
+        name: String,
+        manifest: String,
+    ) -> wp::DestinationRule {
+        wp::DestinationRule {
+            kind,
+            namespace,
+            name,
+            manifest,
+        }
+    }
+    fn fields(m: wp::DestinationRule) -> (String, String, String, String) {
+        (m.kind, m.namespace, m.name, m.manifest)
+    }
+}
+
 /// The subscription to one type of carried documents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Documents<K> {
@@ -203,6 +248,8 @@ pub type WaypointPolicies = Documents<PolicyDocuments>;
 pub type WaypointRoutes = Documents<RouteDocuments>;
 /// The subscription to `ambit.waypoint.v1.RequestAuthentication`.
 pub type WaypointAuthns = Documents<AuthnDocuments>;
+/// The subscription to `ambit.waypoint.v1.DestinationRule`.
+pub type WaypointDestinationRules = Documents<DestinationRuleDocuments>;
 
 /// One change to a store of documents.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -25,7 +25,9 @@ use ambit_runtime::logging::LogHandle;
 use ambit_runtime::readiness::{BlockReady, Ready};
 use ambit_runtime::shared::Shared;
 use ambit_state::ProxyState;
-use ambit_waypoint_xds::{DocumentStore, WaypointAuthns, WaypointPolicies, WaypointRoutes};
+use ambit_waypoint_xds::{
+    DocumentStore, WaypointAuthns, WaypointDestinationRules, WaypointPolicies, WaypointRoutes,
+};
 
 use crate::authn::AuthnSet;
 use crate::authz::PolicySet;
@@ -253,7 +255,7 @@ struct L7Sinks {
 /// The L7 configuration: a watched file or directory, or a delta xDS stream of its own to
 /// `ambit control` for the `ambit.waypoint.v1.*` types. What a stream delivered stays
 /// when the server goes away (the client reconnects with what it holds), and `ready` is
-/// released on the first snapshot of all three types.
+/// released on the first snapshot of every type.
 fn start_l7(
     cfg: &Arc<Config>,
     sinks: L7Sinks,
@@ -282,8 +284,9 @@ fn start_l7(
                 policies,
                 routes,
                 authns,
+                destination_rules,
+                balancers,
                 jwks,
-                ..
             } = sinks;
             let channel = GrpcChannel::new(control.channel.clone())
                 .with_context(|| format!("AMBIT_CONTROL_ADDRESS={}", control.channel.address))?;
@@ -296,7 +299,8 @@ fn start_l7(
             let delta = ambit_xds::DeltaClient::subscribing(control.node.to_node(), limits)
                 .subscribe(WaypointPolicies::default())
                 .subscribe(WaypointRoutes::default())
-                .subscribe(WaypointAuthns::default());
+                .subscribe(WaypointAuthns::default())
+                .subscribe(WaypointDestinationRules::default());
             let client = ambit_xds::XdsClient::new(channel, delta)
                 .with_metrics(metrics)
                 .on_ready(move || {
@@ -307,6 +311,7 @@ fn start_l7(
             let mut held = DocumentStore::default();
             let mut held_routes = DocumentStore::default();
             let mut held_authns = DocumentStore::default();
+            let mut held_rules = DocumentStore::default();
             tokio::spawn(client.run(move |batch| {
                 let batch = match batch.downcast::<WaypointPolicies>() {
                     Ok(typed) => {
@@ -325,11 +330,21 @@ fn start_l7(
                     }
                     Err(other) => other,
                 };
-                match batch.downcast::<WaypointAuthns>() {
+                let batch = match batch.downcast::<WaypointAuthns>() {
                     Ok(typed) => {
                         typed.apply(&mut held_authns);
                         let all = held_authns.to_vec().iter().map(|a| (**a).clone()).collect();
-                        authns.replace(AuthnSet::new(all, &jwks));
+                        return authns.replace(AuthnSet::new(all, &jwks));
+                    }
+                    Err(other) => other,
+                };
+                match batch.downcast::<WaypointDestinationRules>() {
+                    Ok(typed) => {
+                        typed.apply(&mut held_rules);
+                        let all = held_rules.to_vec().iter().map(|r| (**r).clone()).collect();
+                        let rules = DestinationRules::new(all);
+                        balancers.retain_rules(&rules);
+                        destination_rules.replace(rules);
                     }
                     Err(_) => {
                         tracing::warn!("L7 stream: a batch of a type not subscribed, ignored")

@@ -31,14 +31,16 @@ pub enum Kind {
     RequestAuthentication,
     HttpRoute,
     GrpcRoute,
+    DestinationRule,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::AuthorizationPolicy,
         Kind::RequestAuthentication,
         Kind::HttpRoute,
         Kind::GrpcRoute,
+        Kind::DestinationRule,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +49,7 @@ impl Kind {
             Kind::RequestAuthentication => "RequestAuthentication",
             Kind::HttpRoute => "HTTPRoute",
             Kind::GrpcRoute => "GRPCRoute",
+            Kind::DestinationRule => "DestinationRule",
         }
     }
 
@@ -54,6 +57,7 @@ impl Kind {
         match self {
             Kind::AuthorizationPolicy | Kind::RequestAuthentication => "security.istio.io",
             Kind::HttpRoute | Kind::GrpcRoute => "gateway.networking.k8s.io",
+            Kind::DestinationRule => "networking.istio.io",
         }
     }
 
@@ -69,6 +73,7 @@ impl Kind {
             Kind::RequestAuthentication => "requestauthentications",
             Kind::HttpRoute => "httproutes",
             Kind::GrpcRoute => "grpcroutes",
+            Kind::DestinationRule => "destinationrules",
         }
     }
 }

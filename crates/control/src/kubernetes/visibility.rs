@@ -8,8 +8,8 @@
 //!   (with `istio.io/use-waypoint-namespace` naming the Gateway's namespace when it is
 //!   not the Service's), else, without such a label on the Service, its namespace's label
 //!   does (`none` opts out);
-//! - of a kind it cannot be told from here (a ServiceEntry, say): shown to every waypoint,
-//!   which takes only what it fronts.
+//! - of a kind it cannot be told from here (a ServiceEntry, say, or a DestinationRule's
+//!   `host`): shown to every waypoint, which takes only what it fronts.
 //!
 //! Objects are named as on the wire: `<kind>/<namespace>/<name>`.
 
@@ -35,8 +35,16 @@ pub enum Target {
 }
 
 /// The targets an object names (`spec.targetRefs`, `spec.targetRef`, `spec.parentRefs`).
+/// A DestinationRule naming its Service by `spec.host` only targets what cannot be told
+/// from here (a host may be a short name, a wildcard or a ServiceEntry's): every waypoint
+/// is shown it and applies it where it fronts the host.
 pub fn targets_of(object: &Value) -> Vec<Target> {
     let spec = &object["spec"];
+    if object["kind"] == "DestinationRule"
+        && spec["targetRefs"].as_array().is_none_or(|t| t.is_empty())
+    {
+        return vec![Target::Other];
+    }
     let mut refs: Vec<&Value> = Vec::new();
     for key in ["targetRefs", "parentRefs"] {
         if let Some(list) = spec[key].as_array() {

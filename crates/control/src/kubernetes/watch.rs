@@ -32,11 +32,12 @@ pub enum Source {
 }
 
 impl Source {
-    pub const ALL: [Source; 8] = [
+    pub const ALL: [Source; 9] = [
         Source::L7(Kind::AuthorizationPolicy),
         Source::L7(Kind::RequestAuthentication),
         Source::L7(Kind::HttpRoute),
         Source::L7(Kind::GrpcRoute),
+        Source::L7(Kind::DestinationRule),
         Source::Gateways,
         Source::GatewayClasses,
         Source::Services,

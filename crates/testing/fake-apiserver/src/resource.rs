@@ -27,6 +27,7 @@ pub enum Resource {
     TokenReviews,
     AuthorizationPolicies,
     RequestAuthentications,
+    DestinationRules,
     GatewayClasses,
     Gateways,
     HttpRoutes,
@@ -42,7 +43,7 @@ pub(crate) struct Group {
 }
 
 /// The API groups served, in discovery order.
-pub(crate) const GROUPS: [Group; 6] = [
+pub(crate) const GROUPS: [Group; 7] = [
     Group {
         name: "",
         versions: &["v1"],
@@ -82,6 +83,11 @@ pub(crate) const GROUPS: [Group; 6] = [
             Resource::AuthorizationPolicies,
             Resource::RequestAuthentications,
         ],
+    },
+    Group {
+        name: "networking.istio.io",
+        versions: &["v1", "v1beta1", "v1alpha3"],
+        resources: &[Resource::DestinationRules],
     },
     Group {
         name: "gateway.networking.k8s.io",
@@ -126,7 +132,7 @@ pub fn split_api_version(api_version: &str) -> (&str, &str) {
 }
 
 impl Resource {
-    pub const ALL: [Resource; 18] = [
+    pub const ALL: [Resource; 19] = [
         Resource::Pods,
         Resource::Namespaces,
         Resource::Nodes,
@@ -141,6 +147,7 @@ impl Resource {
         Resource::TokenReviews,
         Resource::AuthorizationPolicies,
         Resource::RequestAuthentications,
+        Resource::DestinationRules,
         Resource::GatewayClasses,
         Resource::Gateways,
         Resource::HttpRoutes,
@@ -165,6 +172,7 @@ impl Resource {
             Resource::AuthorizationPolicies | Resource::RequestAuthentications => {
                 "security.istio.io"
             }
+            Resource::DestinationRules => "networking.istio.io",
             Resource::GatewayClasses
             | Resource::Gateways
             | Resource::HttpRoutes
@@ -227,6 +235,7 @@ impl Resource {
             Resource::TokenReviews => "tokenreviews",
             Resource::AuthorizationPolicies => "authorizationpolicies",
             Resource::RequestAuthentications => "requestauthentications",
+            Resource::DestinationRules => "destinationrules",
             Resource::GatewayClasses => "gatewayclasses",
             Resource::Gateways => "gateways",
             Resource::HttpRoutes => "httproutes",
@@ -250,6 +259,7 @@ impl Resource {
             Resource::TokenReviews => "TokenReview",
             Resource::AuthorizationPolicies => "AuthorizationPolicy",
             Resource::RequestAuthentications => "RequestAuthentication",
+            Resource::DestinationRules => "DestinationRule",
             Resource::GatewayClasses => "GatewayClass",
             Resource::Gateways => "Gateway",
             Resource::HttpRoutes => "HTTPRoute",
@@ -280,6 +290,7 @@ impl Resource {
             Resource::DaemonSets => &["ds"],
             Resource::AuthorizationPolicies => &["ap"],
             Resource::RequestAuthentications => &["ra"],
+            Resource::DestinationRules => &["dr"],
             Resource::GatewayClasses => &["gc"],
             Resource::Gateways => &["gtw"],
             _ => &[],
@@ -297,6 +308,7 @@ impl Resource {
                 &["all"]
             }
             "security.istio.io" => &["istio-io", "security-istio-io"],
+            "networking.istio.io" => &["istio-io", "networking-istio-io"],
             "gateway.networking.k8s.io" => &["gateway-api"],
             _ => &[],
         }

@@ -189,6 +189,7 @@ fn columns(r: Resource) -> Vec<Col> {
         }
         Resource::AuthorizationPolicies
         | Resource::RequestAuthentications
+        | Resource::DestinationRules
         | Resource::GatewayClasses
         | Resource::Gateways
         | Resource::HttpRoutes
@@ -428,6 +429,7 @@ fn cells(r: Resource, obj: &Value, now: i64) -> Vec<Value> {
         ],
         Resource::AuthorizationPolicies
         | Resource::RequestAuthentications
+        | Resource::DestinationRules
         | Resource::GatewayClasses
         | Resource::Gateways
         | Resource::HttpRoutes

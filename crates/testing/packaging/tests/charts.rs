@@ -890,6 +890,7 @@ fn control_renders_the_server_beside_istiod_with_the_rbac_it_needs() {
         role["rules"],
         json!([
             {"apiGroups": ["security.istio.io"], "resources": ["authorizationpolicies", "requestauthentications"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["networking.istio.io"], "resources": ["destinationrules"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes", "grpcroutes", "gateways", "gatewayclasses"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
