@@ -261,12 +261,20 @@ impl Balancer {
         candidates: &[Picked],
         algorithm: ambit_traffic_policy::HashAlgorithm,
     ) -> Option<Arc<HashTable>> {
+        // Which endpoints, in which order, with which weights: checked on every request,
+        // so a few multiplications per endpoint, no text.
         let mut fingerprint = 0xcbf2_9ce4_8422_2325u64;
         for c in candidates {
-            fingerprint = fingerprint
-                .rotate_left(5)
-                .wrapping_add(hash_of(target(c).to_string().as_bytes()))
-                .wrapping_add(u64::from(c.workload.capacity));
+            let ip = match c.ip {
+                IpAddr::V4(v4) => u64::from(u32::from(v4)),
+                IpAddr::V6(v6) => {
+                    let bits = u128::from(v6);
+                    (bits as u64) ^ ((bits >> 64) as u64)
+                }
+            };
+            for word in [ip, u64::from(c.port) << 32 | u64::from(c.workload.capacity)] {
+                fingerprint = (fingerprint ^ word).wrapping_mul(0x0000_0100_0000_01b3);
+            }
         }
         let mut cached = self.table.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((f, t)) = cached.as_ref() {
