@@ -47,7 +47,7 @@ pub(crate) enum Document {
         name_at: Position,
     },
     DestinationRule {
-        rule: Located<crate::model::WaypointDestinationRule>,
+        rule: Box<Located<crate::model::WaypointDestinationRule>>,
         name_at: Position,
     },
     Skipped {
@@ -474,7 +474,7 @@ fn read_destination_rule(
     .map_err(|e| at.invalid(e))?;
     Ok(match outcome {
         RuleOutcome::Rule(rule) => Document::DestinationRule {
-            rule: read.located(*rule),
+            rule: Box::new(read.located(*rule)),
             name_at: read.name_at,
         },
         RuleOutcome::Skipped(reason) => read.skipped(namespace, name, reason),

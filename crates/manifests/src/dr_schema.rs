@@ -157,7 +157,6 @@ pub(crate) struct OutlierFields {
     pub min_health_percent: Option<i64>,
 }
 
-#[allow(dead_code)]
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct TlsFields {

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use ambit_traffic_policy::{
-    ConnectionPool, ConsistentHash, CookieKey, HashAlgorithm, HashKey, LoadBalancer,
-    OutlierDetection, PortPolicy, TrafficPolicy,
+    ClientIdentity, ClientTls, ConnectionPool, ConsistentHash, CookieKey, HashAlgorithm, HashKey,
+    LoadBalancer, OutlierDetection, PortPolicy, TrafficPolicy,
 };
 use http::header::HeaderName;
 
@@ -93,6 +93,7 @@ spec:
                     max_ejection_percent: 100,
                     ..OutlierDetection::default()
                 }),
+                tls: None,
             },
             ports: vec![],
         }
@@ -219,8 +220,34 @@ fn pools_outliers_ports_and_defaults() {
     assert_eq!(r.policy.for_port(80).load_balancer, LoadBalancer::Random);
     // TLS modes that change nothing for mesh traffic.
     for tls in ["{mode: ISTIO_MUTUAL}", "{mode: DISABLE}", "{}"] {
-        policy(&format!("{{tls: {tls}}}"));
+        assert_eq!(policy(&format!("{{tls: {tls}}}")).tls, None);
     }
+    // TLS origination, as Istio's egress tasks write it.
+    let p = policy("{tls: {mode: SIMPLE}}");
+    assert_eq!(
+        p.tls,
+        Some(ClientTls {
+            client_identity: None,
+            sni: None,
+            subject_alt_names: vec![],
+            ca_certificates: None,
+            insecure_skip_verify: false,
+        })
+    );
+    let p = policy("{tls: {mode: MUTUAL, clientCertificate: /etc/certs/client.pem, privateKey: /etc/certs/key.pem, caCertificates: /etc/certs/ca.pem, sni: api.example.com, subjectAltNames: [api.example.com, backup.example.com], insecureSkipVerify: false}}");
+    assert_eq!(
+        p.tls,
+        Some(ClientTls {
+            client_identity: Some(ClientIdentity {
+                certificate: "/etc/certs/client.pem".into(),
+                private_key: "/etc/certs/key.pem".into(),
+            }),
+            sni: Some("api.example.com".into()),
+            subject_alt_names: vec!["api.example.com".into(), "backup.example.com".into()],
+            ca_certificates: Some("/etc/certs/ca.pem".into()),
+            insecure_skip_verify: false,
+        })
+    );
     // Subsets are read and left (no HTTPRoute can name one); exportTo and targetRefs kept.
     let r = rule(&format!(
         "{HEAD}  exportTo: [\".\", other]\n  targetRefs: [{{kind: Service, group: \"\", name: httpbin}}]\n  subsets: [{{name: v1, labels: {{version: v1}}}}]\n"
@@ -270,7 +297,13 @@ fn refusals_name_the_field() {
         ("{outlierDetection: {maxEjectionPercent: 101}}", "outlierDetection.maxEjectionPercent: a percentage is 0 to 100"),
         ("{outlierDetection: {interval: 500us}}", "outlierDetection.interval: must be at least 1ms"),
         ("{outlierDetection: {consecutive5xx: 3}}", "unknown field `consecutive5xx`"),
-        ("{tls: {mode: SIMPLE}}", "spec.trafficPolicy.tls.mode: SIMPLE: TLS origination is not applied by the waypoint yet"),
+        ("{tls: {mode: MUTUAL, privateKey: /k.pem}}", "spec.trafficPolicy.tls.clientCertificate: required with mode MUTUAL"),
+        ("{tls: {mode: MUTUAL, clientCertificate: /c.pem}}", "spec.trafficPolicy.tls.privateKey: required with mode MUTUAL"),
+        ("{tls: {mode: SIMPLE, clientCertificate: /c.pem}}", "spec.trafficPolicy.tls.mode: SIMPLE presents no client certificate"),
+        ("{tls: {mode: SIMPLE, credentialName: api-cert}}", "spec.trafficPolicy.tls.credentialName: not read by the waypoint"),
+        ("{tls: {mode: SIMPLE, caCrl: /crl.pem}}", "spec.trafficPolicy.tls.caCrl: not applied by the waypoint"),
+        ("{tls: {mode: SIMPLE, caCertificates: certs/ca.pem}}", "spec.trafficPolicy.tls.caCertificates: \"certs/ca.pem\" is not an absolute path"),
+        ("{tls: {mode: SIMPLE, sni: \"a b\"}}", "spec.trafficPolicy.tls.sni: \"a b\" is not a server name"),
         ("{tls: {mode: ISTIO_MUTUAL, caCertificates: /a.pem}}", "tls.caCertificates: must be empty with mode ISTIO_MUTUAL"),
         ("{tls: {mode: STRICT}}", "tls.mode: \"STRICT\" is not a TLS mode"),
         ("{tunnel: {targetHost: a, targetPort: 1}}", "spec.trafficPolicy.tunnel: not applied"),
@@ -278,7 +311,7 @@ fn refusals_name_the_field() {
         ("{portLevelSettings: [{loadBalancer: {simple: RANDOM}}]}", "spec.trafficPolicy.portLevelSettings[0].port: missing"),
         ("{portLevelSettings: [{port: {number: 0}}]}", "portLevelSettings[0].port.number: a port number is 1 to 65535"),
         ("{portLevelSettings: [{port: {number: 80}}, {port: {number: 80}}]}", "portLevelSettings[1].port.number: port 80 has settings already"),
-        ("{portLevelSettings: [{port: {number: 80}, tls: {mode: MUTUAL}}]}", "portLevelSettings[0].tls.mode: MUTUAL: TLS origination"),
+        ("{portLevelSettings: [{port: {number: 80}, tls: {mode: MUTUAL}}]}", "portLevelSettings[0].tls.clientCertificate: required with mode MUTUAL"),
     ];
     for (text, expected) in table {
         let got = refusal(&with_policy(text));

@@ -12,10 +12,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use ambit_traffic_policy::{
-    hash::is_prime, ConnectionPool, ConsistentHash, CookieKey, HashAlgorithm, HashKey,
-    LoadBalancer, OutlierDetection, PortPolicy, TrafficPolicy, DEFAULT_MAGLEV_TABLE,
-    DEFAULT_RING_SIZE, MAX_MAGLEV_TABLE,
+    hash::is_prime, ClientIdentity, ClientTls, ConnectionPool, ConsistentHash, CookieKey,
+    HashAlgorithm, HashKey, LoadBalancer, OutlierDetection, PortPolicy, TrafficPolicy,
+    DEFAULT_MAGLEV_TABLE, DEFAULT_RING_SIZE, MAX_MAGLEV_TABLE,
 };
 use http::header::HeaderName;
 
@@ -221,10 +223,12 @@ fn port_policy(
     outlier: Option<OutlierFields>,
     tls: Option<TlsFields>,
 ) -> Result<PortPolicy, Invalid> {
-    if let Some(tls) = tls {
-        check_tls(&at.at(field!["tls"]), tls)?;
-    }
+    let tls = match tls {
+        Some(tls) => client_tls(&at.at(field!["tls"]), tls)?,
+        None => None,
+    };
     Ok(PortPolicy {
+        tls,
         load_balancer: match load_balancer {
             Some(lb) => self::load_balancer(&at.at(field!["loadBalancer"]), lb)?,
             None => LoadBalancer::default(),
@@ -497,12 +501,15 @@ fn outlier_detection(at: &FieldPath, f: OutlierFields) -> Result<OutlierDetectio
     Ok(o)
 }
 
-fn check_tls(at: &FieldPath, f: TlsFields) -> Result<(), Invalid> {
-    let mode = f.mode.map_or_else(|| "DISABLE".to_string(), |m| m.0);
+fn client_tls(at: &FieldPath, f: TlsFields) -> Result<Option<ClientTls>, Invalid> {
+    let mode = f
+        .mode
+        .clone()
+        .map_or_else(|| "DISABLE".to_string(), |m| m.0);
     match mode.as_str() {
         // Traffic to the mesh's endpoints is HBONE, mutual TLS already; DISABLE toward
         // them changes nothing either.
-        "DISABLE" => Ok(()),
+        "DISABLE" => Ok(None),
         "ISTIO_MUTUAL" => {
             let other = [
                 ("clientCertificate", f.client_certificate.is_some()),
@@ -516,16 +523,100 @@ fn check_tls(at: &FieldPath, f: TlsFields) -> Result<(), Invalid> {
                     at.at(field![*name]),
                     "must be empty with mode ISTIO_MUTUAL (Istio's own certificates are used)",
                 )),
-                None => Ok(()),
+                None => Ok(None),
             }
         }
-        "SIMPLE" | "MUTUAL" => Err(invalid(
-            at.at(field!["mode"]),
-            format!("{mode}: TLS origination is not applied by the waypoint yet; the rule is refused rather than send plaintext where TLS was asked for"),
-        )),
+        "SIMPLE" | "MUTUAL" => originated(at, mode == "MUTUAL", f).map(Some),
         other => Err(invalid(
             at.at(field!["mode"]),
-            format!("{other:?} is not a TLS mode; the modes are DISABLE, SIMPLE, MUTUAL, ISTIO_MUTUAL"),
+            format!(
+                "{other:?} is not a TLS mode; the modes are DISABLE, SIMPLE, MUTUAL, ISTIO_MUTUAL"
+            ),
         )),
     }
+}
+
+/// `SIMPLE` or `MUTUAL`: the files named (absolute paths, read by the waypoint when the rule
+/// is applied), the server's names. A Kubernetes Secret (`credentialName`) and a revocation
+/// list (`caCrl`) are refused by name: not read by the waypoint, and ignoring either would
+/// connect with less checking than asked for.
+fn originated(at: &FieldPath, mutual: bool, f: TlsFields) -> Result<ClientTls, Invalid> {
+    if f.credential_name.is_some() {
+        return Err(invalid(
+            at.at(field!["credentialName"]),
+            "not read by the waypoint: name the PEM files (clientCertificate, privateKey, caCertificates) mounted in its pod",
+        ));
+    }
+    if f.ca_crl.is_some() {
+        return Err(invalid(
+            at.at(field!["caCrl"]),
+            "not applied by the waypoint: a revocation list it ignored would accept revoked certificates",
+        ));
+    }
+    let file = |v: Option<crate::values::Text>,
+                name: &'static str|
+     -> Result<Option<PathBuf>, Invalid> {
+        match v {
+            None => Ok(None),
+            Some(t) if t.0.is_empty() => Ok(None),
+            Some(t) if t.0.starts_with('/') && !t.0.contains('\0') => Ok(Some(PathBuf::from(t.0))),
+            Some(t) => Err(invalid(
+                at.at(field![name]),
+                format!("{:?} is not an absolute path to a PEM file", t.0),
+            )),
+        }
+    };
+    let certificate = file(f.client_certificate, "clientCertificate")?;
+    let private_key = file(f.private_key, "privateKey")?;
+    let client_identity = match (mutual, certificate, private_key) {
+        (true, Some(certificate), Some(private_key)) => Some(ClientIdentity {
+            certificate,
+            private_key,
+        }),
+        (true, None, _) => {
+            return Err(invalid(
+                at.at(field!["clientCertificate"]),
+                "required with mode MUTUAL",
+            ))
+        }
+        (true, _, None) => {
+            return Err(invalid(at.at(field!["privateKey"]), "required with mode MUTUAL"))
+        }
+        (false, Some(_), _) | (false, _, Some(_)) => {
+            return Err(invalid(
+                at.at(field!["mode"]),
+                "SIMPLE presents no client certificate: set mode MUTUAL, or leave clientCertificate and privateKey out",
+            ))
+        }
+        (false, None, None) => None,
+    };
+    let sni = match f.sni {
+        Some(s) if !s.0.is_empty() => {
+            rustls_pki_types::ServerName::try_from(s.0.as_str()).map_err(|_| {
+                invalid(
+                    at.at(field!["sni"]),
+                    format!("{:?} is not a server name", s.0),
+                )
+            })?;
+            Some(s.0)
+        }
+        _ => None,
+    };
+    let mut subject_alt_names = Vec::new();
+    for (i, san) in f.subject_alt_names.into_iter().flatten().enumerate() {
+        if san.0.is_empty() {
+            return Err(invalid(
+                at.at(field!["subjectAltNames", i]),
+                "must not be empty",
+            ));
+        }
+        subject_alt_names.push(san.0);
+    }
+    Ok(ClientTls {
+        client_identity,
+        sni,
+        subject_alt_names,
+        ca_certificates: file(f.ca_certificates, "caCertificates")?,
+        insecure_skip_verify: f.insecure_skip_verify.unwrap_or(false),
+    })
 }

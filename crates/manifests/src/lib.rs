@@ -198,7 +198,7 @@ impl Collector {
                     &rule.origin,
                     name_at,
                 ) {
-                    self.parsed.destination_rules.push(rule);
+                    self.parsed.destination_rules.push(*rule);
                 }
             }
             Document::Skipped { skipped, name_at } => {

@@ -5,7 +5,11 @@
 //! waypoint, and the same one after a restart, sends a key to the same endpoint; when an
 //! endpoint leaves, only its keys move.
 
-use xxhash_rust::xxh64::xxh64;
+use twox_hash::XxHash64;
+
+fn xxh64(bytes: &[u8], seed: u64) -> u64 {
+    XxHash64::oneshot(seed, bytes)
+}
 
 use crate::{HashAlgorithm, MAX_RING_SIZE};
 

@@ -47,6 +47,34 @@ pub struct PortPolicy {
     pub connection_pool: ConnectionPool,
     /// `outlierDetection`; `None`: no endpoint is ever ejected.
     pub outlier: Option<OutlierDetection>,
+    /// `tls` with mode `SIMPLE` or `MUTUAL`: TLS originated to endpoints outside the mesh.
+    /// `None` for `DISABLE` and `ISTIO_MUTUAL` (mesh endpoints are reached over HBONE,
+    /// mutual TLS already).
+    pub tls: Option<ClientTls>,
+}
+
+/// `tls`: TLS originated by the waypoint to an endpoint outside the mesh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// `MUTUAL`: with a client certificate.
+    pub client_identity: Option<ClientIdentity>,
+    /// `sni`; not written: the host the endpoint was resolved from (a ServiceEntry's),
+    /// else the Service's hostname.
+    pub sni: Option<String>,
+    /// `subjectAltNames`: the server's certificate must name one; empty: it must name
+    /// the SNI.
+    pub subject_alt_names: Vec<String>,
+    /// `caCertificates`: the roots, a PEM file; not written: the system's.
+    pub ca_certificates: Option<std::path::PathBuf>,
+    /// `insecureSkipVerify`: no check of the server's certificate at all.
+    pub insecure_skip_verify: bool,
+}
+
+/// `clientCertificate` and `privateKey`: PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    pub certificate: std::path::PathBuf,
+    pub private_key: std::path::PathBuf,
 }
 
 /// `loadBalancer`.

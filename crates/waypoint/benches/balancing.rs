@@ -15,7 +15,7 @@ use ambit_manifests::{parse_documents, ParseOptions};
 use ambit_state::ProxyState;
 use ambit_traffic_policy::outlier::Outcome;
 use ambit_traffic_policy::LoadBalancer;
-use ambit_waypoint::balance::{choose_balanced, choose_endpoint};
+use ambit_waypoint::balance::{choose_among, choose_endpoint};
 use ambit_waypoint::balancing::{request_hash, Balancer, Balancers};
 use ambit_waypoint::destination_rules::{DestinationRules, Viewer};
 use ambit_waypoint::front::Fronted;
@@ -102,14 +102,14 @@ fn bench(c: &mut Criterion) {
                         }
                         _ => None,
                     };
-                    let choice = choose_balanced(
+                    let choice = choose_among(
                         &state,
                         me.as_deref(),
                         &fronted,
                         15008,
                         &[],
-                        &bal,
-                        hash,
+                        Some((&bal, hash)),
+                        &[],
                         &mut rng,
                     )
                     .unwrap();

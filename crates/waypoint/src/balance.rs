@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use ambit_identity::SpiffeId;
 use ambit_state::{
-    endpoint_candidates, pick_endpoint, PickMode, Picked, ProxyState, RouteError, TunnelProtocol,
-    Workload,
+    endpoint_candidates, hostname_candidates, pick_endpoint, PickMode, Picked, ProxyState,
+    RouteError, TunnelProtocol, Workload,
 };
 
 use crate::balancing::Balancer;
+use crate::tls_origin::TlsOrigin;
 
 use crate::front::Fronted;
 use crate::upstream::{Endpoint, Transport};
@@ -33,6 +34,9 @@ pub enum NoEndpoint {
     /// The waypoint's own workload is not in the mesh state, so locality cannot be ranked.
     #[error("this waypoint's workload is not in the mesh state")]
     NoSelf,
+    /// The destination's DestinationRule asks for TLS that cannot be set up.
+    #[error("{0}")]
+    Tls(String),
     /// The workload has no address in this network.
     #[error("workload {0} has no address")]
     NoAddress(String),
@@ -53,7 +57,7 @@ pub fn choose_endpoint(
             let dialed = vip.or_else(|| service.vips.first().map(|v| v.address));
             let dialed = dialed.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
             let picked = pick_endpoint(state, service, *port, dialed, me, PickMode::Standard, rng)?;
-            Ok(service_choice(service, picked, hbone_port))
+            Ok(service_choice(service, picked, hbone_port, None))
         }
         Fronted::Workload { workload, port } => {
             let ip = *workload
@@ -110,50 +114,48 @@ pub fn choose_avoiding(
     Ok(choice)
 }
 
-/// [`choose_avoiding`] for the running waypoint; with a DestinationRule's balancer, its
-/// choice among the eligible endpoints instead ([`choose_balanced`]).
+/// [`choose_avoiding`] for the running waypoint; with a DestinationRule's balancer, or
+/// endpoints resolved by name (`resolved`), a choice among every eligible endpoint
+/// ([`choose_among`]).
 pub fn choose(
     wp: &crate::Waypoint,
     state: &ProxyState,
     fronted: &Fronted,
     tried: &[SocketAddr],
     balanced: Option<(&Balancer, Option<u64>)>,
+    resolved: &[Picked],
 ) -> Result<Choice, NoEndpoint> {
     let me = wp.me(state);
     let mut rng = rand::thread_rng();
-    match balanced {
-        Some((balancer, hash)) => choose_balanced(
-            state,
-            me.as_deref(),
-            fronted,
-            ambit_wellknown::ports::HBONE,
-            tried,
-            balancer,
-            hash,
-            &mut rng,
-        ),
-        None => choose_avoiding(
-            state,
-            me.as_deref(),
-            fronted,
-            ambit_wellknown::ports::HBONE,
-            tried,
-            &mut rng,
-        ),
+    let hbone = ambit_wellknown::ports::HBONE;
+    if balanced.is_none() && resolved.is_empty() {
+        return choose_avoiding(state, me.as_deref(), fronted, hbone, tried, &mut rng);
     }
+    choose_among(
+        state,
+        me.as_deref(),
+        fronted,
+        hbone,
+        tried,
+        balanced,
+        resolved,
+        &mut rng,
+    )
 }
 
-/// The endpoint `balancer` (a DestinationRule's) chooses for `fronted` among those
-/// [`choose_endpoint`] could pick; `hash` is the request's, when the rule hashes.
+/// The endpoint for `fronted` among those [`choose_endpoint`] could pick and the
+/// `resolved` ones (endpoints known by hostname, with an address each): chosen by
+/// `balanced`'s balancer (a DestinationRule's; `Option<u64>`: the request's hash), or by
+/// capacity at random avoiding `tried`.
 #[allow(clippy::too_many_arguments)]
-pub fn choose_balanced(
+pub fn choose_among(
     state: &ProxyState,
     me: Option<&Workload>,
     fronted: &Fronted,
     hbone_port: u16,
     tried: &[SocketAddr],
-    balancer: &Balancer,
-    hash: Option<u64>,
+    balanced: Option<(&Balancer, Option<u64>)>,
+    resolved: &[Picked],
     rng: &mut impl rand::Rng,
 ) -> Result<Choice, NoEndpoint> {
     let Fronted::Service { service, port, vip } = fronted else {
@@ -162,16 +164,104 @@ pub fn choose_balanced(
     let me = me.ok_or(NoEndpoint::NoSelf)?;
     let dialed = vip.or_else(|| service.vips.first().map(|v| v.address));
     let dialed = dialed.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-    let candidates = endpoint_candidates(state, service, *port, dialed, me, PickMode::Standard)?;
-    let picked = balancer
-        .pick(candidates, tried, hash, std::time::Instant::now(), rng)
-        .ok_or_else(|| RouteError::NoHealthyUpstream {
-            service: service.key(),
-        })?;
-    Ok(service_choice(service, picked, hbone_port))
+    let mut candidates =
+        endpoint_candidates(state, service, *port, dialed, me, PickMode::Standard)?;
+    candidates.extend(resolved.iter().cloned());
+    let no_upstream = || RouteError::NoHealthyUpstream {
+        service: service.key(),
+    };
+    let (picked, tls) = match balanced {
+        Some((balancer, hash)) => {
+            let tls = balancer.tls().map_err(|e| NoEndpoint::Tls(e.to_string()))?;
+            let picked = balancer
+                .pick(candidates, tried, hash, std::time::Instant::now(), rng)
+                .ok_or_else(no_upstream)?;
+            (picked, tls)
+        }
+        None => {
+            let fresh: Vec<Picked> = candidates
+                .iter()
+                .filter(|c| !tried.contains(&SocketAddr::new(c.ip, c.port)))
+                .cloned()
+                .collect();
+            if !fresh.is_empty() {
+                candidates = fresh;
+            }
+            (weighted(candidates, rng).ok_or_else(no_upstream)?, None)
+        }
+    };
+    Ok(service_choice(service, picked, hbone_port, tls))
 }
 
-fn service_choice(service: &ambit_state::Service, picked: Picked, hbone_port: u16) -> Choice {
+/// One of `candidates` at random, weighted by capacity.
+fn weighted(mut candidates: Vec<Picked>, rng: &mut impl rand::Rng) -> Option<Picked> {
+    let total: u64 = candidates
+        .iter()
+        .map(|c| u64::from(c.workload.capacity))
+        .sum();
+    if candidates.is_empty() {
+        return None;
+    }
+    let index = if total == 0 {
+        rng.gen_range(0..candidates.len())
+    } else {
+        let mut r = rng.gen_range(0..total);
+        let mut index = candidates.len() - 1;
+        for (i, c) in candidates.iter().enumerate() {
+            let w = u64::from(c.workload.capacity);
+            if r < w {
+                index = i;
+                break;
+            }
+            r -= w;
+        }
+        index
+    };
+    Some(candidates.swap_remove(index))
+}
+
+/// The addresses of `fronted`'s endpoints known by hostname only, each address an
+/// endpoint (empty when it has none, or none resolves).
+pub async fn resolve_hostnames(
+    wp: &crate::Waypoint,
+    state: &ProxyState,
+    fronted: &Fronted,
+) -> Vec<Picked> {
+    let Fronted::Service { service, port, .. } = fronted else {
+        return Vec::new();
+    };
+    let Some(me) = wp.me(state) else {
+        return Vec::new();
+    };
+    let Ok(named) = hostname_candidates(state, service, *port, &me, PickMode::Standard) else {
+        return Vec::new();
+    };
+    if named.is_empty() {
+        return Vec::new();
+    }
+    let Some(resolver) = &wp.resolver else {
+        return Vec::new();
+    };
+    let mut resolved = Vec::new();
+    for (workload, port) in named {
+        match resolver.resolve(&workload.hostname).await {
+            Ok(ips) => resolved.extend(ips.into_iter().map(|ip| Picked {
+                workload: workload.clone(),
+                ip,
+                port,
+            })),
+            Err(e) => tracing::info!(service = %service.hostname, "endpoint not resolved: {e}"),
+        }
+    }
+    resolved
+}
+
+fn service_choice(
+    service: &ambit_state::Service,
+    picked: Picked,
+    hbone_port: u16,
+    tls: Option<&Arc<TlsOrigin>>,
+) -> Choice {
     let mut identities = vec![picked.workload.identity()];
     identities.extend(
         service
@@ -179,14 +269,29 @@ fn service_choice(service: &ambit_state::Service, picked: Picked, hbone_port: u1
             .iter()
             .filter_map(|s| SpiffeId::parse(s).ok()),
     );
+    let mut endpoint = endpoint_of(
+        &picked.workload,
+        picked.ip,
+        picked.port,
+        identities,
+        hbone_port,
+    );
+    // A rule's TLS toward endpoints outside the mesh; the mesh's are HBONE already.
+    if let (Transport::Plain, Some(origin)) = (&endpoint.transport, tls) {
+        let server_name = origin.sni.clone().unwrap_or_else(|| {
+            if picked.workload.hostname.is_empty() {
+                service.hostname.to_string()
+            } else {
+                picked.workload.hostname.to_string()
+            }
+        });
+        endpoint.transport = Transport::Tls {
+            origin: origin.clone(),
+            server_name,
+        };
+    }
     Choice {
-        endpoint: endpoint_of(
-            &picked.workload,
-            picked.ip,
-            picked.port,
-            identities,
-            hbone_port,
-        ),
+        endpoint,
         workload: Some(picked.workload),
     }
 }
@@ -266,6 +371,9 @@ services:
                         .join(",")
                 ),
                 Transport::Plain => format!("{} plain", c.endpoint.target),
+                Transport::Tls { server_name, .. } => {
+                    format!("{} tls to {server_name}", c.endpoint.target)
+                }
             };
             *seen.entry(how).or_default() += 1;
         }
@@ -341,5 +449,122 @@ services:
         let c = choose_endpoint(&state, None, &fronted, 15008, &mut rng).unwrap();
         assert_eq!(c.endpoint.target.to_string(), "10.0.1.2:9090");
         assert_eq!(c.endpoint.transport, Transport::Plain);
+    }
+
+    const EGRESS: &str = r#"
+workloads:
+- {uid: wp, name: waypoint, namespace: shop, serviceAccount: waypoint, workloadIps: ["10.0.0.9"], protocol: HBONE}
+- {uid: se, name: api, namespace: shop, serviceAccount: default, hostname: api.example.test, protocol: NONE, services: {"shop/api.example.test": {80: 443}}}
+services:
+- {name: api, namespace: shop, hostname: api.example.test, vips: ["/240.240.0.10"], ports: {80: 443}}
+"#;
+
+    fn balancer_of(state: &ProxyState, fronted: &Fronted, tls: &str) -> Arc<Balancer> {
+        let text = format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: api, namespace: shop}}\nspec: {{host: api.example.test, trafficPolicy: {{tls: {tls}}}}}\n");
+        let parsed = ambit_manifests::parse_documents("dr.yaml", &text, &Default::default());
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let rules = crate::destination_rules::DestinationRules::new(
+            parsed
+                .destination_rules
+                .into_iter()
+                .map(|r| r.value)
+                .collect(),
+        );
+        let viewer = crate::destination_rules::Viewer {
+            namespace: "shop",
+            root_namespace: "istio-system",
+            cluster_domain: "cluster.local",
+        };
+        let _ = state;
+        crate::balancing::Balancers::default()
+            .for_target(&rules, viewer, fronted)
+            .unwrap()
+    }
+
+    #[test]
+    fn endpoints_known_by_hostname_with_and_without_tls_origination() {
+        let state = ProxyState::from_yaml("mesh", EGRESS).unwrap();
+        let me = state.workload_by_uid("wp");
+        let fronted = Fronted::Service {
+            service: state.service_by_key("shop/api.example.test").unwrap(),
+            port: 80,
+            vip: None,
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        // Without an address it is no candidate.
+        assert!(choose_endpoint(&state, me.as_deref(), &fronted, 15008, &mut rng).is_err());
+        let named = hostname_candidates(
+            &state,
+            fronted.service().unwrap(),
+            80,
+            me.as_deref().unwrap(),
+            PickMode::Standard,
+        )
+        .unwrap();
+        assert_eq!(named.len(), 1);
+        assert_eq!(named[0].1, 443, "the target port");
+        let resolved: Vec<Picked> = ["10.79.0.1", "10.79.0.2"]
+            .iter()
+            .map(|ip| Picked {
+                workload: named[0].0.clone(),
+                ip: ip.parse().unwrap(),
+                port: named[0].1,
+            })
+            .collect();
+        let choose = |balanced: Option<(&Balancer, Option<u64>)>,
+                      tried: &[SocketAddr],
+                      rng: &mut rand::rngs::StdRng| {
+            choose_among(
+                &state,
+                me.as_deref(),
+                &fronted,
+                15008,
+                tried,
+                balanced,
+                &resolved,
+                rng,
+            )
+            .unwrap()
+            .endpoint
+        };
+        // Plaintext to a resolved address; a retry to the other.
+        let e = choose(None, &[], &mut rng);
+        assert_eq!(e.transport, Transport::Plain);
+        let other = choose(None, &[e.target], &mut rng);
+        assert_ne!(other.target, e.target);
+        // SIMPLE: TLS, the SNI the ServiceEntry's host unless the rule names one.
+        let simple = balancer_of(&state, &fronted, "{mode: SIMPLE, insecureSkipVerify: true}");
+        match choose(Some((&simple, None)), &[], &mut rng).transport {
+            Transport::Tls { server_name, .. } => assert_eq!(server_name, "api.example.test"),
+            t => panic!("{t:?}"),
+        }
+        let named_sni = balancer_of(
+            &state,
+            &fronted,
+            "{mode: SIMPLE, insecureSkipVerify: true, sni: edge.example.test}",
+        );
+        match choose(Some((&named_sni, None)), &[], &mut rng).transport {
+            Transport::Tls { server_name, .. } => assert_eq!(server_name, "edge.example.test"),
+            t => panic!("{t:?}"),
+        }
+        // A rule whose files are missing: no endpoint is chosen (nothing is sent in
+        // plaintext instead), and the error names the file.
+        let broken = balancer_of(
+            &state,
+            &fronted,
+            "{mode: SIMPLE, caCertificates: /nonexistent/ca.pem}",
+        );
+        let e = choose_among(
+            &state,
+            me.as_deref(),
+            &fronted,
+            15008,
+            &[],
+            Some((&broken, None)),
+            &resolved,
+            &mut rng,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
     }
 }

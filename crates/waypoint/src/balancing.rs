@@ -22,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::destination_rules::{DestinationRules, Viewer};
 use crate::front::Fronted;
+use crate::tls_origin::{TlsOrigin, TlsSetupError};
 
 /// The balancers of the destinations that have a rule, made when first needed and made
 /// again when their rule changes.
@@ -91,6 +92,8 @@ pub struct Balancer {
     pool_size: AtomicUsize,
     pool: Option<Pool>,
     retries_in_flight: Arc<AtomicU32>,
+    /// The rule's TLS origination, built once (or why it cannot be).
+    tls: Option<Result<Arc<TlsOrigin>, TlsSetupError>>,
 }
 
 #[derive(Debug)]
@@ -114,7 +117,15 @@ impl Balancer {
             waiting: AtomicU32::new(0),
             max_waiting: policy.connection_pool.max_pending_requests,
         });
+        let tls = policy.tls.as_ref().map(|t| {
+            let origin = TlsOrigin::build(format!("{} port {port}", rule.key()), t);
+            if let Err(e) = &origin {
+                tracing::error!("{e}: requests to endpoints outside the mesh are not sent");
+            }
+            origin.map(Arc::new)
+        });
         Balancer {
+            tls,
             outlier: policy.outlier.map(|o| Mutex::new(Detector::new(o))),
             pool,
             policy,
@@ -125,6 +136,15 @@ impl Balancer {
             table: Mutex::new(None),
             pool_size: AtomicUsize::new(0),
             retries_in_flight: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// The rule's TLS origination for endpoints outside the mesh, if it asks for one.
+    pub fn tls(&self) -> Result<Option<&Arc<TlsOrigin>>, &TlsSetupError> {
+        match &self.tls {
+            None => Ok(None),
+            Some(Ok(origin)) => Ok(Some(origin)),
+            Some(Err(e)) => Err(e),
         }
     }
 

@@ -83,6 +83,9 @@ pub struct Config {
     /// `x-forwarded-client-cert` (default off), as Istio's Gateway annotation
     /// `ambient.istio.io/xfcc-include-client-identity` does.
     pub xfcc_client_identity: bool,
+    /// `AMBIT_RESOLV_CONF` (default `/etc/resolv.conf`): the nameservers that resolve
+    /// endpoints known by hostname (ServiceEntry `resolution: DNS`).
+    pub resolv_conf: PathBuf,
 }
 
 /// Where the L7 configuration comes from. Never the `XDS_ADDRESS` stream: istiod answers
@@ -264,6 +267,10 @@ impl Config {
         Ok(Config {
             upgrade_types,
             xfcc_client_identity: env.bool("AMBIT_XFCC_INCLUDE_CLIENT_IDENTITY", false)?,
+            resolv_conf: env
+                .get("AMBIT_RESOLV_CONF")
+                .filter(|p| !p.is_empty())
+                .map_or_else(|| PathBuf::from("/etc/resolv.conf"), PathBuf::from),
             namespace,
             pod_name,
             gateway,
@@ -414,6 +421,7 @@ mod tests {
         assert!(matches!(c.ca, CaSource::Ephemeral));
         assert_eq!(c.upgrade_types.names(), ["websocket"]);
         assert!(!c.xfcc_client_identity);
+        assert_eq!(c.resolv_conf.as_os_str(), "/etc/resolv.conf");
         assert!(matches!(&c.l7, L7Source::File(p) if p.as_os_str() == "/policies"));
     }
 

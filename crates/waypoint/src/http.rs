@@ -374,6 +374,8 @@ async fn handle_request(
         .iter()
         .filter_map(|target| mirror(&wp, &state, target, &head, version))
         .collect();
+    // Endpoints known by hostname (a ServiceEntry's), resolved once per request.
+    let resolved = crate::balance::resolve_hostnames(&wp, &state, &fwd.target).await;
     // A DestinationRule's balancer: the request's hash, and a place in the pool.
     let balancer = wp.balancer_for(&fwd.target);
     let mut set_cookie = None;
@@ -457,7 +459,7 @@ async fn handle_request(
                 // A new try: the last one's answer is not wanted any more.
                 answered = None;
                 let balanced = balancer.as_deref().map(|b| (b, hash));
-                let chosen = choose(&wp, &state, &fwd.target, &tried, balanced);
+                let chosen = choose(&wp, &state, &fwd.target, &tried, balanced, &resolved);
                 let Choice { endpoint, workload } = match chosen {
                     Ok(c) => c,
                     Err(e) => {
@@ -744,7 +746,7 @@ fn mirror(
     version: Version,
 ) -> Option<crate::replay::MirrorSender> {
     let permit = wp.mirrors.clone().try_acquire_owned().ok()?;
-    let choice = match choose(wp, state, target, &[], None) {
+    let choice = match choose(wp, state, target, &[], None, &[]) {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(mirror = %target.describe(), "mirror skipped: {e}");

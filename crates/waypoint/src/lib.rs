@@ -44,10 +44,12 @@ pub mod metrics;
 pub mod policies;
 pub mod replay;
 pub mod request_plan;
+pub mod resolver;
 pub mod retry_budget;
 pub mod route_status;
 pub mod run;
 pub mod tcp;
+pub mod tls_origin;
 pub mod tunnel;
 pub mod upstream;
 pub mod workers;
@@ -83,6 +85,9 @@ pub struct Waypoint {
     /// DestinationRules, and the state of the destinations they apply to.
     pub destination_rules: Shared<destination_rules::DestinationRules>,
     pub balancers: Arc<balancing::Balancers>,
+    /// Resolves endpoints known by hostname; `None` when the resolv.conf is unusable
+    /// (then those endpoints are never chosen).
+    pub resolver: Option<Arc<resolver::HostResolver>>,
     /// Mirrored requests in flight: past the bound, a mirror is skipped.
     pub mirrors: Arc<tokio::sync::Semaphore>,
     /// The onward connection pools: one per worker thread ([`workers`]), so a request

@@ -73,6 +73,18 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
     let authns = Shared::new(AuthnSet::default());
     let destination_rules = Shared::new(DestinationRules::default());
     let balancers = Arc::new(crate::balancing::Balancers::default());
+    let resolver = match crate::resolver::HostResolver::from_resolv_conf(&cfg.resolv_conf) {
+        Ok(r) => {
+            r.register(&mut registry);
+            Some(Arc::new(r))
+        }
+        Err(e) => {
+            tracing::warn!(
+                "{e}: endpoints known by hostname (ServiceEntry resolution DNS) are not reachable"
+            );
+            None
+        }
+    };
     let jwks = Arc::new(jwks_cache()?);
     let l7 = L7Sinks {
         policies: policies.clone(),
@@ -97,6 +109,7 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         routes,
         destination_rules,
         balancers,
+        resolver,
         mirrors: Arc::new(tokio::sync::Semaphore::new(crate::MAX_MIRRORS)),
         upstreams: (0..=workers.count())
             .map(|_| Upstream::new(certs.clone(), identity.clone(), cfg.instance_ip))

@@ -87,10 +87,11 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<Connected
         },
         None => None,
     };
+    let resolved = crate::balance::resolve_hostnames(wp, &state, &down.fronted).await;
     let mut tried = Vec::with_capacity(crate::http::CONNECT_ATTEMPTS);
     for _ in 0..crate::http::CONNECT_ATTEMPTS {
         let balanced = balancer.as_deref().map(|b| (b, hash));
-        let choice = match choose(wp, &state, &down.fronted, &tried, balanced) {
+        let choice = match choose(wp, &state, &down.fronted, &tried, balanced, &resolved) {
             Ok(c) => c,
             Err(e) => {
                 tracing::info!(fronted = %down.fronted.describe(), "opaque tunnel: {e}");

@@ -41,6 +41,11 @@ pub enum Transport {
     },
     /// Plain TCP to the target: a workload outside the mesh.
     Plain,
+    /// TLS over TCP to the target (a DestinationRule's `tls`), sending `server_name`.
+    Tls {
+        origin: Arc<crate::tls_origin::TlsOrigin>,
+        server_name: String,
+    },
 }
 
 /// One endpoint and how it is reached.
@@ -111,6 +116,12 @@ impl Upstream {
         endpoint: &Endpoint,
         version: Version,
     ) -> Result<Sender, UpstreamError> {
+        // Originated TLS offers only HTTP/1.1 (an origin outside the mesh may speak
+        // nothing else).
+        let version = match endpoint.transport {
+            Transport::Tls { .. } => Version::Http1,
+            _ => version,
+        };
         Ok(match version {
             Version::Http2 => Sender::Http2(self.h2_sender(endpoint).await?),
             Version::Http1 => Sender::Http1 {
@@ -219,6 +230,31 @@ impl Upstream {
                 let _ = tcp.set_nodelay(true);
                 Ok(Onward::Tcp(tcp))
             }
+            Transport::Tls {
+                origin,
+                server_name,
+            } => {
+                let name =
+                    rustls::pki_types::ServerName::try_from(server_name.clone()).map_err(|_| {
+                        UpstreamError::Connect(format!(
+                            "{server_name:?} is not a server name to send"
+                        ))
+                    })?;
+                let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
+                    let tcp = tcp_connect(endpoint.target, self.source_ip)
+                        .await
+                        .map_err(|e| format!("TCP connect: {e}"))?;
+                    let _ = tcp.set_nodelay(true);
+                    tokio_rustls::TlsConnector::from(origin.config.clone())
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("TLS to {server_name}: {e}"))
+                })
+                .await
+                .map_err(|_| UpstreamError::Connect("TCP and TLS connect timed out".into()))?
+                .map_err(UpstreamError::Connect)?;
+                Ok(Onward::Tls(Box::new(connected)))
+            }
             Transport::Hbone {
                 next_hop,
                 identities,
@@ -293,6 +329,31 @@ fn unspecified(like: IpAddr) -> IpAddr {
     }
 }
 
+/// A request made for HTTP/2 sent on HTTP/1.1 (to an origin that speaks only that):
+/// `Host` from its authority, the target in origin form.
+fn as_http1(mut req: http::Request<Body>) -> http::Request<Body> {
+    if req.version() != http::Version::HTTP_2 {
+        return req;
+    }
+    *req.version_mut() = http::Version::HTTP_11;
+    if let Some(authority) = req.uri().authority().cloned() {
+        if !req.headers().contains_key(http::header::HOST) {
+            if let Ok(v) = http::HeaderValue::from_str(authority.as_str()) {
+                req.headers_mut().insert(http::header::HOST, v);
+            }
+        }
+    }
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    if let Ok(uri) = target.parse() {
+        *req.uri_mut() = uri;
+    }
+    req
+}
+
 /// A connection taken from the pool for one request.
 pub enum Sender {
     Http2(http2::SendRequest<Body>),
@@ -322,7 +383,7 @@ impl Sender {
                 mut sender,
                 pool,
                 endpoint,
-            } => match sender.try_send_request(req).await {
+            } => match sender.try_send_request(as_http1(req)).await {
                 Ok(r) => Ok(r.map(|inner| {
                     HandsBack {
                         inner,
@@ -424,6 +485,8 @@ fn refused_stream(error: &(dyn std::error::Error + 'static)) -> bool {
 pub enum Onward {
     Hbone(Box<ambit_hbone::H2Stream>),
     Tcp(tokio::net::TcpStream),
+    /// TLS originated to an endpoint outside the mesh.
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
 }
 
 impl AsyncRead for Onward {
@@ -435,6 +498,7 @@ impl AsyncRead for Onward {
         match self.get_mut() {
             Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
             Onward::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Onward::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -448,6 +512,7 @@ impl AsyncWrite for Onward {
         match self.get_mut() {
             Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
             Onward::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Onward::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -458,6 +523,7 @@ impl AsyncWrite for Onward {
         match self.get_mut() {
             Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
             Onward::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Onward::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -468,6 +534,7 @@ impl AsyncWrite for Onward {
         match self.get_mut() {
             Onward::Hbone(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
             Onward::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Onward::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -87,6 +87,29 @@ pub fn endpoint_candidates(
     })
 }
 
+/// The endpoints of `svc` known by a hostname only (a ServiceEntry's with `resolution:
+/// DNS`), each with its target port, eligible as [`endpoint_candidates`]'s are but for
+/// the address, which the caller resolves.
+pub fn hostname_candidates(
+    state: &ProxyState,
+    svc: &Service,
+    port: u16,
+    source: &Workload,
+    mode: PickMode,
+) -> Result<Vec<(Arc<Workload>, u16)>, RouteError> {
+    let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+    let eligible = Eligibility::new(svc, port, unspecified, source, mode)?;
+    Ok(match state.endpoint_index(&eligible.key) {
+        Some(index) => index
+            .endpoints
+            .iter()
+            .filter(|w| w.workload_ips.is_empty() && !w.hostname.is_empty())
+            .filter_map(|w| eligible.check_but_address(w).map(|port| (w.clone(), port)))
+            .collect(),
+        None => Vec::new(),
+    })
+}
+
 /// What makes an endpoint of one service eligible for one connection.
 struct Eligibility<'a> {
     svc: &'a Service,
@@ -134,7 +157,8 @@ impl<'a> Eligibility<'a> {
         )
     }
 
-    fn check(&self, wl: &Arc<Workload>) -> Option<Picked> {
+    /// Every check but the address's: the target port.
+    fn check_but_address(&self, wl: &Arc<Workload>) -> Option<u16> {
         let ports = wl.services.get(self.key.as_str())?;
         if !self.allow_unhealthy && wl.status != HealthStatus::Healthy {
             return None;
@@ -144,7 +168,11 @@ impl<'a> Eligibility<'a> {
         if wl.network != self.source.network {
             return None;
         }
-        let port = target_port(wl, ports, self.port, self.svc_target)?;
+        target_port(wl, ports, self.port, self.svc_target)
+    }
+
+    fn check(&self, wl: &Arc<Workload>) -> Option<Picked> {
+        let port = self.check_but_address(wl)?;
         // Endpoints without a usable IP (hostname-only: on-demand DNS; none: network
         // gateway) are not candidates yet.
         let ip = pick_ip(self.svc, wl, self.dialed_ip)?;

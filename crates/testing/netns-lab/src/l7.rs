@@ -279,10 +279,21 @@ impl L7Lab {
         policies: &str,
         extra_env: &[(&str, String)],
     ) -> anyhow::Result<L7Lab> {
+        Self::launch_with_mesh(tag, ambit, policies, extra_env, &l7_mesh())
+    }
+
+    /// [`L7Lab::launch_with_env`] with `mesh` (the local config both node proxies and the
+    /// waypoint read: [`l7_mesh`] with more in it, say) in place of [`l7_mesh`].
+    pub fn launch_with_mesh(
+        tag: &str,
+        ambit: &Path,
+        policies: &str,
+        extra_env: &[(&str, String)],
+        mesh: &str,
+    ) -> anyhow::Result<L7Lab> {
         let proxy = NodeProxy::Ambit(ambit.to_path_buf());
-        let mesh = l7_mesh();
         let nodes = TwoNodes::launch(TwoNodesSpec {
-            mesh: Some(&mesh),
+            mesh: Some(mesh),
             ..TwoNodesSpec::pair(tag, &proxy)
         })?;
         // The dead pod's address is there, with nothing listening: connections to it are
