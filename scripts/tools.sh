@@ -28,7 +28,8 @@ BUILD_TOOLS=(make=make cc=gcc)
 # The fuzz crate's seed tests: libfuzzer-sys builds libFuzzer, which is C++.
 FUZZ_TOOLS=(c++=g++)
 # The tools the end-to-end tests use.
-NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 curl=curl dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins)
+# dnsmasq: the independent DNS server the egress waypoint resolves through.
+NETNS_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump iperf3=iperf3 curl=curl dig=dnsutils dnsmasq=dnsmasq-base /usr/lib/cni/bridge=containernetworking-plugins)
 # The demo's: nodes, capture rules, ipsets, the CNI plugins, tcpdump to show the wire, and
 # kubectl to apply a waypoint's policy.
 DEMO_TOOLS=(ip=iproute2 iptables=iptables ipset=ipset tcpdump=tcpdump dig=dnsutils /usr/lib/cni/bridge=containernetworking-plugins kubectl=kubernetes-client)
