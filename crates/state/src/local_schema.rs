@@ -309,12 +309,7 @@ policies:
             (
                 "bad protocol",
                 "workloads:\n- name: a\n  namespace: b\n- name: c\n  namespace: d\n  protocol: HBONEE\n".into(),
-                "f.yaml: line 6, column 13: workloads[1].protocol: unknown variant `HBONEE`, expected `HBONE` or `TCP`",
-            ),
-            (
-                "legacy mtls",
-                format!("{W}  protocol: LEGACY_ISTIO_MTLS\n"),
-                "f.yaml: line 4, column 13: workloads[0].protocol: tunnel protocol LEGACY_ISTIO_MTLS is not supported (expected HBONE or TCP)",
+                "f.yaml: line 6, column 13: workloads[1].protocol: unknown variant `HBONEE`, expected one of `HBONE`, `TCP`, `LEGACY_ISTIO_MTLS`",
             ),
             (
                 "unknown top-level field",

@@ -31,9 +31,11 @@ string_enum! {
         /// Plain TCP: the workload is not captured by the mesh.
         #[default]
         Tcp = "TCP" | "NONE",
-    }
-    reject {
-        "LEGACY_ISTIO_MTLS" => "tunnel protocol LEGACY_ISTIO_MTLS is not supported (expected HBONE or TCP)",
+        /// Istio mTLS to the workload's own port: a pod with a sidecar (the middle of a
+        /// sidecar to ambient migration). Waypoints reach it so; node proxies never choose
+        /// it as a service endpoint (ztunnel refuses such workloads), and send to its
+        /// address as to any workload outside the mesh.
+        LegacyIstioMtls = "LEGACY_ISTIO_MTLS",
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ambit_identity::SpiffeId;
 use ambit_state::{
-    endpoint_candidates, hostname_candidates, pick_endpoint, PickMode, Picked, ProxyState,
+    endpoint_candidates, hostname_candidates, pick_waypoint_endpoint, PickMode, Picked, ProxyState,
     RouteError, TunnelProtocol, Workload,
 };
 
@@ -56,7 +56,7 @@ pub fn choose_endpoint(
             let me = me.ok_or(NoEndpoint::NoSelf)?;
             let dialed = vip.or_else(|| service.vips.first().map(|v| v.address));
             let dialed = dialed.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-            let picked = pick_endpoint(state, service, *port, dialed, me, PickMode::Standard, rng)?;
+            let picked = pick_waypoint_endpoint(state, service, *port, dialed, me, rng)?;
             Ok(service_choice(service, picked, hbone_port, None))
         }
         Fronted::Workload { workload, port } => {
@@ -85,7 +85,8 @@ fn endpoint_of(
             next_hop: SocketAddr::new(ip, hbone_port),
             identities,
         },
-        _ => Transport::Plain,
+        TunnelProtocol::LegacyIstioMtls => Transport::IstioMtls { identities },
+        TunnelProtocol::Tcp => Transport::Plain,
     };
     Endpoint { target, transport }
 }

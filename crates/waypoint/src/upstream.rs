@@ -27,6 +27,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle HTTP/1.1 connections kept per endpoint.
 pub const MAX_IDLE_H1: usize = 64;
+/// The ALPN a sidecar's inbound listener takes Istio mTLS with.
+pub const ISTIO_ALPN: &[u8] = b"istio";
 /// How long a new onward tunnel and its HTTP handshake may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -41,6 +43,10 @@ pub enum Transport {
     },
     /// Plain TCP to the target: a workload outside the mesh.
     Plain,
+    /// Istio mTLS to the target's own port, as to a pod with a sidecar (its inbound
+    /// listener): the waypoint's certificate, ALPN `istio`, the server one of
+    /// `identities`.
+    IstioMtls { identities: Vec<SpiffeId> },
     /// TLS over TCP to the target (a DestinationRule's `tls`), sending `server_name`.
     Tls {
         origin: Arc<crate::tls_origin::TlsOrigin>,
@@ -229,6 +235,32 @@ impl Upstream {
                 .map_err(|e| UpstreamError::Connect(format!("TCP connect: {e}")))?;
                 let _ = tcp.set_nodelay(true);
                 Ok(Onward::Tcp(tcp))
+            }
+            Transport::IstioMtls { identities } => {
+                let tls = self
+                    .certs
+                    .client_config(&self.identity, identities)
+                    .await
+                    .map_err(|e| UpstreamError::Connect(format!("no client TLS: {e}")))?;
+                let mut config = (*tls).clone();
+                config.alpn_protocols = vec![ISTIO_ALPN.to_vec()];
+                let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
+                    let tcp = tcp_connect(endpoint.target, self.source_ip)
+                        .await
+                        .map_err(|e| format!("TCP connect: {e}"))?;
+                    let _ = tcp.set_nodelay(true);
+                    // The name is not what is checked: the verifier wants a SPIFFE id.
+                    let name =
+                        rustls::pki_types::ServerName::IpAddress(endpoint.target.ip().into());
+                    tokio_rustls::TlsConnector::from(Arc::new(config))
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("Istio mTLS to {}: {e}", endpoint.target))
+                })
+                .await
+                .map_err(|_| UpstreamError::Connect("TCP and mTLS connect timed out".into()))?
+                .map_err(UpstreamError::Connect)?;
+                Ok(Onward::Tls(Box::new(connected)))
             }
             Transport::Tls {
                 origin,

@@ -189,12 +189,7 @@ pub fn workload_from_proto(p: pw::Workload) -> Result<Workload, ConvertError> {
     let protocol = match pw::TunnelProtocol::try_from(p.tunnel_protocol).unwrap_or_default() {
         pw::TunnelProtocol::None => TunnelProtocol::Tcp,
         pw::TunnelProtocol::Hbone => TunnelProtocol::Hbone,
-        pw::TunnelProtocol::LegacyIstioMtls => {
-            return Err(err(
-                "tunnelProtocol",
-                "LEGACY_ISTIO_MTLS is not supported (expected HBONE or NONE)",
-            ))
-        }
+        pw::TunnelProtocol::LegacyIstioMtls => TunnelProtocol::LegacyIstioMtls,
     };
     let mut workload_ips = Vec::with_capacity(p.addresses.len());
     for (i, a) in p.addresses.iter().enumerate() {
@@ -498,6 +493,7 @@ pub fn to_proto_workload(w: &Workload) -> pw::Workload {
         tunnel_protocol: match w.protocol {
             TunnelProtocol::Hbone => pw::TunnelProtocol::Hbone,
             TunnelProtocol::Tcp => pw::TunnelProtocol::None,
+            TunnelProtocol::LegacyIstioMtls => pw::TunnelProtocol::LegacyIstioMtls,
         } as i32,
         trust_domain: w.trust_domain.to_string(),
         service_account: w.service_account.to_string(),

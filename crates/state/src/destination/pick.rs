@@ -53,7 +53,30 @@ pub fn pick_endpoint(
     mode: PickMode,
     rng: &mut impl Rng,
 ) -> Result<Picked, RouteError> {
-    let eligible = Eligibility::new(svc, port, dialed_ip, source, mode)?;
+    let eligible = Eligibility::new(svc, port, dialed_ip, source, mode, false)?;
+    pick_eligible(state, svc, eligible, rng)
+}
+
+/// [`pick_endpoint`] for a waypoint: endpoints on sidecars (`LEGACY_ISTIO_MTLS`) are
+/// candidates too, reached with Istio mTLS.
+pub fn pick_waypoint_endpoint(
+    state: &ProxyState,
+    svc: &Service,
+    port: u16,
+    dialed_ip: IpAddr,
+    source: &Workload,
+    rng: &mut impl Rng,
+) -> Result<Picked, RouteError> {
+    let eligible = Eligibility::new(svc, port, dialed_ip, source, PickMode::Standard, true)?;
+    pick_eligible(state, svc, eligible, rng)
+}
+
+fn pick_eligible(
+    state: &ProxyState,
+    svc: &Service,
+    eligible: Eligibility<'_>,
+    rng: &mut impl Rng,
+) -> Result<Picked, RouteError> {
     let no_upstream = || RouteError::NoHealthyUpstream { service: svc.key() };
     let Some(index) = state.endpoint_index(&eligible.key) else {
         return Err(no_upstream());
@@ -80,7 +103,7 @@ pub fn endpoint_candidates(
     source: &Workload,
     mode: PickMode,
 ) -> Result<Vec<Picked>, RouteError> {
-    let eligible = Eligibility::new(svc, port, dialed_ip, source, mode)?;
+    let eligible = Eligibility::new(svc, port, dialed_ip, source, mode, true)?;
     Ok(match state.endpoint_index(&eligible.key) {
         Some(index) => eligible.all(index.endpoints.iter()),
         None => Vec::new(),
@@ -98,7 +121,7 @@ pub fn hostname_candidates(
     mode: PickMode,
 ) -> Result<Vec<(Arc<Workload>, u16)>, RouteError> {
     let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
-    let eligible = Eligibility::new(svc, port, unspecified, source, mode)?;
+    let eligible = Eligibility::new(svc, port, unspecified, source, mode, true)?;
     Ok(match state.endpoint_index(&eligible.key) {
         Some(index) => index
             .endpoints
@@ -119,6 +142,8 @@ struct Eligibility<'a> {
     dialed_ip: IpAddr,
     source: &'a Workload,
     allow_unhealthy: bool,
+    /// Whether endpoints on sidecars (`LEGACY_ISTIO_MTLS`) are candidates: a waypoint's.
+    sidecars: bool,
 }
 
 impl<'a> Eligibility<'a> {
@@ -128,6 +153,7 @@ impl<'a> Eligibility<'a> {
         dialed_ip: IpAddr,
         source: &'a Workload,
         mode: PickMode,
+        sidecars: bool,
     ) -> Result<Self, RouteError> {
         let svc_target = match (svc.ports.get(&port), mode) {
             (Some(&t), _) => t,
@@ -147,6 +173,7 @@ impl<'a> Eligibility<'a> {
             dialed_ip,
             source,
             allow_unhealthy: svc.health_policy() == LoadBalancerHealthPolicy::AllowAll,
+            sidecars,
         })
     }
 
@@ -161,6 +188,9 @@ impl<'a> Eligibility<'a> {
     fn check_but_address(&self, wl: &Arc<Workload>) -> Option<u16> {
         let ports = wl.services.get(self.key.as_str())?;
         if !self.allow_unhealthy && wl.status != HealthStatus::Healthy {
+            return None;
+        }
+        if !self.sidecars && wl.protocol == crate::workload::TunnelProtocol::LegacyIstioMtls {
             return None;
         }
         // Endpoints in another network need double HBONE through their network gateway

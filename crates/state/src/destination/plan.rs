@@ -116,7 +116,9 @@ fn direct(
                 service,
             }
         }
-        TunnelProtocol::Tcp => Route::Tcp {
+        // A sidecar's pod: sent to as ztunnel sends to an address it does not know (it
+        // refuses such workloads), in plaintext.
+        TunnelProtocol::Tcp | TunnelProtocol::LegacyIstioMtls => Route::Tcp {
             target: authority,
             destination: Some(wl),
             service,
@@ -523,6 +525,61 @@ services:
             pick_endpoint(&s, &svc, 81, dialed, &src, PickMode::Waypoint, &mut rng),
             Err(RouteError::NoHealthyUpstream { .. })
         ));
+    }
+
+    #[test]
+    fn sidecar_endpoints_are_a_waypoints_only() {
+        use crate::workload::TunnelProtocol;
+        let mut s = ProxyState::from_yaml("mesh", MESH).unwrap();
+        let mut w = Workload::new("sidecar", "default");
+        w.workload_ips = vec!["10.0.3.3".parse().unwrap()];
+        w.protocol = TunnelProtocol::LegacyIstioMtls;
+        w.services.insert(
+            "default/legacy.default.svc.cluster.local".into(),
+            [(80, 8080)].into(),
+        );
+        s.insert_workload(w).unwrap();
+        s.insert_service(
+            crate::local_schema::parse_local_config(
+                "svc.yaml",
+                "services:\n- {name: legacy, namespace: default, hostname: legacy.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {80: 8080}}\n",
+            )
+            .unwrap()
+            .services
+            .remove(0),
+        )
+        .unwrap();
+        let svc = s
+            .service_by_key("default/legacy.default.svc.cluster.local")
+            .unwrap();
+        let src = s
+            .find_local_workload("default", "client", "client", None)
+            .unwrap();
+        let dialed: IpAddr = "10.96.0.30".parse().unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        // A node proxy never picks it (ztunnel refuses such workloads)...
+        assert!(matches!(
+            pick_endpoint(&s, &svc, 80, dialed, &src, PickMode::Standard, &mut rng),
+            Err(RouteError::NoHealthyUpstream { .. })
+        ));
+        // ...a waypoint does, and so do its candidate lists.
+        let p = super::super::pick::pick_waypoint_endpoint(&s, &svc, 80, dialed, &src, &mut rng)
+            .unwrap();
+        assert_eq!((p.workload.name.as_str(), p.port), ("sidecar", 8080));
+        let all =
+            super::super::pick::endpoint_candidates(&s, &svc, 80, dialed, &src, PickMode::Standard)
+                .unwrap();
+        assert_eq!(all.len(), 1);
+        // Addressed directly, it is sent to in plaintext, as to any address ztunnel does
+        // not know.
+        let input = RouteInput {
+            source: &src,
+            dst: "10.0.3.3:8080".parse().unwrap(),
+            src_ip: "10.0.0.2".parse().unwrap(),
+            network: "",
+            hbone_port: 15008,
+        };
+        assert!(matches!(route(&s, &input, &mut rng), Ok(Route::Tcp { .. })));
     }
 
     #[test]

@@ -105,7 +105,6 @@ fn workload_rejects() {
     let cases: &[(&str, Edit, &str)] = &[
         ("short address", |p| p.addresses.push(vec![1, 2, 3].into()), "addresses[1]: address must be 4 or 16 bytes, got 3"),
         ("empty address", |p| p.addresses = vec![vec![].into()], "addresses[0]: address must be 4 or 16 bytes, got 0"),
-        ("legacy mtls", |p| p.tunnel_protocol = pw::TunnelProtocol::LegacyIstioMtls as i32, "tunnelProtocol: LEGACY_ISTIO_MTLS is not supported (expected HBONE or NONE)"),
         ("waypoint without destination", |p| p.waypoint = Some(pw::GatewayAddress { destination: None, hbone_mtls_port: 15008 }), "waypoint: gateway address has no destination"),
         ("gateway without destination", |p| p.network_gateway = Some(pw::GatewayAddress { destination: None, hbone_mtls_port: 15008 }), "networkGateway: gateway address has no destination"),
         ("gateway bad address", |p| p.network_gateway = Some(gw_addr(vec![1])), "networkGateway.address: address must be 4 or 16 bytes, got 1"),
@@ -426,4 +425,18 @@ fn round_trip_through_the_wire() {
     assert_eq!(state.workloads().count(), 2);
     assert_eq!(state.services().count(), 2);
     assert_eq!(state.policies().count(), 2);
+}
+
+#[test]
+fn a_sidecars_workload_is_kept_with_its_protocol() {
+    // LEGACY_ISTIO_MTLS (a pod with a sidecar): read and sent on as it came, for the
+    // waypoints that reach it with Istio mTLS (node proxies never pick it).
+    let mut p = base_workload();
+    p.tunnel_protocol = pw::TunnelProtocol::LegacyIstioMtls as i32;
+    let w = workload(p).unwrap();
+    assert_eq!(w.protocol, TunnelProtocol::LegacyIstioMtls);
+    assert_eq!(
+        to_proto_workload(&w).tunnel_protocol,
+        pw::TunnelProtocol::LegacyIstioMtls as i32
+    );
 }
