@@ -375,6 +375,7 @@ services:
                 Transport::Tls { server_name, .. } => {
                     format!("{} tls to {server_name}", c.endpoint.target)
                 }
+                Transport::IstioMtls { .. } => format!("{} istio mtls", c.endpoint.target),
             };
             *seen.entry(how).or_default() += 1;
         }
