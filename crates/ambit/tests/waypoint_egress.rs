@@ -153,6 +153,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "sni": getattr(conn, "sni", None),
             "tls": hasattr(conn, "version") and conn.version(),
             "client": subject,
+            "x-egress": self.headers.get("x-egress"),
         }).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -327,6 +328,17 @@ spec:
   targetRefs: [{{kind: ServiceEntry, group: networking.istio.io, name: api}}]
   action: DENY
   rules: [{{to: [{{operation: {{paths: [\"/admin*\"]}}}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: api-egress, namespace: default}}
+spec:
+  parentRefs: [{{kind: ServiceEntry, group: networking.istio.io, name: api}}]
+  rules:
+  - filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {{set: [{{name: x-egress, value: via-route}}]}}
+    backendRefs: [{{kind: ServiceEntry, group: networking.istio.io, name: api, port: 80}}]
 ",
         ca = pki.path("server-ca.pem"),
         cert = pki.path("client.pem"),
@@ -399,6 +411,8 @@ fn egress_with_dns_resolution_and_tls_origination() {
         seen["tls"].as_str().unwrap().starts_with("TLSv1."),
         "{seen}"
     );
+    // The HTTPRoute attached to the ServiceEntry applied.
+    assert_eq!(seen["x-egress"], "via-route");
 
     // MUTUAL: the waypoint presents the rule's client certificate.
     let r = get(&lab, "mtls.example.test", "/");

@@ -520,3 +520,53 @@ spec:
         "{metrics}"
     );
 }
+
+#[test]
+fn routes_attached_to_the_waypoints_gateway_serve_services_without_their_own() {
+    // One route on the waypoint's Gateway (its GATEWAY_NAME is its service account,
+    // `waypoint`), one on `echo`: `echo` keeps its own; `flaky` has none and takes the
+    // Gateway's.
+    let routes = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: whole-waypoint, namespace: default}
+spec:
+  parentRefs: [{name: waypoint}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /gw}}]
+    filters:
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: {set: [{name: x-route, value: gateway}]}
+    backendRefs: [{name: echo-v2, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: echo-own, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo}]
+  rules:
+  - backendRefs: [{name: echo-v1, port: 80}]
+"#;
+    let lab = launch("wp-gw-routes", routes);
+    let flaky = |path: &str| {
+        let mut req = request("GET", path).unwrap();
+        let host = ambit_netns_lab::l7::FLAKY_HOST;
+        *req.uri_mut() = format!("http://{host}{path}").parse().unwrap();
+        req.headers_mut().insert("host", host.parse().unwrap());
+        lab.send_http1_to(
+            std::net::SocketAddr::from((ambit_netns_lab::l7::FLAKY_VIP, 80)),
+            vec![req],
+        )
+        .unwrap()
+        .remove(0)
+    };
+    let r = flaky("/gw/1");
+    assert_eq!((r.status, r.pod()), (200, Some(PLAIN_POD)), "{r:?}");
+    assert_eq!(header(&r, "x-route"), Some("gateway"));
+    // Routes are bound to flaky (the Gateway's) and none matches: 404.
+    assert_eq!(flaky("/other").status, 404);
+    // echo has its own route: the Gateway's never applies to it.
+    let r = get(&lab, "/gw/1", &[]);
+    assert_eq!((r.status, r.pod()), (200, Some(SERVER_POD)), "{r:?}");
+    assert_eq!(header(&r, "x-route"), None);
+}

@@ -50,6 +50,9 @@ impl fmt::Display for ServiceKey {
 pub struct Frontend {
     pub service: ServiceKey,
     pub port: u16,
+    /// The waypoint's Gateway (`namespace/name`), whose routes apply when the Service has
+    /// none of its own.
+    pub gateway: Option<std::sync::Arc<ServiceKey>>,
 }
 
 /// Which API a route was written in. HTTPRoutes and GRPCRoutes are never merged on one
@@ -143,12 +146,26 @@ impl Route {
     }
 }
 
-/// A Service `parentRef`: the route applies to `port` of the Service, or to every port
-/// when `port` is `None`.
+/// A `parentRef`: the route applies to `port` of the Service (or ServiceEntry), or to
+/// every port when `port` is `None`; or to every frontend of a waypoint Gateway without
+/// routes of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParentRef {
+    /// The Service's or ServiceEntry's namespace and name, or the Gateway's.
     pub service: ServiceKey,
     pub port: Option<u16>,
+    pub kind: ParentKind,
+}
+
+/// What a `parentRef` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ParentKind {
+    /// A Service (core group) or a ServiceEntry (`networking.istio.io`): both are Services
+    /// in the mesh state, by namespace and name.
+    #[default]
+    Service,
+    /// A waypoint Gateway (`gateway.networking.k8s.io`).
+    Gateway,
 }
 
 /// One rule: any of its matches selects it.

@@ -18,7 +18,9 @@ use std::sync::Arc;
 
 use http::HeaderMap;
 
-use crate::model::{Frontend, PathMatch, Route, RouteKind, RouteMatch, Rule, ServiceKey};
+use crate::model::{
+    Frontend, ParentKind, PathMatch, Route, RouteKind, RouteMatch, Rule, ServiceKey,
+};
 use crate::path::prefix_matches;
 
 /// A request, as far as routes look at it.
@@ -79,16 +81,28 @@ struct Attached {
     port: Option<u16>,
 }
 
-/// Every route of a waypoint, indexed by the Service it attaches to, each Service's
-/// matches in precedence order. Built once per change of the routes.
+/// The routes attached to one parent (a Service or ServiceEntry, or a waypoint Gateway),
+/// its matches in precedence order.
+#[derive(Debug, Clone, Default)]
+struct Attachment {
+    entries: Vec<Entry>,
+    attached: Vec<Attached>,
+    /// The exact-path entries by path (indices into the entries, in order) and where the
+    /// entries that are not exact begin: exact matches come first in the order, so a
+    /// request looks at those of its own path only, then scans the rest.
+    exact: HashMap<String, Vec<usize>>,
+    rest: usize,
+}
+
+/// Every route of a waypoint, indexed by the parent it attaches to. Built once per change
+/// of the routes.
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable {
     routes: Vec<Arc<Route>>,
-    by_service: HashMap<ServiceKey, (Vec<Entry>, Vec<Attached>)>,
-    /// Per Service, its exact-path entries by path (indices into its entries, in order)
-    /// and where the entries that are not exact begin: exact matches come first in the
-    /// order, so a request looks at those of its own path only, then scans the rest.
-    exact: HashMap<ServiceKey, (HashMap<String, Vec<usize>>, usize)>,
+    by_service: HashMap<ServiceKey, Attachment>,
+    /// Routes whose parent is a waypoint Gateway (`namespace/name`): for the frontends of
+    /// that waypoint that have no route of their own.
+    by_gateway: HashMap<ServiceKey, Attachment>,
 }
 
 /// The order of one match: smaller first.
@@ -129,17 +143,22 @@ fn sort_key(route: &Route, rule: usize, matched: usize) -> SortKey {
 impl RouteTable {
     pub fn new(routes: impl IntoIterator<Item = Arc<Route>>) -> RouteTable {
         let routes: Vec<Arc<Route>> = routes.into_iter().collect();
-        let mut by_service: HashMap<ServiceKey, (Vec<Entry>, Vec<Attached>)> = HashMap::new();
+        let mut by_service: HashMap<ServiceKey, Attachment> = HashMap::new();
+        let mut by_gateway: HashMap<ServiceKey, Attachment> = HashMap::new();
         for (ri, route) in routes.iter().enumerate() {
             for parent in &route.parents {
-                let (entries, attached) = by_service.entry(parent.service.clone()).or_default();
-                attached.push(Attached {
+                let map = match parent.kind {
+                    ParentKind::Service => &mut by_service,
+                    ParentKind::Gateway => &mut by_gateway,
+                };
+                let a = map.entry(parent.service.clone()).or_default();
+                a.attached.push(Attached {
                     route: ri,
                     port: parent.port,
                 });
                 for (rule_i, rule) in route.rules.iter().enumerate() {
                     for mi in 0..rule.matches.len() {
-                        entries.push(Entry {
+                        a.entries.push(Entry {
                             route: ri,
                             rule: rule_i,
                             matched: mi,
@@ -149,41 +168,48 @@ impl RouteTable {
                 }
             }
         }
-        for (entries, attached) in by_service.values_mut() {
-            entries.sort_by(|a, b| {
-                sort_key(&routes[a.route], a.rule, a.matched).cmp(&sort_key(
-                    &routes[b.route],
-                    b.rule,
-                    b.matched,
+        for a in by_service.values_mut().chain(by_gateway.values_mut()) {
+            a.entries.sort_by(|x, y| {
+                sort_key(&routes[x.route], x.rule, x.matched).cmp(&sort_key(
+                    &routes[y.route],
+                    y.rule,
+                    y.matched,
                 ))
             });
-            attached.sort_by_key(|a| {
-                let r = &routes[a.route];
+            a.attached.sort_by_key(|x| {
+                let r = &routes[x.route];
                 (r.created.map_or((true, 0), |t| (false, t.0)), r.key())
             });
-        }
-        let exact = by_service
-            .iter()
-            .map(|(service, (entries, _))| {
-                let mut by_path: HashMap<String, Vec<usize>> = HashMap::new();
-                let mut rest = entries.len();
-                for (i, e) in entries.iter().enumerate() {
-                    match &routes[e.route].rules[e.rule].matches[e.matched].path {
-                        PathMatch::Exact(p) => by_path.entry(p.clone()).or_default().push(i),
-                        _ => {
-                            rest = i;
-                            break;
-                        }
+            a.rest = a.entries.len();
+            for (i, e) in a.entries.iter().enumerate() {
+                match &routes[e.route].rules[e.rule].matches[e.matched].path {
+                    PathMatch::Exact(p) => a.exact.entry(p.clone()).or_default().push(i),
+                    _ => {
+                        a.rest = i;
+                        break;
                     }
                 }
-                (service.clone(), (by_path, rest))
-            })
-            .collect();
+            }
+        }
         RouteTable {
             routes,
             by_service,
-            exact,
+            by_gateway,
         }
+    }
+
+    /// The routes that apply to `frontend`, and their kind: those attached to its Service
+    /// (or ServiceEntry) on its port, else those attached to its waypoint's Gateway, as
+    /// Istio lets a Service's routes win over its waypoint's.
+    fn used(&self, frontend: &Frontend) -> Option<(&Attachment, RouteKind)> {
+        if let Some(a) = self.by_service.get(&frontend.service) {
+            if let Some(kind) = self.kind_used(&a.attached, frontend.port) {
+                return Some((a, kind));
+            }
+        }
+        let a = self.by_gateway.get(&**frontend.gateway.as_ref()?)?;
+        let kind = self.kind_used(&a.attached, frontend.port)?;
+        Some((a, kind))
     }
 
     /// Every route held, in the order given.
@@ -194,14 +220,11 @@ impl RouteTable {
     /// The routes that apply to `frontend`, in the order they are evaluated (for users to
     /// see): each route once, the kind used only.
     pub fn attached(&self, frontend: &Frontend) -> Vec<&Route> {
-        let Some((entries, attached)) = self.by_service.get(&frontend.service) else {
-            return Vec::new();
-        };
-        let Some(kind) = self.kind_used(attached, frontend.port) else {
+        let Some((a, kind)) = self.used(frontend) else {
             return Vec::new();
         };
         let mut seen = Vec::new();
-        for e in entries {
+        for e in &a.entries {
             let r = &self.routes[e.route];
             if applies(e.port, frontend.port) && r.kind == kind && !seen.contains(&e.route) {
                 seen.push(e.route);
@@ -221,7 +244,7 @@ impl RouteTable {
             .by_service
             .get(service)
             .into_iter()
-            .flat_map(|(_, attached)| attached.iter().filter_map(|a| a.port))
+            .flat_map(|a| a.attached.iter().filter_map(|x| x.port))
             .collect();
         ports.sort_unstable();
         ports.dedup();
@@ -230,13 +253,10 @@ impl RouteTable {
 
     /// Every match that applies to `frontend`, in the order they are evaluated.
     pub fn evaluation(&self, frontend: &Frontend) -> Vec<Matched<'_>> {
-        let Some((entries, attached)) = self.by_service.get(&frontend.service) else {
+        let Some((a, kind)) = self.used(frontend) else {
             return Vec::new();
         };
-        let Some(kind) = self.kind_used(attached, frontend.port) else {
-            return Vec::new();
-        };
-        entries
+        a.entries
             .iter()
             .filter(|e| applies(e.port, frontend.port) && self.routes[e.route].kind == kind)
             .map(|e| {
@@ -276,13 +296,11 @@ impl RouteTable {
                 });
             }
         }
-        let Some((_, attached)) = self.by_service.get(&frontend.service) else {
+        let Some((a, kind)) = self.used(frontend) else {
             return out;
         };
-        let Some(kind) = self.kind_used(attached, frontend.port) else {
-            return out;
-        };
-        let mut left_out: Vec<&Route> = attached
+        let mut left_out: Vec<&Route> = a
+            .attached
             .iter()
             .filter(|a| applies(a.port, frontend.port))
             .map(|a| &*self.routes[a.route])
@@ -312,21 +330,15 @@ impl RouteTable {
 
     /// The rule for `request` dialled to `frontend`.
     pub fn select(&self, frontend: &Frontend, request: &Request<'_>) -> Selection<'_> {
-        let Some((entries, attached)) = self.by_service.get(&frontend.service) else {
+        let Some((a, kind)) = self.used(frontend) else {
             return Selection::NoRoutes;
         };
-        let Some(kind) = self.kind_used(attached, frontend.port) else {
-            return Selection::NoRoutes;
-        };
-        let (exact, rest) = match self.exact.get(&frontend.service) {
-            Some((by_path, rest)) => (by_path.get(request.path).map(Vec::as_slice), *rest),
-            None => (None, 0),
-        };
+        let exact = a.exact.get(request.path).map(Vec::as_slice);
         let candidates = exact
             .unwrap_or_default()
             .iter()
-            .map(|&i| &entries[i])
-            .chain(&entries[rest..]);
+            .map(|&i| &a.entries[i])
+            .chain(&a.entries[a.rest..]);
         for e in candidates {
             if !applies(e.port, frontend.port) {
                 continue;

@@ -37,6 +37,7 @@ pub fn status<'t>(
             let frontend = Frontend {
                 service: key.clone(),
                 port,
+                gateway: None,
             };
             let evaluation = table.evaluation(&frontend);
             if evaluation.is_empty() {

@@ -17,6 +17,7 @@ fn frontend(name: &str, port: u16) -> Frontend {
     Frontend {
         service: svc("shop", name),
         port,
+        gateway: Some(Arc::new(svc("shop", "waypoint"))),
     }
 }
 
@@ -106,9 +107,17 @@ fn route(
         created: created.map(CreationTime),
         parents: parents
             .iter()
-            .map(|(s, port)| ParentRef {
-                service: svc("shop", s),
-                port: *port,
+            .map(|(s, port)| match s.strip_prefix("gateway:") {
+                Some(gw) => ParentRef {
+                    service: svc("shop", gw),
+                    port: None,
+                    kind: ParentKind::Gateway,
+                },
+                None => ParentRef {
+                    service: svc("shop", s),
+                    port: *port,
+                    kind: ParentKind::Service,
+                },
             })
             .collect(),
         notes: vec![],
@@ -429,6 +438,7 @@ fn scoping_by_service_and_port() {
     let f = Frontend {
         service: svc("test", "web"),
         port: 80,
+        gateway: None,
     };
     check(&table, &f, &[("GET /a", NONE, "default")]);
     // One route with two parents applies to both.
@@ -449,6 +459,52 @@ fn scoping_by_service_and_port() {
         ["two"]
     );
     assert!(two.attached(&frontend("web", 81)).is_empty());
+}
+
+#[test]
+fn a_waypoints_gateway_routes_apply_where_a_service_has_none() {
+    // Istio: routes attached to a Service beat those attached to its waypoint's Gateway.
+    let table = RouteTable::new([
+        route(
+            "everything",
+            None,
+            &[("gateway:waypoint", None)],
+            vec![rule("gateway", vec![prefix("/")])],
+        ),
+        route(
+            "web-80",
+            None,
+            &[("web", Some(80))],
+            vec![rule("web-80", vec![prefix("/a")])],
+        ),
+    ]);
+    // web on 80 has its own: those only (no fallback to the Gateway's per request).
+    check(
+        &table,
+        &frontend("web", 80),
+        &[("GET /a", NONE, "web-80"), ("GET /b", NONE, "404")],
+    );
+    // web on another port, and api, have none: the Gateway's.
+    check(
+        &table,
+        &frontend("web", 8080),
+        &[("GET /b", NONE, "gateway")],
+    );
+    check(&table, &frontend("api", 80), &[("GET /x", NONE, "gateway")]);
+    // Another waypoint's Gateway, or none known: the default.
+    let mut other = frontend("api", 80);
+    other.gateway = Some(Arc::new(svc("shop", "other-waypoint")));
+    check(&table, &other, &[("GET /x", NONE, "default")]);
+    other.gateway = None;
+    check(&table, &other, &[("GET /x", NONE, "default")]);
+    assert_eq!(
+        table
+            .attached(&frontend("api", 80))
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        ["everything"]
+    );
 }
 
 fn grpc_rule(name: &str, service: Option<&str>, method: Option<&str>) -> Rule {

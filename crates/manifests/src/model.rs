@@ -214,8 +214,8 @@ pub enum SkipReason {
     NamespaceWide,
     /// A kind this crate does not read (yet).
     UnsupportedKind,
-    /// An HTTPRoute or GRPCRoute with no `parentRefs` a waypoint serves (a Service of its
-    /// own namespace): one for a Gateway, say, is the Gateway's.
+    /// An HTTPRoute or GRPCRoute with no `parentRefs` a waypoint serves (a Service,
+    /// ServiceEntry or Gateway of its own namespace).
     NoServiceParent,
     /// A RequestAuthentication with a `selector`: for the selected workloads' sidecars
     /// and gateways; waypoints never use `selector`.
@@ -238,7 +238,7 @@ impl fmt::Display for SkipReason {
             }
             SkipReason::UnsupportedKind => "a kind the waypoint does not read",
             SkipReason::NoServiceParent => {
-                "attaches to no Service of its own namespace (parentRefs of kind Service, group \"\"): not a mesh route a waypoint serves"
+                "attaches to no Service, ServiceEntry or Gateway of its own namespace: not a mesh route a waypoint serves"
             }
             SkipReason::AuthnSelector => {
                 "selects workloads (spec.selector): for their sidecars and gateways, not for a waypoint"

@@ -118,11 +118,13 @@ spec:
         vec![
             ParentRef {
                 service: ServiceKey::new("shop", "reviews"),
-                port: None
+                port: None,
+                kind: ParentKind::Service,
             },
             ParentRef {
                 service: ServiceKey::new("shop", "ratings"),
-                port: Some(9080)
+                port: Some(9080),
+                kind: ParentKind::Service,
             },
         ]
     );
@@ -340,32 +342,51 @@ spec:
     assert!(e.starts_with("r.yaml:14:14: spec.rules[0].filters[0].type: unknown GRPCRoute filter type \"URLRewrite\""), "{e}");
 }
 
-/// Only Services of the route's own namespace attach it; other parents are noted, and a
-/// route with none of those is skipped.
+/// Services and ServiceEntries of the route's own namespace attach it to their frontends,
+/// a Gateway of its namespace to that waypoint's frontends without routes of their own;
+/// other parents are noted, and a route with none of those is skipped.
 #[test]
 fn parents_a_waypoint_serves() {
-    let gw = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: ingress, namespace: shop}\nspec:\n  parentRefs: [{name: gateway}]\n";
-    let p = parse(gw);
+    let foreign = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: ingress, namespace: shop}\nspec:\n  parentRefs: [{name: gateway, namespace: ingress}]\n";
+    let p = parse(foreign);
     assert!(p.routes.is_empty() && p.errors.is_empty(), "{p:?}");
     assert_eq!(p.skipped.len(), 1);
     assert_eq!(p.skipped[0].value.reason, SkipReason::NoServiceParent);
-    assert_eq!(
-        p.skipped[0].value.to_string(),
-        "gateway.networking.k8s.io/v1 HTTPRoute shop/ingress: attaches to no Service of its own namespace (parentRefs of kind Service, group \"\"): not a mesh route a waypoint serves"
-    );
-    let mixed = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: mixed, namespace: shop}\nspec:\n  parentRefs:\n  - {name: gateway}\n  - {kind: Service, group: \"\", name: web, namespace: front}\n  - {kind: Service, group: \"\", name: web, sectionName: http}\n  - {kind: Service, group: \"\", name: web, port: 80}\n";
+    let mixed = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: mixed, namespace: shop}\nspec:\n  parentRefs:\n  - {name: gateway, namespace: ingress}\n  - {kind: Service, group: \"\", name: web, namespace: front}\n  - {kind: Service, group: \"\", name: web, sectionName: http}\n  - {kind: Service, group: \"\", name: web, port: 80}\n  - {kind: ServiceEntry, group: networking.istio.io, name: api}\n  - {name: waypoint}\n  - {kind: ConfigMap, group: \"\", name: x}\n";
     let r = route(mixed);
     assert_eq!(
         r.parents,
-        vec![ParentRef {
-            service: ServiceKey::new("shop", "web"),
-            port: Some(80)
-        }]
+        vec![
+            ParentRef {
+                service: ServiceKey::new("shop", "web"),
+                port: Some(80),
+                kind: ParentKind::Service,
+            },
+            ParentRef {
+                service: ServiceKey::new("shop", "api"),
+                port: None,
+                kind: ParentKind::Service,
+            },
+            ParentRef {
+                service: ServiceKey::new("shop", "waypoint"),
+                port: None,
+                kind: ParentKind::Gateway,
+            },
+        ]
     );
-    assert_eq!(r.notes.len(), 3, "{:?}", r.notes);
-    assert!(r.notes[0].starts_with("parentRefs[0] (Gateway shop/gateway): not honoured"));
+    assert_eq!(r.notes.len(), 4, "{:?}", r.notes);
+    assert!(
+        r.notes[0].starts_with("parentRefs[0] (Gateway ingress/gateway): not honoured"),
+        "{:?}",
+        r.notes
+    );
     assert!(r.notes[1].contains("consumer route"));
     assert!(r.notes[2].contains("sectionName"));
+    assert!(
+        r.notes[3].starts_with("parentRefs[6] (ConfigMap shop/x): not honoured"),
+        "{:?}",
+        r.notes
+    );
     // The namespace left out is the default one.
     let r = route("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec: {parentRefs: [{kind: Service, group: \"\", name: web}]}\n");
     assert_eq!(r.namespace, "default");

@@ -302,6 +302,7 @@ async fn handle_request(
         },
         rand::random(),
         &wp.cfg.cluster_domain,
+        &wp.gateway,
     );
     let fwd = match plan {
         Plan::Forward(f) => f,

@@ -99,6 +99,9 @@ pub struct Waypoint {
     pub dry_run: Arc<DryRunMatches>,
     pub identity: SpiffeId,
     pub certs: Arc<ambit_identity::CertManager>,
+    /// This waypoint's Gateway (`POD_NAMESPACE`/`GATEWAY_NAME`), for the routes attached
+    /// to it.
+    pub gateway: Arc<ambit_gateway_routes::ServiceKey>,
 }
 
 impl std::fmt::Debug for Waypoint {

@@ -170,11 +170,12 @@ impl RetryPolicy<'_> {
 
 /// The Service frontend a request was dialled to, for route choice; `None` for workload
 /// addressing (routes attach to Services only).
-pub fn frontend_of(fronted: &Fronted) -> Option<Frontend> {
+pub fn frontend_of(fronted: &Fronted, gateway: &Arc<ServiceKey>) -> Option<Frontend> {
     match fronted {
         Fronted::Service { service, port, .. } => Some(Frontend {
             service: ServiceKey::new(service.namespace.clone(), service.name.clone()),
             port: *port,
+            gateway: Some(gateway.clone()),
         }),
         Fronted::Workload { .. } => None,
     }
@@ -219,6 +220,7 @@ pub fn plan<'t>(
     req: &RouteRequest<'_>,
     random: u64,
     cluster_domain: &str,
+    gateway: &Arc<ServiceKey>,
 ) -> Plan<'t> {
     let default = || {
         Plan::Forward(Box::new(Forward {
@@ -236,7 +238,7 @@ pub fn plan<'t>(
     if table.routes().is_empty() {
         return default();
     }
-    let Some(frontend) = frontend_of(fronted) else {
+    let Some(frontend) = frontend_of(fronted, gateway) else {
         return default();
     };
     let request = ambit_gateway_routes::Request {

@@ -119,6 +119,10 @@ pub async fn run(cfg: Config, logs: Option<LogHandle>) -> anyhow::Result<()> {
         dry_run,
         identity: identity.clone(),
         certs: certs.clone(),
+        gateway: Arc::new(ambit_gateway_routes::ServiceKey::new(
+            cfg.namespace.clone(),
+            cfg.gateway.clone(),
+        )),
     });
 
     let mut lifecycle = Lifecycle::default();

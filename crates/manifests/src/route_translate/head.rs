@@ -1,7 +1,7 @@
 //! A route's head: its name and namespace, creation time, the Service parents it attaches
 //! to (others noted), and its hostnames (checked only).
 
-use ambit_gateway_routes::{CreationTime, ParentRef, ServiceKey};
+use ambit_gateway_routes::{CreationTime, ParentKind, ParentRef, ServiceKey};
 
 use super::fields::{check_group, check_hostname, check_kind, check_object_name, port};
 use super::{invalid, GATEWAY_GROUP};
@@ -103,22 +103,44 @@ pub(super) fn head<R>(
         }
         seen.push(key);
         let shown = format!("parentRefs[{i}] ({kind} {ns}/{})", r.name.0);
-        if !(group.is_empty() && kind == "Service") {
+        let service = (group.is_empty() && kind == "Service")
+            || (group == crate::dr_translate::NETWORKING_GROUP && kind == "ServiceEntry");
+        let gateway = group == GATEWAY_GROUP && kind == "Gateway";
+        if gateway {
+            if ns != namespace {
+                notes.push(format!(
+                    "{shown}: not honoured; a route attaches to a waypoint Gateway of its own namespace (the Gateway's allowedRoutes are not known to the waypoint)"
+                ));
+            } else {
+                if r.section_name.is_some() || port.is_some() {
+                    notes.push(format!(
+                        "{shown}: sectionName and port not used; a waypoint Gateway's routes apply to every Service it fronts that has none of its own"
+                    ));
+                }
+                parents.push(ParentRef {
+                    service: ServiceKey::new(ns, r.name.0.clone()),
+                    port: None,
+                    kind: ParentKind::Gateway,
+                });
+            }
+        } else if !service {
             notes.push(format!(
-                "{shown}: not honoured; a waypoint serves routes whose parent is a Service (group \"\")"
+                "{shown}: not honoured; a waypoint serves routes whose parent is a Service (group \"\"), a ServiceEntry ({}) or its own Gateway",
+                crate::dr_translate::NETWORKING_GROUP
             ));
         } else if ns != namespace {
             notes.push(format!(
-                "{shown}: not honoured; a route for another namespace's Service (a consumer route) is not served by that Service's waypoint"
+                "{shown}: not honoured; a route for another namespace's {kind} (a consumer route) is not served by that {kind}'s waypoint"
             ));
         } else if r.section_name.is_some() {
             notes.push(format!(
-                "{shown}: not honoured; a Service parent is scoped by port, not sectionName"
+                "{shown}: not honoured; a {kind} parent is scoped by port, not sectionName"
             ));
         } else {
             parents.push(ParentRef {
                 service: ServiceKey::new(ns, r.name.0.clone()),
                 port,
+                kind: ParentKind::Service,
             });
         }
     }

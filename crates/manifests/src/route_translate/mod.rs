@@ -3,9 +3,10 @@
 //! fields their validation expressions state) and translated into the routes model
 //! ([`ambit_gateway_routes::Route`]): defaults filled, names lower-cased, expressions compiled.
 //!
-//! Only `parentRefs` of kind Service in the route's own namespace attach a route to a
-//! waypoint's frontend; other parents (a Gateway, a ServiceEntry, a Service of another
-//! namespace) are noted on the route, and a route with none is skipped. `hostnames` are
+//! `parentRefs` of kind Service or ServiceEntry in the route's own namespace attach a
+//! route to that frontend of a waypoint, and a Gateway of its namespace to every frontend
+//! of that waypoint without routes of its own; other parents (a Service of another
+//! namespace, another kind) are noted on the route, and a route with none is skipped. `hostnames` are
 //! checked but do not narrow a mesh route: the frontend dialled is what selects it.
 //! `sessionPersistence` is read and not honoured (noted). Sans-IO.
 //!

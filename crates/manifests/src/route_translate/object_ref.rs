@@ -34,20 +34,24 @@ pub(super) fn backend_object(
     let port = port_written
         .map(|n| port(n).map_err(|m| invalid(p.at(field!["port"]), m)))
         .transpose()?;
-    if !(group.is_empty() && kind == "Service") {
+    // A ServiceEntry is a Service of the mesh state, by namespace and name (Istio's
+    // backendRef extension).
+    let entry = group == crate::dr_translate::NETWORKING_GROUP && kind == "ServiceEntry";
+    let service = group.is_empty() && kind == "Service";
+    if !(service || entry) {
         return Ok(BackendTarget::Invalid(format!(
-            "{kind} (group {group:?}) is not a backend kind the waypoint sends to; only Services are"
+            "{kind} (group {group:?}) is not a backend kind the waypoint sends to; Services and ServiceEntries are"
         )));
     }
     let Some(port) = port else {
         return Err(invalid(
             p.at(field!["port"]),
-            "a Service backend must have a port",
+            format!("a {kind} backend must have a port"),
         ));
     };
     if target_ns != namespace {
         return Ok(BackendTarget::Invalid(format!(
-            "Service {target_ns}/{} is in another namespace, and ReferenceGrants (which would permit it) are not read",
+            "{kind} {target_ns}/{} is in another namespace, and ReferenceGrants (which would permit it) are not read",
             name.0
         )));
     }

@@ -95,6 +95,7 @@ fn plan_line(routes: &Routes, port: u16, a: &Ask<'_>, random: u64) -> String {
         &req,
         random,
         "cluster.local",
+        &gateway(),
     ) {
         Plan::NotFound => "404".into(),
         Plan::Fail(why) => format!("500 {why}"),
@@ -143,6 +144,7 @@ fn forward_of(routes: &Routes) -> Box<Forward<'_>> {
         &req,
         0,
         "cluster.local",
+        &gateway(),
     ) {
         Plan::Forward(f) => f,
         other => panic!("not forwarded: {other:?}"),
@@ -346,4 +348,9 @@ fn hosts_lose_their_port() {
     assert_eq!(host_without_port("[fd00::1]:80"), "[fd00::1]");
     assert_eq!(host_without_port("[fd00::1]"), "[fd00::1]");
     assert_eq!(host_without_port("a:b"), "a:b");
+}
+
+/// The waypoint's Gateway in these tests.
+fn gateway() -> std::sync::Arc<ServiceKey> {
+    std::sync::Arc::new(ServiceKey::new("shop", "waypoint"))
 }
