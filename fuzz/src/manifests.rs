@@ -17,6 +17,8 @@ pub struct Outcome {
     pub authns: Vec<String>,
     /// `kind namespace/name` of each route read.
     pub routes: Vec<String>,
+    /// `namespace/name` of each DestinationRule read.
+    pub destination_rules: Vec<String>,
     pub skipped: usize,
     /// Each refusal as it reads.
     pub errors: Vec<String>,
@@ -53,6 +55,7 @@ pub fn run(data: &[u8]) -> Outcome {
     let outcomes = parsed.policies.len()
         + parsed.authns.len()
         + parsed.routes.len()
+        + parsed.destination_rules.len()
         + parsed.skipped.len()
         + parsed.errors.len();
     assert!(
@@ -124,13 +127,48 @@ pub fn run(data: &[u8]) -> Outcome {
         );
         assert!(route_keys.insert(key.clone()), "{key} read twice");
     }
+    let mut rule_keys = std::collections::BTreeSet::new();
+    for r in &parsed.destination_rules {
+        let r = &r.value;
+        assert!(!r.host.is_empty(), "{}: no host", r.key());
+        assert!(rule_keys.insert(r.key()), "{} read twice", r.key());
+        let policies =
+            std::iter::once(&r.policy.default).chain(r.policy.ports.iter().map(|(_, p)| p));
+        for p in policies {
+            if let ambit_traffic_policy::LoadBalancer::ConsistentHash(ch) = &p.load_balancer {
+                if let ambit_traffic_policy::HashAlgorithm::Maglev { table_size } = ch.algorithm {
+                    assert!(
+                        ambit_traffic_policy::hash::is_prime(table_size)
+                            && table_size < ambit_traffic_policy::MAX_MAGLEV_TABLE,
+                        "{}: Maglev table of {table_size}",
+                        r.key()
+                    );
+                }
+            }
+            let pool = &p.connection_pool;
+            assert!(pool.max_in_flight() >= 1 && pool.connect_timeout.as_millis() >= 1);
+            if let Some(o) = &p.outlier {
+                assert!(o.max_ejection_percent <= 100 && o.min_health_percent <= 100);
+                assert!(o.interval.as_millis() >= 1 && o.base_ejection_time.as_millis() >= 1);
+            }
+        }
+    }
     let table = RouteTable::new(parsed.routes.iter().map(|r| Arc::new(r.value.clone())));
     let headers = http::HeaderMap::new();
     for r in &parsed.routes {
         for parent in &r.value.parents {
-            let frontend = Frontend {
-                service: parent.service.clone(),
-                port: parent.port.unwrap_or(80),
+            // A Gateway's routes serve a frontend of its waypoint without its own.
+            let frontend = match parent.kind {
+                ambit_gateway_routes::ParentKind::Service => Frontend {
+                    service: parent.service.clone(),
+                    port: parent.port.unwrap_or(80),
+                    gateway: None,
+                },
+                ambit_gateway_routes::ParentKind::Gateway => Frontend {
+                    service: ambit_gateway_routes::ServiceKey::new("no-routes", "nowhere"),
+                    port: 80,
+                    gateway: Some(Arc::new(parent.service.clone())),
+                },
             };
             let request = Request {
                 method: "GET",
@@ -150,6 +188,7 @@ pub fn run(data: &[u8]) -> Outcome {
         policies: keys.into_iter().collect(),
         authns: authn_keys.into_iter().collect(),
         routes: route_keys.into_iter().collect(),
+        destination_rules: rule_keys.into_iter().collect(),
         skipped: parsed.skipped.len(),
         errors: parsed.errors.iter().map(ToString::to_string).collect(),
     }

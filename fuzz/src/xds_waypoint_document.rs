@@ -1,18 +1,19 @@
 //! The `xds_waypoint_document` target: the body of one of the waypoint's own resources
-//! (`ambit.waypoint.v1.AuthorizationPolicy`, `Route`, `RequestAuthentication`: a
+//! (`ambit.waypoint.v1.AuthorizationPolicy`, `Route`, `RequestAuthentication`,
+//! `DestinationRule`: a
 //! Kubernetes document as written) through its type and a waypoint's delta client.
 
 use ambit_proto::{DeltaDiscoveryResponse, Resource};
 use ambit_waypoint_xds::{
-    resource_name, AuthnDocuments, DocumentKind, DocumentOp, DocumentStore, Documents,
-    PolicyDocuments, RouteDocuments,
+    resource_name, AuthnDocuments, DestinationRuleDocuments, DocumentKind, DocumentOp,
+    DocumentStore, Documents, PolicyDocuments, RouteDocuments,
 };
 use ambit_xds::delta::{DeltaClient, Limits, NodeConfig};
 use ambit_xds::{Rejection, ResourceType};
 use prost::Message;
 
 /// Input: byte 0 picks the type (0 AuthorizationPolicy, 1 Route, 2 RequestAuthentication,
-/// modulo 3); the rest is the body.
+/// 3 DestinationRule, modulo 4); the rest is the body.
 ///
 /// Checks: measuring and decoding never panic; a body decoded is named
 /// `<kind>/<namespace>/<name>` after its object, and that object sent again as its own
@@ -22,10 +23,11 @@ use prost::Message;
 /// reason.
 pub fn run(data: &[u8]) -> Result<String, String> {
     let (selector, body) = data.split_first().map_or((0, &[][..]), |(s, b)| (*s, b));
-    match selector % 3 {
+    match selector % 4 {
         0 => body_of::<PolicyDocuments>(body),
         1 => body_of::<RouteDocuments>(body),
-        _ => body_of::<AuthnDocuments>(body),
+        2 => body_of::<AuthnDocuments>(body),
+        _ => body_of::<DestinationRuleDocuments>(body),
     }
 }
 

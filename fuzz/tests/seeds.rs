@@ -657,19 +657,25 @@ fn manifests_seeds() {
                     ],
                     authns: vec![],
                     routes: vec!["HTTPRoute shop/reviews".into()],
+                    destination_rules: vec![],
                     skipped: 1,
                     errors: vec![],
                 },
             ),
-            // Routes: every filter and match kind, a GRPCRoute, a Gateway's route skipped,
-            // a redirect beside backends refused.
+            // Routes: every filter and match kind, a GRPCRoute, a Gateway's route (a
+            // waypoint's, were the Gateway one), a redirect beside backends refused.
             (
                 "routes.yaml",
                 Outcome {
                     policies: vec![],
                     authns: vec![],
-                    routes: vec!["GRPCRoute shop/echo".into(), "HTTPRoute shop/reviews".into()],
-                    skipped: 1,
+                    routes: vec![
+                        "GRPCRoute shop/echo".into(),
+                        "HTTPRoute shop/ingress".into(),
+                        "HTTPRoute shop/reviews".into(),
+                    ],
+                    destination_rules: vec![],
+                    skipped: 0,
                     errors: vec!["fuzz:64:14: spec.rules[0].filters: a RequestRedirect filter cannot be used together with backendRefs".into()],
                 },
             ),
@@ -680,6 +686,7 @@ fn manifests_seeds() {
                     policies: vec!["shop/fine".into()],
                     authns: vec![],
                     routes: vec![],
+                    destination_rules: vec![],
                     skipped: 0,
                     errors: vec![
                         "fuzz:6:40: spec.rules[0].to[0].operation.methods[0]: method \"get\" is not upper case; methods are compared case-sensitively and a request whose method is not upper case is refused, so it can never match; write \"GET\"".into(),
@@ -696,6 +703,7 @@ fn manifests_seeds() {
                     policies: vec![],
                     authns: vec!["istio-system/mesh-jwt".into(), "shop/reviews-jwt".into()],
                     routes: vec![],
+                    destination_rules: vec![],
                     skipped: 1,
                     errors: vec![],
                 },
@@ -708,6 +716,7 @@ fn manifests_seeds() {
                     policies: vec![],
                     authns: vec!["shop/jwt".into()],
                     routes: vec![],
+                    destination_rules: vec![],
                     skipped: 0,
                     errors: vec![
                         "fuzz:8:66: spec.jwtRules[0].jwks: set only one of jwksUri and jwks; jwksUri is set too".into(),
@@ -717,12 +726,37 @@ fn manifests_seeds() {
                     ],
                 },
             ),
+            // DestinationRules: every field read; one refused by name.
+            (
+                "destination_rules.yaml",
+                Outcome {
+                    policies: vec![],
+                    authns: vec![],
+                    routes: vec![],
+                    destination_rules: vec!["shop/sticky".into()],
+                    skipped: 0,
+                    errors: vec!["fuzz:25:9: spec.host: \"*\" alone is not a host; name one, or \"*.\" and a domain".into()],
+                },
+            ),
+            // A CORS filter, and parents of kind Gateway and ServiceEntry.
+            (
+                "cors_and_parents.yaml",
+                Outcome {
+                    policies: vec![],
+                    authns: vec![],
+                    routes: vec!["HTTPRoute shop/cors".into()],
+                    destination_rules: vec![],
+                    skipped: 0,
+                    errors: vec![],
+                },
+            ),
             (
                 "not_utf8.yaml",
                 Outcome {
                     policies: vec![],
                     authns: vec![],
                     routes: vec![],
+                    destination_rules: vec![],
                     skipped: 0,
                     errors: vec!["fuzz:3:18: not UTF-8 text; manifests are UTF-8".into()],
                 },
@@ -1194,6 +1228,8 @@ fn xds_waypoint_document_seeds() {
             ("route_garbage", Err("cannot decode ambit.waypoint.v1.Route: failed to decode Protobuf message: Route.kind: invalid varint".into())),
             ("authn_jwt", Ok("RequestAuthentication/shop/jwt".into())),
             ("authn_route_inside", Err("manifest: holds 0 objects of its kind and 1 others; exactly one is carried".into())),
+            ("destination_rule", Ok("DestinationRule/shop/sticky".into())),
+            ("destination_rule_refused", Err("manifest: DestinationRule/shop/sticky:6:50: spec.trafficPolicy.loadBalancer.consistentHash: names no hash key: set one of httpHeaderName, httpCookie, useSourceIp, httpQueryParameterName".into())),
         ],
     );
 }

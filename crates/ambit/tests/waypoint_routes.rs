@@ -570,3 +570,79 @@ spec:
     assert_eq!((r.status, r.pod()), (200, Some(SERVER_POD)), "{r:?}");
     assert_eq!(header(&r, "x-route"), None);
 }
+
+#[test]
+fn the_cors_filter_answers_preflights_and_annotates_answers() {
+    let routes = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: echo-cors, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo}]
+  rules:
+  - filters:
+    - type: CORS
+      cors:
+        allowOrigins: ["https://app.example.com", "https://*.shop.example"]
+        allowMethods: [GET, PUT]
+        allowHeaders: [x-user]
+        exposeHeaders: [x-trace]
+        allowCredentials: true
+        maxAge: 600
+    backendRefs: [{name: echo-v1, port: 80}]
+"#;
+    let lab = launch("wp-cors", routes);
+    let send = |method: &str, path: &str, headers: &[(&str, &str)]| {
+        let mut req = request(method, path).unwrap();
+        for (k, v) in headers {
+            req.headers_mut().insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        lab.send_http1(vec![req]).unwrap().remove(0)
+    };
+    // A preflight from an allowed origin: answered by the waypoint, never forwarded.
+    let r = send(
+        "OPTIONS",
+        "/cors/preflight",
+        &[
+            ("origin", "https://a.shop.example"),
+            ("access-control-request-method", "PUT"),
+            ("access-control-request-headers", "x-user"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        header(&r, "access-control-allow-origin"),
+        Some("https://a.shop.example")
+    );
+    assert_eq!(header(&r, "access-control-allow-methods"), Some("GET, PUT"));
+    assert_eq!(header(&r, "access-control-allow-headers"), Some("x-user"));
+    assert_eq!(header(&r, "access-control-allow-credentials"), Some("true"));
+    assert_eq!(header(&r, "access-control-max-age"), Some("600"));
+    assert!(lab.app.seen_with("/cors/preflight").is_empty());
+    // The request itself: forwarded, the answer annotated.
+    let r = send("GET", "/cors/get", &[("origin", "https://app.example.com")]);
+    assert_eq!((r.status, r.pod()), (200, Some(SERVER_POD)), "{r:?}");
+    assert_eq!(
+        header(&r, "access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+    assert_eq!(header(&r, "access-control-expose-headers"), Some("x-trace"));
+    // Another origin: forwarded as is (the browser enforces the missing headers), its
+    // preflight too.
+    let r = send("GET", "/cors/evil", &[("origin", "https://evil.example")]);
+    assert_eq!(r.status, 200);
+    assert_eq!(header(&r, "access-control-allow-origin"), None);
+    let r = send(
+        "OPTIONS",
+        "/cors/evil-preflight",
+        &[
+            ("origin", "https://evil.example"),
+            ("access-control-request-method", "PUT"),
+        ],
+    );
+    assert_eq!(header(&r, "access-control-allow-origin"), None);
+    assert_eq!(lab.app.seen_with("/cors/evil-preflight").len(), 1);
+}

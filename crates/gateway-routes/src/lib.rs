@@ -21,6 +21,7 @@
 
 mod apply;
 mod backend;
+mod cors;
 mod duration;
 mod grpc;
 pub mod model;
@@ -31,6 +32,7 @@ mod status;
 
 pub use apply::{apply_headers, modified_path, redirect_location, RedirectSource};
 pub use backend::{pick, Action, Failure};
+pub use cors::{Cors, CorsAction, OriginPattern, DEFAULT_MAX_AGE};
 pub use duration::parse_duration;
 pub use grpc::{grpc_path_match, GrpcMatchError, GrpcMatchType};
 pub use model::*;

@@ -269,6 +269,8 @@ pub enum Filter {
     Redirect(Redirect),
     Rewrite(Rewrite),
     Mirror(Mirror),
+    /// `CORS`: preflights answered, answers annotated ([`crate::Cors`]).
+    Cors(crate::Cors),
 }
 
 /// `set`, `add` and `remove` of a header modifier. Names are lower case and each name

@@ -121,9 +121,21 @@ pub(crate) struct FilterSpec {
     pub request_mirror: Option<MirrorSpec>,
     pub request_redirect: Option<RedirectSpec>,
     pub url_rewrite: Option<RewriteSpec>,
-    pub cors: Option<IgnoredAny>,
+    pub cors: Option<CorsSpec>,
     pub external_auth: Option<IgnoredAny>,
     pub extension_ref: Option<IgnoredAny>,
+}
+
+/// `cors` (HTTPCORSFilter).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct CorsSpec {
+    pub allow_origins: Option<Vec<Text>>,
+    pub allow_credentials: Option<bool>,
+    pub allow_methods: Option<Vec<Text>>,
+    pub allow_headers: Option<Vec<Text>>,
+    pub expose_headers: Option<Vec<Text>>,
+    pub max_age: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -582,13 +582,50 @@ fn refusals_name_the_field() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// The CORS filter, read with the specification's default `maxAge`, and refused by field.
+#[test]
+fn cors_filters() {
+    let r = route(&http("{filters: [{type: CORS, cors: {allowOrigins: [\"https://app.example.com\", \"https://*.shop.example\"], allowCredentials: true, allowMethods: [GET, PUT], allowHeaders: [X-User], exposeHeaders: [x-trace]}}], backendRefs: [{name: a, port: 80}]}"));
+    let rule = &r.rules[0];
+    assert!(rule.unsupported.is_none());
+    let Filter::Cors(c) = &rule.filters[0] else {
+        panic!("{:?}", rule.filters)
+    };
+    assert_eq!(c.allow_origins.len(), 2);
+    assert!(c.allows("https://a.shop.example") && !c.allows("https://evil.example"));
+    assert_eq!((c.allow_credentials, c.max_age), (true, 5));
+    assert_eq!(c.allow_methods, ["GET", "PUT"]);
+    assert_eq!(c.allow_headers, ["x-user"]);
+    for (cors, want) in [
+        (
+            "{allowOrigins: [\"app.example.com\"]}",
+            "allowOrigins[0]: \"app.example.com\" is not an origin",
+        ),
+        (
+            "{allowMethods: [FETCH]}",
+            "allowMethods[0]: \"FETCH\" is not one of",
+        ),
+        (
+            "{allowHeaders: [\"bad header\"]}",
+            "allowHeaders[0]: \"bad header\" is not a header name",
+        ),
+        (
+            "{maxAge: 0}",
+            "cors.maxAge: must be 1 to 2147483647 seconds",
+        ),
+        ("{allowOrigin: [\"*\"]}", "unknown field `allowOrigin`"),
+    ] {
+        let got = refusal(&http(&format!(
+            "{{filters: [{{type: CORS, cors: {cors}}}], backendRefs: [{{name: a, port: 80}}]}}"
+        )));
+        assert!(got.contains(want), "{cors}: {got}");
+    }
+}
+
 /// Filters the waypoint does not implement are never skipped: the rule answers 500.
 #[test]
 fn unsupported_filters_fail_the_rule() {
-    for f in [
-        "{type: ExtensionRef, extensionRef: {group: x.example, kind: F, name: f}}",
-        "{type: CORS, cors: {allowOrigins: [\"*\"]}}",
-    ] {
+    for f in ["{type: ExtensionRef, extensionRef: {group: x.example, kind: F, name: f}}"] {
         let r = route(&http(&format!(
             "{{filters: [{f}], backendRefs: [{{name: a, port: 80}}]}}"
         )));

@@ -321,6 +321,11 @@ async fn handle_request(
             }
             return response;
         }
+        Plan::Preflight(headers) => {
+            let mut response = finish.answer(LocalReply::CORS_PREFLIGHT);
+            response.headers_mut().extend(headers);
+            return response;
+        }
     };
     if fwd.rule.is_some() {
         finish.outcome.service = fwd.target.service().cloned();
@@ -628,6 +633,9 @@ async fn handle_request(
                 let (mut parts, mut body) = response.into_parts();
                 if let Some(cookie) = set_cookie.take() {
                     parts.headers.append(http::header::SET_COOKIE, cookie);
+                }
+                for (name, value) in &fwd.cors_headers {
+                    parts.headers.insert(name.clone(), value.clone());
                 }
                 for m in &fwd.response_headers {
                     ambit_gateway_routes::apply_headers(m, &mut parts.headers);

@@ -112,6 +112,10 @@ impl LocalReply {
         "upstream_reset_before_response_started{overflow}",
         "upstream connect error or disconnect/reset before headers. reset reason: overflow",
     );
+    /// A CORS preflight answered by a route's CORS filter (its headers added by the
+    /// caller).
+    pub const CORS_PREFLIGHT: LocalReply =
+        LocalReply::new(StatusCode::OK, ResponseFlag::None, "cors_response", "");
     /// The upstream switched to a protocol the client did not ask for.
     pub const UPSTREAM_PROTOCOL_ERROR: LocalReply = LocalReply::plain(
         StatusCode::BAD_GATEWAY,

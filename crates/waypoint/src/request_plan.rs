@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ambit_gateway_routes::{
-    modified_path, redirect_location, Action, Filter, Frontend, HeaderModifier, Matched, PathMatch,
-    RedirectSource, Route, RouteTable, Rule, Selection, ServiceBackend, ServiceKey, Timeouts,
+    modified_path, redirect_location, Action, CorsAction, Filter, Frontend, HeaderModifier,
+    Matched, PathMatch, RedirectSource, Route, RouteTable, Rule, Selection, ServiceBackend,
+    ServiceKey, Timeouts,
 };
 use ambit_manifests::{ErrorKind, ManifestError, ObjectRef};
 use ambit_state::{ProxyState, Service};
@@ -107,6 +108,8 @@ pub enum Plan<'t> {
     Fail(String),
     /// Answer with a redirect.
     Redirect { status: u16, location: String },
+    /// A CORS preflight from an allowed origin: answered 200 with these headers.
+    Preflight(Vec<(http::header::HeaderName, http::HeaderValue)>),
 }
 
 /// Where and how to forward.
@@ -126,6 +129,8 @@ pub struct Forward<'t> {
     pub mirrors: Vec<Fronted>,
     pub timeouts: Timeouts,
     pub retry: RetryPolicy<'t>,
+    /// A CORS filter's headers for the answer (the request came from an allowed origin).
+    pub cors_headers: Vec<(http::header::HeaderName, http::HeaderValue)>,
 }
 
 /// When a try is retried.
@@ -233,6 +238,7 @@ pub fn plan<'t>(
             mirrors: Vec::new(),
             timeouts: Timeouts::default(),
             retry: RetryPolicy::MESH_DEFAULT,
+            cors_headers: Vec::new(),
         }))
     };
     if table.routes().is_empty() {
@@ -265,6 +271,18 @@ pub fn plan<'t>(
             matched.rule_index
         )
     };
+    // A rule's CORS filter answers a preflight from an allowed origin itself, whatever
+    // the rule would do with the request (Envoy's CORS filter runs before its router).
+    let mut cors_headers = Vec::new();
+    for f in &rule.filters {
+        if let Filter::Cors(c) = f {
+            match c.action(req.method, req.headers) {
+                CorsAction::Preflight(headers) => return Plan::Preflight(headers),
+                CorsAction::Annotate(headers) => cors_headers = headers,
+                CorsAction::None => {}
+            }
+        }
+    }
     // Resolved once, below: the picked backend's Service is looked up there.
     let action = rule.action(random, |_| true);
     let (backend, target) = match action {
@@ -308,6 +326,7 @@ pub fn plan<'t>(
         mirrors: Vec::new(),
         timeouts: rule.timeouts,
         retry: retry_policy(rule),
+        cors_headers,
     };
     // The rule's filters, then the backend's own.
     for f in rule.filters.iter().chain(&backend.filters) {
@@ -341,7 +360,8 @@ pub fn plan<'t>(
                     }
                 }
             }
-            Filter::Redirect(_) => {}
+            // Read above, for the rule; a backend's has nothing left to answer.
+            Filter::Redirect(_) | Filter::Cors(_) => {}
         }
     }
     Plan::Forward(Box::new(forward))

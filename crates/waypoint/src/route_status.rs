@@ -101,6 +101,7 @@ fn filter_name(f: &Filter) -> &'static str {
         Filter::Redirect(_) => "RequestRedirect",
         Filter::Rewrite(_) => "URLRewrite",
         Filter::Mirror(_) => "RequestMirror",
+        Filter::Cors(_) => "CORS",
     }
 }
 

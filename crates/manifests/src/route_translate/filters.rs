@@ -12,8 +12,8 @@ use super::invalid;
 use super::object_ref::backend_object;
 use crate::locate::{field, FieldPath};
 use crate::route_schema::{
-    BackendObjectSpec, FilterSpec, HeaderFilterSpec, MirrorSpec, PathModifierSpec, RedirectSpec,
-    RewriteSpec,
+    BackendObjectSpec, CorsSpec, FilterSpec, HeaderFilterSpec, MirrorSpec, PathModifierSpec,
+    RedirectSpec, RewriteSpec,
 };
 use crate::translate::Invalid;
 use crate::values::Text;
@@ -116,6 +116,9 @@ pub(super) fn filters(
                     ..
                 },
             ) => mirror(&fp.at(field!["requestMirror"]), m, namespace, notes)?.map(Filter::Mirror),
+            ("CORS", FilterSpec { cors: Some(c), .. }) => {
+                Some(Filter::Cors(cors(&fp.at(field!["cors"]), c)?))
+            }
             (other, _) => {
                 unsupported.get_or_insert_with(|| {
                     format!("{fp}: {other} filters are not supported by this waypoint")
@@ -370,4 +373,81 @@ fn header_filter(p: &FieldPath, f: HeaderFilterSpec) -> Result<HeaderModifier, I
         out.remove.push(claim(p.at(field!["remove", k]), &h.0)?);
     }
     Ok(out)
+}
+
+// The CRD's limits on a CORS filter.
+const MAX_CORS_ENTRIES: usize = 64;
+const CORS_METHODS: &[&str] = &[
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "*",
+];
+
+/// `cors`, checked as the CRD checks it.
+fn cors(cp: &FieldPath, c: CorsSpec) -> Result<ambit_gateway_routes::Cors, Invalid> {
+    use ambit_gateway_routes::{Cors, OriginPattern, DEFAULT_MAX_AGE};
+    let list =
+        |v: Option<Vec<Text>>, name: &'static str| -> Result<Vec<(usize, String)>, Invalid> {
+            let v = v.unwrap_or_default();
+            if v.len() > MAX_CORS_ENTRIES {
+                return Err(invalid(
+                    cp.at(field![name]),
+                    format!("at most {MAX_CORS_ENTRIES} entries"),
+                ));
+            }
+            Ok(v.into_iter().map(|t| t.0).enumerate().collect())
+        };
+    let mut allow_origins = Vec::new();
+    for (i, o) in list(c.allow_origins, "allowOrigins")? {
+        let pattern =
+            OriginPattern::parse(&o).map_err(|m| invalid(cp.at(field!["allowOrigins", i]), m))?;
+        allow_origins.push(pattern);
+    }
+    let mut allow_methods = Vec::new();
+    for (i, m) in list(c.allow_methods, "allowMethods")? {
+        if !CORS_METHODS.contains(&m.as_str()) {
+            return Err(invalid(
+                cp.at(field!["allowMethods", i]),
+                format!("{m:?} is not one of {}", CORS_METHODS.join(", ")),
+            ));
+        }
+        allow_methods.push(m);
+    }
+    let names =
+        |entries: Vec<(usize, String)>, name: &'static str| -> Result<Vec<String>, Invalid> {
+            entries
+                .into_iter()
+                .map(|(i, h)| {
+                    if h == "*" {
+                        return Ok(h);
+                    }
+                    HeaderName::from_bytes(h.as_bytes())
+                        .map(|n| n.as_str().to_string())
+                        .map_err(|_| {
+                            invalid(
+                                cp.at(field![name, i]),
+                                format!("{h:?} is not a header name"),
+                            )
+                        })
+                })
+                .collect()
+        };
+    let allow_headers = names(list(c.allow_headers, "allowHeaders")?, "allowHeaders")?;
+    let expose_headers = names(list(c.expose_headers, "exposeHeaders")?, "exposeHeaders")?;
+    let max_age = match c.max_age {
+        None => DEFAULT_MAX_AGE,
+        Some(v) if (1..=i64::from(i32::MAX)).contains(&v) => v as u32,
+        Some(_) => {
+            return Err(invalid(
+                cp.at(field!["maxAge"]),
+                "must be 1 to 2147483647 seconds",
+            ))
+        }
+    };
+    Ok(Cors {
+        allow_origins,
+        allow_credentials: c.allow_credentials.unwrap_or(false),
+        allow_methods,
+        allow_headers,
+        expose_headers,
+        max_age,
+    })
 }
