@@ -100,6 +100,7 @@ fn plan_line(routes: &Routes, port: u16, a: &Ask<'_>, random: u64) -> String {
         Plan::NotFound => "404".into(),
         Plan::Fail(why) => format!("500 {why}"),
         Plan::Redirect { status, location } => format!("{status} {location}"),
+        Plan::Preflight(headers) => format!("200 preflight {}", headers.len()),
         Plan::Forward(f) => {
             let mut line = format!(
                 "-> {}:{}",
