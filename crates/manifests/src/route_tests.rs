@@ -625,7 +625,10 @@ fn cors_filters() {
 /// Filters the waypoint does not implement are never skipped: the rule answers 500.
 #[test]
 fn unsupported_filters_fail_the_rule() {
-    for f in ["{type: ExtensionRef, extensionRef: {group: x.example, kind: F, name: f}}"] {
+    for f in [
+        "{type: ExtensionRef, extensionRef: {group: x.example, kind: F, name: f}}",
+        "{type: ExternalAuth, externalAuth: {protocol: HTTP, backendRef: {name: authz, port: 80}}}",
+    ] {
         let r = route(&http(&format!(
             "{{filters: [{f}], backendRefs: [{{name: a, port: 80}}]}}"
         )));
