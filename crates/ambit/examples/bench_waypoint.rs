@@ -10,7 +10,8 @@
 //! - the waypoint's CPU and RSS at 1000 requests/s (HTTP/1.1, 4 connections);
 //! - RSS of a waypoint holding 5,000 services and 5,000 policies.
 //!
-//! With `--nginx`, instead: the waypoint in front of nginx (from Debian) and in front of
+//! With `--traffic-policy`, instead: a DestinationRule's cost and the egress path's
+//! (`l7_traffic`). With `--nginx`, instead: the waypoint in front of nginx (from Debian) and in front of
 //! the echo app, at 1000 requests/s and closed loop, counting the waypoint process alone
 //! and the whole path (both node proxies, the waypoint, the backend), see `l7_nginx`.
 //!
@@ -23,6 +24,7 @@ mod bare_l7;
 mod common;
 mod l7_load;
 mod l7_nginx;
+mod l7_traffic;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,6 +51,8 @@ struct Args {
     waypoint_env: Vec<(String, String)>,
     /// The nginx comparison (`l7_nginx`) instead of the waypoint's own figures.
     nginx: bool,
+    /// A DestinationRule's and the egress path's cost (`l7_traffic`) instead.
+    traffic_policy: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -60,6 +64,7 @@ fn args() -> anyhow::Result<Args> {
         workers: None,
         waypoint_env: Vec::new(),
         nginx: false,
+        traffic_policy: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -76,9 +81,10 @@ fn args() -> anyhow::Result<Args> {
                 a.waypoint_env.push((k.to_string(), val.to_string()));
             }
             "--nginx" => a.nginx = true,
+            "--traffic-policy" => a.traffic_policy = true,
             "-h" | "--help" => {
                 println!(
-                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N] [--nginx] [--waypoint-env K=V]..."
+                    "bench_waypoint --ambit PATH --out FILE [--rounds N] [--seconds N] [--workers N] [--nginx | --traffic-policy] [--waypoint-env K=V]..."
                 );
                 std::process::exit(0);
             }
@@ -267,6 +273,17 @@ fn main() -> anyhow::Result<()> {
     env.extend(a.waypoint_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     if let Some(n) = a.workers {
         env.push(("AMBIT_WORKER_THREADS", n.to_string()));
+    }
+    if a.traffic_policy {
+        let dir = std::env::temp_dir();
+        let resolv = l7_traffic::resolv_conf(&dir)?;
+        env.push(("AMBIT_RESOLV_CONF", resolv.display().to_string()));
+        let lab = L7Lab::launch_with_mesh("bench-tp", &ambit, "", &env, &l7_traffic::mesh())?;
+        let out = l7_traffic::run(&lab, a.rounds, a.seconds)?;
+        println!("{out}");
+        std::fs::write(&a.out, &out)?;
+        eprintln!("written to {}", a.out.display());
+        return Ok(());
     }
     let lab = L7Lab::launch_with_env("bench-wp", &ambit, "", &env)?;
     if a.nginx {
