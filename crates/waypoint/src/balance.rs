@@ -246,9 +246,9 @@ pub async fn resolve_hostnames(
     let mut resolved = Vec::new();
     for (workload, port) in named {
         match resolver.resolve(&workload.hostname).await {
-            Ok(ips) => resolved.extend(ips.into_iter().map(|ip| Picked {
+            Ok(ips) => resolved.extend(ips.iter().map(|ip| Picked {
                 workload: workload.clone(),
-                ip,
+                ip: *ip,
                 port,
             })),
             Err(e) => tracing::info!(service = %service.hostname, "endpoint not resolved: {e}"),

@@ -5,9 +5,11 @@
 //! briefly and counted. Every address an answer holds is an endpoint, as Envoy's
 //! `STRICT_DNS` clusters make them.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hickory_resolver::config::{LookupIpStrategy, ResolveHosts};
 use hickory_resolver::name_server::TokioConnectionProvider;
@@ -25,11 +27,20 @@ pub const NEGATIVE_TTL: Duration = Duration::from_secs(5);
 /// How long one query may take, per attempt.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The resolver and its counts.
+/// The resolver, its answers and its counts.
 pub struct HostResolver {
     resolver: TokioResolver,
-    /// Lookups by `result`: `ok`, `error`.
+    /// Each name's last answer (or failure) until it expires: a request pays a map
+    /// lookup, not a resolver query (hickory's own cache costs microseconds a request).
+    answers: Mutex<HashMap<String, Answer>>,
+    /// Lookups sent by `result`: `ok`, `error`.
     lookups: Family<ResultLabel, Counter>,
+}
+
+#[derive(Clone)]
+struct Answer {
+    result: Result<Arc<[IpAddr]>, String>,
+    until: Instant,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -67,6 +78,7 @@ impl HostResolver {
                 .build();
         Ok(HostResolver {
             resolver,
+            answers: Mutex::new(HashMap::new()),
             lookups: Family::default(),
         })
     }
@@ -81,28 +93,58 @@ impl HostResolver {
     }
 
     /// The addresses of `host` (from the cache while its TTL lasts).
-    pub async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, String> {
+    pub async fn resolve(&self, host: &str) -> Result<Arc<[IpAddr]>, String> {
+        let now = Instant::now();
+        if let Some(a) = self.answers().get(host).filter(|a| now < a.until) {
+            return a.result.clone();
+        }
+        let (result, until) = self.query(host).await;
+        let mut answers = self.answers();
+        if answers.len() >= CACHE_SIZE {
+            answers.retain(|_, a| now < a.until);
+            if answers.len() >= CACHE_SIZE {
+                answers.clear();
+            }
+        }
+        answers.insert(
+            host.to_string(),
+            Answer {
+                result: result.clone(),
+                until,
+            },
+        );
+        result
+    }
+
+    fn answers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Answer>> {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One lookup through the resolver, and until when its answer holds.
+    async fn query(&self, host: &str) -> (Result<Arc<[IpAddr]>, String>, Instant) {
         // A fully qualified name: no search list for a ServiceEntry's host.
         let fqdn = if host.ends_with('.') {
             host.to_string()
         } else {
             format!("{host}.")
         };
-        let result = match self.resolver.lookup_ip(fqdn).await {
+        let now = Instant::now();
+        let (result, until) = match self.resolver.lookup_ip(fqdn).await {
             Ok(answer) => {
-                let ips: Vec<IpAddr> = answer.iter().collect();
+                let ips: Arc<[IpAddr]> = answer.iter().collect();
+                let until = answer.valid_until().min(now + MAX_TTL);
                 if ips.is_empty() {
-                    Err(format!("{host}: no address"))
+                    (Err(format!("{host}: no address")), now + NEGATIVE_TTL)
                 } else {
-                    Ok(ips)
+                    (Ok(ips), until)
                 }
             }
-            Err(e) => Err(format!("{host}: {e}")),
+            Err(e) => (Err(format!("{host}: {e}")), now + NEGATIVE_TTL),
         };
         let label = ResultLabel {
             result: if result.is_ok() { "ok" } else { "error" },
         };
         self.lookups.get_or_create(&label).inc();
-        result
+        (result, until)
     }
 }

@@ -87,7 +87,13 @@ fn start_dns(lab: &L7Lab) -> anyhow::Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     lab.nodes
         .lab
-        .spawn(&lab.nodes.server_ns, "dnsmasq", FsPath::new("dnsmasq"), &args, &[])
+        .spawn(
+            &lab.nodes.server_ns,
+            "dnsmasq",
+            FsPath::new("dnsmasq"),
+            &args,
+            &[],
+        )
         .context("dnsmasq (Debian's dnsmasq-base)")?;
     std::thread::sleep(Duration::from_millis(300));
     Ok(())
@@ -119,7 +125,9 @@ fn put_rule(lab: &L7Lab, policy: &str, shows: &str) -> anyhow::Result<()> {
             let rules = &d["waypointDestinationRules"]["rules"];
             match shows {
                 "" => rules.as_array().is_some_and(|r| r.is_empty()),
-                s => rules[0]["trafficPolicy"]["loadBalancer"].to_string().contains(s),
+                s => rules[0]["trafficPolicy"]["loadBalancer"]
+                    .to_string()
+                    .contains(s),
             }
         })
     })
@@ -179,9 +187,8 @@ pub fn run(lab: &L7Lab, rounds: usize, secs: u64) -> anyhow::Result<String> {
         }
         eprintln!("round {}/{rounds} done", round + 1);
     }
-    let ratio = |v: &[f64], base: &[f64]| -> Vec<f64> {
-        v.iter().zip(base).map(|(a, b)| a / b).collect()
-    };
+    let ratio =
+        |v: &[f64], base: &[f64]| -> Vec<f64> { v.iter().zip(base).map(|(a, b)| a / b).collect() };
     let mut out = format!(
         "## A DestinationRule and the egress path (`bench_waypoint --traffic-policy`)\n\n{rounds} interleaved rounds (the order reversed every other round), {secs} s per load run, 1 KiB request bodies, closed loop; HTTP/1.1 over 8 keep-alive connections, HTTP/2 with 16 streams on one connection. The rule is swapped in the waypoint's file before each run. Per core: requests/s per second of the waypoint's CPU. Medians (lowest–highest); \"/ no rule\" is the ratio to the same round's run without a rule.\n\n| path | HTTP/1.1 req/s | per core | HTTP/2 req/s | per core | per core, HTTP/1.1 / no rule | per core, HTTP/2 / no rule |\n|---|---:|---:|---:|---:|---:|---:|\n"
     );
@@ -194,7 +201,13 @@ pub fn run(lab: &L7Lab, rounds: usize, secs: u64) -> anyhow::Result<String> {
                 fmt(&ratio(&h2_core[i], &h2_core[0]), "", 2),
             )
         };
-        let core = |v: &[f64]| if i == 4 { "–".to_string() } else { fmt(v, "", 0) };
+        let core = |v: &[f64]| {
+            if i == 4 {
+                "–".to_string()
+            } else {
+                fmt(v, "", 0)
+            }
+        };
         out.push_str(&format!(
             "| {name} | {} | {} | {} | {} | {r1} | {r2} |\n",
             fmt(&h1[i], "", 0),
