@@ -196,28 +196,7 @@ pub fn choose_among(
 
 /// One of `candidates` at random, weighted by capacity.
 fn weighted(mut candidates: Vec<Picked>, rng: &mut impl rand::Rng) -> Option<Picked> {
-    let total: u64 = candidates
-        .iter()
-        .map(|c| u64::from(c.workload.capacity))
-        .sum();
-    if candidates.is_empty() {
-        return None;
-    }
-    let index = if total == 0 {
-        rng.gen_range(0..candidates.len())
-    } else {
-        let mut r = rng.gen_range(0..total);
-        let mut index = candidates.len() - 1;
-        for (i, c) in candidates.iter().enumerate() {
-            let w = u64::from(c.workload.capacity);
-            if r < w {
-                index = i;
-                break;
-            }
-            r -= w;
-        }
-        index
-    };
+    let index = ambit_state::weighted_index(&candidates, rng)?;
     Some(candidates.swap_remove(index))
 }
 

@@ -271,7 +271,7 @@ impl Balancer {
                 least_request(n, of, |i| candidates[i].workload.capacity, (first, second))
             }
             // RANDOM, and a hashing balancer for a request without the key.
-            _ => weighted(&candidates, rng),
+            _ => ambit_state::weighted_index(&candidates, rng).unwrap_or(0),
         };
         candidates.into_iter().nth(index)
     }
@@ -350,25 +350,6 @@ impl Balancer {
 
 fn target(p: &Picked) -> SocketAddr {
     SocketAddr::new(p.ip, p.port)
-}
-
-fn weighted(candidates: &[Picked], rng: &mut impl Rng) -> usize {
-    let total: u64 = candidates
-        .iter()
-        .map(|c| u64::from(c.workload.capacity))
-        .sum();
-    if total == 0 {
-        return rng.gen_range(0..candidates.len());
-    }
-    let mut r = rng.gen_range(0..total);
-    for (i, c) in candidates.iter().enumerate() {
-        let w = u64::from(c.workload.capacity);
-        if r < w {
-            return i;
-        }
-        r -= w;
-    }
-    candidates.len() - 1
 }
 
 /// A request in flight to an endpoint (for `LEAST_REQUEST`).

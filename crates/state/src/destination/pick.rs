@@ -305,27 +305,32 @@ pub(super) fn rank(prefs: &[LoadBalancerScope], src: &Workload, dst: &Workload) 
 /// Picks one candidate at random, weighted by workload capacity (all-zero capacities:
 /// uniformly).
 fn pick_weighted(mut candidates: Vec<Picked>, rng: &mut impl Rng) -> Option<Picked> {
-    if candidates.len() <= 1 {
-        return candidates.pop();
+    let index = weighted_index(&candidates, rng)?;
+    Some(candidates.swap_remove(index))
+}
+
+/// The index of one of `candidates` drawn at random, weighted by workload capacity
+/// (all-zero capacities: uniformly); `None` when there is none.
+pub fn weighted_index(candidates: &[Picked], rng: &mut impl Rng) -> Option<usize> {
+    match candidates.len() {
+        0 => return None,
+        1 => return Some(0),
+        _ => {}
     }
     let total: u64 = candidates
         .iter()
         .map(|c| u64::from(c.workload.capacity))
         .sum();
-    let index = if total == 0 {
-        rng.gen_range(0..candidates.len())
-    } else {
-        let mut r = rng.gen_range(0..total);
-        let mut index = candidates.len() - 1;
-        for (i, c) in candidates.iter().enumerate() {
-            let w = u64::from(c.workload.capacity);
-            if r < w {
-                index = i;
-                break;
-            }
-            r -= w;
+    if total == 0 {
+        return Some(rng.gen_range(0..candidates.len()));
+    }
+    let mut r = rng.gen_range(0..total);
+    for (i, c) in candidates.iter().enumerate() {
+        let w = u64::from(c.workload.capacity);
+        if r < w {
+            return Some(i);
         }
-        index
-    };
-    Some(candidates.swap_remove(index))
+        r -= w;
+    }
+    Some(candidates.len() - 1)
 }
