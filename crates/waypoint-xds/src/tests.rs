@@ -203,9 +203,10 @@ fn refusals_name_the_field() {
                 "HTTPRoute",
                 "shop",
                 "r",
+                // An ingress Gateway of another namespace: not a waypoint's.
                 &ROUTE.replace(
                     "group: \"\", kind: Service, ",
-                    "group: gateway.networking.k8s.io, kind: Gateway, ",
+                    "group: gateway.networking.k8s.io, kind: Gateway, namespace: ingress, ",
                 ),
             ),
             "not an object a waypoint serves",
