@@ -30,8 +30,8 @@ mod workload;
 
 pub use addr::{ip_from_bytes, parse_ip, AddressError, NamespacedHostname, NetworkAddress};
 pub use destination::pick::{
-    endpoint_candidates, hostname_candidates, pick_endpoint, pick_waypoint_endpoint,
-    weighted_index, PickMode, Picked,
+    endpoint_candidates, has_hostname_endpoints, hostname_candidates, pick_endpoint,
+    pick_waypoint_endpoint, weighted_index, PickMode, Picked,
 };
 pub use destination::plan::route;
 pub use destination::types::{Route, RouteError, RouteInput};

@@ -60,6 +60,8 @@ type AtAddress = SmallVec<[(Name, Arc<Workload>); 1]>;
 #[derive(Debug, Default)]
 pub(crate) struct EndpointIndex {
     pub(crate) endpoints: Vec<Arc<Workload>>,
+    /// Those known by a hostname only (a ServiceEntry's, `resolution: DNS`).
+    pub(crate) hostname_only: Vec<Arc<Workload>>,
     /// `cumulative[i]`: the capacities of endpoints `0..=i` added up.
     cumulative: Vec<u64>,
 }
@@ -591,8 +593,14 @@ impl ProxyState {
                     sum
                 })
                 .collect();
+            let hostname_only = endpoints
+                .iter()
+                .filter(|w| w.workload_ips.is_empty() && !w.hostname.is_empty())
+                .cloned()
+                .collect();
             EndpointIndex {
                 endpoints,
+                hostname_only,
                 cumulative,
             }
         }))

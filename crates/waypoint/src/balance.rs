@@ -210,6 +210,11 @@ pub async fn resolve_hostnames(
     let Fronted::Service { service, port, .. } = fronted else {
         return Vec::new();
     };
+    // The common case, a Service of the mesh: one index lookup, no search for this
+    // waypoint's workload, no resolver.
+    if !ambit_state::has_hostname_endpoints(state, service) {
+        return Vec::new();
+    }
     let Some(me) = wp.me(state) else {
         return Vec::new();
     };
@@ -421,6 +426,10 @@ services:
     #[test]
     fn a_workload_is_its_own_endpoint() {
         let state = ProxyState::from_yaml("mesh", MESH).unwrap();
+        let reviews = state
+            .service_by_key("shop/reviews.shop.svc.cluster.local")
+            .unwrap();
+        assert!(!ambit_state::has_hostname_endpoints(&state, &reviews));
         let workload = state.workload_by_uid("r2").unwrap();
         let fronted = Fronted::Workload {
             workload,
@@ -472,6 +481,10 @@ services:
             vip: None,
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        assert!(ambit_state::has_hostname_endpoints(
+            &state,
+            fronted.service().unwrap()
+        ));
         // Without an address it is no candidate.
         assert!(choose_endpoint(&state, me.as_deref(), &fronted, 15008, &mut rng).is_err());
         let named = hostname_candidates(

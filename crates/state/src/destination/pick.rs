@@ -124,13 +124,21 @@ pub fn hostname_candidates(
     let eligible = Eligibility::new(svc, port, unspecified, source, mode, true)?;
     Ok(match state.endpoint_index(&eligible.key) {
         Some(index) => index
-            .endpoints
+            .hostname_only
             .iter()
-            .filter(|w| w.workload_ips.is_empty() && !w.hostname.is_empty())
             .filter_map(|w| eligible.check_but_address(w).map(|port| (w.clone(), port)))
             .collect(),
         None => Vec::new(),
     })
+}
+
+/// True when `svc` has endpoints known by a hostname only: the check a caller makes before
+/// it looks for its own workload and resolves names (the index holds the list, so this is a
+/// lookup, not a scan).
+pub fn has_hostname_endpoints(state: &ProxyState, svc: &Service) -> bool {
+    state
+        .endpoint_index(&svc.key())
+        .is_some_and(|index| !index.hostname_only.is_empty())
 }
 
 /// What makes an endpoint of one service eligible for one connection.
