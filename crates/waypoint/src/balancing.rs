@@ -24,12 +24,27 @@ use crate::destination_rules::{DestinationRules, Viewer};
 use crate::front::Fronted;
 use crate::tls_origin::{TlsOrigin, TlsSetupError};
 
-/// The balancers of the destinations that have a rule, made when first needed and made
-/// again when their rule changes.
+/// The balancers of the destinations, each looked up once per set of rules (not per
+/// request): a destination's entry says which rule applies to it under a set, and is
+/// looked up again only when the set changes. A rule that reads the same after a change
+/// keeps its balancer, and with it its outlier ejections and its turn.
 #[derive(Debug, Default)]
 pub struct Balancers {
-    by_destination: Mutex<HashMap<(String, u16), Arc<Balancer>>>,
+    by_destination: Mutex<HashMap<DestinationKey, Resolved>>,
 }
+
+/// A Service (namespace and hostname) and port.
+type DestinationKey = (ambit_state::Name, ambit_state::Name, u16);
+
+#[derive(Debug, Clone)]
+struct Resolved {
+    /// The [`DestinationRules::generation`] it was looked up in.
+    generation: u64,
+    balancer: Option<Arc<Balancer>>,
+}
+
+/// Destinations held at most: past it, the entries of earlier sets are dropped.
+const MAX_DESTINATIONS: usize = 65_536;
 
 impl Balancers {
     /// The balancer of `target`, if a rule applies to it.
@@ -45,34 +60,52 @@ impl Balancers {
         if rules.is_empty() {
             return None;
         }
-        let key = (service.key(), *port);
+        let key = (service.namespace.clone(), service.hostname.clone(), *port);
         let mut map = self
             .by_destination
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let Some(rule) = rules.for_service(service, viewer) else {
-            map.remove(&key);
-            return None;
-        };
-        if let Some(b) = map.get(&key).filter(|b| Arc::ptr_eq(&b.rule, rule)) {
-            return Some(b.clone());
+        let held = map.get(&key);
+        if let Some(r) = held.filter(|r| r.generation == rules.generation()) {
+            return r.balancer.clone();
         }
-        let b = Arc::new(Balancer::new(
-            rule.clone(),
-            *port,
-            service.hostname.to_string(),
-        ));
-        map.insert(key, b.clone());
-        Some(b)
+        let balancer = match (
+            rules.for_service(service, viewer),
+            held.and_then(|r| r.balancer.clone()),
+        ) {
+            (Some(rule), Some(b)) if *b.rule == **rule => Some(b),
+            (Some(rule), _) => Some(Arc::new(Balancer::new(
+                rule.clone(),
+                *port,
+                service.hostname.to_string(),
+            ))),
+            (None, _) => None,
+        };
+        if map.len() >= MAX_DESTINATIONS {
+            map.retain(|_, r| r.generation == rules.generation());
+        }
+        map.insert(
+            key,
+            Resolved {
+                generation: rules.generation(),
+                balancer: balancer.clone(),
+            },
+        );
+        balancer
     }
 
-    /// Forgets the balancers of destinations no rule applies to any more.
+    /// Forgets the balancers whose rule `rules` no longer holds (by value: a rule read
+    /// again the same keeps its balancer).
     pub fn retain_rules(&self, rules: &DestinationRules) {
         let mut map = self
             .by_destination
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, b| rules.rules().iter().any(|r| Arc::ptr_eq(r, &b.rule)));
+        map.retain(|_, r| {
+            r.balancer
+                .as_ref()
+                .is_some_and(|b| rules.rules().iter().any(|rule| **rule == *b.rule))
+        });
     }
 }
 
@@ -146,11 +179,6 @@ impl Balancer {
             Some(Ok(origin)) => Ok(Some(origin)),
             Some(Err(e)) => Err(e),
         }
-    }
-
-    /// The rule's `namespace/name`.
-    pub fn rule_key(&self) -> String {
-        self.rule.key()
     }
 
     /// A place in the connection pool: at once, after waiting among the
@@ -340,6 +368,48 @@ impl Balancer {
             .record(&endpoint, outcome, pool, now)
     }
 
+    /// [`Balancer::record`], an ejection logged and counted in `metrics`.
+    pub fn report(
+        &self,
+        endpoint: SocketAddr,
+        outcome: Outcome,
+        metrics: &crate::metrics::Metrics,
+    ) {
+        if let Recorded::Ejected(e) = self.record(endpoint, outcome, Instant::now()) {
+            tracing::info!(%endpoint, destination = %self.host, reason = e.reason.as_str(), duration = ?e.duration, "endpoint ejected");
+            metrics.ejection(&self.host, e.reason.as_str());
+        }
+    }
+
+    /// What a request is hashed on under this rule ([`request_hash`]); nothing when the
+    /// rule does not hash.
+    pub fn request_hash(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        source: IpAddr,
+    ) -> HashInput {
+        match &self.policy.load_balancer {
+            LoadBalancer::ConsistentHash(ch) => {
+                request_hash(&ch.key, headers, query, source, rand::random)
+            }
+            _ => HashInput {
+                hash: None,
+                set_cookie: None,
+            },
+        }
+    }
+
+    /// An opaque tunnel's hash: its source address, the only key a tunnel has.
+    pub fn tunnel_hash(&self, source: IpAddr) -> Option<u64> {
+        match &self.policy.load_balancer {
+            LoadBalancer::ConsistentHash(ch) if ch.key == HashKey::SourceIp => {
+                Some(source_hash(source))
+            }
+            _ => None,
+        }
+    }
+
     /// Endpoints ejected now.
     pub fn ejected(&self, now: Instant) -> usize {
         self.outlier.as_ref().map_or(0, |o| {
@@ -423,7 +493,10 @@ pub fn request_hash(
             }
             hashed(&joined)
         }
-        HashKey::SourceIp => hashed(source.to_string().as_bytes()),
+        HashKey::SourceIp => HashInput {
+            hash: Some(source_hash(source)),
+            set_cookie: None,
+        },
         HashKey::QueryParameter(name) => query
             .and_then(|q| {
                 q.split('&').find_map(|pair| {
@@ -446,6 +519,21 @@ pub fn request_hash(
             },
         },
     }
+}
+
+/// The hash of a source address (its text, as a header's value would be hashed).
+fn source_hash(source: IpAddr) -> u64 {
+    hash_of(source.to_string().as_bytes())
+}
+
+/// What a request or tunnel holds of its destination's rule until it ends: its place in
+/// the connection pool, and its count on the endpoint it went to (`LEAST_REQUEST`).
+#[derive(Debug, Default)]
+pub struct Held {
+    #[allow(dead_code)] // held only to be dropped when the request ends
+    pub place: Option<OwnedSemaphorePermit>,
+    #[allow(dead_code)]
+    pub in_flight: Option<InFlight>,
 }
 
 /// The value of cookie `name` in the request's `Cookie` headers (quotes around it

@@ -15,6 +15,9 @@ use ambit_state::Service;
 #[derive(Debug, Clone, Default)]
 pub struct DestinationRules {
     rules: Vec<Arc<WaypointDestinationRule>>,
+    /// Tells one set from the next (0: the empty set before any load), so a destination's
+    /// rule is looked up once per set, not per request.
+    generation: u64,
     /// Each refused rule: `namespace/name` when known, and why.
     pub refused: Vec<(Option<String>, String)>,
     /// Rules kept at their last good version.
@@ -38,10 +41,17 @@ impl DestinationRules {
         let mut rules: Vec<Arc<WaypointDestinationRule>> =
             rules.into_iter().map(Arc::new).collect();
         rules.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         DestinationRules {
             rules,
+            generation: GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..DestinationRules::default()
         }
+    }
+
+    /// Which set this is.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn rules(&self) -> &[Arc<WaypointDestinationRule>] {
@@ -142,6 +152,7 @@ pub fn merge_rules(
         if let Some(p) = previous {
             return DestinationRules {
                 rules: p.rules.clone(),
+                generation: p.generation,
                 refused: errors.iter().map(|e| (None, e.to_string())).collect(),
                 kept: p.rules.iter().map(|r| r.key()).collect(),
             };

@@ -158,7 +158,7 @@ async fn handle_request(
             .access_log
             .then(|| crate::access::Entry::of(&req, &down)),
         upstream: None,
-        held: Held::default(),
+        held: crate::balancing::Held::default(),
     };
     let state = wp.state.get();
     // Istio: a method that is not upper case, or a path that cannot be normalised, is the
@@ -384,23 +384,13 @@ async fn handle_request(
     let resolved = crate::balance::resolve_hostnames(&wp, &state, &fwd.target).await;
     // A DestinationRule's balancer: the request's hash, and a place in the pool.
     let balancer = wp.balancer_for(&fwd.target);
-    let mut set_cookie = None;
-    let hash = balancer
-        .as_ref()
-        .and_then(|b| match &b.policy.load_balancer {
-            ambit_traffic_policy::LoadBalancer::ConsistentHash(ch) => {
-                let input = crate::balancing::request_hash(
-                    &ch.key,
-                    &head.headers,
-                    head.uri.query(),
-                    down.peer_ip,
-                    rand::random,
-                );
-                set_cookie = input.set_cookie;
-                input.hash
-            }
-            _ => None,
-        });
+    let (hash, mut set_cookie) = match &balancer {
+        Some(b) => {
+            let input = b.request_hash(&head.headers, head.uri.query(), down.peer_ip);
+            (input.hash, input.set_cookie)
+        }
+        None => (None, None),
+    };
     if let Some(b) = &balancer {
         let waited_until = fwd.timeouts.request.map(|t| Instant::now() + t);
         match within(waited_until, b.admit()).await {
@@ -440,12 +430,7 @@ async fn handle_request(
     let report = |endpoint: std::net::SocketAddr,
                   outcome: ambit_traffic_policy::outlier::Outcome| {
         if let Some(b) = &balancer {
-            if let ambit_traffic_policy::outlier::Recorded::Ejected(e) =
-                b.record(endpoint, outcome, Instant::now())
-            {
-                tracing::info!(%endpoint, destination = %b.host, reason = e.reason.as_str(), duration = ?e.duration, "endpoint ejected");
-                wp.metrics.ejection(&b.host, e.reason.as_str());
-            }
+            b.report(endpoint, outcome, &wp.metrics);
         }
     };
     let mut tried = Vec::new();
@@ -859,17 +844,7 @@ struct Finish {
     /// The endpoint the request went to.
     upstream: Option<std::net::SocketAddr>,
     /// What a DestinationRule's limits count until the response ends.
-    held: Held,
-}
-
-/// A request's place in its destination's connection pool, and its count on the endpoint
-/// it went to (for `LEAST_REQUEST`).
-#[derive(Debug, Default)]
-struct Held {
-    #[allow(dead_code)] // held only to be dropped when the response ends
-    place: Option<tokio::sync::OwnedSemaphorePermit>,
-    #[allow(dead_code)]
-    in_flight: Option<crate::balancing::InFlight>,
+    held: crate::balancing::Held,
 }
 
 impl Finish {

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::authz::{self, Verdict};
 use crate::balance::choose;
+use crate::balancing::Held;
 use crate::downstream::{destination_labels, Downstream};
 use crate::metrics::TrafficLabels;
 use crate::upstream::Onward;
@@ -46,13 +47,9 @@ pub async fn carry_accepted<IO>(
     }
 }
 
-/// The onward connection, its labels, and its place in a DestinationRule's pool (held
-/// until the tunnel ends).
-type Connected = (
-    Onward,
-    TrafficLabels,
-    Option<tokio::sync::OwnedSemaphorePermit>,
-);
+/// The onward connection, its labels, and what it holds of a DestinationRule (until the
+/// tunnel ends).
+type Connected = (Onward, TrafficLabels, Held);
 
 async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<Connected> {
     let state = wp.state.get();
@@ -64,18 +61,7 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<Connected
     // A DestinationRule's balancer: hashing on the source address (the only key a
     // tunnel has), and its pool's `maxConnections` as the tunnels open at once.
     let balancer = wp.balancer_for(&down.fronted);
-    let hash = balancer
-        .as_ref()
-        .and_then(|b| match &b.policy.load_balancer {
-            ambit_traffic_policy::LoadBalancer::ConsistentHash(ch)
-                if ch.key == ambit_traffic_policy::HashKey::SourceIp =>
-            {
-                Some(ambit_traffic_policy::hash::hash_of(
-                    down.peer_ip.to_string().as_bytes(),
-                ))
-            }
-            _ => None,
-        });
+    let hash = balancer.as_ref().and_then(|b| b.tunnel_hash(down.peer_ip));
     let place = match &balancer {
         Some(b) => match b.try_place() {
             Ok(place) => place,
@@ -86,6 +72,10 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<Connected
             }
         },
         None => None,
+    };
+    let mut held = Held {
+        place,
+        in_flight: None,
     };
     let resolved = crate::balance::resolve_hostnames(wp, &state, &down.fronted).await;
     let mut tried = Vec::with_capacity(crate::http::CONNECT_ATTEMPTS);
@@ -124,15 +114,13 @@ async fn connect(wp: &Arc<Waypoint>, down: &Arc<Downstream>) -> Option<Connected
             Err(_) => ambit_traffic_policy::outlier::Outcome::LocalFailure,
         };
         if let Some(b) = &balancer {
-            if let ambit_traffic_policy::outlier::Recorded::Ejected(e) =
-                b.record(target, outcome, std::time::Instant::now())
-            {
-                tracing::info!(endpoint = %target, destination = %b.host, reason = e.reason.as_str(), "endpoint ejected");
-                wp.metrics.ejection(&b.host, e.reason.as_str());
-            }
+            b.report(target, outcome, &wp.metrics);
         }
         match opened {
-            Ok(onward) => return Some((onward, labels.clone(), place)),
+            Ok(onward) => {
+                held.in_flight = balancer.as_ref().map(|b| b.start(target));
+                return Some((onward, labels.clone(), held));
+            }
             Err(e) => {
                 tracing::debug!(endpoint = %target, "opaque tunnel: {e}");
                 tried.push(target);

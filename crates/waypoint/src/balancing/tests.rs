@@ -282,3 +282,69 @@ async fn the_pool_admits_queues_and_overflows() {
     // No limits: no pool at all.
     assert_eq!(balancer("{}").admit().await.map(|p| p.is_none()), Ok(true));
 }
+
+#[test]
+fn a_destinations_rule_is_looked_up_once_per_set_and_kept_while_it_reads_the_same() {
+    use crate::destination_rules::{DestinationRules, Viewer};
+    use crate::front::Fronted;
+    let state = ProxyState::from_yaml("mesh", MESH).unwrap();
+    let fronted = Fronted::Service {
+        service: state
+            .service_by_key("shop/reviews.shop.svc.cluster.local")
+            .unwrap(),
+        port: 80,
+        vip: None,
+    };
+    let viewer = Viewer {
+        namespace: "shop",
+        root_namespace: "istio-system",
+        cluster_domain: "cluster.local",
+    };
+    let load = |policy: &str| {
+        let text = format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: r, namespace: shop}}\nspec: {{host: reviews, trafficPolicy: {policy}}}\n");
+        let parsed = parse_documents("dr.yaml", &text, &ParseOptions::default());
+        DestinationRules::new(
+            parsed
+                .destination_rules
+                .into_iter()
+                .map(|r| r.value)
+                .collect(),
+        )
+    };
+    let balancers = Balancers::default();
+    let first = load("{outlierDetection: {consecutive5xxErrors: 1}}");
+    let b = balancers.for_target(&first, viewer, &fronted).unwrap();
+    assert!(Arc::ptr_eq(
+        &b,
+        &balancers.for_target(&first, viewer, &fronted).unwrap()
+    ));
+    // An ejection, then the same rule read again (a file reload): the same balancer, the
+    // endpoint still out.
+    let now = Instant::now();
+    b.record("10.0.1.1:8080".parse().unwrap(), Outcome::Status(503), now);
+    let again = load("{outlierDetection: {consecutive5xxErrors: 1}}");
+    assert_ne!(again.generation(), first.generation());
+    balancers.retain_rules(&again);
+    let same = balancers.for_target(&again, viewer, &fronted).unwrap();
+    assert!(Arc::ptr_eq(&b, &same));
+    assert_eq!(same.ejected(now), 1);
+    // A changed rule: a new balancer, nothing ejected.
+    let changed = load("{outlierDetection: {consecutive5xxErrors: 2}}");
+    let fresh = balancers.for_target(&changed, viewer, &fronted).unwrap();
+    assert!(!Arc::ptr_eq(&b, &fresh));
+    assert_eq!(fresh.ejected(now), 0);
+    // No rule for the Service: none, and none again from the held answer.
+    let other = {
+        let text = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: r, namespace: shop}\nspec: {host: ratings}\n";
+        let parsed = parse_documents("dr.yaml", text, &ParseOptions::default());
+        DestinationRules::new(
+            parsed
+                .destination_rules
+                .into_iter()
+                .map(|r| r.value)
+                .collect(),
+        )
+    };
+    assert!(balancers.for_target(&other, viewer, &fronted).is_none());
+    assert!(balancers.for_target(&other, viewer, &fronted).is_none());
+}
